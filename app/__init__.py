@@ -1,0 +1,1 @@
+"""Digest-first notification service: config, db, web app, API, pages, providers, scheduler, CLI."""

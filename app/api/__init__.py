@@ -1,0 +1,1 @@
+"""Public JSON API (/v1): events ingestion and subscriber management."""

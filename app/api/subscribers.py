@@ -1,0 +1,93 @@
+"""Admin API for subscribers: PUT (create or replace), GET, DELETE (right to erasure)."""
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from app import subscribers
+from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
+
+
+def _user_id(request: Request) -> str:
+    user_id = request.path_params["user_id"]
+    if not user_id or len(user_id) > 200:
+        raise validation_error([{"field": "user_id", "message": "must be 1-200 characters"}])
+    return user_id
+
+
+async def put_subscriber(request: Request):
+    await require_key(request, "admin")
+    user_id = _user_id(request)
+    body = await read_json(request, limit=64 * 1024)
+    values, errors = subscribers.validate(body)
+    if isinstance(body, dict) and body.get("user_id") not in (None, user_id):
+        errors.append({"field": "user_id", "message": "does not match the URL"})
+    if errors:
+        raise validation_error(errors)
+    record, created = await run_in_threadpool(subscribers.upsert, user_id, values)
+    return FastJSONResponse(record, status_code=201 if created else 200)
+
+
+async def get_subscriber(request: Request):
+    await require_key(request, "admin")
+    record = await run_in_threadpool(subscribers.get, _user_id(request))
+    if record is None:
+        raise ApiError(404, "not_found", "no subscriber with that user_id")
+    return FastJSONResponse(record)
+
+
+async def delete_subscriber(request: Request):
+    await require_key(request, "admin")
+    if not await run_in_threadpool(subscribers.erase, _user_id(request)):
+        raise ApiError(404, "not_found", "no subscriber with that user_id")
+    return Response(status_code=204)
+
+
+routes = [
+    Route("/v1/subscribers/{user_id:str}", put_subscriber, methods=["PUT"]),
+    Route("/v1/subscribers/{user_id:str}", get_subscriber, methods=["GET"]),
+    Route("/v1/subscribers/{user_id:str}", delete_subscriber, methods=["DELETE"]),
+]
+
+_subscriber_schema = {
+    "type": "object",
+    "required": ["email"],
+    "additionalProperties": False,
+    "properties": {
+        "email": {"type": "string", "format": "email", "maxLength": 254},
+        "name": {"type": "string", "maxLength": 200},
+        "timezone": {"type": "string", "description": "IANA zone, e.g. Europe/Lisbon"},
+        "digest_cadence": {"type": "string", "enum": list(subscribers.CADENCES)},
+        "digest_hour": {"type": "integer", "minimum": 0, "maximum": 23},
+        "digest_weekday": {"type": "integer", "minimum": 0, "maximum": 6, "description": "0 = Monday"},
+        "category_opt_outs": {"type": "array", "items": {"type": "string"}, "maxItems": 100},
+        "tracking_opt_out": {"type": "boolean"},
+    },
+}
+_user_param = [{"name": "user_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}]
+_err = {"$ref": "#/components/responses/Error"}
+
+OPENAPI_SCHEMAS = {"SubscriberInput": _subscriber_schema}
+OPENAPI_PATHS = {
+    "/v1/subscribers/{user_id}": {
+        "put": {
+            "summary": "Create or replace a subscriber",
+            "security": [{"bearer": []}], "parameters": _user_param,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/SubscriberInput"}}}},
+            "responses": {"200": {"description": "replaced"}, "201": {"description": "created"},
+                          "400": _err, "401": _err, "403": _err, "422": _err},
+        },
+        "get": {
+            "summary": "Read a subscriber", "security": [{"bearer": []}], "parameters": _user_param,
+            "responses": {"200": {"description": "the subscriber"}, "401": _err, "403": _err, "404": _err},
+        },
+        "delete": {
+            "summary": "Erase a subscriber and their events (right to erasure)",
+            "security": [{"bearer": []}], "parameters": _user_param,
+            "responses": {"204": {"description": "erased"}, "401": _err, "403": _err, "404": _err},
+        },
+    }
+}

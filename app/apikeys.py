@@ -1,0 +1,102 @@
+"""API keys: shown once at creation, stored as sha256 only; verified with a short in-process cache."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from app import config, db
+
+SCOPES = ("events", "admin")
+KEY_PREFIX = "nk_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: int
+    name: str
+    scope: str
+
+    def allows(self, scope: str) -> bool:
+        # admin keys may do everything an events key may
+        return self.scope == scope or self.scope == "admin"
+
+
+def hash_key(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def create(name: str, scope: str) -> str:
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
+    if not name or len(name) > 100:
+        raise ValueError("name must be 1-100 characters")
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    with db.raw_cursor() as cur:
+        cur.execute(
+            "INSERT INTO api_keys (name, scope, key_prefix, key_hash) VALUES (%s, %s, %s, %s)",
+            (name, scope, key[:10], hash_key(key)),
+        )
+    return key
+
+
+def revoke(name_or_prefix: str) -> int:
+    with db.raw_cursor() as cur:
+        cur.execute(
+            "UPDATE api_keys SET revoked_at = now() WHERE revoked_at IS NULL AND (name = %s OR key_prefix = %s)",
+            (name_or_prefix, name_or_prefix),
+        )
+        return cur.rowcount
+
+
+def list_keys() -> list[tuple]:
+    with db.raw_cursor() as cur:
+        cur.execute("SELECT id, name, scope, key_prefix, created_at, revoked_at FROM api_keys ORDER BY id")
+        return cur.fetchall()
+
+
+class KeyCache:
+    """Positive lookups are cached for API_KEY_CACHE_SECONDS: revocation is effective within that."""
+
+    def __init__(self):
+        self._entries: dict[bytes, tuple[float, Principal]] = {}
+        self._lock = threading.Lock()
+
+    def peek(self, key: str) -> Principal | None:
+        """The cached principal without touching the database (the async hot path)."""
+        hit = self._entries.get(hash_key(key))
+        if hit and hit[0] > time.monotonic():
+            return hit[1]
+        return None
+
+    def lookup(self, key: str) -> Principal | None:
+        digest = hash_key(key)
+        ttl = config.get().api_key_cache_seconds
+        now = time.monotonic()
+        if ttl > 0:
+            hit = self._entries.get(digest)
+            if hit and hit[0] > now:
+                return hit[1]
+        rows = db.query("SELECT id, name, scope FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
+                        (digest,))
+        row = rows[0] if rows else None
+        if row is None:
+            with self._lock:
+                self._entries.pop(digest, None)
+            return None
+        principal = Principal(*row)
+        if ttl > 0:
+            with self._lock:
+                if len(self._entries) > 10_000:
+                    self._entries.clear()
+                self._entries[digest] = (now + ttl, principal)
+        return principal
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+cache = KeyCache()

@@ -1,0 +1,63 @@
+"""Core operator commands: migrate, API keys."""
+from __future__ import annotations
+
+import sys
+
+from app import apikeys, db, migrate, observability
+
+
+def cmd_migrate(args) -> int:
+    if args.status:
+        rows = migrate.status()
+        for r in rows:
+            extra = f"{r['applied_at']}  {r['duration_ms']} ms" if r["state"] == "applied" else ""
+            print(f"{r['version']}  {r['name']:<40} {r['state']:<8} {extra}")
+        pending = sum(r["state"] == "pending" for r in rows)
+        print(f"{len(rows) - pending} applied, {pending} pending")
+        return 0
+    observability.init_sentry("release")
+    applied = migrate.migrate()
+    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else "; schema is up to date"))
+    return 0
+
+
+def cmd_create_api_key(args) -> int:
+    db.init()
+    try:
+        key = apikeys.create(args.name, args.scope)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(key)
+    print(f"(scope {args.scope}; shown once, only its hash is stored)", file=sys.stderr)
+    return 0
+
+
+def cmd_revoke_api_key(args) -> int:
+    db.init()
+    n = apikeys.revoke(args.name)
+    print(f"revoked {n} key(s)")
+    return 0 if n else 1
+
+
+def cmd_list_api_keys(args) -> int:
+    db.init()
+    for key_id, name, scope, prefix, created, revoked in apikeys.list_keys():
+        print(f"{key_id:>4}  {name:<24} {scope:<7} {prefix}…  created {created:%Y-%m-%d}"
+              + (f"  REVOKED {revoked:%Y-%m-%d}" if revoked else ""))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("migrate", help="apply pending SQL migrations (release phase)")
+    p.add_argument("--status", action="store_true", help="list applied and pending migrations")
+    p.set_defaults(func=cmd_migrate)
+    p = sub.add_parser("create-api-key", help="create an API key; prints it once")
+    p.add_argument("name")
+    p.add_argument("--scope", choices=apikeys.SCOPES, required=True)
+    p.set_defaults(func=cmd_create_api_key)
+    p = sub.add_parser("revoke-api-key", help="revoke keys by name or prefix")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_revoke_api_key)
+    p = sub.add_parser("list-api-keys", help="list keys (never the keys themselves)")
+    p.set_defaults(func=cmd_list_api_keys)

@@ -1,0 +1,241 @@
+"""Plain-SQL migration runner: sql/migrations/NNNN_name.sql applied in order, recorded with duration.
+
+A file whose first lines contain `-- migrate: no-transaction` runs statement by statement in
+autocommit (needed for CREATE INDEX CONCURRENTLY). Every statement runs under a short lock_timeout
+and is retried when the lock is not granted, so a migration never queues behind a long query while
+blocking every writer behind itself. An INVALID index left by a failed concurrent build is dropped
+and built again.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg2
+import psycopg2.errors
+import sqlparse
+
+from app import config, db
+
+log = logging.getLogger("app.migrate")
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "sql" / "migrations"
+FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+NO_TX_MARK = re.compile(r"^--\s*migrate:\s*no-transaction\s*$", re.MULTILINE | re.IGNORECASE)
+CONCURRENT_INDEX_RE = re.compile(
+    r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(?P<name>[a-zA-Z0-9_\"]+)",
+    re.IGNORECASE,
+)
+ADVISORY_LOCK_KEY = 0x6E6F7469  # one migrator at a time, whatever the number of release processes
+
+TRACKING_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     text PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now(),
+    duration_ms integer NOT NULL
+)"""
+
+
+class MigrationError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: str
+    name: str
+    path: Path
+
+    @property
+    def sql(self) -> str:
+        return self.path.read_text()
+
+    @property
+    def transactional(self) -> bool:
+        head = "\n".join(self.sql.splitlines()[:5])
+        return not NO_TX_MARK.search(head)
+
+
+def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        m = FILE_RE.match(path.name)
+        if not m:
+            raise MigrationError(f"{path.name}: migration files are named NNNN_lower_snake.sql")
+        found.append(Migration(m.group(1), m.group(2), path))
+    versions = [m.version for m in found]
+    dupes = {v for v in versions if versions.count(v) > 1}
+    if dupes:
+        raise MigrationError(f"two migrations share a version number: {sorted(dupes)}")
+    return found
+
+
+def ensure_database(url: str) -> bool:
+    """Create the target database if it is missing (dev and test convenience). True if created."""
+    name = db.database_name(url)
+    admin_url = url.rsplit("/", 1)[0] + "/postgres"
+    try:
+        conn = psycopg2.connect(url)
+        conn.close()
+        return False
+    except psycopg2.OperationalError as exc:
+        if "does not exist" not in str(exc):
+            raise
+    conn = psycopg2.connect(admin_url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        log.info("created database %s", name)
+        return True
+    except psycopg2.errors.DuplicateDatabase:
+        return False
+    finally:
+        conn.close()
+
+
+def applied_versions(conn) -> dict[str, tuple]:
+    with conn.cursor() as cur:
+        cur.execute(TRACKING_TABLE)
+        cur.execute("SELECT version, name, applied_at, duration_ms FROM schema_migrations ORDER BY version")
+        return {row[0]: row for row in cur.fetchall()}
+
+
+def status(url: str | None = None) -> list[dict]:
+    conn = db.connect_raw(url, autocommit=True)
+    try:
+        done = applied_versions(conn)
+        rows = []
+        for m in discover():
+            row = done.get(m.version)
+            rows.append({
+                "version": m.version, "name": m.name,
+                "state": "applied" if row else "pending",
+                "applied_at": row[2].isoformat() if row else None,
+                "duration_ms": row[3] if row else None,
+            })
+        return rows
+    finally:
+        conn.close()
+
+
+def invalid_indexes(conn) -> list[str]:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE NOT i.indisvalid AND n.nspname = current_schema()"
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+def _drop_invalid_index(conn, statement: str) -> None:
+    """Before CREATE INDEX CONCURRENTLY, a leftover INVALID index of that name is rebuilt."""
+    m = CONCURRENT_INDEX_RE.search(statement)
+    if not m:
+        return
+    name = m.group("name").strip('"')
+    if name in invalid_indexes(conn):
+        log.warning("index %s is INVALID (a concurrent build failed earlier): dropping and rebuilding", name)
+        _with_lock_retry(conn, f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+
+
+def _with_lock_retry(conn, statement: str) -> None:
+    settings = config.get()
+    for attempt in range(1, settings.migration_retries + 1):
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement)
+            return
+        except psycopg2.errors.LockNotAvailable:
+            if not conn.autocommit:
+                raise
+            delay = min(0.2 * 2 ** attempt, 10.0)
+            log.warning("lock not granted within %s (attempt %d), retrying in %.1fs",
+                        settings.migration_lock_timeout, attempt, delay)
+            time.sleep(delay)
+    raise MigrationError(f"gave up after {settings.migration_retries} lock timeouts: {statement[:80]}")
+
+
+def _apply_transactional(conn, m: Migration) -> None:
+    settings = config.get()
+    for attempt in range(1, settings.migration_retries + 1):
+        conn.autocommit = False
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET LOCAL lock_timeout = %s", (settings.migration_lock_timeout,))
+                cur.execute(m.sql)
+            return
+        except psycopg2.errors.LockNotAvailable:
+            conn.rollback()
+            delay = min(0.2 * 2 ** attempt, 10.0)
+            log.warning("%s: lock not granted within %s (attempt %d), retrying in %.1fs",
+                        m.path.name, settings.migration_lock_timeout, attempt, delay)
+            time.sleep(delay)
+        except Exception:
+            conn.rollback()
+            raise
+    raise MigrationError(f"{m.path.name}: gave up after {settings.migration_retries} lock timeouts")
+
+
+def _apply_autocommit(conn, m: Migration) -> None:
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SET lock_timeout = %s", (config.get().migration_lock_timeout,))
+    for statement in sqlparse.split(m.sql):
+        body = sqlparse.format(statement, strip_comments=True).strip().rstrip(";").strip()
+        if not body:
+            continue
+        _drop_invalid_index(conn, body)
+        _with_lock_retry(conn, body)
+    with conn.cursor() as cur:
+        cur.execute("RESET lock_timeout")
+
+
+def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
+    """Apply every pending migration; returns the versions applied. Safe to run concurrently."""
+    url = url or config.get().database_url
+    if create_db:
+        ensure_database(url)
+    conn = db.connect_raw(url, autocommit=True)
+    applied = []
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
+        try:
+            done = applied_versions(conn)
+            for m in discover():
+                if m.version in done:
+                    continue
+                started = time.monotonic()
+                log.info("applying %s_%s (%s)", m.version, m.name,
+                         "transaction" if m.transactional else "no transaction")
+                if m.transactional:
+                    _apply_transactional(conn, m)  # leaves the transaction open
+                else:
+                    _apply_autocommit(conn, m)
+                    conn.autocommit = False
+                duration_ms = int((time.monotonic() - started) * 1000)
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "INSERT INTO schema_migrations (version, name, duration_ms) VALUES (%s, %s, %s)",
+                        (m.version, m.name, duration_ms),
+                    )
+                conn.commit()
+                conn.autocommit = True
+                log.info("applied %s_%s in %d ms", m.version, m.name, duration_ms)
+                applied.append(m.version)
+            leftovers = invalid_indexes(conn)
+            if leftovers:
+                log.warning("INVALID indexes present (not created by a pending migration): %s", leftovers)
+        finally:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK_KEY,))
+    finally:
+        conn.close()
+    return applied

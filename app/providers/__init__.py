@@ -1,0 +1,1 @@
+"""Mail providers behind one interface (base.py); chosen by MAIL_PROVIDER."""

@@ -1,0 +1,1 @@
+"""Pure digest logic: load, group, rank, cap, context, template compile + render."""

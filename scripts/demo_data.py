@@ -1,0 +1,50 @@
+"""`python -m app demo-data`: a few subscribers and events so a newcomer sees digests arrive."""
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+from app import apikeys, db, ingest, subscribers
+
+DEMO_USERS = [
+    ("demo-ana", "ana@example.test", "Ana Lima", "Europe/Lisbon"),
+    ("demo-bo", "bo@example.test", "Bo Chen", "America/New_York"),
+    ("demo-cy", "cy@example.test", "Cy Okafor", "Asia/Tokyo"),
+]
+ACTORS = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus"]
+
+
+def load() -> dict:
+    db.init()
+    for user_id, email, name, tz in DEMO_USERS:
+        subscribers.upsert(user_id, {**subscribers.DEFAULTS, "email": email, "name": name, "timezone": tz})
+    rng = random.Random(7)
+    now = datetime.now(timezone.utc)
+    rows = []
+    for user_id, *_ in DEMO_USERS:
+        for i in range(20):
+            actor = rng.choice(ACTORS)
+            post = rng.randint(1, 4)
+            kind = rng.choice(["like", "comment", "follow"])
+            rows.append(("demo", f"{user_id}-{i}", user_id, kind, "post", f"post-{post}", actor.lower(), actor,
+                         '{"title": "Post %d"}' % post, now - timedelta(minutes=5 * i)))
+    with db.raw_cursor() as cur:
+        result = ingest.insert_rows(cur, [rows])[0]
+    keys = {}
+    if not any(name == "demo-producer" and revoked is None for _, name, _, _, _, revoked in apikeys.list_keys()):
+        keys["events"] = apikeys.create("demo-producer", "events")
+        keys["admin"] = apikeys.create("demo-admin", "admin")
+    return {"subscribers": len(DEMO_USERS), "events_new": result.accepted, "keys": keys}
+
+
+def cmd_demo_data(args) -> int:
+    summary = load()
+    print(f"demo data: {summary['subscribers']} subscribers, {summary['events_new']} new events")
+    for scope, key in summary["keys"].items():
+        print(f"demo {scope} API key (shown once): {key}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo-data", help="load demo subscribers and events (idempotent)")
+    p.set_defaults(func=cmd_demo_data)

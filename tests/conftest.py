@@ -1,0 +1,90 @@
+"""Fixtures: a real Postgres database and a real Redis db, cleaned between tests.
+
+TEST_DATABASE_URL / TEST_REDIS_URL choose them (defaults: local notify_test, redis db 15), so
+parallel checkouts can each use their own.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["APP_ENV"] = "test"
+os.environ["DATABASE_URL"] = os.environ.get("TEST_DATABASE_URL", "postgresql://localhost/notify_test")
+os.environ["REDIS_URL"] = os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/15")
+os.environ.setdefault("API_KEY_CACHE_SECONDS", "0")
+os.environ.setdefault("MAIL_PROVIDER", "file")
+
+import pytest  # noqa: E402
+import redis as redis_lib  # noqa: E402
+
+from app import apikeys, config, db, migrate  # noqa: E402
+
+config.reload()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    return config.get().database_url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def schema(database_url):
+    migrate.migrate(database_url)
+    db.init(database_url)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def clean_db(schema):
+    """Every test starts from empty tables (actors and writer threads commit on their own
+    connections, so a per-test rollback cannot isolate them)."""
+    with db.raw_cursor() as cur:
+        cur.execute("TRUNCATE " + ", ".join(db.ALL_TABLES) + " RESTART IDENTITY CASCADE")
+    apikeys.cache.clear()
+    yield
+
+
+@pytest.fixture
+def redis_client():
+    client = redis_lib.Redis.from_url(config.get().redis_url)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def settings():
+    """Override settings for one test: settings(digest_max_items=3)."""
+    saved = []
+
+    def apply(**changes):
+        saved.append(config.override(**changes))
+        return config.get()
+
+    yield apply
+    if saved:
+        config.restore(saved[0])
+
+
+@pytest.fixture
+def client():
+    from starlette.testclient import TestClient
+
+    from app.web import app
+
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def admin_key() -> str:
+    return apikeys.create("admin-test", "admin")
+
+
+@pytest.fixture
+def events_key() -> str:
+    return apikeys.create("producer-test", "events")
+
+
+def auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}

@@ -1,0 +1,1 @@
+"""Tracking app: open pixel, click redirect, legacy codes, SendGrid webhook."""
