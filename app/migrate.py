@@ -196,6 +196,17 @@ def _apply_autocommit(conn, m: Migration) -> None:
         cur.execute("RESET lock_timeout")
 
 
+def _take_migrator_lock(conn) -> None:
+    """Poll rather than block: a backend blocked in pg_advisory_lock is an open transaction, and
+    CREATE INDEX CONCURRENTLY in the lock holder would wait for it forever (deadlock)."""
+    while True:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
+            if cur.fetchone()[0]:
+                return
+        time.sleep(0.1)
+
+
 def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
     """Apply every pending migration; returns the versions applied. Safe to run concurrently."""
     url = url or config.get().database_url
@@ -204,8 +215,7 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
     conn = db.connect_raw(url, autocommit=True)
     applied = []
     try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
+        _take_migrator_lock(conn)
         try:
             done = applied_versions(conn)
             for m in discover():

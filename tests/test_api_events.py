@@ -1,0 +1,194 @@
+"""POST /v1/events: auth, validation (all-or-nothing), size limits, idempotency, concurrency."""
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import pytest
+
+from app import apikeys, db
+from tests.conftest import auth
+
+
+def event(i=1, **over) -> dict:
+    e = {"id": f"evt-{i}", "user_id": "u1", "category": "likes", "entity_type": "post", "entity_id": "p1",
+         "actor_id": "a1", "actor_name": "Ana", "payload": {"title": "Hello"},
+         "occurred_at": "2026-11-21T09:30:00Z"}
+    e.update(over)
+    return {k: v for k, v in e.items() if v is not ...}
+
+
+def count_events() -> int:
+    return db.query("SELECT count(*) FROM digest_events")[0][0]
+
+
+def test_single_event_is_stored(client, events_key):
+    r = client.post("/v1/events", json=event(), headers=auth(events_key))
+    assert r.status_code == 202
+    assert r.json() == {"accepted": 1, "duplicates": 0}
+    row = db.query("SELECT source, producer_id, user_id, category, entity_type, entity_id, actor_name, "
+                   "payload, occurred_at, digest_run_id FROM digest_events")[0]
+    assert row[:7] == ("producer-test", "evt-1", "u1", "likes", "post", "p1", "Ana")
+    assert row[7] == {"title": "Hello"}
+    assert row[8].isoformat() == "2026-11-21T09:30:00+00:00"
+    assert row[9] is None
+
+
+def test_batch_and_duplicates(client, events_key):
+    batch = {"events": [event(i) for i in range(5)] + [event(0)]}
+    r = client.post("/v1/events", json=batch, headers=auth(events_key))
+    assert r.status_code == 202 and r.json() == {"accepted": 5, "duplicates": 1}
+    r = client.post("/v1/events", json={"events": [event(3), event(9)]}, headers=auth(events_key))
+    assert r.json() == {"accepted": 1, "duplicates": 1}
+    assert count_events() == 6
+
+
+def test_same_id_from_two_producers_are_two_events(client, events_key):
+    other = apikeys.create("other-producer", "events")
+    assert client.post("/v1/events", json=event(), headers=auth(events_key)).json()["accepted"] == 1
+    assert client.post("/v1/events", json=event(), headers=auth(other)).json()["accepted"] == 1
+    assert count_events() == 2
+
+
+def test_events_for_unknown_user_are_kept(client, events_key):
+    r = client.post("/v1/events", json=event(user_id="nobody-yet"), headers=auth(events_key))
+    assert r.status_code == 202
+    assert db.query("SELECT user_id FROM digest_events") == [("nobody-yet",)]
+
+
+def test_occurred_at_defaults_to_now(client, events_key):
+    client.post("/v1/events", json=event(occurred_at=...), headers=auth(events_key))
+    assert db.query("SELECT occurred_at > now() - interval '1 minute' FROM digest_events") == [(True,)]
+
+
+@pytest.mark.parametrize("headers,code", [
+    ({}, 401),
+    ({"Authorization": "Bearer nk_not-a-key"}, 401),
+    ({"Authorization": "Basic abc"}, 401),
+])
+def test_auth_errors(client, headers, code):
+    r = client.post("/v1/events", json=event(), headers=headers)
+    assert r.status_code == code
+    assert r.json()["error"] == "unauthorized"
+    assert count_events() == 0
+
+
+def test_revoked_key_is_rejected(client, events_key):
+    assert client.post("/v1/events", json=event(), headers=auth(events_key)).status_code == 202
+    apikeys.revoke("producer-test")
+    r = client.post("/v1/events", json=event(2), headers=auth(events_key))
+    assert r.status_code == 401 and "revoked" in r.json()["message"]
+
+
+def test_malformed_json_is_400(client, events_key):
+    r = client.post("/v1/events", content=b'{"id": "x",', headers={**auth(events_key),
+                                                                  "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"] == "malformed_json"
+    r = client.post("/v1/events", content=b"", headers=auth(events_key))
+    assert r.status_code == 400
+
+
+def test_invalid_event_in_batch_stores_nothing_and_names_fields(client, events_key):
+    bad = {"events": [
+        event(1),
+        event(2, user_id=...),                 # missing
+        event(3, payload=[1, 2]),              # not an object
+        event(4, occurred_at="yesterday"),
+        event(5, entity_id="x" * 201),
+        event(6, surprise=True),
+        "not an object",
+    ]}
+    r = client.post("/v1/events", json=bad, headers=auth(events_key))
+    assert r.status_code == 422
+    errors = {(e["index"], e["field"]) for e in r.json()["errors"]}
+    assert errors == {(1, "user_id"), (2, "payload"), (3, "occurred_at"), (4, "entity_id"), (5, "surprise"),
+                      (6, "event")}
+    assert all(e["message"] for e in r.json()["errors"])
+    assert count_events() == 0
+
+
+@pytest.mark.parametrize("value,field", [
+    ({"id": "x", "user_id": "u", "category": "c", "entity_type": "t", "entity_id": ""}, "entity_id"),
+    ({"id": 5, "user_id": True, "category": "c", "entity_type": "t", "entity_id": "e"}, "user_id"),
+    ({"id": "x", "user_id": "u\x00", "category": "c", "entity_type": "t", "entity_id": "e"}, "user_id"),
+    ({"id": "x", "user_id": "u", "category": "c", "entity_type": "t", "entity_id": "e",
+      "occurred_at": "2026-11-21T09:30:00"}, "occurred_at"),
+    ({"id": "x", "user_id": "u", "category": "c", "entity_type": "t", "entity_id": "e",
+      "payload": {"k": "a\x00b"}}, "payload"),
+])
+def test_single_event_field_errors(client, events_key, value, field):
+    r = client.post("/v1/events", json=value, headers=auth(events_key))
+    assert r.status_code == 422
+    assert [e["field"] for e in r.json()["errors"]] == [field]
+    assert "index" not in r.json()["errors"][0]
+
+
+def test_batch_shape_errors(client, events_key):
+    assert client.post("/v1/events", json={"events": []}, headers=auth(events_key)).status_code == 422
+    assert client.post("/v1/events", json={"events": {}}, headers=auth(events_key)).status_code == 422
+    assert client.post("/v1/events", json=[event()], headers=auth(events_key)).status_code == 422
+    r = client.post("/v1/events", json={"events": [event(i) for i in range(1001)]}, headers=auth(events_key))
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "events"
+
+
+def test_payload_over_16_kib_is_rejected(client, events_key):
+    r = client.post("/v1/events", json=event(payload={"blob": "x" * 16 * 1024}), headers=auth(events_key))
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "payload"
+    ok = client.post("/v1/events", json=event(payload={"blob": "x" * 16000}), headers=auth(events_key))
+    assert ok.status_code == 202
+
+
+def test_body_over_1_mib_is_413(client, events_key):
+    big = b'{"events": [' + b",".join([b'{"id": "%d", "payload": {"p": "%s"}}' % (i, b"x" * 15000)
+                                       for i in range(80)]) + b"]}"
+    assert len(big) > 1024 * 1024
+    r = client.post("/v1/events", content=big, headers={**auth(events_key), "Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+    assert count_events() == 0
+
+
+def test_body_over_limit_without_content_length_is_413(live_server, events_key):
+    def chunks():
+        for _ in range(20):
+            yield b"x" * 100_000
+
+    r = httpx.post(f"{live_server}/v1/events", content=chunks(), headers=auth(events_key))
+    assert r.status_code == 413
+
+
+def test_concurrent_duplicate_posts_store_one_row(live_server, events_key):
+    """32 clients race to post the same ids: one row per id, and the counts add up."""
+    same = {"events": [event(i) for i in range(50)]}
+
+    def post(_):
+        with httpx.Client(timeout=30) as c:
+            return c.post(f"{live_server}/v1/events", json=same, headers=auth(events_key)).json()
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(post, range(64)))
+    assert count_events() == 50
+    assert sum(r["accepted"] for r in results) == 50
+    assert sum(r["duplicates"] for r in results) == 64 * 50 - 50
+
+
+def test_concurrent_inserts_from_two_writers_store_one_row(events_key):
+    """Two independent group-commit writers (as in two web processes) racing on the same ids."""
+    from app.ingest import GroupCommitWriter, validate_batch
+
+    rows, errors = validate_batch([event(i) for i in range(200)], True, "producer-test")
+    assert not errors
+    writers = [GroupCommitWriter(), GroupCommitWriter()]
+    futures = [w.submit(rows) for w in writers for _ in range(5)]
+    results = [f.result(timeout=30) for f in futures]
+    assert count_events() == 200
+    assert sum(r.accepted for r in results) == 200
+
+
+def test_database_down_answers_503_and_stores_nothing(client, events_key, monkeypatch):
+    from app import ingest
+
+    broken = ingest.GroupCommitWriter(url="postgresql://127.0.0.1:1/nowhere")
+    monkeypatch.setattr(ingest, "_writer", broken)
+    r = client.post("/v1/events", json=event(), headers=auth(events_key))
+    assert r.status_code == 503 and r.headers["Retry-After"]
+    assert count_events() == 0
