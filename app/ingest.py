@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 import orjson
 import psycopg2
@@ -74,6 +74,11 @@ def _parse_time(value) -> datetime | str:
         return "must be an RFC 3339 timestamp, e.g. 2026-11-21T09:30:00Z"
     if parsed.tzinfo is None:
         return "must include a UTC offset or 'Z' (RFC 3339)"
+    try:
+        # Normalised to UTC here: Postgres rejects offsets past +-15:59 that RFC 3339 allows.
+        parsed = parsed.astimezone(timezone.utc)
+    except OverflowError:
+        return "is out of range"
     return parsed
 
 
@@ -97,10 +102,9 @@ def validate_event(event, index: int | None, source: str, errors: list) -> tuple
                 err(name, "is required")
             values[name] = None
             continue
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            err(name, "must be a string")
+        if not isinstance(value, str):
+            err(name, 'must be a string (send numbers as "42")')
             continue
-        value = str(value)
         if required and not value.strip():
             err(name, "must not be empty")
         elif len(value) > max_len:

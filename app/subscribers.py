@@ -9,7 +9,11 @@ from app import db
 
 CADENCES = ("daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-EMAIL_RE = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+\.[^@\s<>\"',;]+$")
+# Deliberately loose (the provider is the real judge) but nothing that can break a header.
+_LOCAL = r"[^@\x00-\x20\x7f-\xa0<>\",;()\[\]\\:]"  # no controls, spaces or header specials
+_DOMAIN = r"[^@\x00-\x20\x7f-\xa0<>\",;()\[\]\\:'.]"
+EMAIL_PATTERN = rf"^{_LOCAL}+@{_DOMAIN}+(\.{_DOMAIN}+)+$"
+EMAIL_RE = re.compile(EMAIL_PATTERN)
 MAX_CATEGORIES = 100
 
 FIELDS = ("email", "name", "timezone", "digest_cadence", "digest_hour", "digest_weekday",
@@ -20,7 +24,7 @@ DEFAULTS = {"name": "", "timezone": "UTC", "digest_cadence": "daily", "digest_ho
 
 @lru_cache(maxsize=1)
 def timezones() -> tuple[str, ...]:
-    return tuple(sorted(available_timezones()))
+    return tuple(sorted(name for name in available_timezones() if valid_timezone(name)))
 
 
 def valid_timezone(name) -> bool:
@@ -33,18 +37,19 @@ def valid_timezone(name) -> bool:
         return False
 
 
-def _int_in(value, low, high):
+def _int_in(value, low, high, strict=False):
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
+    if not strict and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)  # HTML forms send numbers as text
     if isinstance(value, int) and low <= value <= high:
         return value
     return None
 
 
-def validate(data: dict, partial: bool = False) -> tuple[dict, list[dict]]:
-    """Clean values and a list of {field, message}; `partial` checks only the fields present."""
+def validate(data: dict, partial: bool = False, strict: bool = False) -> tuple[dict, list[dict]]:
+    """Clean values and a list of {field, message}; `partial` checks only the fields present.
+    `strict` (the JSON API) takes numbers only as JSON numbers; forms send them as text."""
     values, errors = {}, []
 
     def err(field, message):
@@ -63,10 +68,10 @@ def validate(data: dict, partial: bool = False) -> tuple[dict, list[dict]]:
             continue
         value = data[name]
         if name == "email":
-            if not isinstance(value, str) or len(value) > 254 or not EMAIL_RE.match(value.strip()):
+            if not isinstance(value, str) or len(value) > 254 or not EMAIL_RE.match(value):
                 err(name, "must be a valid email address")
             else:
-                values[name] = value.strip()
+                values[name] = value
         elif name == "name":
             if value is None:
                 values[name] = ""
@@ -85,14 +90,14 @@ def validate(data: dict, partial: bool = False) -> tuple[dict, list[dict]]:
             else:
                 values[name] = value
         elif name == "digest_hour":
-            hour = _int_in(value, 0, 23)
+            hour = _int_in(value, 0, 23, strict)
             if hour is None:
                 err(name, "must be an integer hour from 0 to 23 (local time)")
             else:
                 values[name] = hour
         elif name == "digest_weekday":
             day = WEEKDAYS.index(value.lower()) if isinstance(value, str) and value.lower() in WEEKDAYS \
-                else _int_in(value, 0, 6)
+                else _int_in(value, 0, 6, strict)
             if day is None:
                 err(name, "must be 0-6 (0 = Monday) or a weekday name")
             else:

@@ -109,7 +109,7 @@ def test_invalid_event_in_batch_stores_nothing_and_names_fields(client, events_k
 
 @pytest.mark.parametrize("value,field", [
     ({"id": "x", "user_id": "u", "category": "c", "entity_type": "t", "entity_id": ""}, "entity_id"),
-    ({"id": 5, "user_id": True, "category": "c", "entity_type": "t", "entity_id": "e"}, "user_id"),
+    ({"id": "x", "user_id": 42, "category": "c", "entity_type": "t", "entity_id": "e"}, "user_id"),
     ({"id": "x", "user_id": "u\x00", "category": "c", "entity_type": "t", "entity_id": "e"}, "user_id"),
     ({"id": "x", "user_id": "u", "category": "c", "entity_type": "t", "entity_id": "e",
       "occurred_at": "2026-11-21T09:30:00"}, "occurred_at"),
@@ -192,3 +192,18 @@ def test_database_down_answers_503_and_stores_nothing(client, events_key, monkey
     r = client.post("/v1/events", json=event(), headers=auth(events_key))
     assert r.status_code == 503 and r.headers["Retry-After"]
     assert count_events() == 0
+
+
+@pytest.mark.parametrize("value,stored", [
+    ("2026-11-21T09:30:00+17:46", "2026-11-20T15:44:00+00:00"),  # RFC 3339 allows it; Postgres would not
+    ("2026-11-21T09:30:00.123456-03:00", "2026-11-21T12:30:00.123456+00:00"),
+])
+def test_occurred_at_offsets_are_normalised(client, events_key, value, stored):
+    assert client.post("/v1/events", json=event(occurred_at=value), headers=auth(events_key)).status_code == 202
+    assert db.query("SELECT occurred_at FROM digest_events")[0][0].isoformat() == stored
+
+
+@pytest.mark.parametrize("value", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_occurred_at_out_of_range_is_422(client, events_key, value):
+    r = client.post("/v1/events", json=event(occurred_at=value), headers=auth(events_key))
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "occurred_at"

@@ -34,20 +34,33 @@ async def post_events(request: Request):
 
 routes = [Route("/v1/events", post_events, methods=["POST"])]
 
+def _text(max_len: int, required: bool = False, description: str | None = None) -> dict:
+    """Mirror of ingest.validate_event's string rules, so generated clients and fuzzers agree."""
+    schema = {"type": "string", "maxLength": max_len, "pattern": "^[^\\u0000]*$"}
+    if required:
+        schema.update(minLength=1, pattern="^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$")
+    else:
+        schema["nullable"] = True  # null means absent
+    if description:
+        schema["description"] = description
+    return schema
+
+
 _event_schema = {
     "type": "object",
     "required": ["id", "user_id", "category", "entity_type", "entity_id"],
     "additionalProperties": False,
     "properties": {
-        "id": {"type": "string", "maxLength": 200, "description": "producer's idempotency key"},
-        "user_id": {"type": "string", "maxLength": 200},
-        "category": {"type": "string", "maxLength": 100},
-        "entity_type": {"type": "string", "maxLength": 100},
-        "entity_id": {"type": "string", "maxLength": 200},
-        "actor_id": {"type": "string", "maxLength": 200},
-        "actor_name": {"type": "string", "maxLength": 200},
-        "payload": {"type": "object", "description": "at most 16 KiB as JSON"},
-        "occurred_at": {"type": "string", "format": "date-time"},
+        "id": _text(200, True, "producer's idempotency key"),
+        "user_id": _text(200, True),
+        "category": _text(100, True),
+        "entity_type": _text(100, True),
+        "entity_id": _text(200, True),
+        "actor_id": _text(200),
+        "actor_name": _text(200),
+        "payload": {"type": "object", "nullable": True, "description": "at most 16 KiB as JSON"},
+        "occurred_at": {"type": "string", "format": "date-time", "nullable": True,
+                        "description": "RFC 3339 with offset; default: now"},
     },
 }
 

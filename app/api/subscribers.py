@@ -21,7 +21,7 @@ async def put_subscriber(request: Request):
     await require_key(request, "admin")
     user_id = _user_id(request)
     body = await read_json(request, limit=64 * 1024)
-    values, errors = subscribers.validate(body)
+    values, errors = subscribers.validate(body, strict=True)
     if isinstance(body, dict) and body.get("user_id") not in (None, user_id):
         errors.append({"field": "user_id", "message": "does not match the URL"})
     if errors:
@@ -45,24 +45,33 @@ async def delete_subscriber(request: Request):
     return Response(status_code=204)
 
 
-routes = [
-    Route("/v1/subscribers/{user_id:str}", put_subscriber, methods=["PUT"]),
-    Route("/v1/subscribers/{user_id:str}", get_subscriber, methods=["GET"]),
-    Route("/v1/subscribers/{user_id:str}", delete_subscriber, methods=["DELETE"]),
-]
+_BY_METHOD = {"GET": get_subscriber, "HEAD": get_subscriber, "PUT": put_subscriber, "DELETE": delete_subscriber}
 
+
+async def subscriber(request: Request):
+    # One route for the three methods, so a 405 carries the full Allow header.
+    return await _BY_METHOD[request.method](request)
+
+
+routes = [Route("/v1/subscribers/{user_id:str}", subscriber, methods=["GET", "PUT", "DELETE"])]
+
+_no_nul = "^[^\\u0000]*$"
 _subscriber_schema = {
     "type": "object",
     "required": ["email"],
     "additionalProperties": False,
     "properties": {
-        "email": {"type": "string", "format": "email", "maxLength": 254},
-        "name": {"type": "string", "maxLength": 200},
-        "timezone": {"type": "string", "description": "IANA zone, e.g. Europe/Lisbon"},
+        "email": {"type": "string", "maxLength": 254, "pattern": subscribers.EMAIL_PATTERN},
+        "name": {"type": "string", "maxLength": 200, "pattern": _no_nul, "nullable": True},
+        "timezone": {"type": "string", "enum": list(subscribers.timezones()), "description": "IANA zone"},
         "digest_cadence": {"type": "string", "enum": list(subscribers.CADENCES)},
-        "digest_hour": {"type": "integer", "minimum": 0, "maximum": 23},
-        "digest_weekday": {"type": "integer", "minimum": 0, "maximum": 6, "description": "0 = Monday"},
-        "category_opt_outs": {"type": "array", "items": {"type": "string"}, "maxItems": 100},
+        "digest_hour": {"type": "integer", "minimum": 0, "maximum": 23, "description": "local hour"},
+        "digest_weekday": {"oneOf": [
+            {"type": "integer", "minimum": 0, "maximum": 6, "description": "0 = Monday"},
+            {"type": "string", "enum": list(subscribers.WEEKDAYS)},
+        ]},
+        "category_opt_outs": {"type": "array", "maxItems": subscribers.MAX_CATEGORIES, "items": {
+            "type": "string", "minLength": 1, "maxLength": 100, "pattern": _no_nul}},
         "tracking_opt_out": {"type": "boolean"},
     },
 }
@@ -82,12 +91,13 @@ OPENAPI_PATHS = {
         },
         "get": {
             "summary": "Read a subscriber", "security": [{"bearer": []}], "parameters": _user_param,
-            "responses": {"200": {"description": "the subscriber"}, "401": _err, "403": _err, "404": _err},
+            "responses": {"200": {"description": "the subscriber"}, "401": _err, "403": _err, "404": _err,
+                          "422": _err},
         },
         "delete": {
             "summary": "Erase a subscriber and their events (right to erasure)",
             "security": [{"bearer": []}], "parameters": _user_param,
-            "responses": {"204": {"description": "erased"}, "401": _err, "403": _err, "404": _err},
+            "responses": {"204": {"description": "erased"}, "401": _err, "403": _err, "404": _err, "422": _err},
         },
     }
 }

@@ -35,11 +35,15 @@ wait_for() { # name command...
 
 start_postgres() {
   pg_up && { echo "services: postgres is up"; return; }
-  if command -v pg_ctlcluster >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -n "$(ls /etc/postgresql 2>/dev/null)" ]; then
-    local ver; ver=$(ls /etc/postgresql | sort -V | tail -n 1)
-    echo "services: starting the machine's PostgreSQL $ver cluster"
-    pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
-    if wait_for postgres pg_up; then return; fi
+  local port; port=$(port_of "$DATABASE_URL" 5432)
+  if command -v pg_lsclusters >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    # The machine's own cluster, if one is configured on our port and merely stopped.
+    local cluster; cluster=$(pg_lsclusters -h 2>/dev/null | awk -v p="$port" '$3 == p && $4 == "down" {print $1, $2; exit}')
+    if [ -n "$cluster" ]; then
+      echo "services: starting the machine's PostgreSQL cluster $cluster"
+      pg_ctlcluster --skip-systemctl-redirect $cluster start || true
+      if wait_for postgres pg_up; then return; fi
+    fi
   fi
   local initdb pgctl; initdb=$(pg_bin initdb); pgctl=$(pg_bin pg_ctl)
   if [ -z "$initdb" ] || [ -z "$pgctl" ]; then
@@ -47,7 +51,7 @@ start_postgres() {
     echo "          Install it (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL." >&2
     exit 1
   fi
-  local data="$VAR/postgres" port; port=$(port_of "$DATABASE_URL" 5432)
+  local data="$VAR/postgres"
   local run=()
   if [ "$(id -u)" = 0 ]; then  # postgres refuses to run as root
     id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres

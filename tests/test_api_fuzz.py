@@ -1,0 +1,30 @@
+"""Property-based API fuzzing from our own OpenAPI document (schemathesis): no input makes the
+public API answer 5xx or break its documented response contract."""
+from __future__ import annotations
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+import json  # noqa: E402
+
+from hypothesis import HealthCheck, assume, settings  # noqa: E402
+
+from app import apikeys  # noqa: E402
+from app.web import app  # noqa: E402
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+@pytest.fixture
+def bearer():
+    return {"Authorization": f"Bearer {apikeys.create('fuzz', 'admin')}"}
+
+
+@schema.include(path_regex="^/v1/(events|subscribers)").parametrize()
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_api_contract_holds_for_generated_input(case, bearer):
+    # jsonb cannot hold U+0000; such payloads get a documented 422 (tested in test_api_events),
+    # which OpenAPI has no way to express for a free-form object.
+    if isinstance(case.body, (dict, list)):
+        assume("\\u0000" not in json.dumps(case.body))
+    case.call_and_validate(headers=bearer)
