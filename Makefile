@@ -9,7 +9,7 @@ export TEST_DATABASE_URL ?= postgresql://localhost/notify_test
 export TEST_REDIS_URL ?= redis://localhost:6379/15
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test install services migrate demo bench clean
+.PHONY: run test install services migrate demo bench clean browser
 
 install: $(VENV)/.installed
 
@@ -33,7 +33,14 @@ run: demo
 	@echo "web: http://127.0.0.1:$${PORT:-8000}  mail viewer: http://127.0.0.1:$${PORT:-8000}/dev/mail"
 	$(BIN)/honcho -f Procfile.dev start
 
-test: install services
+# Browser tests drive Debian's chromium (no browser download); install it once, as root.
+browser:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  elif sudo -n true 2>/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "WARNING: /usr/bin/chromium missing and not root: browser tests will be skipped"; fi; }
+
+test: install services browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: migrate

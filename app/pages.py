@@ -1,2 +1,0 @@
-"""Placeholder: filled in by its own issue."""
-routes = []

@@ -1,0 +1,112 @@
+"""GET/POST /u/{token}: unsubscribe confirmation page and RFC 8058 one-click unsubscribe.
+
+- GET never changes anything (mail scanners and link previewers fetch every link): it shows the
+  current state with one button — "Unsubscribe", or "Resubscribe" once unsubscribed.
+- POST whose body carries `List-Unsubscribe=One-Click` (urlencoded or multipart, as mail clients
+  send it): unsubscribes with no cookie, no auth, no CSRF, no redirect; answers 200 with a small page.
+- POST `action=unsubscribe` from the page's button: unsubscribes, 303 back to the page. Not
+  CSRF-checked on purpose: the signed token is the capability (exactly what RFC 8058 relies on), a
+  cross-site forger could use the one-click form anyway, and a browser that blocks cookies must
+  still be able to leave.
+- POST `action=resubscribe`: CSRF-checked (signed double-submit cookie), 303 back to the page.
+
+Token scope: "category:X" unsubscribes from that topic only (adds X to category_opt_outs);
+no scope or "newsletter:ID" stops all mail (subscribers.unsubscribed_at), since newsletters are
+not separate lists in this service.
+"""
+from __future__ import annotations
+
+import logging
+from urllib.parse import quote
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from app import tokens
+from app.pages import common, csrf, store
+
+log = logging.getLogger("app.pages.unsubscribe")
+
+ONE_CLICK_FIELD = "List-Unsubscribe"
+ONE_CLICK_VALUE = "One-Click"
+
+
+def _page_url(token: str) -> str:
+    return f"/u/{quote(token, safe='')}"
+
+
+def _category(claims: tokens.TokenClaims) -> str | None:
+    return store.scope_category(claims.scope)
+
+
+def _is_unsubscribed(subscriber: dict, category: str | None) -> bool:
+    if category is not None:
+        return category in subscriber["category_opt_outs"]
+    return subscriber["unsubscribed_at"] is not None
+
+
+async def unsubscribe_page(request: Request) -> Response:
+    token = request.path_params["token"]
+    found = await common.subscriber_for("unsubscribe", token)
+    if found is None:
+        return common.not_found(request)
+    subscriber, claims = found
+    category = _category(claims)
+    csrf_token, new_nonce = csrf.issue(request, subscriber["id"])
+    response = common.render(request, "unsubscribe.html", {
+        "subscriber": subscriber,
+        "category": category,
+        "unsubscribed": _is_unsubscribed(subscriber, category),
+        "csrf_token": csrf_token,
+        "action_url": _page_url(token),
+        "preferences_url": "/preferences/" + tokens.make("preferences", subscriber["id"], subscriber["token_version"]),
+        "notice": request.query_params.get("notice") if request.query_params.get("notice") in
+        ("unsubscribed", "resubscribed") else None,
+    })
+    csrf.set_cookie(response, new_nonce)
+    return response
+
+
+async def unsubscribe_submit(request: Request) -> Response:
+    token = request.path_params["token"]
+    found = await common.subscriber_for("unsubscribe", token)
+    if found is None:
+        return common.not_found(request)
+    subscriber, claims = found
+    try:
+        posted = await common.read_form(request)
+    except common.FormTooLarge:
+        return common.error_page(request, 413, "Request too large", "That request was too large to process.")
+    except common.BadForm:
+        return common.error_page(request, 400, "Bad request", "That request could not be read.")
+
+    sid, version, scope = subscriber["id"], claims.token_version, claims.scope
+    action = common.text(posted, "action")
+    if common.text(posted, ONE_CLICK_FIELD) == ONE_CLICK_VALUE or action is None:
+        # RFC 8058 one-click (a bare POST to the List-Unsubscribe URL counts too: only a mail
+        # client or the user acts by POST; scanners GET). No redirect, no cookie.
+        await run_in_threadpool(store.unsubscribe, sid, version, scope)
+        log.info("subscriber %s unsubscribed by one-click POST (scope=%s)", sid, scope)
+        return common.render(request, "unsubscribed_oneclick.html",
+                             {"category": _category(claims), "email": subscriber["email"]})
+
+    if action == "unsubscribe":
+        await run_in_threadpool(store.unsubscribe, sid, version, scope)
+        log.info("subscriber %s unsubscribed from the confirmation page (scope=%s)", sid, scope)
+        notice = "unsubscribed"
+    elif action == "resubscribe":
+        if not csrf.valid(request, sid, common.text(posted, csrf.FIELD)):
+            log.info("resubscribe for subscriber %s rejected: bad CSRF token", sid)
+            return common.error_page(
+                request, 403, "Please try again",
+                "This form expired or was sent from somewhere else, so nothing changed. "
+                "Open the page again and resubmit.", _page_url(token))
+        await run_in_threadpool(store.resubscribe, sid, version, scope)
+        log.info("subscriber %s resubscribed (scope=%s)", sid, scope)
+        notice = "resubscribed"
+    else:
+        return common.error_page(request, 400, "Bad request", "Unknown action.", _page_url(token))
+    response = RedirectResponse(f"{_page_url(token)}?notice={notice}", status_code=303)
+    response.headers.update(common.SECURITY_HEADERS)
+    return response

@@ -1,0 +1,144 @@
+"""Unsubscribe through the pages is effective before the next claim, and the links that really
+leave in mail (List-Unsubscribe header, preferences link) land on working pages."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from app import db, tokens
+from app.providers.base import Provider, SendResult
+
+
+
+@pytest.fixture
+def support():
+    return pytest.importorskip("tests.newsletter_support", reason="newsletter send loop not present")
+
+
+@pytest.fixture
+def digest_sender():
+    return pytest.importorskip("app.digest_sender", reason="digest sender not present")
+
+
+class RecordingProvider(Provider):
+    name = "recording"
+    max_batch = 100
+
+    def __init__(self):
+        self.sent = []
+
+    def send_batch(self, mails):
+        self.sent.extend(mails)
+        return [SendResult(ok=True, message_id=f"m-{m.idempotency_key}") for m in mails]
+
+
+def _path(url: str) -> str:
+    return re.sub(r"^https?://[^/]+", "", url)
+
+
+def test_one_click_unsubscribe_after_outbox_is_built_skips_the_claim(client, redis_client, support):
+    support.seed_subscribers(3)
+    newsletter_id = support.make_newsletter()
+    support.start(newsletter_id)  # outbox rows exist for all three, pending
+    assert support.counts(newsletter_id) == {"pending": 3}
+
+    gone = db.query("SELECT id FROM subscribers WHERE user_id = 'u2'")[0][0]
+    r = client.post("/u/" + tokens.make("unsubscribe", gone, 1), data={"List-Unsubscribe": "One-Click"})
+    assert r.status_code == 200
+    assert db.query("SELECT unsubscribed_at IS NOT NULL FROM subscribers WHERE id = %s", (gone,))[0][0]
+
+    provider = RecordingProvider()
+    support.drain(newsletter_id, provider)
+    assert sorted(m.to for m in provider.sent) == ["user1@example.com", "user3@example.com"]
+    status = db.query("SELECT status FROM email_log WHERE subscriber_id = %s", (gone,))[0][0]
+    assert status == "suppressed"
+
+
+def test_links_in_a_sent_newsletter_open_the_pages_and_one_click_works(client, redis_client, support):
+    support.seed_subscribers(1)
+    newsletter_id = support.make_newsletter()
+    support.start(newsletter_id)
+    provider = RecordingProvider()
+    support.drain(newsletter_id, provider)
+    (mail,) = provider.sent
+
+    header = mail.headers.get("List-Unsubscribe", "")
+    https_url = re.search(r"<(https?://[^>]+)>", header)
+    assert https_url, f"no http(s) List-Unsubscribe URL in {header!r}"
+    assert mail.headers.get("List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
+    unsubscribe = _path(https_url.group(1))
+    preferences = re.search(r'href="([^"]*/preferences/[^"]+)"', mail.html)
+    assert preferences, "no preferences link in the mail body"
+
+    assert client.get(_path(preferences.group(1))).status_code == 200
+    assert client.get(unsubscribe).status_code == 200
+    r = client.post(unsubscribe, content=b"List-Unsubscribe=One-Click",
+                 headers={"Content-Type": "application/x-www-form-urlencoded"}, follow_redirects=False)
+    assert r.status_code == 200
+    assert db.query("SELECT unsubscribed_at IS NOT NULL FROM subscribers")[0][0]
+
+
+# ---------------------------------------------------------------- digest runs
+
+def _subscriber_with_events(*categories: str) -> int:
+    from app import subscribers
+    record, _ = subscribers.upsert("d1", {**subscribers.DEFAULTS, "email": "d1@example.com"})
+    for i, category in enumerate(categories):
+        db.query("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id) "
+                 "VALUES ('test', %s, 'd1', %s, 'post', %s)", (f"e{i}", category, str(i)))
+    return record["id"]
+
+
+def _pending_run(subscriber_id: int) -> int:
+    return db.query("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) "
+                    "VALUES (%s, 'daily', current_date, now()) RETURNING id", (subscriber_id,))[0][0]
+
+
+def _run(run_id: int) -> tuple:
+    return tuple(db.query("SELECT status, skip_reason FROM digest_runs WHERE id = %s", (run_id,))[0])
+
+
+def test_digest_run_claimed_after_one_click_is_skipped(client, digest_sender):
+    sid = _subscriber_with_events("likes")
+    r = client.post("/u/" + tokens.make("unsubscribe", sid, 1), data={"List-Unsubscribe": "One-Click"})
+    assert r.status_code == 200
+    run_id = _pending_run(sid)  # a run the planner inserted just before it saw the unsubscribe
+    provider = RecordingProvider()
+    digest_sender.process(run_ids=[run_id], provider=provider)
+    assert provider.sent == []
+    assert _run(run_id) == ("skipped", "unsubscribed")
+
+
+def test_pause_from_preference_centre_skips_the_next_claim(client, digest_sender):
+    sid = _subscriber_with_events("likes")
+    path = "/preferences/" + tokens.make("preferences", sid, 1)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).text).group(1)
+    form = {"csrf_token": csrf, "action": "save", "digest_cadence": "daily", "digest_hour": "9",
+            "digest_weekday": "0", "timezone": "UTC", "pause_days": "3"}
+    assert client.post(path, data=form, follow_redirects=False).status_code == 303
+    run_id = _pending_run(sid)
+    provider = RecordingProvider()
+    digest_sender.process(run_ids=[run_id], provider=provider)
+    assert provider.sent == [] and _run(run_id) == ("skipped", "paused")
+
+
+def test_topic_opted_out_on_the_page_is_left_out_of_the_digest(client, digest_sender):
+    sid = _subscriber_with_events("likes", "comments")
+    path = "/preferences/" + tokens.make("preferences", sid, 1)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).text).group(1)
+    form = {"csrf_token": csrf, "action": "save", "digest_cadence": "daily", "digest_hour": "9",
+            "digest_weekday": "0", "timezone": "UTC", "shown_category": ["likes", "comments"],
+            "category": ["likes"]}
+    assert client.post(path, data=form, follow_redirects=False).status_code == 303
+    run_id = _pending_run(sid)
+    provider = RecordingProvider()
+    digest_sender.process(run_ids=[run_id], provider=provider)
+    (mail,) = provider.sent
+    assert _run(run_id)[0] == "sent"
+    included = db.query("SELECT category FROM digest_events WHERE digest_run_id = %s", (run_id,))
+    assert [c for (c,) in included] == ["likes"]
+    assert mail.headers.get("List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
+    unsubscribe = _path(re.search(r"<(https?://[^>]+)>", mail.headers["List-Unsubscribe"]).group(1))
+    assert client.post(unsubscribe, files={"List-Unsubscribe": (None, "One-Click")}).status_code == 200
+    assert db.query("SELECT unsubscribed_at IS NOT NULL FROM subscribers WHERE id = %s", (sid,))[0][0]
