@@ -76,17 +76,37 @@ class Settings:
     dkim_selector: str = ""
     dkim_private_key: str = ""
     tracking: bool = True
+    # Click/open history is buffered in the web process and written every this many seconds: the
+    # window of history rows a SIGKILLed web process can lose (SIGTERM flushes them).
+    tracking_flush_seconds: float = 0.2
+    tracking_buffer_max_rows: int = 200_000
+    # Clicks/opens this soon after delivery are link scanners / proxy prefetches (is_machine).
+    tracking_scanner_seconds: int = 10
+    sendgrid_webhook_max_body_bytes: int = 8 * 1024 * 1024
     # Digest pipeline
     digest_max_items: int = 50
     digest_stagger_seconds: int = 3600
     digest_processing_timeout_seconds: int = 900
     digest_max_attempts: int = 5
     scheduler_interval_seconds: float = 30.0
+    digest_template_dir: str = ""            # empty: digest/templates
+    digest_claim_batch: int = 100            # runs claimed and sent per actor message
+    digest_event_page: int = 1000
+    digest_max_events: int = 100_000         # per run; older-first, the rest waits for the next digest
+    digest_queue_max_depth: int = 200        # checker never lets the digest queue grow past this
+    digest_reenqueue_seconds: int = 300      # a pending run enqueued this long ago is enqueued again
+    digest_retry_base_seconds: int = 60      # backoff after a transient send failure: base * 2^attempts
+    smtp_pool_size: int = 8                  # concurrent SMTP connections per worker process
+    smtp_timeout_seconds: float = 30.0
     # Newsletter
     send_batch_size: int = 100
     reclaim_after_seconds: int = 1800
     provider_rate_per_second: float = 0.0
     soft_bounce_limit: int = 3
+    # Send chains (concurrent send_batch message loops) per newsletter; ~ worker threads for it.
+    newsletter_send_chains: int = 4
+    # Transient provider failures retried with backoff this many times before a row is `failed`.
+    newsletter_max_attempts: int = 8
 
     @property
     def is_development(self) -> bool:
@@ -139,15 +159,30 @@ def load() -> Settings:
         dkim_selector=os.environ.get("DKIM_SELECTOR", ""),
         dkim_private_key=os.environ.get("DKIM_PRIVATE_KEY", ""),
         tracking=_bool("TRACKING", True),  # TRACKING=off sends clean links and no pixel
+        tracking_flush_seconds=_float("TRACKING_FLUSH_SECONDS", 0.2),
+        tracking_buffer_max_rows=_int("TRACKING_BUFFER_MAX_ROWS", 200_000),
+        tracking_scanner_seconds=_int("TRACKING_SCANNER_SECONDS", 10),
+        sendgrid_webhook_max_body_bytes=_int("SENDGRID_WEBHOOK_MAX_BODY_BYTES", 8 * 1024 * 1024),
         digest_max_items=_int("DIGEST_MAX_ITEMS", 50),
         digest_stagger_seconds=_int("DIGEST_STAGGER_SECONDS", 3600),
         digest_processing_timeout_seconds=_int("DIGEST_PROCESSING_TIMEOUT_SECONDS", 900),
         digest_max_attempts=_int("DIGEST_MAX_ATTEMPTS", 5),
         scheduler_interval_seconds=_float("SCHEDULER_INTERVAL_SECONDS", 30.0),
+        digest_template_dir=os.environ.get("DIGEST_TEMPLATE_DIR", ""),
+        digest_claim_batch=_int("DIGEST_CLAIM_BATCH", 100),
+        digest_event_page=_int("DIGEST_EVENT_PAGE", 1000),
+        digest_max_events=_int("DIGEST_MAX_EVENTS", 100_000),
+        digest_queue_max_depth=_int("DIGEST_QUEUE_MAX_DEPTH", 200),
+        digest_reenqueue_seconds=_int("DIGEST_REENQUEUE_SECONDS", 300),
+        digest_retry_base_seconds=_int("DIGEST_RETRY_BASE_SECONDS", 60),
+        smtp_pool_size=_int("SMTP_POOL_SIZE", 8),
+        smtp_timeout_seconds=_float("SMTP_TIMEOUT_SECONDS", 30.0),
         send_batch_size=_int("SEND_BATCH_SIZE", 100),
         reclaim_after_seconds=_int("RECLAIM_AFTER_SECONDS", 1800),
         provider_rate_per_second=_float("PROVIDER_RATE_PER_SECOND", 0.0),
         soft_bounce_limit=_int("SOFT_BOUNCE_LIMIT", 3),
+        newsletter_send_chains=_int("NEWSLETTER_SEND_CHAINS", 4),
+        newsletter_max_attempts=_int("NEWSLETTER_MAX_ATTEMPTS", 8),
     )
 
 

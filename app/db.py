@@ -260,6 +260,7 @@ class Suppression(BaseModel):
 ALL_TABLES = [
     "api_keys", "subscribers", "digest_runs", "digest_events", "newsletters", "email_log",
     "email_links", "email_link_history", "legacy_link_codes", "webhook_events", "suppressions",
+    "mail_event_counts",
 ]
 
 

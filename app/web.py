@@ -15,12 +15,12 @@ log = logging.getLogger("app.web")
 
 # Each module exposes `routes` and may expose OPENAPI_PATHS / OPENAPI_SCHEMAS.
 ROUTE_MODULES = (
+    "tracking.routes",  # first: the click/open hot path then skips matching every other route
     "app.health",
     "app.api.events",
     "app.api.subscribers",
     "app.api.newsletters",
     "app.pages",
-    "tracking.routes",
     "tracking.webhooks",
 )
 
@@ -41,6 +41,9 @@ def create_app() -> Starlette:
     async def lifespan(app):
         log.info("web process up (env=%s)", settings.env)
         yield
+        for module in modules:  # e.g. tracking flushes its buffered click history (SIGTERM loses none)
+            if hasattr(module, "on_shutdown"):
+                module.on_shutdown()
         db.database.close_all()
 
     return Starlette(routes=routes, exception_handlers={ApiError: api_error_handler}, lifespan=lifespan)

@@ -1,2 +1,89 @@
-"""Placeholder: filled in by its own issue."""
-routes = []
+"""POST /webhooks/sendgrid: SendGrid Event Webhook receiver (invariant I4: 2xx means committed).
+
+  403  a public key is configured and the signature/timestamp is missing, wrong or stale
+  400  the body is not JSON / not an array of event objects (SendGrid will retry it; we log it)
+  413  body over SENDGRID_WEBHOOK_MAX_BODY_BYTES
+  503  the events could not be committed (database down, ...): SendGrid retries for 24 h
+  200  every event of the batch is committed (new ones stored, redeliveries counted as duplicates)
+
+The request waits for a group commit shared with concurrent deliveries (tracking/groupcommit.py),
+so there is no per-request transaction and no threadpool hop. Applying the events (suppressions,
+stats) happens afterwards in a worker (actors/webhooks.py), enqueued only after the commit.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.requests import Request
+from starlette.routing import Route
+
+from app import config
+from app.http import ApiError, FastJSONResponse
+from tracking import signature, webhook_store
+
+log = logging.getLogger("tracking.webhooks")
+_warned_unsigned = False
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def sendgrid(request: Request):
+    global _warned_unsigned
+    settings = config.get()
+    body = await _read_body(request, settings.sendgrid_webhook_max_body_bytes)
+    if settings.sendgrid_webhook_public_key:
+        try:
+            signature.verify(settings.sendgrid_webhook_public_key, body,
+                             request.headers.get(signature.SIGNATURE_HEADER),
+                             request.headers.get(signature.TIMESTAMP_HEADER),
+                             settings.sendgrid_webhook_max_age_seconds)
+        except signature.SignatureError as exc:
+            log.warning("sendgrid webhook refused: %s", exc)
+            raise ApiError(403, "bad_signature", str(exc)) from None
+    elif not _warned_unsigned:
+        _warned_unsigned = True
+        log.warning("SENDGRID_WEBHOOK_PUBLIC_KEY is not set: accepting unsigned webhook requests")
+    try:
+        rows = webhook_store.rows_from_body(body)
+    except webhook_store.MalformedBatch as exc:
+        log.warning("sendgrid webhook: malformed body (%d bytes): %s", len(body), exc)
+        raise ApiError(400, "malformed_json", str(exc)) from None
+    if not rows:
+        return FastJSONResponse({"stored": 0, "duplicates": 0})
+    try:
+        result = await asyncio.wrap_future(webhook_store.writer().submit(rows, len(rows)))
+    except Exception as exc:
+        log.error("sendgrid webhook batch of %d not stored: %s", len(rows), exc)
+        raise ApiError(503, "unavailable", "events not stored; nothing committed, retry later",
+                       headers={"Retry-After": "10"}) from None
+    return FastJSONResponse({"stored": result.stored, "duplicates": result.duplicates})
+
+
+routes = [Route("/webhooks/sendgrid", sendgrid, methods=["POST"])]
+
+OPENAPI_PATHS = {
+    "/webhooks/sendgrid": {"post": {
+        "summary": "SendGrid Event Webhook (signed); 200 only once the batch is committed",
+        "responses": {
+            "200": {"description": "committed", "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"stored": {"type": "integer"},
+                                                 "duplicates": {"type": "integer"}}}}}},
+            "400": {"$ref": "#/components/responses/Error"},
+            "403": {"$ref": "#/components/responses/Error"},
+            "413": {"$ref": "#/components/responses/Error"},
+            "503": {"$ref": "#/components/responses/Error"},
+        },
+    }}
+}

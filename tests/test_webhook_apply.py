@@ -1,0 +1,173 @@
+"""Applying stored SendGrid events: suppressions, soft bounces, per-mail counts, exactly once."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+import pytest
+
+from app import db
+from tracking import stats, webhook_apply
+
+
+@pytest.fixture(autouse=True)
+def soft_limit(settings):
+    settings(soft_bounce_limit=3)
+
+
+def subscriber(email="Ana@Example.com") -> int:
+    (sid,), = db.query("INSERT INTO subscribers (user_id, email) VALUES (%s, %s) RETURNING id", (email, email))
+    return sid
+
+
+_seq = iter(range(1, 10**9))
+
+
+def store(*evs: dict) -> list[int]:
+    ids = []
+    for ev in evs:
+        ev = {"sg_event_id": f"sg-{next(_seq)}", **ev}
+        (i,), = db.query("INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES (%s, %s, %s, %s) "
+                         "RETURNING id", (ev["sg_event_id"], ev["event"], ev.get("email"), orjson.dumps(ev).decode()))
+        ids.append(i)
+    return ids
+
+
+def suppressions():
+    return db.query("SELECT email, reason FROM suppressions ORDER BY email")
+
+
+def args(sub_id, mail_kind="newsletter", mail_id=9):
+    return {"mail_kind": mail_kind, "mail_id": str(mail_id), "row_id": "1", "subscriber_id": str(sub_id)}
+
+
+@pytest.mark.parametrize("event, extra, reason", [
+    ("bounce", {"type": "bounce"}, "bounce"),
+    ("bounce", {"type": "blocked"}, "block"),
+    ("spamreport", {}, "spamreport"),
+    ("unsubscribe", {}, "unsubscribe"),
+    ("group_unsubscribe", {"asm_group_id": 1}, "unsubscribe"),
+    ("dropped", {"reason": "Bounced Address"}, "bounce"),
+    ("dropped", {"reason": "Unsubscribed Address"}, "unsubscribe"),
+    ("dropped", {"reason": "Spam Reporting Address"}, "spamreport"),
+])
+def test_immediate_suppressions(event, extra, reason):
+    sid = subscriber()
+    ids = store({"event": event, "email": "Ana@Example.COM", **extra, **args(sid)})
+    assert webhook_apply.apply_events(ids) == 1
+    assert suppressions() == [("ana@example.com", reason)]
+    assert db.query("SELECT processed_at IS NOT NULL, error FROM webhook_events") == [(True, None)]
+
+
+@pytest.mark.parametrize("event, extra", [("delivered", {}), ("open", {}), ("click", {"url": "https://x"}),
+                                          ("processed", {}), ("dropped", {"reason": "Invalid SMTPAPI header"})])
+def test_other_events_do_not_suppress(event, extra):
+    ids = store({"event": event, "email": "a@example.com", **extra, **args(subscriber())})
+    webhook_apply.apply_events(ids)
+    assert suppressions() == []
+
+
+def test_soft_bounces_suppress_after_the_limit_counting_messages_not_retries():
+    sid = subscriber()
+    ids = store({"event": "deferred", "email": "ana@example.com", "attempt": "1", **args(sid)},
+                {"event": "deferred", "email": "ana@example.com", "attempt": "2", **args(sid)},   # same message
+                {"event": "deferred", "email": "ana@example.com", "attempt": "5", **args(sid)},
+                {"event": "deferred", "email": "ana@example.com", "attempt": "1", **args(sid)})
+    webhook_apply.apply_events(ids)
+    assert db.query("SELECT soft_bounce_count FROM subscribers") == [(2,)]
+    assert suppressions() == []
+    webhook_apply.apply_events(store({"event": "deferred", "email": "ana@example.com", **args(sid)}))
+    assert db.query("SELECT soft_bounce_count FROM subscribers") == [(3,)]
+    assert suppressions() == [("ana@example.com", "soft_bounce")]
+
+
+def test_delivery_resets_the_soft_bounce_count():
+    sid = subscriber()
+    webhook_apply.apply_events(store(*[{"event": "deferred", "email": "ana@example.com", **args(sid)}] * 2))
+    webhook_apply.apply_events(store({"event": "delivered", "email": "ana@example.com", **args(sid)}))
+    webhook_apply.apply_events(store({"event": "deferred", "email": "ana@example.com", **args(sid)}))
+    assert db.query("SELECT soft_bounce_count FROM subscribers") == [(1,)]
+    assert suppressions() == []
+
+
+def test_events_without_custom_args_map_by_email():
+    subscriber("Bob@Example.com")
+    webhook_apply.apply_events(store(*[{"event": "deferred", "email": "BOB@example.com"}] * 3))
+    assert suppressions() == [("bob@example.com", "soft_bounce")]
+
+
+def test_counts_per_mail_and_stats():
+    sid = subscriber()
+    webhook_apply.apply_events(store(
+        *[{"event": "delivered", "email": "a@example.com", **args(sid)}] * 3,
+        {"event": "open", "email": "a@example.com", **args(sid)},
+        {"event": "bounce", "email": "b@example.com", **args(sid)},
+        {"event": "delivered", "email": "a@example.com", **args(sid, "digest", 4)},
+    ))
+    assert stats.mail_stats("newsletter", 9)["events"] == {"bounce": 1, "delivered": 3, "open": 1}
+    assert stats.mail_stats("digest", 4)["events"] == {"delivered": 1}
+
+
+def test_applying_twice_or_concurrently_has_one_effect():
+    sid, other = subscriber(), subscriber("other@example.com")
+    ids = store(*[{"event": "delivered", "email": "other@example.com", **args(other)}] * 200,
+                *[{"event": "deferred", "email": "ana@example.com", "attempt": "1", **args(sid)}] * 2)
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(webhook_apply.apply_events, [ids] * 4))
+    assert sum(done) == 202
+    assert webhook_apply.apply_events(ids) == 0
+    assert stats.mail_stats("newsletter", 9)["events"]["delivered"] == 200
+    assert db.query("SELECT soft_bounce_count FROM subscribers WHERE id = %s", (sid,)) == [(2,)]
+
+
+def test_unusable_event_is_marked_with_its_error_and_others_still_apply(monkeypatch):
+    real_apply_one = webhook_apply._apply_one
+
+    def apply_one(cur, event, email, payload, counts):
+        if email == "boom@example.com":       # a real data error from Postgres for this one event
+            cur.execute("SELECT 1 / 0")
+        return real_apply_one(cur, event, email, payload, counts)
+
+    monkeypatch.setattr(webhook_apply, "_apply_one", apply_one)
+    sid = subscriber()
+    ids = store({"event": "bounce", "email": "boom@example.com", **args(sid)},
+                {"event": "bounce", "email": "ok@example.com", **args(sid)},
+                {"event": "open", "mail_kind": "newsletter", "mail_id": "not-a-number"})
+    assert webhook_apply.apply_events(ids) == 3
+    assert suppressions() == [("ok@example.com", "bounce")]
+    errors = db.query("SELECT error FROM webhook_events ORDER BY id")
+    assert "DivisionByZero" in errors[0][0] and errors[1][0] is None and errors[2][0] is None
+    assert db.query("SELECT count(*) FROM webhook_events WHERE processed_at IS NULL") == [(0,)]
+
+
+def test_requeue_unprocessed_enqueues_only_stale_unprocessed_rows(monkeypatch):
+    sent = []
+    monkeypatch.setattr(webhook_apply, "enqueue", lambda ids: sent.append(list(ids)))
+    old_new, old_done, fresh = store({"event": "open"}, {"event": "open"}, {"event": "open"})
+    db.query("UPDATE webhook_events SET received_at = now() - interval '5 minutes' WHERE id IN (%s, %s)",
+             (old_new, old_done))
+    db.query("UPDATE webhook_events SET processed_at = now() WHERE id = %s", (old_done,))
+    assert webhook_apply.requeue_unprocessed() == 1
+    assert sent == [[old_new]]
+
+
+def test_requeue_goes_through_redis_and_survives_a_flush(redis_client):
+    """Redis is only a hint: after a flush the scheduler's requeue puts the work back."""
+    import dramatiq
+
+    from actors import webhooks as webhook_actors
+
+    broker = dramatiq.get_broker()
+    ids = store({"event": "spamreport", "email": "s@example.com"})
+    webhook_apply.enqueue(ids)
+    assert broker.client.llen(f"{broker.namespace}:{webhook_actors.apply_webhook_events.queue_name}") == 1
+    broker.flush_all()
+    db.query("UPDATE webhook_events SET received_at = now() - interval '2 minutes'")
+    assert webhook_apply.requeue_unprocessed() == 1
+    worker = dramatiq.Worker(broker, queues={"webhooks"}, worker_threads=1, worker_timeout=100)
+    worker.start()
+    try:
+        broker.join("webhooks", timeout=20_000)
+    finally:
+        worker.stop()
+    assert suppressions() == [("s@example.com", "spamreport")]

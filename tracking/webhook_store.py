@@ -1,0 +1,129 @@
+"""Storing SendGrid event batches: parse, then INSERT … ON CONFLICT (sg_event_id) DO NOTHING.
+
+SendGrid delivers at least once and retries a batch for 24 h on any non-2xx, so the same events
+arrive again, sometimes concurrently; sg_event_id makes each stored exactly once. Events without
+an sg_event_id (never seen from SendGrid, but the field is not ours) get a deterministic id from a
+hash of their content so redelivery still deduplicates.
+
+Rows are sorted by sg_event_id inside each insert: two web processes storing overlapping batches
+then take the unique-index locks in the same order and cannot deadlock each other.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import orjson
+import psycopg2.extras
+
+from app import config
+
+log = logging.getLogger("tracking.webhook_store")
+
+MAX_ID_LENGTH = 200
+MAX_EVENT_LENGTH = 100
+MAX_EMAIL_LENGTH = 320
+
+
+class MalformedBatch(ValueError):
+    pass
+
+
+def rows_from_body(body: bytes) -> list[tuple]:
+    """(sg_event_id, event, email, payload json) per event; MalformedBatch if the body is not a
+    JSON array of objects (a single object is accepted as a batch of one)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBatch(f"body is not valid JSON: {exc}") from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise MalformedBatch("body must be a JSON array of event objects")
+    rows = []
+    for i, event in enumerate(data):
+        if not isinstance(event, dict):
+            raise MalformedBatch(f"element {i} is not a JSON object")
+        payload = orjson.dumps(event)
+        if b"\\u0000" in payload:  # Postgres jsonb refuses NUL; keep the event, lose the NUL
+            payload = payload.replace(b"\\u0000", b"\\ufffd")
+            event = orjson.loads(payload)
+        sg_id = event.get("sg_event_id")
+        if not isinstance(sg_id, str) or not sg_id or len(sg_id) > MAX_ID_LENGTH:
+            sg_id = "sha256:" + hashlib.sha256(orjson.dumps(event, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        name = event.get("event")
+        name = name[:MAX_EVENT_LENGTH] if isinstance(name, str) and name else "unknown"
+        email = event.get("email")
+        email = email[:MAX_EMAIL_LENGTH] if isinstance(email, str) else None
+        rows.append((sg_id, name, email, payload.decode()))
+    return rows
+
+
+@dataclass
+class StoreResult:
+    stored: int
+    duplicates: int
+    new_ids: list = field(default_factory=list)
+
+
+INSERT_SQL = ("INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES %s "
+              "ON CONFLICT (sg_event_id) DO NOTHING RETURNING id, sg_event_id")
+
+
+def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
+    """Insert several requests' rows in the caller's transaction. A sg_event_id repeated within the
+    group belongs to its first request; the others count it as a duplicate."""
+    owner: dict[str, int] = {}
+    unique = []
+    for j, rows in enumerate(jobs):
+        for row in rows:
+            if row[0] not in owner:
+                owner[row[0]] = j
+                unique.append(row)
+    results = [StoreResult(0, len(rows)) for rows in jobs]
+    if not unique:
+        return results
+    unique.sort(key=lambda r: r[0])
+    inserted = psycopg2.extras.execute_values(cur, INSERT_SQL, unique, template="(%s, %s, %s, %s::jsonb)",
+                                              page_size=len(unique), fetch=True)
+    for row_id, sg_id in inserted:
+        r = results[owner[sg_id]]
+        r.stored += 1
+        r.duplicates -= 1
+        r.new_ids.append(row_id)
+    return results
+
+
+_hints = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-hints")
+
+
+def _after_commit(jobs, results) -> None:
+    """Only now, with the rows committed, hint the worker. Losing this hint loses nothing: the
+    scheduler's requeue_unprocessed() picks up rows left unprocessed. Sent from its own thread so
+    a slow or hung Redis can never hold up the commits of later webhook deliveries."""
+    from tracking import webhook_apply
+
+    ids = [i for r in results for i in r.new_ids]
+    if ids:
+        _hints.submit(webhook_apply.enqueue, ids)
+
+
+_writer = None
+_writer_lock = threading.Lock()
+
+
+def writer():
+    global _writer
+    if _writer is None:
+        with _writer_lock:
+            if _writer is None:
+                from tracking.groupcommit import GroupCommitWriter
+
+                settings = config.get()
+                _writer = GroupCommitWriter("webhook-events", insert_jobs, _after_commit,
+                                            wait_ms=settings.ingest_group_wait_ms,
+                                            max_items=settings.ingest_group_max_events)
+    return _writer
