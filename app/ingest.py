@@ -1,25 +1,23 @@
 """Event ingestion: validation of POST /v1/events bodies and a group-commit writer.
 
 A 202 means the events are committed. To pay one Postgres round trip for many requests instead of
-one each, requests hand their validated rows to a single writer thread per process, which gathers
-whatever is waiting (up to INGEST_GROUP_MAX_EVENTS, waiting at most INGEST_GROUP_WAIT_MS for more),
-inserts it in one transaction and only then resolves every request's future.
+one each, requests hand their validated rows to a group-commit writer (app/groupcommit.py), which
+gathers whatever is waiting (up to INGEST_GROUP_MAX_EVENTS, waiting at most INGEST_GROUP_WAIT_MS
+for more), inserts it in one transaction and only then resolves every request's future.
 """
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import orjson
-import psycopg2
 import psycopg2.extras
 
-from app import config, db
+from app import config
+from app.groupcommit import GroupCommitWriter
 
 log = logging.getLogger("app.ingest")
 
@@ -191,80 +189,10 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
     return [Result(accepted[j], len(rows) - accepted[j]) for j, rows in enumerate(jobs)]
 
 
-class GroupCommitWriter:
-    """One thread, one connection: many concurrent requests share each INSERT + COMMIT."""
-
-    def __init__(self, url: str | None = None):
-        self._url = url
-        self._queue: queue.Queue = queue.Queue()
-        self._conn = None
-        self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
-        self._thread.start()
-
-    def submit(self, rows: list[tuple]) -> Future:
-        fut: Future = Future()
-        self._queue.put((rows, fut))
-        return fut
-
-    def _connection(self):
-        if self._conn is None or self._conn.closed:
-            self._conn = db.connect_raw(self._url)
-        return self._conn
-
-    def _gather(self) -> list:
-        settings = config.get()
-        first = self._queue.get()
-        group, size = [first], len(first[0])
-        deadline = time.monotonic() + settings.ingest_group_wait_ms / 1000
-        while size < settings.ingest_group_max_events:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    item = self._queue.get(timeout=remaining)
-                except queue.Empty:
-                    break
-            group.append(item)
-            size += len(item[0])
-        return group
-
-    def _commit(self, group: list) -> list[Result]:
-        conn = self._connection()
-        try:
-            with conn.cursor() as cur:
-                results = insert_rows(cur, [rows for rows, _ in group])
-            conn.commit()
-            return results
-        except BaseException:
-            try:
-                conn.rollback()
-            except psycopg2.Error:
-                conn.close()
-            raise
-
-    def _run(self) -> None:
-        while True:
-            group = self._gather()
-            try:
-                results = self._commit(group)
-            except Exception as exc:
-                if len(group) == 1:
-                    log.exception("event insert failed")
-                    group[0][1].set_exception(exc)
-                    continue
-                # One request's rows must not fail another's: retry each on its own.
-                for rows, fut in group:
-                    try:
-                        fut.set_result(self._commit([(rows, fut)])[0])
-                    except Exception as one_exc:
-                        log.exception("event insert failed")
-                        fut.set_exception(one_exc)
-                continue
-            for (_, fut), result in zip(group, results):
-                fut.set_result(result)
+def new_writer(url: str | None = None) -> GroupCommitWriter:
+    settings = config.get()
+    return GroupCommitWriter("ingest", insert_rows, url=url, wait_ms=settings.ingest_group_wait_ms,
+                             max_items=settings.ingest_group_max_events)
 
 
 _writer: GroupCommitWriter | None = None
@@ -272,9 +200,15 @@ _writer_lock = threading.Lock()
 
 
 def writer() -> GroupCommitWriter:
+    """This process's writer, started on first use (after uvicorn forked its workers)."""
     global _writer
     if _writer is None:
         with _writer_lock:
             if _writer is None:
-                _writer = GroupCommitWriter()
+                _writer = new_writer()
     return _writer
+
+
+def submit(rows: list[tuple]) -> Future:
+    """Future of the Result, resolved once the rows are committed."""
+    return writer().submit(rows, size=len(rows))

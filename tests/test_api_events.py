@@ -173,12 +173,12 @@ def test_concurrent_duplicate_posts_store_one_row(live_server, events_key):
 
 def test_concurrent_inserts_from_two_writers_store_one_row(events_key):
     """Two independent group-commit writers (as in two web processes) racing on the same ids."""
-    from app.ingest import GroupCommitWriter, validate_batch
+    from app.ingest import new_writer, validate_batch
 
     rows, errors = validate_batch([event(i) for i in range(200)], True, "producer-test")
     assert not errors
-    writers = [GroupCommitWriter(), GroupCommitWriter()]
-    futures = [w.submit(rows) for w in writers for _ in range(5)]
+    writers = [new_writer(), new_writer()]
+    futures = [w.submit(rows, size=len(rows)) for w in writers for _ in range(5)]
     results = [f.result(timeout=30) for f in futures]
     assert count_events() == 200
     assert sum(r.accepted for r in results) == 200
@@ -187,7 +187,7 @@ def test_concurrent_inserts_from_two_writers_store_one_row(events_key):
 def test_database_down_answers_503_and_stores_nothing(client, events_key, monkeypatch):
     from app import ingest
 
-    broken = ingest.GroupCommitWriter(url="postgresql://127.0.0.1:1/nowhere")
+    broken = ingest.new_writer(url="postgresql://127.0.0.1:1/nowhere")
     monkeypatch.setattr(ingest, "_writer", broken)
     r = client.post("/v1/events", json=event(), headers=auth(events_key))
     assert r.status_code == 503 and r.headers["Retry-After"]

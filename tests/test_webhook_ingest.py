@@ -13,7 +13,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from app import config, db
-from tracking import groupcommit, webhook_apply, webhook_store
+from app import groupcommit
+from tracking import webhook_apply, webhook_store
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,7 @@ def writer():
     if _writer is None:
         with _writer_lock:
             if _writer is None:
-                from tracking.groupcommit import GroupCommitWriter
+                from app.groupcommit import GroupCommitWriter
 
                 settings = config.get()
                 _writer = GroupCommitWriter("webhook-events", insert_jobs, _after_commit,

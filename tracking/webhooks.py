@@ -6,7 +6,7 @@
   503  the events could not be committed (database down, ...): SendGrid retries for 24 h
   200  every event of the batch is committed (new ones stored, redeliveries counted as duplicates)
 
-The request waits for a group commit shared with concurrent deliveries (tracking/groupcommit.py),
+The request waits for a group commit shared with concurrent deliveries (app/groupcommit.py),
 so there is no per-request transaction and no threadpool hop. Applying the events (suppressions,
 stats) happens afterwards in a worker (actors/webhooks.py), enqueued only after the commit.
 """

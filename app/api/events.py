@@ -24,7 +24,7 @@ async def post_events(request: Request):
     if errors:
         raise validation_error(errors)
     try:
-        result = await asyncio.wrap_future(ingest.writer().submit(rows))
+        result = await asyncio.wrap_future(ingest.submit(rows))
     except Exception as exc:
         log.error("events from %s not stored: %s", principal.name, exc)
         raise ApiError(503, "unavailable", "events could not be stored; nothing was committed, retry later",

@@ -1,8 +1,8 @@
 """A group-commit writer: many concurrent requests share one INSERT + COMMIT, and each request's
 future resolves only after that commit (so a 2xx really means committed).
 
-Same approach as app/ingest.GroupCommitWriter (one thread, one connection, gather what is waiting
-for at most `wait_ms`), generalised: the SQL is a callback, deadlocks and serialization failures
+One thread and one connection per writer; it gathers what is waiting
+for at most `wait_ms`. The SQL is a callback; deadlocks and serialization failures
 are retried with progressive backoff, other errors are never swallowed (a group that fails is
 retried request by request so one bad request cannot fail its neighbours, and the error reaches
 the request that caused it), and an `after_commit` hook runs only after a successful commit.
@@ -22,7 +22,7 @@ import psycopg2.errors
 
 from app import db
 
-log = logging.getLogger("tracking.groupcommit")
+log = logging.getLogger("app.groupcommit")
 
 RETRYABLE = (psycopg2.errors.DeadlockDetected, psycopg2.errors.SerializationFailure)
 
