@@ -29,6 +29,8 @@ demo: migrate
 	$(BIN)/python -m app demo-data
 
 # Everything: services, schema, demo data, then web + worker + scheduler + mail viewer via honcho.
+run: export MAIL_PROVIDER ?= smtp
+run: export SMTP_URL ?= smtp://127.0.0.1:1025
 run: demo
 	@echo "web: http://127.0.0.1:$${PORT:-8000}  mail viewer: http://127.0.0.1:$${PORT:-8000}/dev/mail"
 	$(BIN)/honcho -f Procfile.dev start

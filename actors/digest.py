@@ -1,1 +1,45 @@
-"""Placeholder: filled in by its own issue."""
+"""build_and_send_digest: the digest queue's only actor. Thin: the work is app.digest_sender.process.
+
+A message names a batch of run ids the scheduler's checker found due; a message without ids claims
+whatever is due. The message is only a hint — the runs' rows decide: a run someone else already
+claimed or sent is skipped by the claim query (FOR UPDATE SKIP LOCKED), so duplicates and
+redeliveries are harmless. Send failures are retried through the row (backoff in next_attempt_at,
+re-enqueued by the checker), not by Dramatiq; Dramatiq retries only cover crashes before the claim.
+"""
+from __future__ import annotations
+
+import dramatiq
+from dramatiq.middleware import Middleware
+
+from app import digest_sender
+from digest import render
+
+MAX_IDS_PER_MESSAGE = 1000
+
+
+class DigestTemplateWarmup(Middleware):
+    """Compile the digest templates (premailer, once per process) when a worker boots, not on its
+    first message; processes that only enqueue (scheduler, web) never pay for it. Close pooled
+    provider connections when the worker shuts down."""
+
+    def after_worker_boot(self, broker, worker):
+        render.warm_up_in_background()
+
+    def before_worker_shutdown(self, broker, worker):
+        from app import providers
+
+        providers.close_all()   # QUIT pooled SMTP connections instead of dropping them
+
+
+_broker = dramatiq.get_broker()
+if not any(isinstance(m, DigestTemplateWarmup) for m in _broker.middleware):
+    _broker.add_middleware(DigestTemplateWarmup())
+
+
+@dramatiq.actor(queue_name="digest", max_retries=3, min_backoff=1_000, max_backoff=60_000, time_limit=15 * 60_000)
+def build_and_send_digest(run_ids: list[int] | None = None) -> None:
+    if run_ids is not None:
+        if not isinstance(run_ids, list) or len(run_ids) > MAX_IDS_PER_MESSAGE:
+            raise ValueError("run_ids must be a list of at most %d ids" % MAX_IDS_PER_MESSAGE)
+        run_ids = [int(i) for i in run_ids]
+    digest_sender.process(run_ids=run_ids)

@@ -98,6 +98,7 @@ class Settings:
     digest_retry_base_seconds: int = 60      # backoff after a transient send failure: base * 2^attempts
     smtp_pool_size: int = 8                  # concurrent SMTP connections per worker process
     smtp_timeout_seconds: float = 30.0
+    smtp_async: bool = True                  # drive the pool from one asyncio loop (off: a thread per connection)
     # Newsletter
     send_batch_size: int = 100
     reclaim_after_seconds: int = 1800
@@ -177,6 +178,7 @@ def load() -> Settings:
         digest_retry_base_seconds=_int("DIGEST_RETRY_BASE_SECONDS", 60),
         smtp_pool_size=_int("SMTP_POOL_SIZE", 8),
         smtp_timeout_seconds=_float("SMTP_TIMEOUT_SECONDS", 30.0),
+        smtp_async=_bool("SMTP_ASYNC", True),
         send_batch_size=_int("SEND_BATCH_SIZE", 100),
         reclaim_after_seconds=_int("RECLAIM_AFTER_SECONDS", 1800),
         provider_rate_per_second=_float("PROVIDER_RATE_PER_SECOND", 0.0),

@@ -1,2 +1,206 @@
-"""Placeholder: filled in by its own issue."""
-routes = []
+"""Development mail viewer: a local SMTP sink and pages showing what it caught.
+
+    python -m app mail-sink            # aiosmtpd on 127.0.0.1:1025, mails stored as .eml files
+    http://127.0.0.1:8000/dev/mail     # newest first; each mail's HTML rendered in a sandboxed iframe
+
+The sink writes into MAIL_FILE_DIR, the same folder the `file` provider writes to, so the viewer
+shows mail from either provider. Mounted by app/web.py only when APP_ENV is development/test.
+"""
+from __future__ import annotations
+
+import email
+import email.policy
+import html
+import logging
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from app import config
+
+log = logging.getLogger("app.mailviewer")
+
+MAX_LISTED = 200
+MAX_STORED = 2000          # the sink prunes the oldest files beyond this
+MAX_MESSAGE_BYTES = 10 * 1024 * 1024
+_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+def mail_dir() -> Path:
+    return Path(config.get().mail_file_dir)
+
+
+# -- sink -------------------------------------------------------------------------------------
+class SinkHandler:
+    """aiosmtpd handler: every accepted message becomes <time>-<uuid>.eml (written atomically)."""
+
+    def __init__(self, directory: Path, max_stored: int = MAX_STORED):
+        self.directory = Path(directory)
+        self.max_stored = max_stored
+        self._count = 0
+        self._lock = threading.Lock()
+
+    async def handle_DATA(self, server, session, envelope):
+        if len(envelope.content) > MAX_MESSAGE_BYTES:
+            return "552 5.3.4 message too big for the dev sink"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.eml"
+        tmp = self.directory / (name + ".tmp")
+        tmp.write_bytes(envelope.content)
+        os.replace(tmp, self.directory / name)
+        log.info("caught mail from %s to %s (%d bytes) -> %s", envelope.mail_from, ", ".join(envelope.rcpt_tos),
+                 len(envelope.content), name)
+        with self._lock:
+            self._count += 1
+            if self._count % 100 == 0:
+                self.prune()
+        return "250 OK caught by the dev mail sink"
+
+    def prune(self) -> None:
+        files = sorted(self.directory.glob("*.eml"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in files[self.max_stored:]:
+            old.unlink(missing_ok=True)
+
+
+def cmd_mail_sink(args) -> int:
+    from aiosmtpd.controller import Controller
+
+    if not config.get().is_development:
+        print("mail-sink is a development tool (APP_ENV=development)", flush=True)
+        return 2
+    directory = Path(args.dir or mail_dir())
+    controller = Controller(SinkHandler(directory), hostname=args.host, port=args.port,
+                            data_size_limit=MAX_MESSAGE_BYTES)
+    controller.start()
+    log.info("dev mail sink listening on %s:%d, storing mail in %s/", args.host, args.port, directory)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        controller.stop()
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("mail-sink", help="development SMTP sink (aiosmtpd) feeding the /dev/mail viewer")
+    p.add_argument("--host", default=os.environ.get("MAIL_SINK_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("MAIL_SINK_PORT", "1025")))
+    p.add_argument("--dir", help="where to store caught mail (default MAIL_FILE_DIR)")
+    p.set_defaults(func=cmd_mail_sink)
+
+
+# -- viewer -----------------------------------------------------------------------------------
+def _parse(path: Path):
+    return email.message_from_bytes(path.read_bytes()[:MAX_MESSAGE_BYTES], policy=email.policy.default)
+
+
+def _mail_path(mail_id: str) -> Path | None:
+    if not _ID_RE.match(mail_id) or mail_id.startswith("."):
+        return None
+    path = mail_dir() / f"{mail_id}.eml"
+    return path if path.is_file() else None
+
+
+def _page(title: str, body: str) -> HTMLResponse:
+    return HTMLResponse(
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:24px;color:#1f2933}table{border-collapse:collapse;"
+        "width:100%}td,th{border-bottom:1px solid #e4e7eb;padding:6px 8px;text-align:left;font-size:14px}"
+        "iframe{width:100%;height:70vh;border:1px solid #cbd2d9;border-radius:6px}pre{white-space:pre-wrap;"
+        "background:#f5f7fa;padding:12px}.meta td{border:0;padding:2px 8px}</style></head><body>"
+        + body + "</body></html>",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+def _dev_only():
+    if not config.get().is_development:
+        return Response(status_code=404)
+    return None
+
+
+def list_mail(request: Request):
+    if (denied := _dev_only()) is not None:
+        return denied
+    directory = mail_dir()
+    files = sorted(directory.glob("*.eml"), key=lambda p: p.stat().st_mtime, reverse=True)[:MAX_LISTED] \
+        if directory.is_dir() else []
+    rows = []
+    for path in files:
+        try:
+            msg = _parse(path)
+            when = msg["Date"] and parsedate_to_datetime(msg["Date"]).strftime("%Y-%m-%d %H:%M:%S")
+        except Exception:  # a half-broken file should not break the page
+            msg, when = {}, ""
+        rows.append(
+            f"<tr><td>{html.escape(when or '')}</td><td>{html.escape(str(msg.get('To', '')))}</td>"
+            f"<td><a href='/dev/mail/{html.escape(path.stem)}'>{html.escape(str(msg.get('Subject', '(no subject)')))}"
+            f"</a></td></tr>")
+    body = (f"<h1>Caught mail</h1><p>{len(rows)} newest in <code>{html.escape(str(directory))}/</code> "
+            "(the <code>mail-sink</code> process and the <code>file</code> provider write here).</p>"
+            "<table><tr><th>Date</th><th>To</th><th>Subject</th></tr>" + "".join(rows) + "</table>")
+    if not rows:
+        body += ("<p>Nothing yet. Digests go out at each subscriber's local hour; to get the demo "
+                 "subscribers' digests now run <code>python -m app digest-now --all</code>.</p>")
+    return _page("Caught mail", body)
+
+
+def show_mail(request: Request):
+    if (denied := _dev_only()) is not None:
+        return denied
+    path = _mail_path(request.path_params["mail_id"])
+    if path is None:
+        return _page("Not found", "<p>No such mail. <a href='/dev/mail'>Back</a></p>")
+    msg = _parse(path)
+    mail_id = html.escape(path.stem)
+    meta = "".join(f"<tr><td><b>{name}</b></td><td>{html.escape(str(msg.get(name, '')))}</td></tr>"
+                   for name in ("From", "To", "Subject", "Date", "Message-ID", "List-Unsubscribe",
+                                "List-Unsubscribe-Post"))
+    text_part = msg.get_body(("plain",))
+    text = html.escape(text_part.get_content()) if text_part is not None else "(no text part)"
+    body = (f"<p><a href='/dev/mail'>&larr; all mail</a> &middot; <a href='/dev/mail/{mail_id}/raw'>raw .eml</a></p>"
+            f"<table class='meta'>{meta}</table><h2>HTML</h2>"
+            # sandbox: the mail's HTML cannot run scripts or reach this page
+            f"<iframe sandbox='' src='/dev/mail/{mail_id}/html' title='mail HTML'></iframe>"
+            f"<h2>Plain text</h2><pre>{text}</pre>")
+    return _page(str(msg.get("Subject", "mail")), body)
+
+
+def mail_html(request: Request):
+    if (denied := _dev_only()) is not None:
+        return denied
+    path = _mail_path(request.path_params["mail_id"])
+    if path is None:
+        return Response(status_code=404)
+    part = _parse(path).get_body(("html",))
+    content = part.get_content() if part is not None else "<p>(no HTML part)</p>"
+    return HTMLResponse(content, headers={"Content-Security-Policy": "sandbox", "Cache-Control": "no-store"})
+
+
+def mail_raw(request: Request):
+    if (denied := _dev_only()) is not None:
+        return denied
+    path = _mail_path(request.path_params["mail_id"])
+    if path is None:
+        return Response(status_code=404)
+    return Response(path.read_bytes(), media_type="text/plain; charset=utf-8")
+
+
+routes = [
+    Route("/dev/mail", list_mail, methods=["GET"]),
+    Route("/dev/mail/{mail_id}", show_mail, methods=["GET"]),
+    Route("/dev/mail/{mail_id}/html", mail_html, methods=["GET"]),
+    Route("/dev/mail/{mail_id}/raw", mail_raw, methods=["GET"]),
+]

@@ -1,0 +1,185 @@
+"""The scheduler's three digest jobs: plan runs, enqueue due runs (the checker), the watchdog.
+
+Planning. Every active subscriber always has a run for their NEXT delivery slot: daily at
+digest_hour local time, weekly on digest_weekday at digest_hour, in their IANA time zone. Slots are
+wall-clock times computed with zoneinfo, so DST days work: a slot inside a spring-forward gap
+(02:30 that never happens) fires at the first instant after the gap (03:30 new time); a slot inside
+a fall-back overlap (01:30 that happens twice) fires at the first occurrence, once — the run is
+unique per (subscriber, cadence, period). `scheduled_for` = slot + a stable stagger from a hash of
+the subscriber id (0 … DIGEST_STAGGER_SECONDS) so all 9 am subscribers do not fire in one second.
+
+Slots are computed per distinct (timezone, cadence, hour, weekday) — a few hundred combinations
+even for millions of subscribers — and the insert is one INSERT … SELECT joined on them.
+
+Checker. Due pending runs are enqueued in batches (one Dramatiq message per DIGEST_CLAIM_BATCH
+runs), never letting the queue grow past DIGEST_QUEUE_MAX_DEPTH messages. `enqueued_at` remembers
+the hint; a run still pending DIGEST_REENQUEUE_SECONDS after it was enqueued (Redis flushed, message
+lost) is enqueued again. Duplicates are harmless: the claim is FOR UPDATE SKIP LOCKED on the row.
+
+Watchdog. A run `processing` longer than DIGEST_PROCESSING_TIMEOUT_SECONDS (its worker died) goes
+back to `pending` with attempts + 1; at DIGEST_MAX_ATTEMPTS it becomes `failed`, last error kept.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import date, datetime, time, timedelta, timezone
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from app import config, db
+
+log = logging.getLogger("app.digest_planner")
+
+HASH_MULTIPLIER = 2654435761   # Knuth's multiplicative hash; the same formula runs in SQL below
+HASH_MODULUS = 2 ** 32
+
+
+def stagger_seconds(subscriber_id: int, spread: int) -> int:
+    if spread <= 0:
+        return 0
+    return (subscriber_id * HASH_MULTIPLIER % HASH_MODULUS) % spread
+
+
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        log.error("subscriber time zone %r is unknown; planning in UTC", name)
+        return ZoneInfo("UTC")
+
+
+def next_slot(now: datetime, tz_name: str, cadence: str, hour: int, weekday: int = 0) -> tuple[date, datetime]:
+    """(period, slot in UTC) of the first slot at or after `now`. period = the slot's local date."""
+    if cadence not in ("daily", "weekly"):
+        raise ValueError(f"no slots for cadence {cadence!r}")
+    tz = _zone(tz_name)
+    day = now.astimezone(tz).date()
+    step = 1
+    if cadence == "weekly":
+        day += timedelta(days=(weekday - day.weekday()) % 7)
+        step = 7
+    day -= timedelta(days=step)  # the previous slot may still be >= now across a DST change
+    while True:
+        # fold=0: gap times map forward past the gap, repeated times to their first occurrence
+        slot = datetime.combine(day, time(hour), tzinfo=tz).astimezone(timezone.utc)
+        if slot >= now:
+            return day, slot
+        day += timedelta(days=step)
+
+
+_COMBOS_SQL = """
+SELECT DISTINCT timezone, digest_cadence, digest_hour,
+       CASE WHEN digest_cadence = 'weekly' THEN digest_weekday ELSE 0 END
+FROM subscribers WHERE digest_cadence IN ('daily', 'weekly') AND unsubscribed_at IS NULL
+"""
+
+_PLAN_SQL = """
+INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for)
+SELECT s.id, s.digest_cadence, v.period,
+       v.slot + make_interval(secs => ((s.id::numeric * %(mult)s) %% %(mod)s %% %(spread)s)::int)
+FROM unnest(%(tz)s::text[], %(cadence)s::text[], %(hour)s::int[], %(weekday)s::int[],
+            %(period)s::date[], %(slot)s::timestamptz[]) AS v(tz, cadence, hour, weekday, period, slot)
+JOIN subscribers s ON s.timezone = v.tz AND s.digest_cadence = v.cadence AND s.digest_hour = v.hour
+                  AND (v.cadence = 'daily' OR s.digest_weekday = v.weekday)
+WHERE s.unsubscribed_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM digest_runs r WHERE r.subscriber_id = s.id AND r.cadence = v.cadence
+                  AND r.period = v.period AND r.status <> 'cancelled')
+-- A run cancelled by a cadence change comes back if the subscriber switched back within the period.
+ON CONFLICT ON CONSTRAINT digest_runs_once_per_period DO UPDATE
+    SET status = 'pending', scheduled_for = EXCLUDED.scheduled_for, skip_reason = NULL,
+        enqueued_at = NULL, claimed_at = NULL, completed_at = NULL
+    WHERE digest_runs.status = 'cancelled'
+"""
+
+
+def plan(now: datetime, cur=None) -> int:
+    """Insert the next run of every active subscriber who lacks one. Returns rows inserted."""
+    if cur is None:
+        with db.raw_cursor() as c:
+            return plan(now, c)
+    spread = max(1, config.get().digest_stagger_seconds)
+    cur.execute(_COMBOS_SQL)
+    cols = {k: [] for k in ("tz", "cadence", "hour", "weekday", "period", "slot")}
+    for tz_name, cadence, hour, weekday in cur.fetchall():
+        period, slot = next_slot(now, tz_name, cadence, hour, weekday)
+        for key, value in zip(cols, (tz_name, cadence, hour, weekday, period, slot)):
+            cols[key].append(value)
+    if not cols["tz"]:
+        return 0
+    cur.execute(_PLAN_SQL, {**cols, "mult": HASH_MULTIPLIER, "mod": HASH_MODULUS, "spread": spread})
+    return cur.rowcount
+
+
+# -- checker ----------------------------------------------------------------------------------
+def queue_depth(broker, queue_name: str = "digest") -> int:
+    """Messages waiting in Redis for this queue (ready + delayed)."""
+    client, ns = broker.client, broker.namespace
+    return int(client.llen(f"{ns}:{queue_name}")) + int(client.llen(f"{ns}:{queue_name}.DQ"))
+
+
+_DUE_SQL = """
+SELECT id FROM digest_runs
+WHERE status = 'pending' AND scheduled_for <= %(now)s
+  AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
+  AND (enqueued_at IS NULL OR enqueued_at < %(now)s - make_interval(secs => %(reenqueue)s))
+ORDER BY scheduled_for, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+
+def check(now: datetime, send, depth: int) -> int:
+    """Enqueue due pending runs: `send(list_of_ids)` enqueues one message. `depth` = messages already
+    waiting. Returns runs enqueued."""
+    settings = config.get()
+    batch = max(1, settings.digest_claim_batch)
+    budget = settings.digest_queue_max_depth - depth
+    if budget <= 0:
+        log.info("digest queue holds %d messages (max %d): not enqueueing more", depth,
+                 settings.digest_queue_max_depth)
+        return 0
+    with db.raw_cursor() as cur:
+        cur.execute(_DUE_SQL, {"now": now, "reenqueue": settings.digest_reenqueue_seconds, "limit": budget * batch})
+        ids = [row[0] for row in cur.fetchall()]
+        if ids:
+            cur.execute("UPDATE digest_runs SET enqueued_at = %s WHERE id = ANY (%s)", (now, ids))
+    # Enqueue after the commit: a worker that gets the message must see the committed row.
+    enqueued = 0
+    for start in range(0, len(ids), batch):
+        chunk = ids[start:start + batch]
+        try:
+            send(chunk)
+            enqueued += len(chunk)
+        except Exception:
+            log.exception("enqueueing %d digest runs failed; they stay pending for the next tick", len(chunk))
+            with db.raw_cursor() as cur:
+                cur.execute("UPDATE digest_runs SET enqueued_at = NULL WHERE id = ANY (%s) AND status = 'pending'",
+                            (ids[start:],))
+            break
+    return enqueued
+
+
+# -- watchdog ---------------------------------------------------------------------------------
+_WATCHDOG_SQL = """
+UPDATE digest_runs SET
+    attempts = attempts + 1,
+    status = CASE WHEN attempts + 1 >= %(max)s THEN 'failed' ELSE 'pending' END,
+    completed_at = CASE WHEN attempts + 1 >= %(max)s THEN %(now)s END,
+    claimed_at = NULL, enqueued_at = NULL,
+    last_error = left('processing timed out after ' || %(timeout)s || ' s'
+                      || coalesce('; previous error: ' || last_error, ''), 2000)
+WHERE status = 'processing' AND claimed_at < %(now)s - make_interval(secs => %(timeout)s)
+RETURNING status
+"""
+
+
+def watchdog(now: datetime) -> tuple[int, int]:
+    """(returned to pending, failed)."""
+    settings = config.get()
+    with db.raw_cursor() as cur:
+        cur.execute(_WATCHDOG_SQL, {"now": now, "max": settings.digest_max_attempts,
+                                    "timeout": settings.digest_processing_timeout_seconds})
+        statuses = [row[0] for row in cur.fetchall()]
+    back, failed = statuses.count("pending"), statuses.count("failed")
+    if back or failed:
+        log.warning("watchdog: %d stuck runs back to pending, %d failed after too many attempts", back, failed)
+    return back, failed

@@ -1,0 +1,71 @@
+"""Enqueue helpers. Messages are hints (Postgres is the truth), so every kick is safe to repeat.
+
+The actors are imported lazily: importing `actors` sets up the Redis broker, which the web process
+only needs at the moment it enqueues.
+"""
+from __future__ import annotations
+
+import logging
+
+import redis as redis_lib
+
+from app import config
+
+log = logging.getLogger("app.newsletter.kick")
+
+ALIVE_TTL_SECONDS = 120
+_redis = None
+_redis_url = None
+
+
+def redis_client():
+    global _redis, _redis_url
+    url = config.get().redis_url
+    if _redis is None or _redis_url != url:
+        _redis, _redis_url = redis_lib.Redis.from_url(url), url
+    return _redis
+
+
+def alive_key(newsletter_id: int) -> str:
+    return f"notify:newsletter:{newsletter_id}:alive"
+
+
+def mark_alive(newsletter_id: int, ttl: float = ALIVE_TTL_SECONDS) -> None:
+    """Send chains exist for this newsletter; reclaim_stale re-kicks only when this has expired
+    (e.g. Redis was flushed and took the messages with it)."""
+    try:
+        redis_client().set(alive_key(newsletter_id), b"1", ex=max(1, int(ttl)))
+    except redis_lib.RedisError as exc:  # a hint only: the next tick re-kicks if needed
+        log.warning("could not mark newsletter %s alive: %s", newsletter_id, exc)
+
+
+def is_alive(newsletter_id: int) -> bool:
+    return bool(redis_client().exists(alive_key(newsletter_id)))
+
+
+def outbox(newsletter_id: int) -> None:
+    from actors import newsletter as actors
+
+    actors.create_outbox.send(newsletter_id)
+
+
+def send_chains(newsletter_id: int, count: int | None = None, delay_ms: int | None = None) -> None:
+    from actors import newsletter as actors
+
+    count = count or config.get().newsletter_send_chains
+    for _ in range(max(1, count)):
+        if delay_ms:
+            actors.send_batch.send_with_options(args=(newsletter_id,), delay=delay_ms)
+        else:
+            actors.send_batch.send(newsletter_id)
+    mark_alive(newsletter_id)
+    log.info("newsletter %s: %d send chain(s) enqueued", newsletter_id, count)
+
+
+def continue_chain(newsletter_id: int, delay_ms: int = 0) -> None:
+    from actors import newsletter as actors
+
+    if delay_ms > 0:
+        actors.send_batch.send_with_options(args=(newsletter_id,), delay=int(delay_ms))
+    else:
+        actors.send_batch.send(newsletter_id)

@@ -1,0 +1,74 @@
+"""Scheduler-tick hook ("app.newsletter.reclaim:reclaim_stale"): repair what crashed workers and a
+flushed Redis leave behind. Postgres is the truth; this turns it back into work.
+
+1. `sending` rows claimed more than RECLAIM_AFTER_SECONDS ago (their worker died mid-batch) go
+   back to `pending`; they are re-sent with the same idempotency keys.
+2. Newsletters that should be making progress get messages again: an unfinished outbox whose
+   builder is gone (no advisory lock held) gets create_outbox; a `sending` newsletter with due
+   pending rows and no live send chain (its Redis alive mark expired) gets send chains.
+Both are safe to repeat: the outbox builder takes an advisory lock and inserts ON CONFLICT DO
+NOTHING; extra send chains only claim rows nobody holds.
+"""
+from __future__ import annotations
+
+import logging
+
+from app import config
+from app.newsletter import kick, outbox, store
+
+log = logging.getLogger("app.newsletter.reclaim")
+
+OUTBOX_GRACE_SECONDS = 60   # a just-requested send's create_outbox message is probably still queued
+
+RECLAIM_SQL = """
+UPDATE email_log SET status = 'pending', next_attempt_at = NULL,
+       error = 'reclaimed: claimed at ' || claimed_at || ' and never marked (worker died?)'
+WHERE status = 'sending' AND claimed_at < now() - make_interval(secs => %s)
+RETURNING newsletter_id
+"""
+
+
+def reclaim_stale() -> dict:
+    settings = config.get()
+    reclaimed_rows = store.run(RECLAIM_SQL, (settings.reclaim_after_seconds,))
+    reclaimed: dict[int, int] = {}
+    for (newsletter_id,) in reclaimed_rows:
+        reclaimed[newsletter_id] = reclaimed.get(newsletter_id, 0) + 1
+    for newsletter_id, n in reclaimed.items():
+        log.warning("newsletter %s: %d stale sending row(s) back to pending", newsletter_id, n)
+
+    kicked_outbox, kicked_chains = [], []
+    stalled_outboxes = store.run(
+        "SELECT n.id FROM newsletters n WHERE n.status IN ('queued', 'sending', 'paused') "
+        "AND n.outbox_completed_at IS NULL AND n.send_requested_at < now() - make_interval(secs => %s) "
+        "AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.classid = %s "
+        "                AND l.objid = n.id::oid AND l.objsubid = 2)",
+        (OUTBOX_GRACE_SECONDS, outbox.LOCK_NAMESPACE))
+    for (newsletter_id,) in stalled_outboxes:
+        try:
+            kick.outbox(newsletter_id)
+            kicked_outbox.append(newsletter_id)
+        except Exception as exc:
+            log.error("newsletter %s: could not re-kick the outbox: %s", newsletter_id, exc)
+
+    sending = store.run(
+        "SELECT n.id FROM newsletters n WHERE n.status = 'sending' AND EXISTS ("
+        " SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status = 'pending'"
+        " AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))")
+    for (newsletter_id,) in sending:
+        try:
+            if newsletter_id in reclaimed or not kick.is_alive(newsletter_id):
+                count = 1 if kick.is_alive(newsletter_id) else None
+                kick.send_chains(newsletter_id, count)
+                kicked_chains.append(newsletter_id)
+        except Exception as exc:
+            log.error("newsletter %s: could not re-kick send chains: %s", newsletter_id, exc)
+    # A newsletter whose last rows were finished by a worker that died before the done check.
+    finished = store.run(
+        "UPDATE newsletters n SET status = 'done', completed_at = now() WHERE n.status = 'sending' "
+        "AND n.outbox_completed_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM email_log e "
+        "WHERE e.newsletter_id = n.id AND e.status IN ('pending', 'sending')) RETURNING n.id")
+    if kicked_outbox or kicked_chains:
+        log.info("reclaim: outbox re-kicked for %s, send chains for %s", kicked_outbox, kicked_chains)
+    return {"reclaimed_rows": len(reclaimed_rows), "outbox_kicked": kicked_outbox, "chains_kicked": kicked_chains,
+            "finished": [r[0] for r in finished]}

@@ -1,0 +1,246 @@
+"""The send loop behind the `send_batch` actor: claim → render → provider → mark, repeated for a
+few seconds, then the chain re-enqueues itself (so digests on other queues get threads in between
+and a pause is noticed at the next claim).
+
+Exactly-once per recipient rests on: the unique outbox row; the claim (`pending → sending` under
+FOR UPDATE SKIP LOCKED, so two workers never hold the same row); marking only rows still `sending`;
+and the per-row idempotency key for the one window no database can close (the provider accepted a
+batch and the worker died before committing `sent`: the reclaimer re-sends that batch with the
+same keys).
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from datetime import datetime, timedelta, timezone
+
+from app import config, mail, tokens
+from app.newsletter import kick, ratelimit, store, template
+from app.providers.base import OutgoingMail, PermanentError, SendResult, ThrottledError, TransientError
+
+log = logging.getLogger("app.newsletter.sender")
+
+BUDGET_SECONDS = 5.0          # one message's share of a worker thread before it re-enqueues
+BACKOFF_BASE_SECONDS = 5.0    # transient failure n waits base * 2^(n-1) (capped), with jitter
+BACKOFF_MAX_SECONDS = 1800.0
+MAX_RATE_WAIT = 2.0           # sleep at most this long for the rate limiter; longer = re-enqueue later
+IDLE_RECHECK_MAX = 60.0       # rows in backoff due within this: the chain waits; later: the tick re-kicks
+
+# One statement = one transaction: pick due rows of a newsletter that is `sending` (so a pause
+# stops claims immediately), lock them without waiting for rows other workers hold, and move them
+# to `sending` — or straight to `suppressed` if the subscriber unsubscribed or got suppressed
+# since the outbox was built (I6: checked at claim time).
+CLAIM_SQL = """
+WITH picked AS (
+    SELECT e.id FROM email_log e
+    WHERE e.newsletter_id = %(nl)s AND e.status = 'pending'
+      AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
+      AND EXISTS (SELECT 1 FROM newsletters n WHERE n.id = %(nl)s AND n.status = 'sending')
+    ORDER BY e.id
+    LIMIT %(limit)s
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE email_log e SET
+    status = CASE WHEN s.unsubscribed_at IS NOT NULL OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'sending' END,
+    error = CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed before send'
+                 WHEN sup.id IS NOT NULL THEN 'suppressed before send: ' || sup.reason ELSE e.error END,
+    attempts = e.attempts + 1,
+    claimed_at = now(),
+    email = s.email
+FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = lower(s.email)
+WHERE e.id = p.id AND s.id = e.subscriber_id
+RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
+"""
+
+MARK_SQL = """
+UPDATE email_log e SET
+    status = v.status,
+    sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE e.sent_at END,
+    provider_message_id = coalesce(v.message_id, e.provider_message_id),
+    error = v.error,
+    next_attempt_at = v.next_attempt_at,
+    attempts = e.attempts - v.refund
+FROM (VALUES %s) AS v(id, status, message_id, error, next_attempt_at, refund)
+WHERE e.id = v.id AND e.status = 'sending'
+"""
+MARK_TEMPLATE = "(%s::bigint, %s::text, %s::text, %s::text, %s::timestamptz, %s::int)"
+
+DONE_SQL = """
+UPDATE newsletters n SET status = 'done', completed_at = now()
+WHERE n.id = %(nl)s AND n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM email_log e WHERE e.newsletter_id = %(nl)s AND e.status IN ('pending', 'sending'))
+RETURNING n.id
+"""
+
+
+def _load(newsletter_id: int):
+    rows = store.run("SELECT status, subject, html, text, from_addr, outbox_completed_at FROM newsletters "
+                     "WHERE id = %s", (newsletter_id,))
+    return rows[0] if rows else None
+
+
+def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET_SECONDS,
+               reenqueue: bool = True) -> dict:
+    """Send batches for up to `budget_seconds`; returns what happened (for logs and tests).
+    With reenqueue=False (tests, benchmark baseline) the chain is not continued."""
+    settings = config.get()
+    # retry_in: the delay (seconds) the chain continues after; None when it does not continue.
+    stats = {"claimed": 0, "sent": 0, "failed": 0, "retry": 0, "suppressed": 0, "outcome": "", "retry_in": None}
+    row = _load(newsletter_id)
+    if row is None or row[0] != "sending":
+        stats["outcome"] = f"not sending ({row[0] if row else 'missing'})"
+        return stats
+    _, subject, html, text, from_addr, _ = row
+    if provider is None:
+        from app.providers import get_provider
+        provider = get_provider()
+    compiled = template.compiled_for(newsletter_id, subject, html, text)
+    limiter = ratelimit.for_provider(provider.name)
+    batch_size = max(1, min(settings.send_batch_size, provider.max_batch))
+    if limiter.ceiling > 0:   # at most one second's worth per call, so a low limit paces smoothly
+        batch_size = max(1, min(batch_size, int(limiter.ceiling)))
+    from tracking.links import LinkRewriter
+    rewriter = LinkRewriter("newsletter", newsletter_id)
+    deadline = time.monotonic() + budget_seconds
+
+    while True:
+        kick.mark_alive(newsletter_id)
+        granted, wait = limiter.acquire(batch_size, max_wait=MAX_RATE_WAIT)
+        if not granted:
+            stats["outcome"], stats["retry_in"] = f"rate limited for {wait:.1f}s", wait
+            if reenqueue:
+                kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + wait)
+                kick.continue_chain(newsletter_id, delay_ms=int(wait * 1000))
+            return stats
+        claimed = store.run(CLAIM_SQL, {"nl": newsletter_id, "limit": batch_size})
+        if not claimed:
+            break
+        stats["claimed"] += len(claimed)
+        retry_after = _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter,
+                                    settings, stats)
+        if retry_after is not None:   # throttled: everyone waits; this chain comes back after the reset
+            stats["outcome"], stats["retry_in"] = f"throttled for {retry_after:.1f}s", retry_after
+            if reenqueue:
+                kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + retry_after)
+                kick.continue_chain(newsletter_id, delay_ms=int(retry_after * 1000))
+            return stats
+        if time.monotonic() >= deadline:
+            stats["outcome"], stats["retry_in"] = "budget used; continuing", 0.0
+            if reenqueue:
+                kick.continue_chain(newsletter_id)
+            return stats
+    stats["outcome"], stats["retry_in"] = _when_idle(newsletter_id, reenqueue)
+    return stats
+
+
+def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats):
+    """Render, send and mark one claimed batch. Returns seconds to back off if throttled."""
+    mails, mail_rows, marks = [], [], []
+    for row_id, status, attempts, sub_id, email, name, user_id, token_version, tracking_opt_out in claimed:
+        if status == "suppressed":
+            stats["suppressed"] += 1
+            continue
+        try:
+            mails.append(_render(newsletter_id, row_id, sub_id, email, name, user_id, token_version,
+                                 tracking_opt_out, compiled, rewriter, from_addr, settings))
+            mail_rows.append((row_id, attempts))
+        except Exception as exc:  # one recipient's render problem must not hold up the batch
+            log.exception("newsletter %s row %s: render failed", newsletter_id, row_id)
+            marks.append((row_id, "failed", None, f"render failed: {exc}"[:1000], None, 0))
+            stats["failed"] += 1
+    retry_after = None
+    if mails:
+        try:
+            results = provider.send_batch(mails)
+            if len(results) != len(mails):   # never leave a row `sending` because a provider miscounted
+                raise TransientError(f"provider returned {len(results)} results for {len(mails)} mails")
+            limiter.succeeded()
+        except ThrottledError as exc:
+            retry_after = exc.retry_after if exc.retry_after is not None else 1.0
+            limiter.throttled(retry_after)
+            until = _now() + timedelta(seconds=retry_after)
+            # A throttle is not the row's fault: refund the attempt.
+            marks.extend((rid, "pending", None, str(exc)[:1000], until, 1) for rid, _ in mail_rows)
+            stats["retry"] += len(mail_rows)
+            log.warning("newsletter %s: %d row(s) throttled, retry in %.1fs", newsletter_id, len(mail_rows),
+                        retry_after)
+        except TransientError as exc:
+            results = [SendResult(ok=False, error=str(exc)) for _ in mails]
+            log.warning("newsletter %s: transient provider error for %d row(s): %s", newsletter_id, len(mails), exc)
+        except PermanentError as exc:
+            results = [SendResult(ok=False, error=str(exc), permanent=True) for _ in mails]
+            log.error("newsletter %s: provider rejected a batch of %d: %s", newsletter_id, len(mails), exc)
+        except Exception as exc:  # a bug or an unexpected library error: retry the rows later, loudly
+            results = [SendResult(ok=False, error=f"unexpected: {exc!r}") for _ in mails]
+            log.exception("newsletter %s: unexpected error sending a batch", newsletter_id)
+        if retry_after is None:
+            marks.extend(_marks_for(results, mail_rows, settings, stats))
+    if marks:
+        store.execute_values(MARK_SQL, marks, MARK_TEMPLATE)
+    return retry_after
+
+
+def _marks_for(results, mail_rows, settings, stats):
+    for result, (row_id, attempts) in zip(results, mail_rows):
+        if result.ok:
+            stats["sent"] += 1
+            yield (row_id, "sent", result.message_id, None, None, 0)
+        elif result.permanent or attempts >= settings.newsletter_max_attempts:
+            stats["failed"] += 1
+            yield (row_id, "failed", None, (result.error or "rejected")[:1000], None, 0)
+        else:
+            stats["retry"] += 1
+            yield (row_id, "pending", None, (result.error or "transient")[:1000], _now() + backoff(attempts), 0)
+
+
+def backoff(attempts: int) -> timedelta:
+    seconds = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** max(0, attempts - 1))
+    return timedelta(seconds=seconds * random.uniform(0.8, 1.2))
+
+
+def _render(newsletter_id, row_id, sub_id, email, name, user_id, token_version, tracking_opt_out,
+            compiled, rewriter, from_addr, settings) -> OutgoingMail:
+    unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version)
+    rendered = compiled.render({
+        "name": name or "", "email": email, "user_id": user_id,
+        "unsubscribe_url": unsubscribe_url, "preferences_url": tokens.preferences_url(sub_id, token_version),
+    })
+    html = rewriter.rewrite(rendered.html, sub_id, enabled=settings.tracking and not tracking_opt_out)
+    return OutgoingMail(
+        to=email, to_name=name or "", subject=rendered.subject, html=html, text=rendered.text,
+        idempotency_key=f"newsletter-{newsletter_id}-row-{row_id}", from_addr=from_addr,
+        headers=mail.unsubscribe_headers(unsubscribe_url),
+        custom_args={"mail_kind": "newsletter", "mail_id": str(newsletter_id), "row_id": str(row_id),
+                     "subscriber_id": str(sub_id)},
+    )
+
+
+def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
+    """Nothing claimable right now: finish, wait for the outbox, wait for backoff, or stop."""
+    row = _load(newsletter_id)
+    if row is None or row[0] != "sending":
+        return f"stopped ({row[0] if row else 'missing'})", None
+    if row[5] is None:
+        if reenqueue:
+            kick.continue_chain(newsletter_id, delay_ms=1000)
+        return "waiting for the outbox", 1.0
+    pending, next_due = store.run(
+        "SELECT count(*), min(coalesce(next_attempt_at, now())) - now() FROM email_log "
+        "WHERE newsletter_id = %s AND status = 'pending'", (newsletter_id,))[0]
+    if pending:
+        delay = max(0.2, next_due.total_seconds()) if next_due is not None else 0.2
+        if delay <= IDLE_RECHECK_MAX:
+            if reenqueue:
+                kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + delay)
+                kick.continue_chain(newsletter_id, delay_ms=int(delay * 1000))
+            return f"{pending} row(s) in backoff; next in {delay:.1f}s", delay
+        return f"{pending} row(s) in backoff for more than {IDLE_RECHECK_MAX:.0f}s; the scheduler tick re-kicks", None
+    if store.run(DONE_SQL, {"nl": newsletter_id}):
+        log.info("newsletter %s done", newsletter_id)
+        return "done", None
+    return "other workers still hold rows", None
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)

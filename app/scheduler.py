@@ -1,0 +1,286 @@
+"""`python -m app scheduler`: the clock of the system. Safe to run twice.
+
+Leadership: a Postgres session advisory lock. Only the process holding it ticks; a second
+scheduler waits and takes over within one interval when the leader's connection drops. Every job
+is idempotent anyway (unique keys, SKIP LOCKED), so a brief overlap could not double-send.
+
+Each tick (every SCHEDULER_INTERVAL_SECONDS):
+  1. plan digest runs (app/digest_planner.plan)
+  2. watchdog: stuck `processing` runs back to `pending` / `failed`
+  3. checker: enqueue due pending runs to the digest queue, bounded by queue depth
+  4. hooks of other domains, if installed: stale newsletter sends, unapplied webhook events
+
+Also `python -m app preview-digest USER_ID`: render a subscriber's digest as it would be sent now,
+without sending or marking anything; and `python -m app digest-now USER_ID… | --all`: make the
+next digest due now (development: see digests arrive in the mail viewer without waiting for 9 am).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from app import config, db, digest_planner
+
+log = logging.getLogger("app.scheduler")
+
+LOCK_KEY = 0x6E6F746966790001  # "notify" + 1: the scheduler leader lock
+# Jobs owned by other packages, called as plain functions each tick when their module exists.
+HOOKS = ("app.newsletter.reclaim:reclaim_stale", "tracking.webhook_apply:requeue_unprocessed")
+
+
+class Leadership:
+    """Holds pg_try_advisory_lock on a dedicated connection for as long as this process leads."""
+
+    def __init__(self, url: str | None = None):
+        self.url = url
+        self.conn = None
+
+    def acquire(self) -> bool:
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = db.connect_raw(self.url, autocommit=True)
+                self.conn_is_leader = False
+            with self.conn.cursor() as cur:
+                if getattr(self, "conn_is_leader", False):
+                    cur.execute("SELECT 1")   # still alive: the lock lives as long as the session
+                    return True
+                cur.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,))
+                self.conn_is_leader = bool(cur.fetchone()[0])
+                return self.conn_is_leader
+        except Exception:
+            log.exception("leadership check failed; not leading this tick")
+            self.release()
+            return False
+
+    def release(self) -> None:
+        if self.conn is not None:
+            try:
+                if getattr(self, "conn_is_leader", False):
+                    # explicit unlock: closing alone frees it only once the backend has exited
+                    with self.conn.cursor() as cur:
+                        cur.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+            except Exception:
+                pass
+            try:
+                self.conn.close()  # closing the session releases the advisory lock
+            except Exception:
+                pass
+        self.conn = None
+        self.conn_is_leader = False
+
+
+def _digest_sender():
+    """send(ids) for the checker, and the current queue depth."""
+    import actors  # sets up the broker from REDIS_URL, then binds the actors
+
+    actor = actors.digest.build_and_send_digest
+    return actor.send, lambda: digest_planner.queue_depth(actors.broker, actor.queue_name)
+
+
+def run_hooks() -> dict:
+    results = {}
+    for target in HOOKS:
+        module_name, _, func_name = target.partition(":")
+        try:
+            func = getattr(importlib.import_module(module_name), func_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue   # that domain is not installed in this build
+            log.exception("hook %s failed to import", target)
+            results[target] = "error"
+            continue
+        except AttributeError:
+            continue
+        except Exception:
+            log.exception("hook %s failed to import", target)
+            results[target] = "error"
+            continue
+        try:
+            results[target] = func()
+        except Exception:
+            log.exception("hook %s failed; continuing the tick", target)
+            results[target] = "error"
+    return results
+
+
+def tick(now: datetime | None = None, send=None, depth=None) -> dict:
+    """One pass of every job. `send`/`depth` default to the real digest actor and Redis queue.
+    Jobs are independent: one failing (logged, reported as "error") does not skip the others."""
+    now = now or datetime.now(timezone.utc)
+    result: dict = {"now": now.isoformat()}
+
+    def job(name, fn, default):
+        try:
+            return fn()
+        except Exception:
+            log.exception("scheduler job %s failed; the next tick tries again", name)
+            result.setdefault("errors", []).append(name)
+            return default
+
+    result["planned"] = job("plan", lambda: digest_planner.plan(now), 0)
+    result["reclaimed"], result["failed"] = job("watchdog", lambda: digest_planner.watchdog(now), (0, 0))
+
+    def check():
+        nonlocal send, depth
+        if send is None or depth is None:
+            default_send, default_depth = _digest_sender()
+            send, depth = send or default_send, depth or default_depth
+        return digest_planner.check(now, send, depth())   # depth() fails when Redis is down
+
+    result["enqueued"] = job("checker", check, 0)
+    result["hooks"] = run_hooks()
+    if result["planned"] or result["enqueued"] or result["reclaimed"] or result["failed"] or "errors" in result:
+        log.info("tick: %s", result)
+    return result
+
+
+def parse_now(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError("--now needs a UTC offset, e.g. 2026-03-08T14:00:00Z")
+    return parsed.astimezone(timezone.utc)
+
+
+def cmd_scheduler(args) -> int:
+    from app import observability
+
+    observability.init_sentry("scheduler")
+    db.init()
+    try:
+        pinned = parse_now(args.now)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+
+    def clock() -> datetime:
+        if pinned is None:
+            return datetime.now(timezone.utc)
+        return pinned + timedelta(seconds=time.monotonic() - started)
+
+    leadership = Leadership()
+    if args.once:
+        if not leadership.acquire():
+            print("another scheduler holds the lock; nothing done", file=sys.stderr)
+            return 0
+        try:
+            from app.cli import print_json
+            print_json(tick(pinned or clock()))
+        finally:
+            leadership.release()
+        return 0
+
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    interval = max(0.5, config.get().scheduler_interval_seconds)
+    log.info("scheduler up (interval %.1f s)", interval)
+    was_leader = None
+    try:
+        while not stopping:
+            began = time.monotonic()
+            leader = leadership.acquire()
+            if leader != was_leader:
+                log.info("scheduler is %s", "the leader" if leader else "standing by (another scheduler leads)")
+                was_leader = leader
+            if leader:
+                try:
+                    tick(clock())
+                except Exception:
+                    log.exception("tick failed; retrying next interval")
+            while not stopping and time.monotonic() - began < interval:
+                time.sleep(min(0.5, interval))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        leadership.release()
+    log.info("scheduler stopped")
+    return 0
+
+
+def send_next_now(user_ids: list[str] | None, now: datetime | None = None) -> list[int]:
+    """Make each subscriber's NEXT digest due now (all subscribers with unsent events when
+    user_ids is None) and return the run ids. A pending run is moved to now; otherwise the run of the
+    next slot is created due now, so the planner does not add a second one for that period."""
+    now = now or datetime.now(timezone.utc)
+    with db.raw_cursor() as cur:
+        if user_ids is None:
+            cur.execute("SELECT id, timezone, digest_cadence, digest_hour, digest_weekday FROM subscribers s "
+                        "WHERE digest_cadence <> 'off' AND unsubscribed_at IS NULL AND EXISTS (SELECT 1 FROM "
+                        "digest_events e WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL)")
+        else:
+            cur.execute("SELECT id, timezone, digest_cadence, digest_hour, digest_weekday FROM subscribers "
+                        "WHERE user_id = ANY (%s) AND digest_cadence <> 'off' AND unsubscribed_at IS NULL",
+                        (list(user_ids),))
+        subs = cur.fetchall()
+        run_ids = []
+        for sid, tz_name, cadence, hour, weekday in subs:
+            cur.execute("UPDATE digest_runs SET scheduled_for = %s, next_attempt_at = NULL, enqueued_at = NULL "
+                        "WHERE subscriber_id = %s AND cadence = %s AND status = 'pending' RETURNING id",
+                        (now, sid, cadence))
+            rows = cur.fetchall()
+            if not rows:
+                period, _ = digest_planner.next_slot(now, tz_name, cadence, hour, weekday)
+                cur.execute("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) "
+                            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING id", (sid, cadence, period, now))
+                rows = cur.fetchall()
+            run_ids += [r[0] for r in rows]
+    return run_ids
+
+
+def cmd_digest_now(args) -> int:
+    db.init()
+    if not args.all and not args.user_ids:
+        print("error: name USER_IDs or pass --all", file=sys.stderr)
+        return 2
+    run_ids = send_next_now(None if args.all else args.user_ids)
+    send, _ = _digest_sender()
+    batch = max(1, config.get().digest_claim_batch)
+    for start in range(0, len(run_ids), batch):
+        send(run_ids[start:start + batch])
+    print(f"{len(run_ids)} digest run(s) due now and enqueued; a worker sends them (mail viewer: /dev/mail)")
+    return 0
+
+
+def cmd_preview_digest(args) -> int:
+    from app import digest_sender
+
+    db.init()
+    try:
+        rendered = digest_sender.preview(args.user_id)
+    except LookupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if rendered is None:
+        print(f"{args.user_id} has no unsent events: no digest would be sent now", file=sys.stderr)
+        return 0
+    body = rendered.text if args.text else rendered.html
+    if args.output and args.output != "-":
+        Path(args.output).write_text(body, encoding="utf-8")
+        print(f"subject: {rendered.subject}\nwrote {args.output}", file=sys.stderr)
+    else:
+        print(f"subject: {rendered.subject}", file=sys.stderr)
+        sys.stdout.write(body)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("scheduler", help="plan, enqueue and watch digest runs (leader-elected loop)")
+    p.add_argument("--once", action="store_true", help="run a single tick and print its result")
+    p.add_argument("--now", metavar="ISO8601", help="pin the clock, e.g. 2026-03-08T14:00:00Z")
+    p.set_defaults(func=cmd_scheduler)
+    p = sub.add_parser("digest-now", help="make the next digest of some (or all) subscribers due now")
+    p.add_argument("user_ids", nargs="*", metavar="USER_ID")
+    p.add_argument("--all", action="store_true", help="every subscriber with unsent events")
+    p.set_defaults(func=cmd_digest_now)
+    p = sub.add_parser("preview-digest", help="render a subscriber's digest now; sends and marks nothing")
+    p.add_argument("user_id")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--text", action="store_true", help="the plain-text part instead of the HTML")
+    p.set_defaults(func=cmd_preview_digest)

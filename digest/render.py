@@ -1,0 +1,159 @@
+"""Template compile + render.
+
+Templates are files an operator can replace (DIGEST_TEMPLATE_DIR, default digest/templates):
+  digest.html   Mustache; its <style> is inlined by premailer ONCE per template version
+  digest.txt    Mustache; the plain-text part (use {{{triple}}} tags: no HTML escaping)
+  subject.txt   Mustache; one line
+
+A "version" is (path, mtime, size): editing a file recompiles it on the next render (checked at most
+once a second), otherwise renders reuse the cached chevron token list, compiled once more into a
+closure tree (digest/mustache.py) that renders several times faster than chevron's interpreter.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import chevron
+
+from app import config
+from digest import mustache
+
+log = logging.getLogger("digest.render")
+
+DEFAULT_DIR = Path(__file__).parent / "templates"
+NAMES = ("digest.html", "digest.txt", "subject.txt")
+STAT_EVERY_SECONDS = 1.0
+
+
+class TemplateError(RuntimeError):
+    """A template is missing or premailer broke its Mustache tags."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    version: tuple
+    tokens: tuple
+    template: mustache.Template
+
+
+@dataclass(frozen=True)
+class Rendered:
+    subject: str
+    html: str
+    text: str
+
+
+def template_dir() -> Path:
+    configured = getattr(config.get(), "digest_template_dir", "")
+    return Path(configured) if configured else DEFAULT_DIR
+
+
+def inline_css(html: str) -> str:
+    """premailer over the Mustache source. Tags survive because attributes are written
+    href="{{url}}" (no inner spaces, which premailer would turn into %20) and no base_url is set."""
+    import premailer  # slow import (cssutils); only template compiles need it
+
+    return premailer.Premailer(
+        html, keep_style_tags=False, remove_classes=False, strip_important=False,
+        disable_validation=True, cssutils_logging_level=logging.CRITICAL,
+        allow_network=False,
+    ).transform()
+
+
+def _tags(source: str) -> list[str]:
+    return [value for kind, value in chevron.tokenizer.tokenize(source) if kind != "literal"]
+
+
+def compile_source(source: str, html: bool) -> tuple:
+    """Source -> cached token tuple. For HTML, premailer first; refuse a result that lost tags."""
+    if html:
+        inlined = inline_css(source)
+        if _tags(inlined) != _tags(source):
+            raise TemplateError("premailer changed the Mustache tags of the HTML template; write attributes "
+                                "as href=\"{{url}}\" and keep section tags outside <table> rows")
+        source = inlined
+    return tuple(chevron.tokenizer.tokenize(source))
+
+
+class TemplateSet:
+    """Compiled digest templates of one directory, recompiled when a file changes."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._compiled: dict[str, Compiled] = {}
+        self._checked_at = 0.0
+        self._lock = threading.Lock()
+
+    def _version(self, name: str) -> tuple:
+        path = self.directory / name
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise TemplateError(f"digest template {path} does not exist") from None
+        return (str(path), st.st_mtime_ns, st.st_size)
+
+    def get(self, name: str) -> Compiled:
+        now = time.monotonic()
+        compiled = self._compiled.get(name)
+        if compiled is not None and now - self._checked_at < STAT_EVERY_SECONDS:
+            return compiled
+        with self._lock:
+            version = self._version(name)
+            compiled = self._compiled.get(name)
+            if compiled is None or compiled.version != version:
+                started = time.perf_counter()
+                source = Path(version[0]).read_text(encoding="utf-8")
+                tokens = compile_source(source, html=name.endswith(".html"))
+                try:
+                    compiled = Compiled(version, tokens, mustache.Template(tokens))
+                except mustache.MustacheError as exc:
+                    raise TemplateError(f"{version[0]}: {exc}") from None
+                self._compiled[name] = compiled
+                log.info("compiled digest template %s in %.1f ms", version[0], (time.perf_counter() - started) * 1e3)
+            if all(n in self._compiled for n in NAMES):
+                self._checked_at = now
+            return compiled
+
+    def render(self, context: dict) -> Rendered:
+        subject = " ".join(self.get("subject.txt").template.render(context).split())[:200]  # one line
+        context = {**context, "subject": subject}
+        return Rendered(
+            subject=subject,
+            html=self.get("digest.html").template.render(context),
+            text=self.get("digest.txt").template.render(context),
+        )
+
+
+_sets: dict[Path, TemplateSet] = {}
+_sets_lock = threading.Lock()
+
+
+def templates() -> TemplateSet:
+    directory = template_dir()
+    ts = _sets.get(directory)
+    if ts is None:
+        with _sets_lock:
+            ts = _sets.setdefault(directory, TemplateSet(directory))
+    return ts
+
+
+def render(context: dict) -> Rendered:
+    return templates().render(context)
+
+
+def warm_up_in_background() -> None:
+    """Compile the templates now (premailer import + run: ~0.5 s) in a daemon thread, so a worker's
+    first digest does not pay for it. Errors are logged; the first render reports them again."""
+    def run():
+        try:
+            ts = templates()
+            for name in NAMES:
+                ts.get(name)
+        except Exception:
+            log.exception("digest templates failed to compile")
+
+    threading.Thread(target=run, name="digest-template-warmup", daemon=True).start()

@@ -1,0 +1,300 @@
+"""Newsletter benchmark: N recipients end to end through real Dramatiq workers to a loopback fake
+SendGrid that adds a per-call delay, at 0 ms and 50 ms, beside a naive baseline (one task per
+recipient, one provider call each) measured in the same run on a sample and extrapolated.
+
+    .venv/bin/python scripts/bench/newsletter.py                      # 50,000 recipients
+    .venv/bin/python scripts/bench/newsletter.py --recipients 1000000
+
+Prints recipients/s, wall time (send requested -> newsletter done, outbox creation included) and
+the workers' peak RSS (VmHWM of each worker process). Targets on 2 cores: 1M in <= 10 minutes at
+both delays, RSS <= 150 MB. Its own database (notify_bench_newsletter) and Redis db; 127.0.0.1 only;
+every wait is bounded (--timeout).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_DB = "postgresql://127.0.0.1/notify_bench_newsletter"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
+WORKER_LOG = "/tmp/notify-bench-newsletter-worker.log"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipients", type=int, default=50_000)
+    p.add_argument("--delays-ms", default="0,50", help="per-call delays of the fake SendGrid")
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--chains", type=int, default=None, help="NEWSLETTER_SEND_CHAINS (default processes*threads)")
+    p.add_argument("--batch-size", type=int, default=1000, help="SEND_BATCH_SIZE (SendGrid max 1000)")
+    p.add_argument("--baseline-sample", type=int, default=2000)
+    p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per run")
+    p.add_argument("--database-url", default=DEFAULT_DB)
+    p.add_argument("--redis-url", default=DEFAULT_REDIS)
+    args = p.parse_args()
+    for url in (args.database_url, args.redis_url):
+        if "127.0.0.1" not in url and "localhost" not in url:
+            p.error("the benchmark runs against loopback services only")
+    return args
+
+
+ARGS = parse_args()
+os.environ.update(APP_ENV="test", DATABASE_URL=ARGS.database_url, REDIS_URL=ARGS.redis_url, LOG_LEVEL="WARNING",
+                  MAIL_PROVIDER="sendgrid", SENDGRID_API_KEY="bench")
+
+import redis  # noqa: E402
+
+from app import db, migrate  # noqa: E402
+
+HTML = """<html><head><style>
+  body { font-family: Helvetica, Arial, sans-serif; } h1 { color: #222; font-size: 22px; }
+  p { color: #333; line-height: 1.5; } .cta { background: #0a7; color: #fff; padding: 8px 14px; }
+</style></head><body>
+<h1>The weekly letter</h1>
+<p>Hello {{name}},</p>
+<p>Here is what happened this week. Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do
+eiusmod tempor incididunt ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud
+exercitation ullamco laboris nisi ut aliquip ex ea commodo consequat.</p>
+<p><a class="cta" href="https://example.com/articles/1">Read the first story</a></p>
+<p>Duis aute irure dolor in reprehenderit in voluptate velit esse cillum dolore eu fugiat nulla
+pariatur. <a href="https://example.com/articles/2">Second story</a> and
+<a href="https://example.com/articles/3">a third</a>.</p>
+<p style="font-size:12px">Sent to {{email}}. <a href="{{preferences_url}}">Preferences</a> ·
+<a href="{{unsubscribe_url}}">Unsubscribe</a></p>
+</body></html>"""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def prepare_database(n: int) -> None:
+    migrate.migrate(ARGS.database_url)
+    db.init(ARGS.database_url)
+    with db.raw_cursor() as cur:
+        cur.execute("SELECT count(*), coalesce(max(id), 0) FROM subscribers")
+        count, max_id = cur.fetchone()
+        cur.execute("TRUNCATE newsletters, email_log, email_links, email_link_history, legacy_link_codes "
+                    "RESTART IDENTITY CASCADE")
+        if count != n or max_id != n:
+            log(f"seeding {n:,} subscribers")
+            cur.execute("TRUNCATE subscribers RESTART IDENTITY CASCADE")
+            cur.execute("INSERT INTO subscribers (user_id, email, name) SELECT 'u' || g, 'user' || g || "
+                        "'@example.com', 'User ' || g FROM generate_series(1, %s) g", (n,))
+    db.query("VACUUM ANALYZE subscribers")
+
+
+def start_sink(delay_ms: float):
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fake_sendgrid", "--delay", str(delay_ms / 1000)],
+                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), url
+    return proc, url
+
+
+def sink_counters(proc) -> dict:
+    import json
+
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())
+
+
+def stop(proc) -> None:
+    """SIGTERM the worker's process group (dramatiq parent + worker processes); SIGKILL if stuck."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def start_worker(sink_url: str, modules=("actors",)) -> subprocess.Popen:
+    env = {**os.environ, "SENDGRID_API_URL": sink_url, "SEND_BATCH_SIZE": str(ARGS.batch_size),
+           "NEWSLETTER_SEND_CHAINS": str(ARGS.chains or ARGS.processes * ARGS.threads),
+           "PROVIDER_RATE_PER_SECOND": "0", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "dramatiq", *modules, "--processes", str(ARGS.processes),
+                             "--threads", str(ARGS.threads), "--queues", "newsletter"],
+                            cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(WORKER_LOG, "a"))
+
+
+def group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    pids.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return pids
+
+
+def peak_rss_mb(pgid: int) -> tuple[float, float]:
+    """(max VmHWM over the worker processes, VmHWM of the dramatiq parent) in MB."""
+    peaks = {}
+    for pid in group_pids(pgid):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks[pid] = int(line.split()[1]) / 1024
+        except FileNotFoundError:
+            pass
+    workers = [v for pid, v in peaks.items() if pid != pgid]
+    return (max(workers) if workers else 0.0), peaks.get(pgid, 0.0)
+
+
+def wait_ready(worker) -> None:
+    client = redis.Redis.from_url(ARGS.redis_url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if client.zcard("dramatiq:__heartbeats__") >= ARGS.processes:
+            return
+        if worker.poll() is not None:
+            raise SystemExit("worker exited during start-up")
+        time.sleep(0.1)
+    raise SystemExit("worker did not start within 60 s")
+
+
+def row_counts(newsletter_id: int) -> dict:
+    return dict(db.query("SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status",
+                         (newsletter_id,)))
+
+
+def run_pipeline(delay_ms: float) -> dict:
+    from app.newsletter import service
+
+    redis.Redis.from_url(ARGS.redis_url).flushdb()
+    sink, url = start_sink(delay_ms)
+    worker = start_worker(url)
+    try:
+        wait_ready(worker)
+        values, errors = service.validate_new({"subject": "Weekly letter for {{name}}", "html": HTML})
+        assert not errors, errors
+        newsletter_id = service.create(values)
+        log(f"run: {ARGS.recipients:,} recipients, sink delay {delay_ms:g} ms (newsletter {newsletter_id})")
+        started = time.monotonic()
+        service.request_send(newsletter_id, {"kind": "all"})
+        deadline, last_report = started + ARGS.timeout, started
+        while True:
+            status = db.query("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))[0][0]
+            now = time.monotonic()
+            if status == "done":
+                break
+            if now > deadline:
+                raise SystemExit(f"timed out after {ARGS.timeout:.0f}s: {row_counts(newsletter_id)}")
+            if now - last_report >= 15:
+                log(f"  {now - started:5.0f}s  {row_counts(newsletter_id)}  rss {peak_rss_mb(worker.pid)[0]:.0f} MB")
+                last_report = now
+            time.sleep(0.2)
+        wall = time.monotonic() - started
+        rss, parent_rss = peak_rss_mb(worker.pid)
+        counts = row_counts(newsletter_id)
+        sink_seen = sink_counters(sink)
+    finally:
+        stop(worker)
+        sink.stdin.close()
+        sink.wait(timeout=30)
+    ok = counts == {"sent": ARGS.recipients} and sink_seen["unique"] == ARGS.recipients \
+        and sink_seen["accepted"] == ARGS.recipients
+    return {"delay_ms": delay_ms, "wall_s": wall, "rate": ARGS.recipients / wall, "rss_mb": rss,
+            "parent_rss_mb": parent_rss, "calls": sink_seen["calls"], "ok": ok, "counts": counts, "sink": sink_seen}
+
+
+def run_naive(delay_ms: float) -> dict:
+    """One task + one provider call per recipient, same workers and sink, on a sample."""
+    import orjson
+
+    from app.newsletter import outbox, service
+
+    sample = min(ARGS.baseline_sample, ARGS.recipients)
+    client = redis.Redis.from_url(ARGS.redis_url)
+    values, _ = service.validate_new({"subject": "Weekly letter for {{name}}", "html": HTML})
+    newsletter_id = service.create(values)
+    audience = {"kind": "user_ids", "user_ids": [f"u{i}" for i in range(1, sample + 1)]}
+    # The outbox is built here, outside the measurement, while the newsletter is paused; the send
+    # chains it kicks are then flushed from Redis so only the naive tasks send.
+    db.query("UPDATE newsletters SET status = 'paused', audience = %s, send_requested_at = now() WHERE id = %s",
+             (orjson.dumps(audience).decode(), newsletter_id))
+    outbox.create_outbox(newsletter_id)
+    client.flushdb()
+    db.query("UPDATE newsletters SET status = 'sending' WHERE id = %s", (newsletter_id,))
+    sink, url = start_sink(delay_ms)
+    worker = start_worker(url, modules=("scripts.bench.newsletter_naive",))
+    try:
+        wait_ready(worker)
+        from scripts.bench import newsletter_naive
+
+        started = time.monotonic()
+        newsletter_naive.enqueue(newsletter_id)
+        deadline = started + ARGS.timeout
+        while row_counts(newsletter_id).get("sent", 0) < sample:
+            if time.monotonic() > deadline:
+                raise SystemExit("naive baseline timed out")
+            time.sleep(0.1)
+        wall = time.monotonic() - started
+        rss, _ = peak_rss_mb(worker.pid)
+        sink_seen = sink_counters(sink)
+        # Naive tasks never run the done check; close the newsletter so status tools see it finished.
+        db.query("UPDATE newsletters SET status = 'done', completed_at = now() WHERE id = %s", (newsletter_id,))
+    finally:
+        stop(worker)
+        sink.stdin.close()
+        sink.wait(timeout=30)
+    assert sink_seen["calls"] == sample, f"naive baseline made {sink_seen['calls']} calls for {sample} recipients"
+    rate = sample / wall
+    return {"delay_ms": delay_ms, "sample": sample, "wall_s": wall, "rate": rate, "rss_mb": rss,
+            "calls": sink_seen["calls"], "extrapolated_s": ARGS.recipients / rate}
+
+
+def main() -> int:
+    delays = [float(d) for d in ARGS.delays_ms.split(",") if d.strip()]
+    log(f"newsletter benchmark: {ARGS.recipients:,} recipients, workers {ARGS.processes}x{ARGS.threads} threads, "
+        f"batch {ARGS.batch_size}, delays {delays} ms, cores {os.cpu_count()}")
+    prepare_database(ARGS.recipients)
+    results, naive = [], []
+    for delay in delays:
+        results.append(run_pipeline(delay))
+        r = results[-1]
+        log(f"  done: {r['rate']:,.0f} recipients/s, {r['wall_s']:.1f}s, worker peak RSS {r['rss_mb']:.0f} MB, "
+            f"{r['calls']:,} provider calls, exactly once: {r['ok']}")
+        if not ARGS.skip_baseline:
+            naive.append(run_naive(delay))
+            b = naive[-1]
+            log(f"  naive: {b['rate']:,.0f} recipients/s on a {b['sample']:,} sample "
+                f"-> {ARGS.recipients:,} in ~{b['extrapolated_s']:,.0f}s (extrapolated)")
+    print()
+    print(f"Newsletter send, {ARGS.recipients:,} recipients, {ARGS.processes} worker processes x {ARGS.threads} "
+          f"threads, batches of {ARGS.batch_size}, {os.cpu_count()} cores")
+    print(f"{'sink delay':>10} | {'recipients/s':>12} | {'wall':>9} | {'peak RSS':>8} | {'calls':>7} | once | "
+          f"{'naive rec/s':>11} | naive wall (extrapolated)")
+    for i, r in enumerate(results):
+        b = naive[i] if i < len(naive) else None
+        naive_cols = (f"{b['rate']:>11,.0f} | {b['extrapolated_s']:,.0f}s (measured on {b['sample']:,})"
+                      if b else f"{'-':>11} | -")
+        print(f"{r['delay_ms']:>8g}ms | {r['rate']:>12,.0f} | {r['wall_s']:>8.1f}s | {r['rss_mb']:>6.0f}MB | "
+              f"{r['calls']:>7,} | {'yes' if r['ok'] else 'NO'}  | {naive_cols}")
+    target_ok = all(r["ok"] and r["rss_mb"] <= 150 and r["wall_s"] * 1_000_000 / ARGS.recipients <= 600
+                    for r in results)
+    print(f"targets (1M <= 600 s at this rate, RSS <= 150 MB, exactly once): {'met' if target_ok else 'NOT met'}")
+    return 0 if target_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Shared helpers for the digest, scheduler, mail and provider tests (no tests here).
+
+SmtpSink is a real SMTP server (aiosmtpd) on 127.0.0.1 started by the test; it can answer with an
+error code instead of 250 to exercise transient/permanent failures.
+"""
+from __future__ import annotations
+
+import email
+import email.policy
+import socket
+import threading
+from datetime import datetime, timedelta, timezone
+
+from aiosmtpd.controller import Controller
+
+from app import db, subscribers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Handler:
+    def __init__(self, sink):
+        self.sink = sink
+
+    async def handle_EHLO(self, server, session, envelope, hostname, responses):
+        session.host_name = hostname
+        if self.sink.pipelining:   # aiosmtpd reads commands line by line, so it copes with pipelining
+            responses.insert(1, "250-PIPELINING")
+        return responses
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if address in self.sink.reject_rcpt:
+            return "550 5.1.1 no such user"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        with self.sink.lock:
+            self.sink.sessions.add(id(session))
+            reply = self.sink.reply
+            if reply.startswith("250"):
+                self.sink.raw.append(envelope.content)
+                self.sink.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
+        return reply
+
+
+class SmtpSink:
+    def __init__(self, port: int | None = None, pipelining: bool = True, **controller_kwargs):
+        self.raw: list[bytes] = []
+        self.envelopes = []
+        self.sessions = set()   # distinct SMTP connections that sent mail
+        self.pipelining = pipelining
+        self.reject_rcpt: set[str] = set()
+        self.reply = "250 OK"
+        self.lock = threading.Lock()
+        self.port = port or free_port()
+        self.controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port, **controller_kwargs)
+
+    @property
+    def url(self) -> str:
+        return f"smtp://127.0.0.1:{self.port}"
+
+    def start(self):
+        self.controller.start()
+        return self
+
+    def stop(self):
+        self.controller.stop()
+
+    def messages(self):
+        with self.lock:
+            return [email.message_from_bytes(r, policy=email.policy.default) for r in self.raw]
+
+
+def make_subscriber(user_id="u1", email_addr=None, **values) -> int:
+    data = {**subscribers.DEFAULTS, "email": email_addr or f"{user_id}@example.test", "name": "Ana Lima", **values}
+    row, _ = subscribers.upsert(user_id, data)
+    return row["id"]
+
+
+_seq = [0]
+
+
+def add_events(user_id, n=1, category="like", entity_type="post", entity_id="p1", actor=None, payload=None,
+               when=None, **extra):
+    """Insert n events; actor None gives distinct actors a0, a1, …; returns their ids."""
+    when = when or datetime.now(timezone.utc)
+    ids = []
+    with db.raw_cursor() as cur:
+        for i in range(n):
+            _seq[0] += 1
+            actor_id = actor if actor is not None else f"a{i}"
+            cur.execute(
+                "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
+                "actor_id, actor_name, payload, occurred_at) VALUES ('test', %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "RETURNING id",
+                (f"ev-{_seq[0]}", user_id, category, entity_type, entity_id, actor_id,
+                 extra.get("actor_name", f"Actor {actor_id}"),
+                 __import__("json").dumps(payload or {"title": f"Post {entity_id}"}),
+                 when - timedelta(seconds=n - i)))
+            ids.append(cur.fetchone()[0])
+    return ids
+
+
+def make_run(subscriber_id, cadence="daily", period=None, scheduled_for=None, status="pending") -> int:
+    scheduled_for = scheduled_for or datetime.now(timezone.utc) - timedelta(minutes=1)
+    period = period or scheduled_for.date()
+    rows = db.query("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status) "
+                    "VALUES (%s, %s, %s, %s, %s) RETURNING id", (subscriber_id, cadence, period, scheduled_for, status))
+    return rows[0][0]
+
+
+def run_row(run_id) -> dict:
+    cols = ("id", "status", "attempts", "event_count", "last_error", "skip_reason", "provider_message_id",
+            "next_attempt_at", "enqueued_at", "claimed_at", "completed_at", "cadence", "period", "scheduled_for")
+    row = db.query(f"SELECT {', '.join(cols)} FROM digest_runs WHERE id = %s", (run_id,))[0]
+    return dict(zip(cols, row))
+
+
+def marked(event_ids) -> dict:
+    return dict(db.query("SELECT id, digest_run_id FROM digest_events WHERE id = ANY (%s)", (list(event_ids),)))

@@ -1,0 +1,90 @@
+"""End to end through Dramatiq: scheduler tick -> Redis -> a real Worker -> SMTP sink. Redis is a hint."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from app import db, providers, scheduler
+from tests.test_digest_pipeline import wait_for
+from tests.test_digest_support import SmtpSink, add_events, make_subscriber, marked
+
+
+@pytest.fixture
+def sink(settings):
+    s = SmtpSink().start()
+    settings(mail_provider="smtp", smtp_url=s.url, smtp_pool_size=4, tracking=False, digest_claim_batch=3)
+    yield s
+    providers.close_all()
+    s.stop()
+
+
+@pytest.fixture
+def worker(redis_client):
+    import dramatiq
+
+    import actors
+
+    w = dramatiq.Worker(actors.broker, worker_threads=2, worker_timeout=100, queues={"digest"})
+    yield w
+    w.stop()
+
+
+def _statuses():
+    # (a tick at the due time also plans each subscriber's NEXT run: those stay pending)
+    return dict(db.query("SELECT status, count(*) FROM digest_runs GROUP BY status"))
+
+
+def _setup(n=5):
+    ids = []
+    for i in range(n):
+        make_subscriber(f"u{i}", digest_hour=9)
+        ids += add_events(f"u{i}", 3)
+    return ids
+
+
+@pytest.mark.slow
+def test_redis_flushed_after_planning_next_tick_still_delivers(sink, worker, redis_client):
+    events = _setup(5)
+    now = datetime(2026, 5, 1, 6, tzinfo=timezone.utc)
+    assert scheduler.tick(now)["planned"] == 5
+    redis_client.flushdb()                          # Redis lost everything
+    result = scheduler.tick(now + timedelta(hours=4))
+    assert result["enqueued"] == 5
+    worker.start()
+    wait_for(lambda: _statuses().get("sent") == 5)
+    assert len(sink.messages()) == 5 and None not in marked(events).values()
+
+
+@pytest.mark.slow
+def test_redis_flushed_after_enqueue_runs_are_enqueued_again(sink, worker, redis_client, settings):
+    settings(digest_reenqueue_seconds=120)
+    _setup(4)
+    now = datetime(2026, 5, 1, 6, tzinfo=timezone.utc)
+    scheduler.tick(now)
+    due = now + timedelta(hours=4)
+    assert scheduler.tick(due)["enqueued"] == 4
+    redis_client.flushdb()                          # the messages are gone, the rows say "enqueued"
+    assert scheduler.tick(due + timedelta(seconds=30))["enqueued"] == 0
+    assert scheduler.tick(due + timedelta(seconds=121))["enqueued"] == 4
+    worker.start()
+    wait_for(lambda: _statuses().get("sent") == 4)
+    ids = [m["Message-ID"] for m in sink.messages()]
+    assert len(ids) == 4 == len(set(ids))
+
+
+@pytest.mark.slow
+def test_duplicate_messages_send_once(sink, worker, redis_client):
+    _setup(3)
+    import actors
+
+    run_ids = [r[0] for r in db.query(
+        "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) "
+        "SELECT id, 'daily', current_date, now() FROM subscribers RETURNING id")]
+    for _ in range(3):                               # the same hint three times
+        actors.digest.build_and_send_digest.send(run_ids)
+    actors.digest.build_and_send_digest.send()       # and a claim-anything message
+    worker.start()
+    wait_for(lambda: _statuses() == {"sent": 3})
+    worker.stop()
+    assert len(sink.messages()) == 3

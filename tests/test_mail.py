@@ -1,0 +1,111 @@
+"""MIME building: structure, Message-ID from the idempotency key, RFC 8058 headers, DKIM."""
+from __future__ import annotations
+
+import base64
+import email
+import email.policy
+
+import dkim
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from app import mail
+from app.providers.base import OutgoingMail
+
+
+def _mail(**kw):
+    base = dict(to="ana@example.test", to_name="Ána Lima", subject="Your daily digest: Ána & 3 others",
+                html="<p>Héllo <a href=\"https://x.test/a?b=1&amp;c=2\">link</a></p>\n" + "<p>x</p>" * 100,
+                text="Héllo\n.leading dot\nline with trailing space \n" + "y" * 300,
+                idempotency_key="digest-run-42", headers=mail.unsubscribe_headers("https://x.test/u/TOKEN"))
+    base.update(kw)
+    return OutgoingMail(**base)
+
+
+def parse(raw: bytes):
+    return email.message_from_bytes(raw, policy=email.policy.default)
+
+
+def test_message_parses_back_with_both_parts_and_headers():
+    m = _mail()
+    raw = mail.build(m)
+    assert b"\r\n" in raw and b"\n" not in raw.replace(b"\r\n", b"")   # CRLF only
+    msg = parse(raw)
+    assert msg.get_content_type() == "multipart/alternative" and not msg.defects
+    assert msg["To"] == "Ána Lima <ana@example.test>"
+    assert msg["Subject"] == m.subject
+    assert msg["List-Unsubscribe"] == "<https://x.test/u/TOKEN>"
+    assert msg["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    parts = [p.get_content_type() for p in msg.iter_parts()]
+    assert parts == ["text/plain", "text/html"]   # HTML last: clients prefer the last they can show
+    assert msg.get_body(("plain",)).get_content().replace("\r\n", "\n") == m.text
+    assert msg.get_body(("html",)).get_content().replace("\r\n", "\n") == m.html
+
+
+def test_message_id_is_derived_from_the_idempotency_key():
+    a1, a2 = parse(mail.build(_mail())), parse(mail.build(_mail()))
+    b = parse(mail.build(_mail(idempotency_key="digest-run-43")))
+    assert a1["Message-ID"] == a2["Message-ID"] != b["Message-ID"]
+    assert a1["Message-ID"].startswith("<digest-run-42.") and a1["Message-ID"].endswith("@localhost>")
+    assert mail.message_id_of(_mail()) == a1["Message-ID"].strip("<>")
+
+
+def test_mailto_unsubscribe_is_added_when_configured(settings):
+    settings(unsubscribe_mailto="unsubscribe@example.test")
+    headers = mail.unsubscribe_headers("https://x.test/u/T")
+    assert headers["List-Unsubscribe"] == "<https://x.test/u/T>, <mailto:unsubscribe@example.test>"
+
+
+@pytest.mark.parametrize("bad", [
+    dict(subject="hi\r\nBcc: victim@example.test"),
+    dict(to="victim@example.test\r\nBcc: x@y.z"),
+    dict(to="not-an-address"),
+    dict(headers={"Bcc": "x@example.test"}),
+    dict(headers={"X-Ok": "a\nb"}),
+])
+def test_header_injection_and_bad_addresses_are_refused(bad):
+    with pytest.raises(mail.MailBuildError):
+        mail.build(_mail(**bad))
+
+
+@pytest.fixture
+def dkim_key(settings, tmp_path):
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                            serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.DER,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    record = b"v=DKIM1; k=rsa; p=" + base64.b64encode(public)
+
+    def dnsfunc(name, timeout=5):
+        assert name == b"sel1._domainkey.example.test."
+        return record
+
+    settings(dkim_domain="example.test", dkim_selector="sel1", dkim_private_key=pem,
+             mail_from="Notify <notify@example.test>")
+    return pem, dnsfunc
+
+
+def test_dkim_signature_verifies_and_covers_list_unsubscribe(dkim_key):
+    _, dnsfunc = dkim_key
+    raw = mail.build(_mail())
+    assert raw.startswith(b"DKIM-Signature:")
+    assert dkim.verify(raw, dnsfunc=dnsfunc)
+    sig = parse(raw)["DKIM-Signature"].replace(" ", "").lower()
+    signed = sig.split("h=")[1].split(";")[0].split(":")
+    assert {"from", "subject", "message-id", "list-unsubscribe", "list-unsubscribe-post"} <= set(signed)
+    tampered = raw.replace(b"https://x.test/u/TOKEN", b"https://evil.test/u/TOKEN")
+    assert not dkim.verify(tampered, dnsfunc=dnsfunc)
+
+
+def test_dkim_key_can_be_a_file_path(dkim_key, settings, tmp_path):
+    pem, dnsfunc = dkim_key
+    path = tmp_path / "dkim.pem"
+    path.write_text(pem)
+    settings(dkim_private_key=str(path))
+    assert dkim.verify(mail.build(_mail()), dnsfunc=dnsfunc)
+
+
+def test_no_dkim_without_configuration():
+    assert not mail.build(_mail()).startswith(b"DKIM-Signature")

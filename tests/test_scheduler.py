@@ -1,0 +1,279 @@
+"""Scheduler: slots across DST in several zones, planning, checker, watchdog, leadership, hooks, CLI."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from app import config, db, digest_planner, scheduler, subscribers
+from tests.test_digest_support import add_events, make_run, make_subscriber, run_row
+
+ROOT = Path(__file__).resolve().parents[1]
+UTC = timezone.utc
+
+
+def utc(*args):
+    return datetime(*args, tzinfo=UTC)
+
+
+# -- slots ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tz, now, hour, period, slot", [
+    # New York springs forward on 2026-03-08: 9 am is 14:00Z the day before, 13:00Z that day
+    ("America/New_York", utc(2026, 3, 7, 12), 9, date(2026, 3, 7), utc(2026, 3, 7, 14)),
+    ("America/New_York", utc(2026, 3, 8, 5), 9, date(2026, 3, 8), utc(2026, 3, 8, 13)),
+    # 02:30 does not exist that day: fires right after the gap (03:30 EDT = 07:30Z), once
+    ("America/New_York", utc(2026, 3, 8, 5), 2, date(2026, 3, 8), utc(2026, 3, 8, 7)),
+    # Berlin falls back on 2026-10-25: 9 am is 07:00Z before, 08:00Z on the day
+    ("Europe/Berlin", utc(2026, 10, 24, 3), 9, date(2026, 10, 24), utc(2026, 10, 24, 7)),
+    ("Europe/Berlin", utc(2026, 10, 24, 22, 30), 9, date(2026, 10, 25), utc(2026, 10, 25, 8)),
+    # 02:00-03:00 happens twice that night: the first occurrence (CEST, 00:00Z)
+    ("Europe/Berlin", utc(2026, 10, 24, 22, 30), 2, date(2026, 10, 25), utc(2026, 10, 25, 0)),
+    # Berlin springs forward on 2026-03-29
+    ("Europe/Berlin", utc(2026, 3, 28, 23), 9, date(2026, 3, 29), utc(2026, 3, 29, 7)),
+    # a slot already passed today: tomorrow's
+    ("Asia/Tokyo", utc(2026, 1, 1, 1), 9, date(2026, 1, 2), utc(2026, 1, 2, 0)),
+])
+def test_daily_slots_across_dst(tz, now, hour, period, slot):
+    assert digest_planner.next_slot(now, tz, "daily", hour) == (period, slot)
+
+
+def test_weekly_slot_on_a_dst_day():
+    # Sydney leaves DST on Sunday 2026-04-05 at 03:00: Sunday 9 am is then +10:00
+    assert digest_planner.next_slot(utc(2026, 4, 1), "Australia/Sydney", "weekly", 9, 6) == \
+        (date(2026, 4, 5), utc(2026, 4, 4, 23))
+    # the Sunday before was still +11:00
+    assert digest_planner.next_slot(utc(2026, 3, 25), "Australia/Sydney", "weekly", 9, 6) == \
+        (date(2026, 3, 29), utc(2026, 3, 28, 22))
+
+
+def test_stagger_is_stable_and_within_the_spread():
+    values = [digest_planner.stagger_seconds(i, 3600) for i in range(1, 2000)]
+    assert all(0 <= v < 3600 for v in values) and len(set(values)) > 1500
+    assert values == [digest_planner.stagger_seconds(i, 3600) for i in range(1, 2000)]
+
+
+# -- planning ------------------------------------------------------------------------------------
+def test_plan_uses_local_slot_plus_stagger_in_two_timezones_on_dst_days(settings):
+    settings(digest_stagger_seconds=900)
+    ny = make_subscriber("ny", timezone="America/New_York", digest_hour=9)
+    be = make_subscriber("be", timezone="Europe/Berlin", digest_hour=9, digest_cadence="weekly", digest_weekday=6)
+    now = utc(2026, 3, 8, 5)  # NY DST day; next Sunday 2026-03-29 is Berlin's DST day
+    assert digest_planner.plan(now) == 2
+    ny_run = db.query("SELECT period, scheduled_for FROM digest_runs WHERE subscriber_id = %s", (ny,))[0]
+    assert ny_run == (date(2026, 3, 8), utc(2026, 3, 8, 13) + timedelta(seconds=digest_planner.stagger_seconds(ny, 900)))
+    now = utc(2026, 3, 28, 12)
+    digest_planner.plan(now)
+    be_run = db.query("SELECT period, scheduled_for FROM digest_runs WHERE subscriber_id = %s "
+                      "AND period = '2026-03-29'", (be,))[0]
+    assert be_run[1] == utc(2026, 3, 29, 7) + timedelta(seconds=digest_planner.stagger_seconds(be, 900))
+
+
+def test_planning_twice_inserts_nothing_new():
+    make_subscriber("a")
+    make_subscriber("b", digest_cadence="weekly")
+    make_subscriber("off", digest_cadence="off")
+    now = utc(2026, 5, 1, 12)
+    assert digest_planner.plan(now) == 2
+    assert digest_planner.plan(now) == 0
+    assert digest_planner.plan(now + timedelta(minutes=1)) == 0
+
+
+def test_unsubscribed_are_not_planned():
+    sid = make_subscriber("a")
+    db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
+    assert digest_planner.plan(utc(2026, 5, 1, 12)) == 0
+
+
+def test_cadence_change_cancels_pending_leaves_processing_and_plans_the_new_cadence():
+    sid = make_subscriber("a", digest_hour=9, digest_weekday=4)
+    now = utc(2026, 5, 1, 6)  # a Friday
+    digest_planner.plan(now)
+    (pending_daily,) = [r[0] for r in db.query("SELECT id FROM digest_runs")]
+    busy = make_run(sid, period=date(2026, 4, 30), status="processing")
+    subscribers.update(sid, {"digest_cadence": "weekly"})
+    assert run_row(pending_daily)["status"] == "cancelled"
+    assert run_row(busy)["status"] == "processing"
+    assert digest_planner.plan(now) == 1
+    weekly = db.query("SELECT cadence, period, status FROM digest_runs WHERE cadence = 'weekly'")
+    assert weekly == [("weekly", date(2026, 5, 1), "pending")]
+    # switching back within the period brings the cancelled daily run back instead of losing the day
+    subscribers.update(sid, {"digest_cadence": "daily"})
+    digest_planner.plan(now)
+    assert run_row(pending_daily)["status"] == "pending"
+    assert db.query("SELECT status FROM digest_runs WHERE cadence = 'weekly'") == [("cancelled",)]
+
+
+# -- checker -------------------------------------------------------------------------------------
+def test_checker_enqueues_due_runs_bounded_by_queue_depth(settings):
+    settings(digest_claim_batch=2, digest_queue_max_depth=3, digest_reenqueue_seconds=300)
+    now = utc(2026, 5, 1, 12)
+    due = [make_run(make_subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=i + 1)) for i in range(10)]
+    later = make_run(make_subscriber("later"), scheduled_for=now + timedelta(minutes=5))
+    sent = []
+    assert digest_planner.check(now, sent.append, depth=1) == 4        # 2 free message slots x 2 runs
+    assert [len(m) for m in sent] == [2, 2]
+    assert digest_planner.check(now, sent.append, depth=3) == 0        # queue full
+    assert digest_planner.check(now, sent.append, depth=0) == 6        # the rest, never twice
+    assert sorted(i for m in sent for i in m) == sorted(due) and later not in [i for m in sent for i in m]
+    assert digest_planner.check(now + timedelta(seconds=60), sent.append, depth=0) == 0
+    # still pending long after being enqueued: the message was lost; enqueue again
+    assert digest_planner.check(now + timedelta(seconds=301), sent.append, depth=0) == 6
+    assert run_row(due[-1])["enqueued_at"] == now + timedelta(seconds=301)   # oldest first
+
+
+def test_enqueue_failure_leaves_runs_for_the_next_tick():
+    now = utc(2026, 5, 1, 12)
+    rid = make_run(make_subscriber("u"), scheduled_for=now - timedelta(minutes=1))
+
+    def broken(ids):
+        raise ConnectionError("redis down")
+
+    assert digest_planner.check(now, broken, 0) == 0
+    assert run_row(rid)["enqueued_at"] is None
+
+
+# -- watchdog ------------------------------------------------------------------------------------
+def test_watchdog_returns_stuck_runs_then_fails_them_keeping_the_error(settings):
+    settings(digest_processing_timeout_seconds=600, digest_max_attempts=3)
+    now = datetime.now(UTC)
+    stuck = make_run(make_subscriber("a"), status="processing")
+    last = make_run(make_subscriber("b"), status="processing")
+    fresh = make_run(make_subscriber("c"), status="processing")
+    db.query("UPDATE digest_runs SET claimed_at = %s WHERE id IN (%s, %s)", (now - timedelta(minutes=11), stuck, last))
+    db.query("UPDATE digest_runs SET claimed_at = %s, attempts = 2, last_error = 'SMTP 451 busy' WHERE id = %s",
+             (now - timedelta(minutes=11), last))
+    db.query("UPDATE digest_runs SET claimed_at = %s WHERE id = %s", (now - timedelta(minutes=1), fresh))
+    assert digest_planner.watchdog(now) == (1, 1)
+    assert run_row(stuck)["status"] == "pending" and run_row(stuck)["attempts"] == 1
+    failed = run_row(last)
+    assert failed["status"] == "failed" and failed["attempts"] == 3
+    assert "timed out" in failed["last_error"] and "SMTP 451 busy" in failed["last_error"]
+    assert run_row(fresh)["status"] == "processing"
+
+
+# -- leadership and hooks ------------------------------------------------------------------------
+def test_only_one_scheduler_leads():
+    a, b = scheduler.Leadership(), scheduler.Leadership()
+    try:
+        assert a.acquire() is True
+        assert b.acquire() is False
+        assert a.acquire() is True           # still the leader on the next tick
+        a.release()
+        assert b.acquire() is True
+    finally:
+        a.release()
+        b.release()
+
+
+def test_hooks_missing_modules_are_ignored_and_errors_do_not_stop_the_tick(monkeypatch, caplog):
+    calls = []
+    good = types.ModuleType("fake_hooks_good")
+    good.run = lambda: calls.append("good") or 3
+    bad = types.ModuleType("fake_hooks_bad")
+
+    def explode():
+        raise RuntimeError("boom")
+
+    bad.run = explode
+    monkeypatch.setitem(sys.modules, "fake_hooks_good", good)
+    monkeypatch.setitem(sys.modules, "fake_hooks_bad", bad)
+    monkeypatch.setattr(scheduler, "HOOKS", ("no.such.module:run", "fake_hooks_good:missing_attr",
+                                             "fake_hooks_bad:run", "fake_hooks_good:run"))
+    result = scheduler.run_hooks()
+    assert result == {"fake_hooks_bad:run": "error", "fake_hooks_good:run": 3}
+    assert calls == ["good"] and "boom" in caplog.text
+
+
+def test_tick_runs_every_job_with_injected_queue():
+    make_subscriber("a", digest_hour=9)
+    now = utc(2026, 5, 1, 6)
+    sent = []
+    result = scheduler.tick(now, send=sent.append, depth=lambda: 0)
+    assert result["planned"] == 1 and result["enqueued"] == 0
+    result = scheduler.tick(now + timedelta(hours=4), send=sent.append, depth=lambda: 0)
+    assert result["enqueued"] == 1 and len(sent) == 1
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+def _cli(*args, **env):
+    full_env = {**os.environ, "APP_ENV": "test", "DATABASE_URL": config.get().database_url,
+                "REDIS_URL": config.get().redis_url, "PYTHONPATH": str(ROOT), "LOG_LEVEL": "WARNING", **env}
+    return subprocess.run([sys.executable, "-m", "app", *args], env=full_env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_cli_scheduler_once_with_pinned_clock(redis_client):
+    make_subscriber("a", timezone="America/New_York", digest_hour=9)
+    out = _cli("scheduler", "--once", "--now", "2026-03-08T05:00:00Z")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["planned"] == 1
+    assert db.query("SELECT period FROM digest_runs") == [(date(2026, 3, 8),)]
+
+
+@pytest.mark.slow
+def test_cli_preview_digest_writes_html_without_marking(tmp_path):
+    make_subscriber("a")
+    add_events("a", 2)
+    target = tmp_path / "preview.html"
+    out = _cli("preview-digest", "a", "-o", str(target))
+    assert out.returncode == 0, out.stderr
+    assert "<html" in target.read_text() and "2 likes" in target.read_text()
+    assert db.query("SELECT count(*) FROM digest_events WHERE digest_run_id IS NOT NULL") == [(0,)]
+    assert _cli("preview-digest", "nobody").returncode == 1
+
+
+def test_a_failing_job_does_not_stop_the_others(monkeypatch):
+    make_subscriber("a", digest_hour=9)
+
+    def redis_down():
+        raise ConnectionError("redis down")
+
+    result = scheduler.tick(utc(2026, 5, 1, 6), send=lambda ids: None, depth=redis_down)
+    assert result["planned"] == 1 and result["enqueued"] == 0 and result["errors"] == ["checker"]
+    monkeypatch.setattr(digest_planner, "plan", lambda now: 1 / 0)
+    result = scheduler.tick(utc(2026, 5, 1, 6), send=lambda ids: None, depth=lambda: 0)
+    assert result["errors"] == ["plan"] and "hooks" in result
+
+
+def test_digest_now_makes_the_next_digest_due_without_duplicating_the_period():
+    a = make_subscriber("a", digest_hour=9)
+    make_subscriber("b", digest_hour=9)
+    add_events("a", 1)
+    now = datetime.now(UTC)
+    digest_planner.plan(now)                              # a's next run exists, pending
+    (planned,) = [r[0] for r in db.query("SELECT id FROM digest_runs WHERE subscriber_id = %s", (a,))]
+    assert scheduler.send_next_now(None, now) == [planned]   # only subscribers with unsent events
+    assert run_row(planned)["scheduled_for"] == now
+    ids = scheduler.send_next_now(["b"], now)
+    assert len(ids) == 1 and digest_planner.plan(now) == 0
+
+
+def test_two_concurrent_checkers_enqueue_each_run_once(settings):
+    import threading
+
+    settings(digest_claim_batch=3)
+    now = utc(2026, 5, 1, 12)
+    runs = [make_run(make_subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=1)) for i in range(40)]
+    sent, lock, barrier = [], threading.Lock(), threading.Barrier(2)
+
+    def send(ids):
+        with lock:
+            sent.extend(ids)
+
+    def checker():
+        barrier.wait()
+        digest_planner.check(now, send, 0)
+
+    threads = [threading.Thread(target=checker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(sent) == sorted(runs)
