@@ -32,7 +32,8 @@ demo: migrate
 run: export MAIL_PROVIDER ?= smtp
 run: export SMTP_URL ?= smtp://127.0.0.1:1025
 run: demo
-	@echo "web: http://127.0.0.1:$${PORT:-8000}  mail viewer: http://127.0.0.1:$${PORT:-8000}/dev/mail"
+	$(BIN)/python -m app digest-now --all
+	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  mail viewer: http://127.0.0.1:$${DEV_PORT:-8000}/dev/mail"
 	$(BIN)/honcho -f Procfile.dev start
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.

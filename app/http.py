@@ -46,23 +46,26 @@ def validation_error(errors: list[dict]) -> ApiError:
                     errors)
 
 
-async def read_json(request: Request, limit: int | None = None):
-    """The body parsed as JSON; 413 past the limit (checked before and while reading), 400 if malformed."""
-    limit = limit or config.get().max_body_bytes
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body; 413 past the limit, checked on Content-Length and again while streaming."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
-        except ValueError:
-            raise ApiError(400, "bad_request", "Content-Length is not a number") from None
+        if not declared.isdigit():
+            raise ApiError(400, "bad_request", "Content-Length is not a number")
+        if int(declared) > limit:
+            raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
         chunks.append(chunk)
-    body = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int | None = None):
+    """The body parsed as JSON; 413 past the limit, 400 if empty or malformed."""
+    body = await read_body(request, limit or config.get().max_body_bytes)
     if not body:
         raise ApiError(400, "malformed_json", "request body is empty; expected JSON")
     try:

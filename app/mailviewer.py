@@ -77,6 +77,7 @@ def cmd_mail_sink(args) -> int:
     if not config.get().is_development:
         print("mail-sink is a development tool (APP_ENV=development)", flush=True)
         return 2
+    logging.getLogger("mail.log").setLevel(logging.WARNING)  # aiosmtpd logs every SMTP verb at INFO
     directory = Path(args.dir or mail_dir())
     controller = Controller(SinkHandler(directory), hostname=args.host, port=args.port,
                             data_size_limit=MAX_MESSAGE_BYTES)

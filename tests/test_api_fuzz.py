@@ -2,15 +2,14 @@
 public API answer 5xx or break its documented response contract."""
 from __future__ import annotations
 
+import json
+
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, assume, settings
 
-schemathesis = pytest.importorskip("schemathesis")
-import json  # noqa: E402
-
-from hypothesis import HealthCheck, assume, settings  # noqa: E402
-
-from app import apikeys  # noqa: E402
-from app.web import app  # noqa: E402
+from app import apikeys
+from app.web import app
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 

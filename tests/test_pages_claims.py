@@ -7,18 +7,19 @@ import re
 import pytest
 
 from app import db, tokens
+from app import digest_sender as digest_sender_module
 from app.providers.base import Provider, SendResult
-
+from tests import newsletter_support
 
 
 @pytest.fixture
 def support():
-    return pytest.importorskip("tests.newsletter_support", reason="newsletter send loop not present")
+    return newsletter_support
 
 
 @pytest.fixture
 def digest_sender():
-    return pytest.importorskip("app.digest_sender", reason="digest sender not present")
+    return digest_sender_module
 
 
 class RecordingProvider(Provider):

@@ -19,30 +19,17 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from app import config
-from app.http import ApiError, FastJSONResponse
+from app.http import ApiError, FastJSONResponse, read_body
 from tracking import signature, webhook_store
 
 log = logging.getLogger("tracking.webhooks")
 _warned_unsigned = False
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def sendgrid(request: Request):
     global _warned_unsigned
     settings = config.get()
-    body = await _read_body(request, settings.sendgrid_webhook_max_body_bytes)
+    body = await read_body(request, settings.sendgrid_webhook_max_body_bytes)
     if settings.sendgrid_webhook_public_key:
         try:
             signature.verify(settings.sendgrid_webhook_public_key, body,
