@@ -62,6 +62,7 @@ class KeyCache:
 
     def __init__(self):
         self._entries: dict[bytes, tuple[float, Principal]] = {}
+        self._key_locks: dict[bytes, threading.Lock] = {}
         self._lock = threading.Lock()
 
     def peek(self, key: str) -> Principal | None:
@@ -74,25 +75,27 @@ class KeyCache:
     def lookup(self, key: str) -> Principal | None:
         digest = hash_key(key)
         ttl = config.get().api_key_cache_seconds
-        now = time.monotonic()
-        if ttl > 0:
+        with self._lock_for(digest):  # a cold cache under a burst asks the database once per key
             hit = self._entries.get(digest)
-            if hit and hit[0] > now:
+            if ttl > 0 and hit and hit[0] > time.monotonic():
                 return hit[1]
-        rows = db.query("SELECT id, name, scope FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
-                        (digest,))
-        row = rows[0] if rows else None
-        if row is None:
+            rows = db.query("SELECT id, name, scope FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
+                            (digest,))
+            principal = Principal(*rows[0]) if rows else None
             with self._lock:
-                self._entries.pop(digest, None)
-            return None
-        principal = Principal(*row)
-        if ttl > 0:
-            with self._lock:
-                if len(self._entries) > 10_000:
-                    self._entries.clear()
-                self._entries[digest] = (now + ttl, principal)
-        return principal
+                if principal is None or ttl <= 0:
+                    self._entries.pop(digest, None)
+                else:
+                    if len(self._entries) > 10_000:
+                        self._entries.clear()
+                    self._entries[digest] = (time.monotonic() + ttl, principal)
+            return principal
+
+    def _lock_for(self, digest: bytes) -> threading.Lock:
+        with self._lock:
+            if len(self._key_locks) > 10_000:
+                self._key_locks.clear()
+            return self._key_locks.setdefault(digest, threading.Lock())
 
     def clear(self) -> None:
         with self._lock:

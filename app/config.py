@@ -50,6 +50,7 @@ class Settings:
     base_url: str = "http://localhost:8000"
     sentry_dsn: str = ""
     db_pool_size: int = 10
+    db_pool_timeout_seconds: float = 10.0
     # Ingestion limits
     max_body_bytes: int = 1024 * 1024
     max_batch_events: int = 1000
@@ -139,6 +140,7 @@ def load() -> Settings:
         base_url=os.environ.get("BASE_URL", "http://localhost:8000").rstrip("/"),
         sentry_dsn=os.environ.get("SENTRY_DSN", ""),
         db_pool_size=_int("DB_POOL_SIZE", 10),
+        db_pool_timeout_seconds=_float("DB_POOL_TIMEOUT_SECONDS", 10.0),
         max_body_bytes=_int("MAX_BODY_BYTES", 1024 * 1024),
         max_batch_events=_int("MAX_BATCH_EVENTS", 1000),
         max_payload_bytes=_int("MAX_PAYLOAD_BYTES", 16 * 1024),

@@ -46,7 +46,9 @@ def init(url: str | None = None) -> PooledPostgresqlExtDatabase:
         database.close_all()
     params = parse_db_url(url)
     name = params.pop("database")
-    database.init(name, max_connections=settings.db_pool_size, stale_timeout=300, **params)
+    # timeout: a burst of threadpool requests waits for a free connection instead of failing.
+    database.init(name, max_connections=settings.db_pool_size, stale_timeout=300,
+                  timeout=settings.db_pool_timeout_seconds, **params)
     _bound_url = url
     return database
 

@@ -207,3 +207,18 @@ def test_occurred_at_offsets_are_normalised(client, events_key, value, stored):
 def test_occurred_at_out_of_range_is_422(client, events_key, value):
     r = client.post("/v1/events", json=event(occurred_at=value), headers=auth(events_key))
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "occurred_at"
+
+
+def test_burst_on_a_cold_key_cache_never_exhausts_the_pool(live_server, events_key):
+    """More concurrent requests than pooled connections, each needing a key lookup: they queue
+    for a connection instead of failing (regression: MaxConnectionsExceeded -> 500)."""
+    import asyncio
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=120)) as c:
+            return await asyncio.gather(*(
+                c.post(f"{live_server}/v1/events", json=event(i), headers=auth(events_key)) for i in range(120)))
+
+    statuses = [r.status_code for r in asyncio.run(burst())]
+    assert statuses == [202] * 120
+    assert count_events() == 120
