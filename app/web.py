@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import logging
 
@@ -40,6 +41,10 @@ def create_app() -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         log.info("web process up (env=%s)", settings.env)
+        # Long-lived start-up objects leave the collector's view, and young-generation collections
+        # run less often: fewer pauses on the hot paths' tail latency.
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
         yield
         for module in modules:  # e.g. tracking flushes its buffered click history (SIGTERM loses none)
             if hasattr(module, "on_shutdown"):

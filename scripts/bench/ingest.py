@@ -63,7 +63,7 @@ def measure(port: int, key: str, seconds: float, label: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each phase")
-    parser.add_argument("--web-workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument("--web-workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL",
                                                                  "postgresql://localhost/notify_bench"))
     args = parser.parse_args()
