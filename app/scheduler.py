@@ -16,7 +16,6 @@ next digest due now (development: see digests arrive in the mail viewer without 
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import signal
 import sys
@@ -29,8 +28,6 @@ from app import config, db, digest_planner
 log = logging.getLogger("app.scheduler")
 
 LOCK_KEY = 0x6E6F746966790001  # "notify" + 1: the scheduler leader lock
-# Jobs owned by other packages, called as plain functions each tick when their module exists.
-HOOKS = ("app.newsletter.reclaim:reclaim_stale", "tracking.webhook_apply:requeue_unprocessed")
 
 
 class Leadership:
@@ -39,6 +36,7 @@ class Leadership:
     def __init__(self, url: str | None = None):
         self.url = url
         self.conn = None
+        self.conn_is_leader = False
 
     def acquire(self) -> bool:
         try:
@@ -46,7 +44,7 @@ class Leadership:
                 self.conn = db.connect_raw(self.url, autocommit=True)
                 self.conn_is_leader = False
             with self.conn.cursor() as cur:
-                if getattr(self, "conn_is_leader", False):
+                if self.conn_is_leader:
                     cur.execute("SELECT 1")   # still alive: the lock lives as long as the session
                     return True
                 cur.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,))
@@ -60,7 +58,7 @@ class Leadership:
     def release(self) -> None:
         if self.conn is not None:
             try:
-                if getattr(self, "conn_is_leader", False):
+                if self.conn_is_leader:
                     # explicit unlock: closing alone frees it only once the backend has exited
                     with self.conn.cursor() as cur:
                         cur.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
@@ -82,29 +80,22 @@ def _digest_sender():
     return actor.send, lambda: digest_planner.queue_depth(actors.broker, actor.queue_name)
 
 
-def run_hooks() -> dict:
+def _hooks() -> dict:
+    """Jobs owned by other packages, run each tick as plain functions."""
+    from app.newsletter.reclaim import reclaim_stale
+    from tracking.webhook_apply import requeue_unprocessed
+
+    return {"newsletter_reclaim": reclaim_stale, "webhook_requeue": requeue_unprocessed}
+
+
+def run_hooks(hooks: dict | None = None) -> dict:
     results = {}
-    for target in HOOKS:
-        module_name, _, func_name = target.partition(":")
+    for name, func in (hooks if hooks is not None else _hooks()).items():
         try:
-            func = getattr(importlib.import_module(module_name), func_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue   # that domain is not installed in this build
-            log.exception("hook %s failed to import", target)
-            results[target] = "error"
-            continue
-        except AttributeError:
-            continue
+            results[name] = func()
         except Exception:
-            log.exception("hook %s failed to import", target)
-            results[target] = "error"
-            continue
-        try:
-            results[target] = func()
-        except Exception:
-            log.exception("hook %s failed; continuing the tick", target)
-            results[target] = "error"
+            log.exception("hook %s failed; continuing the tick", name)
+            results[name] = "error"
     return results
 
 
