@@ -23,6 +23,7 @@ from pathlib import Path
 
 from app import config
 from app.providers.base import OutgoingMail
+from app.subscribers import EMAIL_RE
 
 log = logging.getLogger("app.mail")
 
@@ -30,7 +31,6 @@ log = logging.getLogger("app.mail")
 DKIM_HEADERS = (b"from", b"to", b"subject", b"date", b"message-id", b"mime-version", b"content-type",
                 b"list-unsubscribe", b"list-unsubscribe-post", b"reply-to")
 MAX_HEADER_VALUE = 2000
-_ADDR_RE = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,60}$")
 # Set by build() itself; a caller's header of these names would duplicate or override them.
 _RESERVED = {"from", "to", "subject", "date", "message-id", "mime-version", "content-type",
@@ -109,7 +109,7 @@ def build(mail: OutgoingMail, now: datetime | None = None) -> bytes:
     settings = config.get()
     from_addr = _clean(mail.from_addr or settings.mail_from, "From")
     to_addr = _clean(mail.to, "To").strip()
-    if not _ADDR_RE.match(to_addr):
+    if not EMAIL_RE.fullmatch(to_addr):
         raise MailBuildError(f"invalid recipient address {to_addr!r}")
     boundary = "=_" + secrets.token_hex(16)  # "=_" can never occur in quoted-printable text
     parts = [
@@ -120,7 +120,7 @@ def build(mail: OutgoingMail, now: datetime | None = None) -> bytes:
         _header("Message-ID", message_id(mail.idempotency_key, sender_domain(from_addr))),
     ]
     for name, value in mail.headers.items():
-        if not _NAME_RE.match(name) or name.lower() in _RESERVED:
+        if not _NAME_RE.fullmatch(name) or name.lower() in _RESERVED:
             raise MailBuildError(f"invalid or reserved header name {name!r}")
         parts.append(_header(name, value))
     parts.append(b"MIME-Version: 1.0\r\n")

@@ -108,7 +108,7 @@ def _parse(path: Path):
 
 
 def _mail_path(mail_id: str) -> Path | None:
-    if not _ID_RE.match(mail_id) or mail_id.startswith("."):
+    if not _ID_RE.fullmatch(mail_id) or mail_id.startswith("."):
         return None
     path = mail_dir() / f"{mail_id}.eml"
     return path if path.is_file() else None

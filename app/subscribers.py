@@ -68,7 +68,7 @@ def validate(data: dict, partial: bool = False, strict: bool = False) -> tuple[d
             continue
         value = data[name]
         if name == "email":
-            if not isinstance(value, str) or len(value) > 254 or not EMAIL_RE.match(value):
+            if not isinstance(value, str) or len(value) > 254 or not EMAIL_RE.fullmatch(value):
                 err(name, "must be a valid email address")
             else:
                 values[name] = value

@@ -19,7 +19,7 @@ def bearer():
     return {"Authorization": f"Bearer {apikeys.create('fuzz', 'admin')}"}
 
 
-@schema.include(path_regex="^/v1/(events|subscribers)").parametrize()
+@schema.include(path_regex="^/v1/").parametrize()
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_api_contract_holds_for_generated_input(case, bearer):
     # jsonb cannot hold U+0000; such payloads get a documented 422 (tested in test_api_events),

@@ -85,3 +85,18 @@ def test_cadence_change_cancels_pending_run_of_old_cadence(client, admin_key):
     put(client, admin_key, digest_cadence="weekly")
     assert db.query("SELECT period::text, status FROM digest_runs ORDER BY period") == [
         ("2026-11-20", "processing"), ("2026-11-21", "cancelled")]
+
+
+@pytest.mark.parametrize("email", ["ana@example.com\n", "ana@example.com\r\nBcc: x@y.z"])
+def test_email_with_trailing_newline_is_rejected(client, admin_key, email):
+    assert put(client, admin_key, email=email).status_code == 422
+
+
+def test_apostrophe_addresses_are_accepted_and_mailable(client, admin_key):
+    from app.mail import build
+    from app.providers.base import OutgoingMail
+
+    assert put(client, admin_key, email="o'brien@example.com").status_code == 201
+    raw = build(OutgoingMail(to="o'brien@example.com", subject="s", html="<p>h</p>", text="t",
+                                     idempotency_key="k-1"))
+    assert b"\r\nTo: o'brien@example.com\r\n" in raw

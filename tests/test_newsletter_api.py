@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from app import db
+from app.api import newsletters
 from tests.conftest import auth
 from tests.newsletter_support import HTML, seed_subscribers
 from tracking import webhook_apply
@@ -58,7 +59,7 @@ def test_create_validation_errors(client, admin_key, body, field):
 def test_create_body_limits(client, admin_key):
     r = client.post("/v1/newsletters", json={"subject": "x", "html": "x" * (512 * 1024 + 1)}, headers=auth(admin_key))
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "html"
-    r = client.post("/v1/newsletters", content=b'{"subject": "' + b"x" * (3 * 1024 * 1024) + b'"}',
+    r = client.post("/v1/newsletters", content=b'{"subject": "' + b"x" * newsletters.CREATE_BODY_LIMIT + b'"}',
                     headers={**auth(admin_key), "Content-Type": "application/json"})
     assert r.status_code == 413
     r = client.post("/v1/newsletters", content=b"{not json", headers=auth(admin_key))

@@ -7,17 +7,26 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
-from app.newsletter import service
+from app.newsletter import service, template
 
-CREATE_BODY_LIMIT = 2 * 1024 * 1024   # html (512 KiB) + text (256 KiB), with room for JSON escaping
-SEND_BODY_LIMIT = 1024 * 1024         # up to MAX_AUDIENCE_USER_IDS ids of <= 200 characters... mostly
+# Body limits are derived from the documented maxLength/maxItems, so every schema-valid request fits
+# (413 is never the answer to a valid request) and one over a field's limit still gets the precise
+# 422: JSON may spell one character in up to 12 bytes ("\ud83d\ude00", as ensure_ascii encoders
+# do), plus room for keys, punctuation and whitespace.
+_JSON_BYTES_PER_CHAR = 12
+_USER_ID_MAX = 200
+CREATE_BODY_LIMIT = _JSON_BYTES_PER_CHAR * (
+    template.MAX_SUBJECT + template.MAX_HTML + template.MAX_TEXT + template.MAX_FROM) + 64 * 1024   # ~9.5 MB
+SEND_BODY_LIMIT = service.MAX_AUDIENCE_USER_IDS * (_JSON_BYTES_PER_CHAR * _USER_ID_MAX + 8) + 64 * 1024  # ~24 MB
 
 
 def _id(request: Request) -> int:
-    newsletter_id = request.path_params["newsletter_id"]
-    if newsletter_id <= 0 or newsletter_id >= 2 ** 63:
+    # Matched as a string (not {newsletter_id:int}), so "/v1/newsletters/abc" gets the API's JSON 404
+    # rather than the router's plain-text one.
+    raw = request.path_params["newsletter_id"]
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and 0 < int(raw) < 2 ** 63):
         raise ApiError(404, "not_found", "no newsletter with that id")
-    return newsletter_id
+    return int(raw)
 
 
 async def _call(fn, *args):
@@ -82,34 +91,65 @@ async def retry_failed(request: Request):
 
 routes = [
     Route("/v1/newsletters", create_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id:int}", get_newsletter, methods=["GET"]),
-    Route("/v1/newsletters/{newsletter_id:int}/send", send_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id:int}/pause", pause_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id:int}/resume", resume_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id:int}/cancel", cancel_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id:int}/retry-failed", retry_failed, methods=["POST"]),
+    Route("/v1/newsletters/{newsletter_id}", get_newsletter, methods=["GET"]),
+    Route("/v1/newsletters/{newsletter_id}/send", send_newsletter, methods=["POST"]),
+    Route("/v1/newsletters/{newsletter_id}/pause", pause_newsletter, methods=["POST"]),
+    Route("/v1/newsletters/{newsletter_id}/resume", resume_newsletter, methods=["POST"]),
+    Route("/v1/newsletters/{newsletter_id}/cancel", cancel_newsletter, methods=["POST"]),
+    Route("/v1/newsletters/{newsletter_id}/retry-failed", retry_failed, methods=["POST"]),
 ]
 
 _err = {"$ref": "#/components/responses/Error"}
-_id_param = [{"name": "newsletter_id", "in": "path", "required": True, "schema": {"type": "integer"}}]
-_vars = "Mustache with name, email, user_id, unsubscribe_url, preferences_url"
-_state = {"description": "new state", "content": {"application/json": {"schema": {
-    "type": "object", "properties": {"id": {"type": "integer"}, "status": {"type": "string"}}}}}}
+_all_errors = ("400", "401", "403", "404", "409", "413", "422")
+_id_param = [{"name": "newsletter_id", "in": "path", "required": True,
+              "schema": {"type": "integer", "minimum": 1, "maximum": 2 ** 63 - 1}}]
+_vars = "Mustache with " + ", ".join(template.VARIABLES)
+_grammar = (f"; tags: {{{{var}}}}, {{{{{{var}}}}}}, {{{{&var}}}}, {{{{! comment }}}}, {{{{#var}}}}/{{{{^var}}}}"
+            f"...{{{{/var}}}} sections (at most {template.SECTION_DEPTH} deep, {{{{.}}}} inside them); "
+            "no partials or delimiter changes; not blank; no U+0000")
+_status = {"type": "string", "enum": ["draft", "queued", "sending", "paused", "done", "cancelled"]}
 
 
-def _action(summary: str, code: str = "200") -> dict:
+def _state(description: str, **extra) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["id", "status", *extra],
+        "properties": {"id": {"type": "integer"}, "status": _status, **extra}}}}}
+
+
+def _errors(*codes: str) -> dict:
+    return {code: _err for code in codes}
+
+
+def _action(summary: str, code: str, response: dict) -> dict:
     return {"post": {"summary": summary, "security": [{"bearer": []}], "parameters": _id_param,
-                     "responses": {code: _state, "401": _err, "403": _err, "404": _err, "409": _err}}}
+                     "responses": {code: response, **_errors("401", "403", "404", "409")}}}
 
+
+def _template(max_len: int, pattern: str, description: str, nullable: bool = False) -> dict:
+    schema = {"type": "string", "minLength": 1, "maxLength": max_len, "pattern": pattern,
+              "description": description + _grammar}
+    if nullable:
+        schema["nullable"] = True  # null means absent
+    return schema
+
+
+_user_ids = {"type": "array", "minItems": 1, "maxItems": service.MAX_AUDIENCE_USER_IDS,
+             "items": {"type": "string", "minLength": 1, "maxLength": _USER_ID_MAX, "pattern": "^[^\\u0000]*$"}}
+_count = {"type": "integer", "minimum": 0}
+_engagement = {"type": "object", "required": ["total", "human", "machine", "unique_human"],
+               "properties": {k: _count for k in ("total", "human", "machine", "unique_human")}}
+_timestamp = {"type": "string", "format": "date-time", "nullable": True}
 
 OPENAPI_SCHEMAS = {
     "NewsletterInput": {
         "type": "object", "required": ["subject", "html"], "additionalProperties": False,
         "properties": {
-            "subject": {"type": "string", "maxLength": 500, "description": _vars},
-            "html": {"type": "string", "maxLength": 512 * 1024, "description": _vars + "; CSS is inlined once"},
-            "text": {"type": "string", "maxLength": 256 * 1024, "description": _vars + "; derived from html if absent"},
-            "from": {"type": "string", "maxLength": 320, "description": "'Name <addr>'; MAIL_FROM if absent"},
+            "subject": _template(template.MAX_SUBJECT, template.SUBJECT_PATTERN, _vars + "; one line"),
+            "html": _template(template.MAX_HTML, template.BODY_PATTERN, _vars + "; CSS is inlined once"),
+            "text": _template(template.MAX_TEXT, template.BODY_PATTERN,
+                              _vars + "; derived from html if absent or null", nullable=True),
+            "from": {"type": "string", "maxLength": template.MAX_FROM, "pattern": service.SENDER_PATTERN,
+                     "nullable": True, "description": "'addr' or 'Name <addr>'; MAIL_FROM if absent or null"},
         },
     },
     "NewsletterAudience": {
@@ -117,10 +157,27 @@ OPENAPI_SCHEMAS = {
         "properties": {"audience": {"oneOf": [
             {"type": "string", "enum": ["all"], "description": "every subscriber; unsubscribed/suppressed "
                                                                 "ones are recorded as suppressed"},
-            {"type": "object", "required": ["user_ids"], "properties": {"user_ids": {
-                "type": "array", "minItems": 1, "maxItems": service.MAX_AUDIENCE_USER_IDS,
-                "items": {"type": "string", "maxLength": 200}}}},
+            {"type": "object", "required": ["user_ids"], "additionalProperties": False,
+             "properties": {"user_ids": _user_ids}},
+            {**_user_ids, "description": "shorthand for {\"user_ids\": [...]}"},
         ]}},
+    },
+    "NewsletterStatus": {
+        "type": "object",
+        "required": ["id", "subject", "from", "status", "audience", "created_at", "send_requested_at",
+                     "outbox_completed_at", "completed_at", "counts", "opens", "clicks", "bounces",
+                     "unsubscribes"],
+        "properties": {
+            "id": {"type": "integer"}, "subject": {"type": "string"}, "from": {"type": "string", "nullable": True},
+            "status": _status,
+            "audience": {"type": "object", "nullable": True, "required": ["kind"], "properties": {
+                "kind": {"type": "string", "enum": ["all", "user_ids"]}, "count": _count}},
+            "created_at": {"type": "string", "format": "date-time"},
+            "send_requested_at": _timestamp, "outbox_completed_at": _timestamp, "completed_at": _timestamp,
+            "counts": {"type": "object", "required": [*service.ROW_STATUSES, "total"],
+                       "properties": {k: _count for k in (*service.ROW_STATUSES, "total")}},
+            "opens": _engagement, "clicks": _engagement, "bounces": _count, "unsubscribes": _count,
+        },
     },
 }
 OPENAPI_PATHS = {
@@ -128,25 +185,33 @@ OPENAPI_PATHS = {
         "summary": "Create a newsletter (draft)", "security": [{"bearer": []}],
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/NewsletterInput"}}}},
-        "responses": {"201": {"description": "created: {id, status}"}, "400": _err, "401": _err, "403": _err,
-                      "413": _err, "422": _err},
+        "responses": {"201": {"description": "created", "content": {"application/json": {"schema": {
+                          "type": "object", "required": ["id", "status"],
+                          "properties": {"id": {"type": "integer"}, "status": _status}}}}},
+                      **_errors("400", "401", "403", "413", "422")},
     }},
     "/v1/newsletters/{newsletter_id}": {"get": {
         "summary": "Status, per-row counts (total, pending, sending, sent, failed, suppressed, cancelled), "
                    "opens/clicks (human vs machine), bounces, unsubscribes",
         "security": [{"bearer": []}], "parameters": _id_param,
-        "responses": {"200": {"description": "status"}, "401": _err, "403": _err, "404": _err},
+        "responses": {"200": {"description": "status", "content": {"application/json": {
+                          "schema": {"$ref": "#/components/schemas/NewsletterStatus"}}}},
+                      **_errors("401", "403", "404")},
     }},
     "/v1/newsletters/{newsletter_id}/send": {"post": {
         "summary": "Start sending to an audience (idempotent for the same audience)",
         "security": [{"bearer": []}], "parameters": _id_param,
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/NewsletterAudience"}}}},
-        "responses": {"202": _state, "400": _err, "401": _err, "403": _err, "404": _err, "409": _err,
-                      "413": _err, "422": _err},
+        "responses": {"202": _state("send requested"), **_errors(*_all_errors)},
     }},
-    "/v1/newsletters/{newsletter_id}/pause": _action("Stop claiming new recipients (within a second)"),
-    "/v1/newsletters/{newsletter_id}/resume": _action("Continue where the send stopped"),
-    "/v1/newsletters/{newsletter_id}/cancel": _action("Cancel: recipients not yet claimed are never sent"),
-    "/v1/newsletters/{newsletter_id}/retry-failed": _action("Put failed rows back to pending", "202"),
+    "/v1/newsletters/{newsletter_id}/pause": _action("Stop claiming new recipients (within a second)", "200",
+                                                     _state("paused (or already paused)")),
+    "/v1/newsletters/{newsletter_id}/resume": _action("Continue where the send stopped", "200",
+                                                      _state("sending (or already queued/sending)")),
+    "/v1/newsletters/{newsletter_id}/cancel": _action(
+        "Cancel: recipients not yet claimed are never sent", "200",
+        _state("cancelled", cancelled_rows=_count)),
+    "/v1/newsletters/{newsletter_id}/retry-failed": _action(
+        "Put failed rows back to pending", "202", _state("failed rows requeued", requeued=_count)),
 }

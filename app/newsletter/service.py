@@ -4,12 +4,13 @@ operators (or a retried request) racing each other cannot produce an impossible 
 from __future__ import annotations
 
 import logging
+import re
 
 import orjson
 
 from app import db
 from app.newsletter import kick, template
-from app.subscribers import EMAIL_RE
+from app.subscribers import EMAIL_PATTERN
 from tracking.stats import mail_stats
 
 log = logging.getLogger("app.newsletter.service")
@@ -33,6 +34,18 @@ class Conflict(Exception):
         self.status = status
 
 
+# The sender: "addr" or "Name <addr>" (the name without controls or angle brackets). Shared with
+# the OpenAPI document, so the documented pattern is exactly what is accepted.
+_SENDER_ADDR = EMAIL_PATTERN[1:-1]
+_SENDER_NAME = r"[^<>\x00-\x1f\x7f]*"
+SENDER_PATTERN = rf"^(?:{_SENDER_ADDR}|{_SENDER_NAME}<{_SENDER_ADDR}>)$"
+_SENDER_RE = re.compile(SENDER_PATTERN[1:-1])
+_TEMPLATE_HELP = (
+    "is not a supported template: Mustache tags allowed are {{var}}, {{{var}}}, {{&var}}, {{! comment }}, "
+    "{{#var}}...{{/var}} and {{^var}}...{{/var}} (nested at most %d deep; {{.}} only inside a section); "
+    "a literal '{' must not start '{{'; variables: %s" % (template.SECTION_DEPTH, ", ".join(template.VARIABLES)))
+
+
 def validate_new(body) -> tuple[dict, list[dict]]:
     if not isinstance(body, dict):
         return {}, [{"field": "body", "message": "expected a JSON object"}]
@@ -53,26 +66,19 @@ def validate_new(body) -> tuple[dict, list[dict]]:
             errors.append({"field": field, "message": "must not contain NUL characters"})
         elif field == "subject" and ("\n" in value or "\r" in value):
             errors.append({"field": field, "message": "must be a single line"})
+        elif not template.matches_grammar(field, value):
+            # The grammar (documented as the field's pattern) is the rule; chevron's own checks
+            # only explain the common mistakes more precisely.
+            errors.extend(template.check(field, value) or [{"field": field, "message": _TEMPLATE_HELP}])
         else:
-            template_errors = template.check(field, value)
-            errors.extend(template_errors)
-            if not template_errors:
-                values[field] = value
+            values[field] = value
     sender = body.get("from")
     if sender is not None:
-        if not isinstance(sender, str) or len(sender) > template.MAX_FROM or "\n" in sender or "\r" in sender \
-                or not EMAIL_RE.match(_address_part(sender)):
+        if not isinstance(sender, str) or len(sender) > template.MAX_FROM or not _SENDER_RE.fullmatch(sender):
             errors.append({"field": "from", "message": "must be an address like 'News <news@example.com>'"})
         else:
             values["from_addr"] = sender.strip()
     return values, errors
-
-
-def _address_part(sender: str) -> str:
-    sender = sender.strip()
-    if sender.endswith(">") and "<" in sender:
-        return sender[sender.rindex("<") + 1:-1].strip()
-    return sender
 
 
 def validate_audience(body) -> tuple[dict | None, list[dict]]:
@@ -95,8 +101,9 @@ def validate_audience(body) -> tuple[dict | None, list[dict]]:
         if len(ids) > MAX_AUDIENCE_USER_IDS:
             return None, [{"field": "audience.user_ids",
                            "message": f"at most {MAX_AUDIENCE_USER_IDS} user_ids per send; use \"all\""}]
-        if not all(isinstance(u, str) and 0 < len(u) <= 200 for u in ids):
-            return None, [{"field": "audience.user_ids", "message": "must be strings of 1-200 characters"}]
+        if not all(isinstance(u, str) and 0 < len(u) <= 200 and "\x00" not in u for u in ids):
+            return None, [{"field": "audience.user_ids",
+                           "message": "must be strings of 1-200 characters without NUL"}]
         return {"kind": "user_ids", "user_ids": sorted(set(ids))}, []
     return None, [{"field": "audience", "message": "must be \"all\" or {\"user_ids\": [...]}"}]
 

@@ -34,6 +34,8 @@ def check(field: str, source: str) -> list[dict]:
         tokens = tokenize(source)
     except ChevronError as exc:
         return [{"field": field, "message": f"is not a valid Mustache template: {exc}"}]
+    except (IndexError, ValueError):   # chevron's tokenizer on e.g. an empty tag "{{}}"
+        return [{"field": field, "message": "is not a valid Mustache template: empty or malformed tag"}]
     errors = []
     for kind, key in tokens:
         if kind == "partial":
@@ -124,3 +126,81 @@ def compiled_for(newsletter_id: int, subject: str, html: str, text: str | None) 
             _cache.pop(next(iter(_cache)))
         _cache[key] = compiled
     return compiled
+
+
+# --- The template grammar the API accepts, as one regular expression ------------------------------
+# Written in the common subset of ECMA-262 (the OpenAPI `pattern` dialect) and Python `re`: explicit
+# character classes only (no \s, \w, \d), so the documented pattern and the server agree exactly.
+# It admits text, {{var}}, {{&var}}, {{{var}}}, {{! comments }} and {{#var}}/{{^var}} sections
+# (nested at most SECTION_DEPTH deep, {{.}} inside them); no partials, no set-delimiter tags, no
+# unknown variables, at least one non-whitespace character, and never U+0000 (Postgres text cannot
+# hold it). A "{" in text must not start "{{".
+SECTION_DEPTH = 2
+# Every character str.isspace() accepts: "blank" means exactly what str.strip() removes.
+_WHITESPACE = (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20, 0x85, 0xA0, 0x1680,
+               *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)
+
+
+def _u(codepoint: int) -> str:
+    return f"\\u{codepoint:04x}"
+
+
+def _ranges(codepoints) -> str:
+    points, out, i = sorted(set(codepoints)), [], 0
+    while i < len(points):
+        j = i
+        while j + 1 < len(points) and points[j + 1] == points[j] + 1:
+            j += 1
+        out.append(_u(points[i]) if i == j else f"{_u(points[i])}-{_u(points[j])}")
+        i = j + 1
+    return "".join(out)
+
+
+def template_pattern(forbidden: str = "") -> str:
+    """The anchored pattern for one template field; `forbidden`: characters the field never holds
+    besides U+0000 (the subject: CR and LF)."""
+    bad = {0, *map(ord, forbidden)}
+    bad_class = _ranges(bad)
+    char = f"[^\\{{{bad_class}]"                       # a text character other than "{"
+    text = f"(?:{char}|\\{{{char})"                   # ... or a "{" that does not start "{{"
+    blank = f"[{_ranges(set(_WHITESPACE) - bad)}]"
+    solid = f"[^\\{{{_ranges(bad | set(_WHITESPACE))}]"
+    comment_char = f"[^\\}}{bad_class}]"
+    comment = f"\\{{\\{{!(?:{comment_char}|\\}}{comment_char})*\\}}\\}}"
+    names = "|".join(VARIABLES)
+
+    def variable(allowed: str) -> str:
+        return (f"\\{{\\{{&? *(?:{allowed}) *\\}}\\}}|\\{{\\{{\\{{ *(?:{allowed}) *\\}}\\}}\\}}")
+
+    groups = [0]
+
+    def section(depth: int) -> str:
+        groups[0] += 1
+        n = groups[0]
+        inner = body(depth - 1, names + "|\\.")
+        return (f"\\{{\\{{[#^] *({names}) *\\}}\\}}(?:{inner})*"
+                f"\\{{\\{{/ *\\{n} *\\}}\\}}")
+
+    def body(depth: int, allowed: str) -> str:
+        parts = [text, variable(allowed), comment]
+        if depth > 0:
+            parts.append(section(depth))
+        return "|".join(parts)
+
+    def first(depth: int) -> str:
+        parts = [solid, f"\\{{{char}", variable(names), comment, section(depth)]
+        return "|".join(parts)
+
+    start = first(SECTION_DEPTH)
+    rest = body(SECTION_DEPTH, names)
+    return f"^{blank}*(?:(?:{start})(?:{rest})*\\{{?|\\{{)$"
+
+
+SUBJECT_PATTERN = template_pattern("\r\n")
+BODY_PATTERN = template_pattern()
+_GRAMMAR = {"subject": re.compile(SUBJECT_PATTERN[1:-1]), "html": re.compile(BODY_PATTERN[1:-1]),
+            "text": re.compile(BODY_PATTERN[1:-1])}
+
+
+def matches_grammar(field: str, source: str) -> bool:
+    return _GRAMMAR[field].fullmatch(source) is not None

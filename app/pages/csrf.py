@@ -33,7 +33,7 @@ def _sign(secret: str, subscriber_id: int, nonce: str) -> str:
 
 def cookie_nonce(request: Request) -> str | None:
     nonce = request.cookies.get(COOKIE)
-    return nonce if nonce and _NONCE_RE.match(nonce) else None
+    return nonce if nonce and _NONCE_RE.fullmatch(nonce) else None
 
 
 def issue(request: Request, subscriber_id: int) -> tuple[str, str | None]:
