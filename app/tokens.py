@@ -68,5 +68,9 @@ def unsubscribe_url(subscriber_id: int, token_version: int = 1, scope: str | Non
     return f"{config.get().base_url}/u/{make('unsubscribe', subscriber_id, token_version, scope)}"
 
 
+def preferences_path(subscriber_id: int, token_version: int = 1) -> str:
+    return f"/preferences/{make('preferences', subscriber_id, token_version)}"
+
+
 def preferences_url(subscriber_id: int, token_version: int = 1) -> str:
-    return f"{config.get().base_url}/preferences/{make('preferences', subscriber_id, token_version)}"
+    return config.get().base_url + preferences_path(subscriber_id, token_version)

@@ -57,9 +57,9 @@ def reclaim_stale() -> dict:
         " AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))")
     for (newsletter_id,) in sending:
         try:
-            if newsletter_id in reclaimed or not kick.is_alive(newsletter_id):
-                count = 1 if kick.is_alive(newsletter_id) else None
-                kick.send_chains(newsletter_id, count)
+            alive = kick.is_alive(newsletter_id)
+            if newsletter_id in reclaimed or not alive:
+                kick.send_chains(newsletter_id, 1 if alive else None)
                 kicked_chains.append(newsletter_id)
         except Exception as exc:
             log.error("newsletter %s: could not re-kick send chains: %s", newsletter_id, exc)

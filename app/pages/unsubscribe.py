@@ -60,7 +60,7 @@ async def unsubscribe_page(request: Request) -> Response:
         "unsubscribed": _is_unsubscribed(subscriber, category),
         "csrf_token": csrf_token,
         "action_url": _page_url(token),
-        "preferences_url": "/preferences/" + tokens.make("preferences", subscriber["id"], subscriber["token_version"]),
+        "preferences_url": tokens.preferences_path(subscriber["id"], subscriber["token_version"]),
         "notice": request.query_params.get("notice") if request.query_params.get("notice") in
         ("unsubscribed", "resubscribed") else None,
     })
