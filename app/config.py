@@ -92,6 +92,7 @@ class Settings:
     scheduler_interval_seconds: float = 30.0
     digest_template_dir: str = ""            # empty: digest/templates
     digest_claim_batch: int = 100            # runs claimed and sent per actor message
+    digest_plan_batch: int = 10_000          # subscribers planned per statement (each batch commits)
     digest_event_page: int = 1000
     digest_max_events: int = 100_000         # per run; older-first, the rest waits for the next digest
     digest_queue_max_depth: int = 200        # checker never lets the digest queue grow past this
@@ -173,6 +174,7 @@ def load() -> Settings:
         scheduler_interval_seconds=_float("SCHEDULER_INTERVAL_SECONDS", 30.0),
         digest_template_dir=os.environ.get("DIGEST_TEMPLATE_DIR", ""),
         digest_claim_batch=_int("DIGEST_CLAIM_BATCH", 100),
+        digest_plan_batch=_int("DIGEST_PLAN_BATCH", 10_000),
         digest_event_page=_int("DIGEST_EVENT_PAGE", 1000),
         digest_max_events=_int("DIGEST_MAX_EVENTS", 100_000),
         digest_queue_max_depth=_int("DIGEST_QUEUE_MAX_DEPTH", 200),

@@ -8,8 +8,13 @@ a fall-back overlap (01:30 that happens twice) fires at the first occurrence, on
 unique per (subscriber, cadence, period). `scheduled_for` = slot + a stable stagger from a hash of
 the subscriber id (0 … DIGEST_STAGGER_SECONDS) so all 9 am subscribers do not fire in one second.
 
-Slots are computed per distinct (timezone, cadence, hour, weekday) — a few hundred combinations
-even for millions of subscribers — and the insert is one INSERT … SELECT joined on them.
+Only subscribers who need a run are looked at: `subscribers.digest_planned_until` holds the slot
+their next run was planned for, so a subscriber is due for planning when it is NULL (new, or their
+schedule just changed: a trigger clears it and cancels their pending runs, see migration 0004) or
+already past. A tick's cost follows the subscribers whose slot passed, not the size of the table.
+Slots are computed per distinct (timezone, cadence, hour, weekday) of those — a few hundred
+combinations even for millions of subscribers — and each batch of DIGEST_PLAN_BATCH subscribers is
+one statement: set digest_planned_until and insert the runs, joined on the combinations.
 
 Checker. Due pending runs are enqueued in batches (one Dramatiq message per DIGEST_CLAIM_BATCH
 runs), never letting the queue grow past DIGEST_QUEUE_MAX_DEPTH messages. `enqueued_at` remembers
@@ -66,47 +71,69 @@ def next_slot(now: datetime, tz_name: str, cadence: str, hour: int, weekday: int
         day += timedelta(days=step)
 
 
-_COMBOS_SQL = """
+# The partial index subscribers_plan_due_idx (migration 0005) has this predicate.
+_ACTIVE = "digest_cadence <> 'off' AND unsubscribed_at IS NULL"
+_DUE = f"{_ACTIVE} AND (digest_planned_until IS NULL OR digest_planned_until < %(now)s)"
+
+_COMBOS_SQL = f"""
 SELECT DISTINCT timezone, digest_cadence, digest_hour,
        CASE WHEN digest_cadence = 'weekly' THEN digest_weekday ELSE 0 END
-FROM subscribers WHERE digest_cadence IN ('daily', 'weekly') AND unsubscribed_at IS NULL
+FROM subscribers WHERE {_DUE}
 """
 
-_PLAN_SQL = """
-INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for)
-SELECT s.id, s.digest_cadence, v.period,
-       v.slot + make_interval(secs => ((s.id::numeric * %(mult)s) %% %(mod)s %% %(spread)s)::int)
-FROM unnest(%(tz)s::text[], %(cadence)s::text[], %(hour)s::int[], %(weekday)s::int[],
-            %(period)s::date[], %(slot)s::timestamptz[]) AS v(tz, cadence, hour, weekday, period, slot)
-JOIN subscribers s ON s.timezone = v.tz AND s.digest_cadence = v.cadence AND s.digest_hour = v.hour
-                  AND (v.cadence = 'daily' OR s.digest_weekday = v.weekday)
-WHERE s.unsubscribed_at IS NULL
-  AND NOT EXISTS (SELECT 1 FROM digest_runs r WHERE r.subscriber_id = s.id AND r.cadence = v.cadence
-                  AND r.period = v.period AND r.status <> 'cancelled')
--- A run cancelled by a cadence change comes back if the subscriber switched back within the period.
-ON CONFLICT ON CONSTRAINT digest_runs_once_per_period DO UPDATE
-    SET status = 'pending', scheduled_for = EXCLUDED.scheduled_for, skip_reason = NULL,
-        enqueued_at = NULL, claimed_at = NULL, completed_at = NULL
-    WHERE digest_runs.status = 'cancelled'
+# One statement per batch, so a subscriber's planned_until and their run commit together. A row
+# whose schedule changed since the combinations were read joins no combination: it stays due and
+# the next tick plans it.
+_PLAN_SQL = f"""
+WITH due AS (
+    SELECT id FROM subscribers WHERE {_DUE}
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), planned AS (
+    UPDATE subscribers s SET digest_planned_until = v.slot
+    FROM due, unnest(%(tz)s::text[], %(cadence)s::text[], %(hour)s::int[], %(weekday)s::int[],
+                     %(period)s::date[], %(slot)s::timestamptz[]) AS v(tz, cadence, hour, weekday, period, slot)
+    WHERE s.id = due.id AND s.timezone = v.tz AND s.digest_cadence = v.cadence AND s.digest_hour = v.hour
+      AND (v.cadence = 'daily' OR s.digest_weekday = v.weekday)
+    RETURNING s.id, s.digest_cadence AS cadence, v.period, v.slot
+), inserted AS (
+    INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for)
+    SELECT p.id, p.cadence, p.period,
+           p.slot + make_interval(secs => ((p.id::numeric * %(mult)s) %% %(mod)s %% %(spread)s)::int)
+    FROM planned p
+    -- A run of that period exists already (digest-now made it): left as it is. One cancelled by a
+    -- schedule change comes back if the new schedule falls in the same period.
+    ON CONFLICT ON CONSTRAINT digest_runs_once_per_period DO UPDATE
+        SET status = 'pending', scheduled_for = EXCLUDED.scheduled_for, skip_reason = NULL,
+            enqueued_at = NULL, claimed_at = NULL, completed_at = NULL
+        WHERE digest_runs.status = 'cancelled'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM planned), (SELECT count(*) FROM inserted)
 """
 
 
-def plan(now: datetime, cur=None) -> int:
-    """Insert the next run of every active subscriber who lacks one. Returns rows inserted."""
-    if cur is None:
-        with db.raw_cursor() as c:
-            return plan(now, c)
-    spread = max(1, config.get().digest_stagger_seconds)
-    cur.execute(_COMBOS_SQL)
+def plan(now: datetime) -> int:
+    """Give every active subscriber whose planned slot has passed (or who has none) the run of their
+    next slot. Returns runs inserted (or revived). Each batch commits on its own: a first tick over
+    a million new subscribers never holds a million row locks."""
+    settings = config.get()
+    spread = max(1, settings.digest_stagger_seconds)
+    batch = max(1, settings.digest_plan_batch)
     cols = {k: [] for k in ("tz", "cadence", "hour", "weekday", "period", "slot")}
-    for tz_name, cadence, hour, weekday in cur.fetchall():
+    for tz_name, cadence, hour, weekday in db.query(_COMBOS_SQL, {"now": now}):
         period, slot = next_slot(now, tz_name, cadence, hour, weekday)
         for key, value in zip(cols, (tz_name, cadence, hour, weekday, period, slot)):
             cols[key].append(value)
     if not cols["tz"]:
         return 0
-    cur.execute(_PLAN_SQL, {**cols, "mult": HASH_MULTIPLIER, "mod": HASH_MODULUS, "spread": spread})
-    return cur.rowcount
+    params = {**cols, "now": now, "limit": batch, "mult": HASH_MULTIPLIER, "mod": HASH_MODULUS, "spread": spread}
+    inserted = 0
+    while True:
+        [(planned, added)] = db.query(_PLAN_SQL, params)
+        inserted += added
+        if planned < batch:     # the last batch (or rows that changed meanwhile: the next tick)
+            return inserted
 
 
 # -- checker ----------------------------------------------------------------------------------

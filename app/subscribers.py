@@ -136,16 +136,9 @@ def get(user_id: str) -> dict | None:
     return _as_dict(rows[0]) if rows else None
 
 
-CANCEL_OTHER_CADENCE = (
-    # A pending run of a cadence the subscriber no longer has is cancelled; one already
-    # `processing` is left to finish (it was claimed under the old preference).
-    "UPDATE digest_runs SET status = 'cancelled', skip_reason = 'cadence changed' "
-    "WHERE subscriber_id = %s AND status = 'pending' AND cadence <> %s"
-)
-
-
 def upsert(user_id: str, values: dict) -> tuple[dict, bool]:
-    """Create or replace; returns (subscriber, created). Pending runs of another cadence are cancelled."""
+    """Create or replace; returns (subscriber, created). A changed schedule cancels the pending runs
+    planned for the old one (trigger subscribers_schedule_changed, migration 0004)."""
     cols = [c for c in FIELDS if c in values]
     params = [user_id] + [values[c] for c in cols]
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in cols)
@@ -156,20 +149,15 @@ def upsert(user_id: str, values: dict) -> tuple[dict, bool]:
             f"RETURNING {', '.join(COLUMNS)}, (xmax = 0) AS created",
             params,
         ).fetchone()
-        db.database.execute_sql(CANCEL_OTHER_CADENCE, (row[0], row[COLUMNS.index("digest_cadence")]))
     return _as_dict(row[:-1]), row[-1]
 
 
 def update(subscriber_id: int, values: dict) -> None:
-    """Partial update by id (preference pages)."""
+    """Partial update by id (preference pages). A changed schedule cancels pending runs (see upsert)."""
     if not values:
         return
     sets = ", ".join(f"{c} = %s" for c in values)
-    with db.database.connection_context(), db.database.atomic():
-        db.database.execute_sql(f"UPDATE subscribers SET {sets}, updated_at = now() WHERE id = %s",
-                                [*values.values(), subscriber_id])
-        if "digest_cadence" in values:
-            db.database.execute_sql(CANCEL_OTHER_CADENCE, (subscriber_id, values["digest_cadence"]))
+    db.query(f"UPDATE subscribers SET {sets}, updated_at = now() WHERE id = %s", [*values.values(), subscriber_id])
 
 
 def erase(user_id: str) -> bool:

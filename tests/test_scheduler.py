@@ -108,6 +108,82 @@ def test_cadence_change_cancels_pending_leaves_processing_and_plans_the_new_cade
     assert db.query("SELECT status FROM digest_runs WHERE cadence = 'weekly'") == [("cancelled",)]
 
 
+def _planned_until(sid):
+    return db.query("SELECT digest_planned_until FROM subscribers WHERE id = %s", (sid,))[0][0]
+
+
+def test_a_tick_looks_only_at_subscribers_whose_planned_slot_has_passed():
+    a = make_subscriber("a", digest_hour=9)
+    b = make_subscriber("b", digest_hour=18)
+    now = utc(2026, 5, 1, 6)
+    assert digest_planner.plan(now) == 2
+    assert (_planned_until(a), _planned_until(b)) == (utc(2026, 5, 1, 9), utc(2026, 5, 1, 18))
+    # a's run vanishing would be re-planned by a full scan; skipping it proves the tick never looked
+    db.query("DELETE FROM digest_runs WHERE subscriber_id = %s", (a,))
+    assert digest_planner.plan(now + timedelta(hours=2)) == 0
+    # a's slot passed: the next period is planned; b's 18:00 slot is still ahead
+    assert digest_planner.plan(utc(2026, 5, 1, 9, 1)) == 1
+    assert db.query("SELECT subscriber_id, period FROM digest_runs ORDER BY subscriber_id") == \
+        [(a, date(2026, 5, 2)), (b, date(2026, 5, 1))]
+    assert _planned_until(a) == utc(2026, 5, 2, 9) and _planned_until(b) == utc(2026, 5, 1, 18)
+
+
+def test_planning_goes_in_batches_until_everyone_is_planned(settings):
+    settings(digest_plan_batch=3)
+    sids = [make_subscriber(f"u{i}", timezone=("UTC", "Asia/Tokyo")[i % 2]) for i in range(10)]
+    assert digest_planner.plan(utc(2026, 5, 1, 12)) == 10
+    assert db.query("SELECT count(DISTINCT subscriber_id) FROM digest_runs")[0][0] == 10
+    assert all(_planned_until(s) is not None for s in sids)
+
+
+def test_an_hour_change_moves_the_pending_run_to_the_new_hour():
+    sid = make_subscriber("a", digest_hour=9)
+    now = utc(2026, 5, 1, 6)
+    digest_planner.plan(now)
+    (run,) = [r[0] for r in db.query("SELECT id FROM digest_runs")]
+    subscribers.update(sid, {"digest_hour": 20})
+    assert (run_row(run)["status"], run_row(run)["skip_reason"]) == ("cancelled", "schedule changed")
+    assert _planned_until(sid) is None
+    digest_planner.plan(now)      # same period: the cancelled run comes back at the new hour
+    row = run_row(run)
+    assert row["status"] == "pending" and row["scheduled_for"] >= utc(2026, 5, 1, 20)
+    assert db.query("SELECT count(*) FROM digest_runs")[0][0] == 1
+    # a change that leaves the schedule as it was cancels nothing
+    subscribers.update(sid, {"digest_hour": 20, "name": "Ana"})
+    assert run_row(run)["status"] == "pending"
+
+
+def test_a_subscriber_back_from_off_is_planned_at_once():
+    sid = make_subscriber("a", digest_hour=9)
+    now = utc(2026, 5, 1, 6)
+    digest_planner.plan(now)
+    subscribers.update(sid, {"digest_cadence": "off"})
+    assert digest_planner.plan(now) == 0
+    assert db.query("SELECT status FROM digest_runs") == [("cancelled",)]
+    subscribers.update(sid, {"digest_cadence": "daily"})
+    assert digest_planner.plan(now) == 1
+    assert db.query("SELECT status FROM digest_runs") == [("pending",)]
+
+
+def test_two_planners_at_once_plan_each_subscriber_once(settings):
+    import threading
+
+    settings(digest_plan_batch=7)
+    for i in range(60):
+        make_subscriber(f"u{i}")
+    now, barrier, results = utc(2026, 5, 1, 12), threading.Barrier(2), []
+
+    def planner():
+        barrier.wait()
+        results.append(digest_planner.plan(now))
+
+    threads = [threading.Thread(target=planner) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sum(results) == 60
+    assert db.query("SELECT count(*), count(DISTINCT subscriber_id) FROM digest_runs")[0] == (60, 60)
+
+
 # -- checker -------------------------------------------------------------------------------------
 def test_checker_enqueues_due_runs_bounded_by_queue_depth(settings):
     settings(digest_claim_batch=2, digest_queue_max_depth=3, digest_reenqueue_seconds=300)
