@@ -137,9 +137,8 @@ def claim(cur, run_ids: list[int] | None, limit: int) -> tuple[list[ClaimedRun],
     Returns (runs to build, [(run_id, skip_reason)]) — skips are already written, same transaction."""
     if run_ids is not None:
         # The checker decided these are due; a stale duplicate message must still not cut a
-        # retry's backoff short, nor send a run that a schedule change moved later.
-        condition = ("r.id = ANY (%(ids)s) AND r.scheduled_for <= now() "
-                     "AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())")
+        # retry's backoff short.
+        condition = "r.id = ANY (%(ids)s) AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
     else:
         condition = "r.scheduled_for <= now() AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
     cur.execute(_CLAIM_SQL.format(condition=condition), {"ids": list(run_ids or []), "limit": limit})
