@@ -1,6 +1,9 @@
 """Shared HTTP plumbing for the JSON API: error bodies, bounded body reading, bearer auth."""
 from __future__ import annotations
 
+import json
+import re
+
 import orjson
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -69,9 +72,18 @@ async def read_json(request: Request, limit: int | None = None):
     if not body:
         raise ApiError(400, "malformed_json", "request body is empty; expected JSON")
     try:
-        return orjson.loads(body)
+        value = orjson.loads(body)      # strict RFC 8259 (no NaN, no lone surrogates): the syntax check
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from None
+    if _LONG_DIGITS.search(body):
+        # orjson reads an integer past 64 bits as a float, silently rounding it. The standard
+        # library keeps it exact, so validation refuses it by field name instead of storing a
+        # different number.
+        value = json.loads(body)
+    return value
+
+
+_LONG_DIGITS = re.compile(rb"\d{20}")
 
 
 async def require_key(request: Request, scope: str) -> apikeys.Principal:

@@ -131,6 +131,17 @@ def test_batch_shape_errors(client, events_key):
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "events"
 
 
+def test_integers_past_64_bits_are_refused_by_name_never_rounded(client, events_key):
+    r = client.post("/v1/events", content=b'{"id": "e1", "user_id": "u1", "category": "likes", "entity_type": "post", '
+                    b'"entity_id": "p1", "payload": {"n": 123456789012345678901234567890}}',
+                    headers={**auth(events_key), "Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "payload" and count_events() == 0
+    big = 2 ** 64 - 1     # the largest that fits: stored exactly
+    r = client.post("/v1/events", json=event(id="e12345678901234567890", payload={"n": big}), headers=auth(events_key))
+    assert r.status_code == 202
+    assert db.query("SELECT producer_id, payload FROM digest_events") == [("e12345678901234567890", {"n": big})]
+
+
 def test_payload_over_16_kib_is_rejected(client, events_key):
     r = client.post("/v1/events", json=event(payload={"blob": "x" * 16 * 1024}), headers=auth(events_key))
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "payload"
