@@ -38,16 +38,20 @@ run: demo
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.
 browser:
-	@test -x /usr/bin/chromium || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  elif sudo -n true 2>/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  else echo "WARNING: /usr/bin/chromium missing and not root: browser tests will be skipped"; fi; }
+	@sh scripts/dev/apt-install.sh chromium /usr/bin/chromium "browser tests will be skipped"
 
 test: install services browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Every benchmark once, each beside its naive baseline (minutes; see README "Tests and benchmarks").
 bench: migrate
+	@sh scripts/dev/apt-install.sh wrk /usr/bin/wrk "the click benchmark uses its own asyncio client"
 	$(BIN)/python scripts/bench/ingest.py
+	$(BIN)/python scripts/bench/digest.py
+	$(BIN)/python scripts/bench/planner.py
+	$(BIN)/python scripts/bench/newsletter.py
+	$(BIN)/python scripts/bench/click.py
+	$(BIN)/python scripts/bench/webhook.py
 
 clean:
 	rm -rf $(VENV) .var mail-out test-artifacts
