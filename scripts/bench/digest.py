@@ -93,15 +93,7 @@ BIN = Path(sys.executable).parent
 
 
 def ensure_database() -> None:
-    name = db.database_name(args.database_url)
-    admin = psycopg2.connect(args.database_url.rsplit("/", 1)[0] + "/postgres")
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-        if not cur.fetchone():
-            cur.execute(f'CREATE DATABASE "{name}"')
-    admin.close()
-    migrate.migrate(args.database_url)
+    migrate.migrate(args.database_url)     # creates the database if it is missing
     db.init(args.database_url)
 
 
@@ -128,13 +120,8 @@ def load_data(n: int, events: int, now: datetime) -> None:
                  "actor_name, payload, occurred_at) VALUES %s", ev_rows, page_size=10000)
     # Events wait hours for their digest, long enough for autovacuum to have visited them: vacuum
     # now so the measured window does not pay the first-touch work (hint bits) of freshly loaded rows.
-    conn = db.connect_raw(autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("VACUUM ANALYZE digest_events")
-            cur.execute("VACUUM ANALYZE subscribers")
-    finally:
-        conn.close()
+    db.query("VACUUM ANALYZE digest_events")
+    db.query("VACUUM ANALYZE subscribers")
 
 
 def start(cmd: list[str]) -> subprocess.Popen:

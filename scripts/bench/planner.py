@@ -32,8 +32,6 @@ if urlparse(args.database_url).hostname not in ("127.0.0.1", "localhost"):
     sys.exit("the benchmark runs against 127.0.0.1 only")
 os.environ.update(APP_ENV="development", DATABASE_URL=args.database_url, LOG_LEVEL="WARNING")
 
-import psycopg2  # noqa: E402
-
 from app import config, db, digest_planner, migrate  # noqa: E402
 
 config.reload()
@@ -69,15 +67,7 @@ def naive_plan(now: datetime) -> int:
 
 
 def setup() -> None:
-    name = db.database_name(args.database_url)
-    admin = psycopg2.connect(args.database_url.rsplit("/", 1)[0] + "/postgres")
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-        if not cur.fetchone():
-            cur.execute(f'CREATE DATABASE "{name}"')
-    admin.close()
-    migrate.migrate(args.database_url)
+    migrate.migrate(args.database_url)     # creates the database if it is missing
     db.init(args.database_url)
 
 
@@ -93,13 +83,8 @@ def load(n: int) -> None:
 
 
 def vacuum() -> None:
-    conn = db.connect_raw(autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("VACUUM ANALYZE subscribers")
-            cur.execute("VACUUM ANALYZE digest_runs")
-    finally:
-        conn.close()
+    db.query("VACUUM ANALYZE subscribers")
+    db.query("VACUUM ANALYZE digest_runs")
 
 
 def timed(fn, now) -> tuple[float, int]:
