@@ -66,6 +66,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+_LONG_DIGITS = re.compile(rb"\d{20}")   # 2**64 has 20 digits
+
+
 async def read_json(request: Request, limit: int | None = None):
     """The body parsed as JSON; 413 past the limit, 400 if empty or malformed."""
     body = await read_body(request, limit or config.get().max_body_bytes)
@@ -81,9 +84,6 @@ async def read_json(request: Request, limit: int | None = None):
         # different number.
         value = json.loads(body)
     return value
-
-
-_LONG_DIGITS = re.compile(rb"\d{20}")
 
 
 async def require_key(request: Request, scope: str) -> apikeys.Principal:
