@@ -5,6 +5,8 @@ Models mirror sql/migrations; the SQL files are the schema, peewee never creates
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from urllib.parse import urlparse
 
 import psycopg2
@@ -30,6 +32,8 @@ from playhouse.postgres_ext import (
 )
 
 from app import config
+
+log = logging.getLogger("app.db")
 
 database = PooledPostgresqlExtDatabase(None, autoconnect=True)
 _bound_url: str | None = None
@@ -60,17 +64,71 @@ def connect_raw(url: str | None = None, autocommit: bool = False):
     return conn
 
 
+class ThreadConnections:
+    """One raw psycopg2 connection per thread, kept open across calls (opening one per message
+    would cost more than the work it serves); reopened when closed or DATABASE_URL changed."""
+
+    def __init__(self, autocommit: bool = False):
+        self.autocommit = autocommit
+        self._local = threading.local()
+
+    def get(self):
+        url = config.get().database_url
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and (conn.closed or self._local.url != url):
+            self.reset()
+            conn = None
+        if conn is None:
+            conn = connect_raw(url, autocommit=self.autocommit)
+            self._local.conn, self._local.url = conn, url
+        return conn
+
+    def reset(self) -> None:
+        """Drop this thread's connection (after an error that may have left it in an unknown state)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # already broken: nothing to release
+                pass
+
+    def retry_once(self, work):
+        """work(connection). A connection that died while kept open (server restart, idle
+        timeout) is reopened and the work tried once more: only for idempotent work."""
+        for attempt in (1, 2):
+            try:
+                return work(self.get())
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                self.reset()
+                if attempt == 2:
+                    raise
+                log.warning("database connection lost; reconnecting")
+
+
 @contextlib.contextmanager
-def raw_cursor(url: str | None = None):
-    """Short-lived connection + cursor, committed on success, rolled back on error."""
-    conn = connect_raw(url)
+def transaction(conn):
+    """A cursor whose work commits on success and rolls back on error. A connection that cannot
+    even roll back (the server went away) is closed, so its owner reopens it next time."""
     try:
         with conn.cursor() as cur:
             yield cur
         conn.commit()
     except BaseException:
-        conn.rollback()
+        try:
+            conn.rollback()
+        except psycopg2.Error:
+            conn.close()
         raise
+
+
+@contextlib.contextmanager
+def raw_cursor(url: str | None = None):
+    """Short-lived connection + cursor, committed on success, rolled back on error."""
+    conn = connect_raw(url)
+    try:
+        with transaction(conn) as cur:
+            yield cur
     finally:
         conn.close()
 

@@ -20,7 +20,6 @@ run loaded, so an event that arrived meanwhile waits for the next digest.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -83,28 +82,8 @@ class Outcome:
 
 
 # -- connections ------------------------------------------------------------------------------
-# One psycopg2 connection per worker thread, kept open: opening one per message would cost more
-# than the digests it serves. Dropped after any error (it may be in an unknown state).
-_local = threading.local()
-
-
-def _connection():
-    url = config.get().database_url
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed or getattr(_local, "url", None) != url:
-        conn = db.connect_raw(url)
-        _local.conn, _local.url = conn, url
-    return conn
-
-
-def _drop_connection() -> None:
-    conn = getattr(_local, "conn", None)
-    _local.conn = None
-    if conn is not None:
-        try:
-            conn.close()
-        except Exception:
-            pass
+# One connection per worker thread, kept open; dropped after any error (it may be in an unknown state).
+connections = db.ThreadConnections()
 
 
 def _pg_array(values) -> str:
@@ -301,7 +280,7 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         run_ids = [int(i) for i in run_ids]
         limit = max(limit, len(run_ids))
     started = time.perf_counter()
-    conn = _connection()
+    conn = connections.get()
     runs: list[ClaimedRun] = []
     try:
         with conn.cursor() as cur:
@@ -334,7 +313,7 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
             log.info("digest batch: %s in %.0f ms", counts, (time.perf_counter() - started) * 1e3)
         return counts
     except BaseException:
-        _drop_connection()
+        connections.reset()
         _release_after_crash([r.id for r in runs])
         raise
 

@@ -74,18 +74,8 @@ class GroupCommitWriter:
         return group
 
     def _commit_once(self, jobs: list) -> list:
-        conn = self._connection()
-        try:
-            with conn.cursor() as cur:
-                results = self._commit_jobs(cur, jobs)
-            conn.commit()
-            return results
-        except BaseException:
-            try:
-                conn.rollback()
-            except psycopg2.Error:
-                conn.close()
-            raise
+        with db.transaction(self._connection()) as cur:
+            return self._commit_jobs(cur, jobs)
 
     def commit(self, jobs: list) -> list:
         """Commit jobs in one transaction, retrying deadlocks/serialization failures with

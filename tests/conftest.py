@@ -6,6 +6,7 @@ parallel checkouts can each use their own.
 from __future__ import annotations
 
 import os
+import time
 
 os.environ["APP_ENV"] = "test"
 os.environ["DATABASE_URL"] = os.environ.get("TEST_DATABASE_URL", "postgresql://localhost/notify_test")
@@ -88,6 +89,35 @@ def events_key() -> str:
 
 def auth(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    """Bounded polling for something another thread or process does (not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def fake(redis_client):
+    """A real local fake SendGrid (the shared rate limit lives in the test's clean Redis db)."""
+    from tests.fake_sendgrid import FakeSendGrid
+
+    with FakeSendGrid() as server:
+        yield server
+
+
+@pytest.fixture
+def provider(fake):
+    from app.providers.sendgrid import SendGridProvider
+
+    p = SendGridProvider(api_key="test-key", api_url=fake.url)
+    yield p
+    p.close()
 
 
 @pytest.fixture

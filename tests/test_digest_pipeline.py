@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -25,17 +24,6 @@ def sink(settings):
     yield s
     providers.close_all()
     s.stop()
-
-
-def wait_for(predicate, timeout=30.0):
-    """Poll until predicate() is truthy (bounded; not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def test_sends_one_digest_and_marks_exactly_its_events(sink):

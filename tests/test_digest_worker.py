@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from app import db, providers, scheduler
-from tests.test_digest_pipeline import wait_for
+from tests.conftest import wait_for
 from tests.test_digest_support import SmtpSink, add_events, make_subscriber, marked
 
 

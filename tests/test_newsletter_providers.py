@@ -8,23 +8,9 @@ import pytest
 from app.newsletter import template
 from app.providers.base import OutgoingMail, PermanentError, ThrottledError, TransientError
 from app.providers.sendgrid import MAX_SUBSTITUTION_BYTES, SendGridProvider, build_requests
-from tests.fake_sendgrid import FakeSendGrid
 
 HTML = ('<html><body><p class="x">Hi {{name}}</p><a href="{{unsubscribe_url}}">unsubscribe</a>'
         '<p>{{{user_id}}}</p><img src="https://t.example/o/{{user_id}}.gif"></body></html>')
-
-
-@pytest.fixture
-def fake():
-    with FakeSendGrid() as server:
-        yield server
-
-
-@pytest.fixture
-def provider(fake):
-    p = SendGridProvider(api_key="k", api_url=fake.url)
-    yield p
-    p.close()
 
 
 def mails_from_template(names, source=HTML, from_addr=None):

@@ -7,22 +7,7 @@ import pytest
 
 from app import db
 from app.newsletter import outbox, ratelimit, sender, service
-from app.providers.sendgrid import SendGridProvider
-from tests.fake_sendgrid import FakeSendGrid
 from tests.newsletter_support import counts, drain, make_newsletter, newsletter_status, seed_subscribers, start
-
-
-@pytest.fixture
-def fake(redis_client):
-    with FakeSendGrid() as server:
-        yield server
-
-
-@pytest.fixture
-def provider(fake):
-    p = SendGridProvider(api_key="test-key", api_url=fake.url)
-    yield p
-    p.close()
 
 
 def assert_each_once(fake, newsletter_id):

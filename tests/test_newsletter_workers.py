@@ -16,21 +16,10 @@ from dramatiq.brokers.redis import RedisBroker
 
 from app import config, db
 from app.newsletter import outbox, reclaim, service
-from tests.fake_sendgrid import FakeSendGrid
+from tests.conftest import wait_for
 from tests.newsletter_support import counts, make_newsletter, newsletter_status, seed_subscribers
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    """Bounded polling for something another process does (not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start_worker(fake_url: str, **env) -> subprocess.Popen:
@@ -82,12 +71,6 @@ def redeliver_dead_workers_messages(queue: str = "newsletter"):
             continue
         messages.append(message)
     return broker, consumer, messages
-
-
-@pytest.fixture
-def fake(redis_client):
-    with FakeSendGrid() as server:
-        yield server
 
 
 @pytest.mark.slow

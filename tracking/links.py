@@ -20,7 +20,6 @@ import hashlib
 import html as html_lib
 import logging
 import re
-import threading
 
 import psycopg2
 import psycopg2.extras
@@ -35,17 +34,9 @@ _TAG_RE = re.compile(r"<(?:a|area)\b[^>]*>", re.IGNORECASE)
 _HREF_RE = re.compile(r"""(\bhref\s*=\s*)(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE)
 _BODY_END_RE = re.compile(r"</body\s*>", re.IGNORECASE)
 
-_local = threading.local()
-
-
-def _connection():
-    """One autocommit connection per thread: link rows are committed on their own, so a link that
-    a sent mail points to can never vanish with a rolled-back caller transaction."""
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = db.connect_raw(autocommit=True)
-        _local.conn = conn
-    return conn
+# Autocommit: link rows are committed on their own, so a link that a sent mail points to can
+# never vanish with a rolled-back caller transaction.
+_connections = db.ThreadConnections(autocommit=True)
 
 
 def url_hash(url: str) -> bytes:
@@ -66,31 +57,25 @@ def ensure_links(mail_kind: str, mail_id: int, urls: list[str]) -> dict[str, int
         return {}
     by_hash = {url_hash(u): u for u in dict.fromkeys(urls)}
     values = [(mail_kind, mail_id, u, psycopg2.Binary(h)) for h, u in by_hash.items()]
-    for attempt in (1, 2):
-        conn = _connection()
-        try:
-            with conn.cursor() as cur:
-                rows = psycopg2.extras.execute_values(
-                    cur,
-                    "INSERT INTO email_links (mail_kind, mail_id, url, url_hash) VALUES %s "
-                    "ON CONFLICT (mail_kind, mail_id, url_hash) DO NOTHING RETURNING id, url_hash",
-                    values, page_size=len(values), fetch=True,
-                )
-                found = {bytes(h): i for i, h in rows}
-                missing = [psycopg2.Binary(h) for h in by_hash if h not in found]
-                if missing:  # created earlier (another recipient's batch, another worker)
-                    cur.execute(
-                        "SELECT id, url_hash FROM email_links WHERE mail_kind = %s AND mail_id = %s "
-                        "AND url_hash = ANY(%s)", (mail_kind, mail_id, missing))
-                    found.update({bytes(h): i for i, h in cur.fetchall()})
-            return {by_hash[h]: i for h, i in found.items()}
-        except psycopg2.OperationalError:
-            # A pooled-forever connection can die under us (server restart): reconnect once.
-            conn.close()
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
 
+    def insert(conn) -> dict[str, int]:
+        with conn.cursor() as cur:
+            rows = psycopg2.extras.execute_values(
+                cur,
+                "INSERT INTO email_links (mail_kind, mail_id, url, url_hash) VALUES %s "
+                "ON CONFLICT (mail_kind, mail_id, url_hash) DO NOTHING RETURNING id, url_hash",
+                values, page_size=len(values), fetch=True,
+            )
+            found = {bytes(h): i for i, h in rows}
+            missing = [psycopg2.Binary(h) for h in by_hash if h not in found]
+            if missing:  # created earlier (another recipient's batch, another worker)
+                cur.execute(
+                    "SELECT id, url_hash FROM email_links WHERE mail_kind = %s AND mail_id = %s "
+                    "AND url_hash = ANY(%s)", (mail_kind, mail_id, missing))
+                found.update({bytes(h): i for i, h in cur.fetchall()})
+        return {by_hash[h]: i for h, i in found.items()}
+
+    return _connections.retry_once(insert)   # idempotent: ON CONFLICT DO NOTHING
 
 
 class LinkRewriter:

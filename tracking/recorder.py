@@ -148,19 +148,10 @@ class HistoryRecorder:
         return self._conn
 
     def _write(self, rows: list[str]) -> None:
-        conn = self._connection()
-        try:
-            with conn.cursor() as cur:
-                cur.copy_expert(f"COPY history_stage ({', '.join(STAGE_COLUMNS)}) FROM STDIN",
-                                io.StringIO("".join(rows)))
-                cur.execute(INSERT_FROM_STAGE, {"window": config.get().tracking_scanner_seconds})
-            conn.commit()
-        except BaseException:
-            try:
-                conn.rollback()
-            except psycopg2.Error:
-                conn.close()
-            raise
+        with db.transaction(self._connection()) as cur:
+            cur.copy_expert(f"COPY history_stage ({', '.join(STAGE_COLUMNS)}) FROM STDIN",
+                            io.StringIO("".join(rows)))
+            cur.execute(INSERT_FROM_STAGE, {"window": config.get().tracking_scanner_seconds})
 
     def _write_one_by_one(self, rows: list[str]) -> None:
         """After a data/constraint error in a batch (e.g. a link deleted meanwhile): keep every

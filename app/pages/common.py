@@ -1,6 +1,7 @@
 """Shared plumbing of the subscriber pages: templates, headers, bounded form reading, token lookup."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from pathlib import Path
@@ -10,11 +11,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from app import tokens
-from app.pages import store
+from app.pages import csrf, store
 
 log = logging.getLogger("app.pages")
 
@@ -67,6 +68,21 @@ def render(request: Request, name: str, context: dict, status_code: int = 200) -
     return response
 
 
+def form_page(request: Request, name: str, context: dict, subscriber_id: int, status_code: int = 200) -> Response:
+    """A page with forms: the CSRF token in the context, its signed nonce cookie on the response."""
+    csrf_token, new_nonce = csrf.issue(request, subscriber_id)
+    response = render(request, name, {**context, "csrf_token": csrf_token}, status_code=status_code)
+    csrf.set_cookie(response, new_nonce)
+    return response
+
+
+def back_to(page_url: str, notice: str) -> Response:
+    """303 to the page after a successful POST (POST/redirect/GET), with a notice to show."""
+    response = RedirectResponse(f"{page_url}?notice={notice}", status_code=303)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
 def error_page(request: Request, status_code: int, title: str, message: str, back_url: str | None = None) -> Response:
     return render(request, "error.html", {"title": title, "message": message, "back_url": back_url},
                   status_code=status_code)
@@ -87,6 +103,21 @@ async def subscriber_for(purpose: str, token: str) -> tuple[dict, tokens.TokenCl
         log.info("rejected %s token for subscriber %s (revoked or erased)", purpose, claims.subscriber_id)
         return None
     return subscriber, claims
+
+
+def token_page(purpose: str):
+    """Endpoint decorator: the endpoint is called as (request, token, subscriber, claims); a bad,
+    revoked or unknown token gets the 404 page."""
+    def decorate(endpoint):
+        @functools.wraps(endpoint)
+        async def handler(request: Request) -> Response:
+            token = request.path_params["token"]
+            found = await subscriber_for(purpose, token)
+            if found is None:
+                return not_found(request)
+            return await endpoint(request, token, *found)
+        return handler
+    return decorate
 
 
 class FormTooLarge(Exception):

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 
 from app import subscribers
 from app.pages import common, csrf, store
@@ -87,20 +87,12 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
 
 
 def _page(request, token, subscriber, form, errors, notice=None, status_code=200) -> Response:
-    csrf_token, new_nonce = csrf.issue(request, subscriber["id"])
-    context = _context(subscriber, form, errors, notice)
-    context.update(csrf_token=csrf_token, action_url=_page_url(token))
-    response = common.render(request, "preferences.html", context, status_code=status_code)
-    csrf.set_cookie(response, new_nonce)
-    return response
+    context = {**_context(subscriber, form, errors, notice), "action_url": _page_url(token)}
+    return common.form_page(request, "preferences.html", context, subscriber["id"], status_code)
 
 
-async def preferences_page(request: Request) -> Response:
-    token = request.path_params["token"]
-    found = await common.subscriber_for("preferences", token)
-    if found is None:
-        return common.not_found(request)
-    subscriber, _claims = found
+@common.token_page("preferences")
+async def preferences_page(request: Request, token: str, subscriber: dict, _claims) -> Response:
     form = await run_in_threadpool(_form_values, subscriber)
     return _page(request, token, subscriber, form, {}, notice=request.query_params.get("notice"))
 
@@ -172,12 +164,8 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     return values, errors, sticky
 
 
-async def preferences_submit(request: Request) -> Response:
-    token = request.path_params["token"]
-    found = await common.subscriber_for("preferences", token)
-    if found is None:
-        return common.not_found(request)
-    subscriber, claims = found
+@common.token_page("preferences")
+async def preferences_submit(request: Request, token: str, subscriber: dict, claims) -> Response:
     try:
         posted = await common.read_form(request)
     except common.FormTooLarge:
@@ -216,6 +204,4 @@ async def preferences_submit(request: Request) -> Response:
         await run_in_threadpool(store.resubscribe, sid, version, None)
         log.info("subscriber %s resubscribed from the preference centre", sid)
         notice = "resubscribed"
-    response = RedirectResponse(f"{_page_url(token)}?notice={notice}", status_code=303)
-    response.headers.update(common.SECURITY_HEADERS)
-    return response
+    return common.back_to(_page_url(token), notice)

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 
 from app import tokens
 from app.pages import common, csrf, store
@@ -46,34 +46,22 @@ def _is_unsubscribed(subscriber: dict, category: str | None) -> bool:
     return subscriber["unsubscribed_at"] is not None
 
 
-async def unsubscribe_page(request: Request) -> Response:
-    token = request.path_params["token"]
-    found = await common.subscriber_for("unsubscribe", token)
-    if found is None:
-        return common.not_found(request)
-    subscriber, claims = found
+@common.token_page("unsubscribe")
+async def unsubscribe_page(request: Request, token: str, subscriber: dict, claims) -> Response:
     category = _category(claims)
-    csrf_token, new_nonce = csrf.issue(request, subscriber["id"])
-    response = common.render(request, "unsubscribe.html", {
+    return common.form_page(request, "unsubscribe.html", {
         "subscriber": subscriber,
         "category": category,
         "unsubscribed": _is_unsubscribed(subscriber, category),
-        "csrf_token": csrf_token,
         "action_url": _page_url(token),
         "preferences_url": tokens.preferences_path(subscriber["id"], subscriber["token_version"]),
         "notice": request.query_params.get("notice") if request.query_params.get("notice") in
         ("unsubscribed", "resubscribed") else None,
-    })
-    csrf.set_cookie(response, new_nonce)
-    return response
+    }, subscriber["id"])
 
 
-async def unsubscribe_submit(request: Request) -> Response:
-    token = request.path_params["token"]
-    found = await common.subscriber_for("unsubscribe", token)
-    if found is None:
-        return common.not_found(request)
-    subscriber, claims = found
+@common.token_page("unsubscribe")
+async def unsubscribe_submit(request: Request, token: str, subscriber: dict, claims) -> Response:
     try:
         posted = await common.read_form(request)
     except common.FormTooLarge:
@@ -107,6 +95,4 @@ async def unsubscribe_submit(request: Request) -> Response:
         notice = "resubscribed"
     else:
         return common.error_page(request, 400, "Bad request", "Unknown action.", _page_url(token))
-    response = RedirectResponse(f"{_page_url(token)}?notice={notice}", status_code=303)
-    response.headers.update(common.SECURITY_HEADERS)
-    return response
+    return common.back_to(_page_url(token), notice)

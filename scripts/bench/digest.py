@@ -196,7 +196,7 @@ def counts() -> dict:
     return dict(db.query("SELECT status, count(*) FROM digest_runs GROUP BY status"))
 
 
-def wait_all_done(total: int, deadline: float, on_poll=None) -> bool:
+def wait_all_done(deadline: float, on_poll=None) -> bool:
     """Poll until no run is pending or processing. Both states are covered by partial indexes, so
     the poll stays cheap (a GROUP BY over all runs every 50 ms took ~10% of a core from the workers)."""
     while time.monotonic() < deadline:
@@ -210,67 +210,53 @@ def wait_all_done(total: int, deadline: float, on_poll=None) -> bool:
     return False
 
 
-def run_ours(n: int, delay_ms: float, rclient) -> tuple[float, dict, int]:
-    from app import digest_planner, scheduler
-
+def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: str, drive) -> tuple:
+    """Fresh data, a sink and workers; drive(now, started) schedules the work and waits for it.
+    Returns (seconds, run counts, mails the sink got, CPU use)."""
     now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     load_data(n, args.events, now)
     rclient.flushdb()
     phase_start = datetime.now(timezone.utc)
     sink = start_sink(delay_ms)
-    workers = start_workers("actors", "digest", rclient)
+    workers = start_workers(module, queue, rclient)
     try:
-        due = now + timedelta(hours=2)          # past every slot + stagger
         started = time.monotonic()
-        scheduler.tick(now)                     # plans the runs (none due yet)
-        planned_in = time.monotonic() - started
-        total = sum(counts().values())
-        ticks = [0]
-
-        send, depth = scheduler._digest_sender()
-
-        def next_tick():                        # the scheduler's checker, ticking fast for the bench
-            if ticks[0] % 5 == 0:
-                digest_planner.check(due, send, depth())
-            ticks[0] += 1
-
-        ok = wait_all_done(total, started + args.timeout, next_tick)
+        ok, extra = drive(now, started)
         elapsed = time.monotonic() - started
-        cpu = phase_cpu(workers, sink, phase_start)
-        cpu["plan_seconds"] = planned_in
+        cpu = {**phase_cpu(workers, sink, phase_start), **extra}
     finally:
         stop(workers)
         received = int((stop(sink).strip().split() or ["0"])[-1] or 0)
     if not ok:
-        print(f"  ours: TIMEOUT after {args.timeout}s: {counts()}")
+        print(f"  {label}: TIMEOUT after {args.timeout}s: {counts()}")
     return elapsed, counts(), received, cpu
 
 
-def run_baseline(n: int, delay_ms: float, rclient) -> tuple[float, dict, int]:
+def drive_ours(now: datetime, started: float) -> tuple[bool, dict]:
+    from app import digest_planner, scheduler
+
+    due = now + timedelta(hours=2)              # past every slot + stagger
+    scheduler.tick(now)                         # plans the runs (none due yet)
+    planned_in = time.monotonic() - started
+    ticks = [0]
+    send, depth = scheduler._digest_sender()
+
+    def next_tick():                            # the scheduler's checker, ticking fast for the bench
+        if ticks[0] % 5 == 0:
+            digest_planner.check(due, send, depth())
+        ticks[0] += 1
+
+    return wait_all_done(started + args.timeout, next_tick), {"plan_seconds": planned_in}
+
+
+def drive_baseline(now: datetime, started: float) -> tuple[bool, dict]:
     from app import digest_planner
     from scripts.bench import digest_naive
 
-    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
-    load_data(n, args.events, now)
-    rclient.flushdb()
-    phase_start = datetime.now(timezone.utc)
-    sink = start_sink(delay_ms)
-    workers = start_workers("scripts.bench.digest_naive", "digest_naive", rclient)
-    try:
-        started = time.monotonic()
-        digest_planner.plan(now)
-        ids = [r[0] for r in db.query("SELECT id FROM digest_runs ORDER BY id")]
-        for run_id in ids:                      # one task per subscriber
-            digest_naive.naive_send_digest.send(run_id)
-        ok = wait_all_done(len(ids), started + args.timeout)
-        elapsed = time.monotonic() - started
-        cpu = phase_cpu(workers, sink, phase_start)
-    finally:
-        stop(workers)
-        received = int((stop(sink).strip().split() or ["0"])[-1] or 0)
-    if not ok:
-        print(f"  baseline: TIMEOUT after {args.timeout}s: {counts()}")
-    return elapsed, counts(), received, cpu
+    digest_planner.plan(now)
+    for (run_id,) in db.query("SELECT id FROM digest_runs ORDER BY id"):   # one task per subscriber
+        digest_naive.naive_send_digest.send(run_id)
+    return wait_all_done(started + args.timeout), {}
 
 
 def main() -> int:
@@ -292,13 +278,14 @@ def main() -> int:
             sum(per.values())
 
     for delay in delays:
-        t, c, received, cpu = run_ours(args.subscribers, delay, rclient)
+        t, c, received, cpu = run_phase("ours", args.subscribers, delay, rclient, "actors", "digest", drive_ours)
         n = c.get("sent", 0)
         ours = n / t
         text, ours_cpu = cpu_text(cpu, n)
         print(f"  delay {delay:>4.0f} ms  ours:     {n:>6} sent in {t:6.2f} s = {ours:8.0f} digests/s "
               f"(sink got {received}); {text}")
-        bt, bc, breceived, bcpu = run_baseline(base_n, delay, rclient)
+        bt, bc, breceived, bcpu = run_phase("baseline", base_n, delay, rclient, "scripts.bench.digest_naive",
+                                            "digest_naive", drive_baseline)
         bn = bc.get("sent", 0)
         base = bn / bt
         text, base_cpu = cpu_text(bcpu, bn)

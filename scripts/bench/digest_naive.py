@@ -36,7 +36,7 @@ def _naive_render(ctx: dict) -> tuple[str, str, str]:
 @dramatiq.actor(queue_name="digest_naive", max_retries=0)
 def naive_send_digest(run_id: int) -> None:
     settings = config.get()
-    conn = digest_sender._connection()
+    conn = digest_sender.connections.get()
     with conn.cursor() as cur:
         runs, _ = digest_sender.claim(cur, [run_id], 1)
     conn.commit()
