@@ -49,6 +49,8 @@ bench: migrate
 	$(BIN)/python scripts/bench/ingest.py
 	$(BIN)/python scripts/bench/digest.py
 	$(BIN)/python scripts/bench/planner.py
+	$(BIN)/python scripts/bench/render.py
+	$(BIN)/python scripts/bench/smtp_client.py
 	$(BIN)/python scripts/bench/newsletter.py
 	$(BIN)/python scripts/bench/click.py
 	$(BIN)/python scripts/bench/webhook.py
