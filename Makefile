@@ -9,7 +9,11 @@ export TEST_DATABASE_URL ?= postgresql://localhost/notify_test
 export TEST_REDIS_URL ?= redis://localhost:6379/15
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test install services migrate demo bench clean browser
+.PHONY: run test test-fast install services migrate demo bench drill clean browser
+
+# Unset APP_ENV means production (app/config.py): the local targets say development explicitly,
+# and reach their prerequisites too (run -> demo -> migrate). Tests set APP_ENV=test themselves.
+run demo migrate bench: export APP_ENV ?= development
 
 install: $(VENV)/.installed
 
@@ -26,14 +30,14 @@ migrate: install services
 	$(BIN)/python -m app migrate
 
 demo: migrate
-	$(BIN)/python -m app demo-data
+	$(BIN)/python -m scripts.demo_data
 
 # Everything: services, schema, demo data, then web + worker + scheduler + mail viewer via honcho.
 run: export MAIL_PROVIDER ?= smtp
 run: export SMTP_URL ?= smtp://127.0.0.1:1025
 run: demo
 	$(BIN)/python -m app digest-now --all
-	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  mail viewer: http://127.0.0.1:$${DEV_PORT:-8000}/dev/mail"
+	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail"
 	$(BIN)/honcho -f Procfile.dev start
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.
@@ -43,6 +47,10 @@ browser:
 test: install services browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Everything but the slow (killed processes, timeouts) and browser tests: the inner loop.
+test-fast: install services
+	$(BIN)/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
+
 # Every benchmark once, each beside its naive baseline (minutes; see README "Tests and benchmarks").
 bench: migrate
 	@sh scripts/dev/apt-install.sh wrk /usr/bin/wrk "the click benchmark uses its own asyncio client"
@@ -50,10 +58,17 @@ bench: migrate
 	$(BIN)/python scripts/bench/digest.py
 	$(BIN)/python scripts/bench/planner.py
 	$(BIN)/python scripts/bench/render.py
+	$(BIN)/python scripts/bench/tokens.py
+	$(BIN)/python scripts/bench/groupcommit.py
+	$(BIN)/python scripts/bench/ratelimit.py
 	$(BIN)/python scripts/bench/smtp_client.py
 	$(BIN)/python scripts/bench/newsletter.py
 	$(BIN)/python scripts/bench/click.py
 	$(BIN)/python scripts/bench/webhook.py
+
+# Fault drills at full scale against their own Postgres and Redis (minutes; small versions run in make test).
+drill: install
+	$(BIN)/python scripts/drill.py
 
 clean:
 	rm -rf $(VENV) .var mail-out test-artifacts

@@ -1,32 +1,47 @@
-"""Dramatiq broker set-up. Sentry first, then the broker, then (in actors/__init__) the actors.
-
-Queues, highest priority first (each worker process consumes all of them; run a dedicated worker
-with `--queues transactional digest` if a big newsletter must never share threads with digests):
-  transactional  one-off mail a user is waiting for
-  digest         build_and_send_digest
-  newsletter     outbox creation and send batches
-  webhooks       applying stored SendGrid events
-"""
+"""Worker set-up: Sentry first, then the broker (app/queue.py, with the worker-only GracefulStop
+middleware), then — in actors/__init__ — the actors, which bind to it. Queues: app/queue.py."""
 from __future__ import annotations
 
-import dramatiq
+import logging
+import signal
+
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
+from dramatiq.middleware import Middleware
 
-from app import config, db, observability
+from app import db, observability, queue, shutdown
 
-QUEUES = ("transactional", "digest", "newsletter", "webhooks")
+log = logging.getLogger("actors.broker")
 
+class GracefulStop(Middleware):
+    """A deploy sends SIGTERM to every process of the worker (Heroku, honcho and systemd signal the
+    whole group) and Dramatiq's parent forwards its own: a worker process receives SIGTERM twice,
+    and Dramatiq treats the second as "kill now" — cutting off batches at the provider, whose rows
+    were then sent again. Here every SIGTERM after the first is only logged: the worker finishes its
+    in-flight messages (bounded by --worker-shutdown-timeout, see the Procfile) and exits; SIGKILL
+    still ends it at once."""
 
-def make_broker(url: str | None = None, namespace: str = "dramatiq") -> RedisBroker:
-    middleware = [AgeLimit(), TimeLimit(), ShutdownNotifications(), Callbacks(), Pipelines(), Retries()]
-    return RedisBroker(url=url or config.get().redis_url, namespace=namespace, middleware=middleware)
+    def after_process_boot(self, broker):
+        stop = signal.getsignal(signal.SIGTERM)
+        if not callable(stop) or getattr(stop, "graceful", False):
+            return
+        stopping = []
+
+        def once(signum, frame):
+            if stopping:
+                log.warning("SIGTERM again: still finishing in-flight work (SIGKILL to force)")
+                return
+            stopping.append(signum)
+            stop(signum, frame)
+
+        once.graceful = True
+        signal.signal(signal.SIGTERM, once)
+
+    def before_worker_shutdown(self, broker, worker):
+        shutdown.requested.set()    # send loops stop claiming; their batches in hand still finish
 
 
 def setup(url: str | None = None) -> RedisBroker:
     observability.setup_logging()
     observability.init_sentry("worker")
     db.init()
-    broker = make_broker(url)
-    dramatiq.set_broker(broker)
-    return broker
+    return queue.install(queue.make_broker(url, extra_middleware=[GracefulStop()]))

@@ -1,4 +1,4 @@
-"""build_and_send_digest: the digest queue's only actor. Thin: the work is app.digest_sender.process.
+"""build_and_send_digest: the digest queue's only actor. Thin: the work is digest.send.process.
 
 A message names a batch of run ids the scheduler's checker found due; a message without ids claims
 whatever is due. The message is only a hint — the runs' rows decide: a run someone else already
@@ -11,8 +11,9 @@ from __future__ import annotations
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from app import digest_sender
+from app import config, providers
 from digest import render
+from digest import send as digest_send
 
 MAX_IDS_PER_MESSAGE = 1000
 
@@ -20,14 +21,16 @@ MAX_IDS_PER_MESSAGE = 1000
 class DigestTemplateWarmup(Middleware):
     """Compile the digest templates (premailer, once per process) when a worker boots, not on its
     first message; processes that only enqueue (scheduler, web) never pay for it. Close pooled
-    provider connections when the worker shuts down."""
+    provider connections once the worker has stopped.
+
+    After, not before: Dramatiq emits worker_shutdown BEFORE it joins the worker threads, so closing
+    providers there cut off the batches still being sent on SIGTERM (a deploy), and their rows were
+    sent again later. after_worker_shutdown runs once every in-flight message has finished."""
 
     def after_worker_boot(self, broker, worker):
         render.warm_up_in_background()
 
-    def before_worker_shutdown(self, broker, worker):
-        from app import providers
-
+    def after_worker_shutdown(self, broker, worker):
         providers.close_all()   # QUIT pooled SMTP connections instead of dropping them
 
 
@@ -36,10 +39,12 @@ if not any(isinstance(m, DigestTemplateWarmup) for m in _broker.middleware):
     _broker.add_middleware(DigestTemplateWarmup())
 
 
-@dramatiq.actor(queue_name="digest", max_retries=3, min_backoff=1_000, max_backoff=60_000, time_limit=15 * 60_000)
+# Ends a batch before the watchdog may take its runs back (config.digest_processing_timeout_seconds).
+@dramatiq.actor(queue_name="digest", max_retries=3, min_backoff=1_000, max_backoff=60_000,
+                time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000)
 def build_and_send_digest(run_ids: list[int] | None = None) -> None:
     if run_ids is not None:
         if not isinstance(run_ids, list) or len(run_ids) > MAX_IDS_PER_MESSAGE:
             raise ValueError("run_ids must be a list of at most %d ids" % MAX_IDS_PER_MESSAGE)
         run_ids = [int(i) for i in run_ids]
-    digest_sender.process(run_ids=run_ids)
+    digest_send.process(run_ids=run_ids)

@@ -21,6 +21,7 @@ import logging
 
 import dramatiq
 
+from app import config
 from app.newsletter import outbox, sender
 
 log = logging.getLogger("actors.newsletter")
@@ -37,7 +38,7 @@ def create_outbox(newsletter_id: int) -> None:
 
 
 @dramatiq.actor(queue_name="newsletter", priority=NEWSLETTER_PRIORITY, max_retries=20, min_backoff=1_000,
-                max_backoff=60_000, time_limit=5 * 60_000)
+                max_backoff=60_000, time_limit=max(30, config.get().reclaim_after_seconds - 15) * 1000)
 def send_batch(newsletter_id: int) -> None:
     stats = sender.send_batch(int(newsletter_id))
     if stats["claimed"]:

@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import threading
 import time
 from dataclasses import dataclass
 
 from app import config, db
+from app.negcache import NegativeCache
 
 SCOPES = ("events", "admin")
 KEY_PREFIX = "nk_"
+# Every key create() ever issued has this shape; anything else is refused without a lookup.
+_KEY_SHAPE = re.compile(r"nk_[A-Za-z0-9_-]{16,200}")
+MAX_UNKNOWN_KEYS = 100_000
 
 
 @dataclass(frozen=True)
@@ -57,13 +62,25 @@ def list_keys() -> list[tuple]:
         return cur.fetchall()
 
 
+def well_formed(key: str) -> bool:
+    return _KEY_SHAPE.fullmatch(key) is not None
+
+
 class KeyCache:
-    """Positive lookups are cached for API_KEY_CACHE_SECONDS: revocation is effective within that."""
+    """Positive lookups are cached for API_KEY_CACHE_SECONDS: revocation is effective within that.
+    Unknown keys are remembered as unknown for as long (bounded in number), so a flood of junk
+    keys costs one query per distinct key, and a key created meanwhile (by the CLI, another
+    process) works within that bound."""
 
     def __init__(self):
         self._entries: dict[bytes, tuple[float, Principal]] = {}
         self._key_locks: dict[bytes, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._unknown = NegativeCache(MAX_UNKNOWN_KEYS, lambda: config.get().api_key_cache_seconds)
+
+    def known_unknown(self, key: str) -> bool:
+        """True when the key is certainly not valid, decided without the database (async hot path)."""
+        return not well_formed(key) or hash_key(key) in self._unknown
 
     def peek(self, key: str) -> Principal | None:
         """The cached principal without touching the database (the async hot path)."""
@@ -73,15 +90,21 @@ class KeyCache:
         return None
 
     def lookup(self, key: str) -> Principal | None:
+        if not well_formed(key):
+            return None
         digest = hash_key(key)
         ttl = config.get().api_key_cache_seconds
         with self._lock_for(digest):  # a cold cache under a burst asks the database once per key
             hit = self._entries.get(digest)
             if ttl > 0 and hit and hit[0] > time.monotonic():
                 return hit[1]
+            if digest in self._unknown:
+                return None
             rows = db.query("SELECT id, name, scope FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
                             (digest,))
             principal = Principal(*rows[0]) if rows else None
+            if principal is None:
+                self._unknown.add(digest)
             with self._lock:
                 if principal is None or ttl <= 0:
                     self._entries.pop(digest, None)
@@ -100,6 +123,7 @@ class KeyCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+        self._unknown.clear()
 
 
 cache = KeyCache()

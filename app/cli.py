@@ -10,8 +10,7 @@ import sys
 from app import config, observability
 
 # Modules exposing register(subparsers); each adds its commands with set_defaults(func=...).
-COMMAND_MODULES = ("app.cli_core", "app.scheduler", "app.newsletter_cli", "app.mailviewer", "tracking.cli",
-                   "scripts.demo_data")
+COMMAND_MODULES = ("app.cli_core", "app.scheduler", "app.newsletter_cli", "tracking.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,9 @@
-"""Core operator commands: migrate, API keys."""
+"""Core operator commands: migrate, API keys, settings."""
 from __future__ import annotations
 
 import sys
 
-from app import apikeys, db, migrate, observability
+from app import apikeys, config, db, migrate, observability
 
 
 def cmd_migrate(args) -> int:
@@ -48,7 +48,22 @@ def cmd_list_api_keys(args) -> int:
     return 0
 
 
+def cmd_settings(args) -> int:
+    if args.markdown:
+        print(config.markdown_table())
+        return 0
+    current = config.get()
+    for f in config.fields(config.Settings):
+        value = getattr(current, f.name)
+        secret = f.name in ("secret_key", "secret_key_fallbacks", "sendgrid_api_key", "dkim_private_key")
+        print(f"{config.env_name(f.name)}={'***' if secret and value else value}")
+    return 0
+
+
 def register(sub) -> None:
+    p = sub.add_parser("settings", help="print every setting in force (secrets masked), or --markdown")
+    p.add_argument("--markdown", action="store_true", help="the README's configuration table")
+    p.set_defaults(func=cmd_settings)
     p = sub.add_parser("migrate", help="apply pending SQL migrations (release phase)")
     p.add_argument("--status", action="store_true", help="list applied and pending migrations")
     p.set_defaults(func=cmd_migrate)

@@ -1,119 +1,116 @@
-"""Every setting comes from the environment, read once, here (Heroku conventions)."""
+"""Every setting is declared once, here: name, type, default and meaning in one field of Settings.
+The environment variable is the field name in upper case; `load()` reads and type-checks each one,
+and the README's configuration table is generated from the same declarations
+(`python -m app settings --markdown`; tests/test_config.py checks they agree)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 
 class ConfigError(RuntimeError):
     """A setting is missing or malformed; raised at start-up, never mid-request."""
 
 
-def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
-
-
-def _float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-
-
-def _bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
 DEV_SECRET_KEY = "dev-insecure-secret-key-change-me"
+MIN_SECRET_KEY_LENGTH = 32
+# Where the built-in key, unsigned webhooks and the mail viewer are allowed. Anything else
+# (production, staging, a typo) gets the production rules.
+DEVELOPMENT_ENVS = ("development", "test")
+# The value SENDGRID_WEBHOOK_ALLOW_UNSIGNED must have: long and explicit on purpose.
+ALLOW_UNSIGNED_WEBHOOK = "i-understand-anyone-can-post-events"
+
+
+def setting(default, doc: str, *, shown: str | None = None):
+    """A field of Settings: its default, what it means, and how the README shows the default."""
+    return field(default=default, metadata={"doc": doc, "shown": shown})
 
 
 @dataclass(frozen=True)
 class Settings:
-    env: str = "development"
-    database_url: str = "postgresql://localhost/notify"
-    redis_url: str = "redis://localhost:6379/0"
-    secret_key: str = DEV_SECRET_KEY
-    # Older keys still verify tokens and tracking codes after a rotation (comma separated).
-    secret_key_fallbacks: tuple = ()
-    base_url: str = "http://localhost:8000"
-    sentry_dsn: str = ""
-    db_pool_size: int = 10
-    db_pool_timeout_seconds: float = 10.0
-    # Ingestion limits
-    max_body_bytes: int = 1024 * 1024
-    max_batch_events: int = 1000
-    max_payload_bytes: int = 16 * 1024
-    # Revocation of an API key is effective within this many seconds on every web process.
-    api_key_cache_seconds: float = 10.0
-    # Group commit: the writer waits at most this long to gather more requests into one transaction.
-    ingest_group_wait_ms: float = 1.0
-    ingest_group_max_events: int = 5000
-    # Migrations
-    migration_lock_timeout: str = "5s"
-    migration_retries: int = 10
-    # Mail
-    mail_provider: str = "file"
-    mail_from: str = "Notify <notify@localhost>"
-    smtp_url: str = "smtp://localhost:1025"
-    mail_file_dir: str = "mail-out"
-    unsubscribe_mailto: str = ""
-    sendgrid_api_key: str = ""
-    sendgrid_api_url: str = "https://api.sendgrid.com/v3/mail/send"
-    sendgrid_webhook_public_key: str = ""
-    sendgrid_webhook_max_age_seconds: int = 600
-    dkim_domain: str = ""
-    dkim_selector: str = ""
-    dkim_private_key: str = ""
-    tracking: bool = True
-    # Click/open history is buffered in the web process and written every this many seconds: the
-    # window of history rows a SIGKILLed web process can lose (SIGTERM flushes them).
-    tracking_flush_seconds: float = 0.2
-    tracking_buffer_max_rows: int = 200_000
-    # Clicks/opens this soon after delivery are link scanners / proxy prefetches (is_machine).
-    tracking_scanner_seconds: int = 10
-    sendgrid_webhook_max_body_bytes: int = 8 * 1024 * 1024
-    # Digest pipeline
-    digest_max_items: int = 50
-    digest_stagger_seconds: int = 3600
-    digest_processing_timeout_seconds: int = 900
-    digest_max_attempts: int = 5
-    scheduler_interval_seconds: float = 30.0
-    digest_template_dir: str = ""            # empty: digest/templates
-    digest_claim_batch: int = 100            # runs claimed and sent per actor message
-    digest_plan_batch: int = 10_000          # subscribers planned per statement (each batch commits)
-    digest_event_page: int = 1000
-    digest_max_events: int = 100_000         # per run; older-first, the rest waits for the next digest
-    digest_queue_max_depth: int = 200        # checker never lets the digest queue grow past this
-    digest_reenqueue_seconds: int = 300      # a pending run enqueued this long ago is enqueued again
-    digest_retry_base_seconds: int = 60      # backoff after a transient send failure: base * 2^attempts
-    smtp_pool_size: int = 8                  # concurrent SMTP connections per worker process
-    smtp_timeout_seconds: float = 30.0
-    smtp_async: bool = True                  # drive the pool from one asyncio loop (off: a thread per connection)
-    # Newsletter
-    send_batch_size: int = 100
-    reclaim_after_seconds: int = 1800
-    provider_rate_per_second: float = 0.0
-    soft_bounce_limit: int = 3
-    # Send chains (concurrent send_batch message loops) per newsletter; ~ worker threads for it.
-    newsletter_send_chains: int = 4
-    # Transient provider failures retried with backoff this many times before a row is `failed`.
-    newsletter_max_attempts: int = 8
+    # -- platform
+    env: str = setting("production", "`development` or `test` allow the built-in key, unsigned webhooks and "
+                                     "the dev mail viewer; anything else (or unset) is production: start-up fails "
+                                     "without a SECRET_KEY of 32+ characters other than the built-in one, and "
+                                     "without SENDGRID_WEBHOOK_PUBLIC_KEY or the opt-out. `make run`/`demo`/"
+                                     "`migrate`/`bench` and `Procfile.dev` set `development`; run "
+                                     "`python -m app …` by hand with `APP_ENV=development` locally")
+    database_url: str = setting("postgresql://localhost/notify", "Postgres; created if missing by `migrate`")
+    redis_url: str = setting("redis://localhost:6379/0", "Dramatiq's broker")
+    secret_key: str = setting(DEV_SECRET_KEY, "signs tokens and tracking codes (`openssl rand -hex 32`)",
+                              shown="dev key (development/test only)")
+    secret_key_fallbacks: tuple = setting((), "older keys (comma separated) that still verify after a rotation")
+    base_url: str = setting("http://localhost:8000", "public URL used in mails")
+    sentry_dsn: str = setting("", "when set, web and workers report errors (Starlette + Dramatiq integrations)")
+    db_pool_size: int = setting(10, "peewee pool per process")
+    db_pool_timeout_seconds: float = setting(10.0, "how long a request waits for a pooled connection")
+    # -- ingestion
+    max_body_bytes: int = setting(1024 * 1024, "largest request body", shown="1 MiB")
+    max_batch_events: int = setting(1000, "events per POST /v1/events")
+    max_payload_bytes: int = setting(16 * 1024, "an event's payload as JSON", shown="16 KiB")
+    api_key_cache_seconds: float = setting(10.0, "revocation delay bound; also how long an unknown key is "
+                                                 "remembered as unknown (a key created meanwhile works within it)")
+    ingest_group_wait_ms: float = setting(1.0, "group commit: how long the writer waits to gather more requests")
+    ingest_group_max_events: int = setting(5000, "group commit: most events in one transaction")
+    # -- migrations
+    migration_lock_timeout: str = setting("5s", "lock_timeout of each migration statement")
+    migration_retries: int = setting(10, "retries (with backoff) of a migration that hit the lock timeout")
+    # -- mail
+    mail_provider: str = setting("file", "`smtp`, `sendgrid` or `file` (`make run` uses the dev SMTP sink)")
+    mail_from: str = setting("Notify <notify@localhost>", "default sender: exactly one mailbox")
+    smtp_url: str = setting("smtp://localhost:1025", "`smtp://user:pass@host:port`, `?starttls=1`, or `smtps://`")
+    mail_file_dir: str = setting("mail-out", "where the `file` provider writes .eml files")
+    unsubscribe_mailto: str = setting("", "adds a mailto: target to List-Unsubscribe")
+    sendgrid_api_key: str = setting("", "SendGrid API key")
+    sendgrid_api_url: str = setting("https://api.sendgrid.com/v3/mail/send", "SendGrid v3 mail/send endpoint")
+    sendgrid_webhook_public_key: str = setting("", "verifies signed SendGrid event webhooks (base64 DER); "
+                                                   "required outside development")
+    sendgrid_webhook_allow_unsigned: bool = setting(
+        False, f"set to exactly `{ALLOW_UNSIGNED_WEBHOOK}` to run production without that key (anyone can then "
+               "post events: suppress addresses, fake statistics); logged as a WARNING at start-up", shown="—")
+    sendgrid_webhook_max_age_seconds: int = setting(600, "oldest signed webhook timestamp accepted")
+    sendgrid_webhook_max_body_bytes: int = setting(8 * 1024 * 1024, "largest webhook body", shown="8 MiB")
+    dkim_domain: str = setting("", "DKIM signing domain (with DKIM_SELECTOR and DKIM_PRIVATE_KEY)")
+    dkim_selector: str = setting("", "DKIM selector")
+    dkim_private_key: str = setting("", "PEM key, or a path to one")
+    # -- tracking
+    tracking: bool = setting(True, "`off` sends clean links and no open pixel")
+    tracking_flush_seconds: float = setting(0.2, "click/open history buffered this long (what a SIGKILLed web "
+                                                 "process can lose; SIGTERM loses none)")
+    tracking_buffer_max_rows: int = setting(200_000, "most buffered history rows per web process")
+    tracking_scanner_seconds: int = setting(10, "clicks/opens this soon after delivery are link scanners")
+    forwarded_allow_ips: str = setting("127.0.0.1,::1", "trusted proxies (IPs/CIDRs, `*` = all): only behind one "
+                                                        "of these is `X-Forwarded-For` read, right to left, skipping "
+                                                        "trusted hops; uvicorn reads the same variable")
+    # -- digests
+    digest_max_items: int = setting(50, "entities shown per digest (\"and N more\")")
+    digest_stagger_seconds: int = setting(3600, "spread of a slot's sends (stable per subscriber)")
+    digest_processing_timeout_seconds: int = setting(300, "a batch's worker is presumed dead after this "
+                                                          "(README \"Failure handling\": how it was chosen)")
+    digest_max_attempts: int = setting(5, "attempts before a run is `failed`")
+    scheduler_interval_seconds: float = setting(30.0, "scheduler tick")
+    digest_template_dir: str = setting("", "override digest/templates")
+    digest_claim_batch: int = setting(100, "runs claimed and sent per actor message")
+    digest_plan_batch: int = setting(10_000, "subscribers planned per statement (each batch commits)")
+    digest_event_page: int = setting(1000, "events loaded per page")
+    digest_max_events: int = setting(100_000, "events per run; the rest waits for the next digest")
+    digest_queue_max_depth: int = setting(200, "the checker never lets the digest queue grow past this")
+    digest_reenqueue_seconds: int = setting(300, "a pending run enqueued this long ago is enqueued again")
+    digest_retry_base_seconds: int = setting(60, "backoff after a retryable failure: base x 2^attempts")
+    smtp_pool_size: int = setting(8, "concurrent SMTP connections per worker process (size by Little's law)")
+    smtp_timeout_seconds: float = setting(30.0, "per SMTP step; a batch starts no mail after twice this")
+    smtp_async: bool = setting(True, "drive the pool from one asyncio loop (off: a thread per connection)")
+    # -- newsletters
+    send_batch_size: int = setting(100, "rows per claim and per provider call")
+    reclaim_after_seconds: int = setting(300, "a `sending` row is presumed lost after this")
+    provider_rate_per_second: float = setting(0.0, "shared send ceiling (0: none); 429s lower it adaptively")
+    soft_bounce_limit: int = setting(3, "deferrals before an address is suppressed")
+    newsletter_send_chains: int = setting(4, "concurrent send loops per newsletter")
+    newsletter_max_attempts: int = setting(8, "retryable failures before a row is `failed`")
 
     @property
     def is_development(self) -> bool:
-        return self.env in ("development", "test")
+        return self.env in DEVELOPMENT_ENVS
 
     @property
     def secret_keys(self) -> tuple:
@@ -121,75 +118,105 @@ class Settings:
         return (self.secret_key, *self.secret_key_fallbacks)
 
 
-def load() -> Settings:
-    env = os.environ.get("APP_ENV", "development").strip().lower()
+def env_name(name: str) -> str:
+    return "APP_ENV" if name == "env" else name.upper()
+
+
+def _parse(f, raw: str):
+    kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool, "str": str,
+                                                      "tuple": tuple}[f.type]
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if kind is tuple:
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            word = "an integer" if kind is int else "a number"
+            raise ConfigError(f"{env_name(f.name)} must be {word}, got {raw!r}") from None
+    return raw
+
+
+def _secret_keys(env: str) -> tuple[str, tuple]:
+    """SECRET_KEY and its fallbacks. Outside development/test the key in this repository (or a
+    short guessable one) would let anyone forge unsubscribe tokens and tracking codes."""
     secret = os.environ.get("SECRET_KEY", "")
-    if not secret:
-        if env not in ("development", "test"):
-            raise ConfigError(
-                f"SECRET_KEY is not set (APP_ENV={env}). Set SECRET_KEY to a long random string; "
-                "it signs unsubscribe tokens and tracking codes."
-            )
-        secret = DEV_SECRET_KEY
     fallbacks = tuple(k.strip() for k in os.environ.get("SECRET_KEY_FALLBACKS", "").split(",") if k.strip())
-    return Settings(
-        env=env,
-        database_url=os.environ.get("DATABASE_URL", "postgresql://localhost/notify"),
-        redis_url=os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
-        secret_key=secret,
-        secret_key_fallbacks=fallbacks,
-        base_url=os.environ.get("BASE_URL", "http://localhost:8000").rstrip("/"),
-        sentry_dsn=os.environ.get("SENTRY_DSN", ""),
-        db_pool_size=_int("DB_POOL_SIZE", 10),
-        db_pool_timeout_seconds=_float("DB_POOL_TIMEOUT_SECONDS", 10.0),
-        max_body_bytes=_int("MAX_BODY_BYTES", 1024 * 1024),
-        max_batch_events=_int("MAX_BATCH_EVENTS", 1000),
-        max_payload_bytes=_int("MAX_PAYLOAD_BYTES", 16 * 1024),
-        api_key_cache_seconds=_float("API_KEY_CACHE_SECONDS", 10.0),
-        ingest_group_wait_ms=_float("INGEST_GROUP_WAIT_MS", 1.0),
-        ingest_group_max_events=_int("INGEST_GROUP_MAX_EVENTS", 5000),
-        migration_lock_timeout=os.environ.get("MIGRATION_LOCK_TIMEOUT", "5s"),
-        migration_retries=_int("MIGRATION_RETRIES", 10),
-        mail_provider=os.environ.get("MAIL_PROVIDER", "file"),
-        mail_from=os.environ.get("MAIL_FROM", "Notify <notify@localhost>"),
-        smtp_url=os.environ.get("SMTP_URL", "smtp://localhost:1025"),
-        mail_file_dir=os.environ.get("MAIL_FILE_DIR", "mail-out"),
-        unsubscribe_mailto=os.environ.get("UNSUBSCRIBE_MAILTO", ""),
-        sendgrid_api_key=os.environ.get("SENDGRID_API_KEY", ""),
-        sendgrid_api_url=os.environ.get("SENDGRID_API_URL", "https://api.sendgrid.com/v3/mail/send"),
-        sendgrid_webhook_public_key=os.environ.get("SENDGRID_WEBHOOK_PUBLIC_KEY", ""),
-        sendgrid_webhook_max_age_seconds=_int("SENDGRID_WEBHOOK_MAX_AGE_SECONDS", 600),
-        dkim_domain=os.environ.get("DKIM_DOMAIN", ""),
-        dkim_selector=os.environ.get("DKIM_SELECTOR", ""),
-        dkim_private_key=os.environ.get("DKIM_PRIVATE_KEY", ""),
-        tracking=_bool("TRACKING", True),  # TRACKING=off sends clean links and no pixel
-        tracking_flush_seconds=_float("TRACKING_FLUSH_SECONDS", 0.2),
-        tracking_buffer_max_rows=_int("TRACKING_BUFFER_MAX_ROWS", 200_000),
-        tracking_scanner_seconds=_int("TRACKING_SCANNER_SECONDS", 10),
-        sendgrid_webhook_max_body_bytes=_int("SENDGRID_WEBHOOK_MAX_BODY_BYTES", 8 * 1024 * 1024),
-        digest_max_items=_int("DIGEST_MAX_ITEMS", 50),
-        digest_stagger_seconds=_int("DIGEST_STAGGER_SECONDS", 3600),
-        digest_processing_timeout_seconds=_int("DIGEST_PROCESSING_TIMEOUT_SECONDS", 900),
-        digest_max_attempts=_int("DIGEST_MAX_ATTEMPTS", 5),
-        scheduler_interval_seconds=_float("SCHEDULER_INTERVAL_SECONDS", 30.0),
-        digest_template_dir=os.environ.get("DIGEST_TEMPLATE_DIR", ""),
-        digest_claim_batch=_int("DIGEST_CLAIM_BATCH", 100),
-        digest_plan_batch=_int("DIGEST_PLAN_BATCH", 10_000),
-        digest_event_page=_int("DIGEST_EVENT_PAGE", 1000),
-        digest_max_events=_int("DIGEST_MAX_EVENTS", 100_000),
-        digest_queue_max_depth=_int("DIGEST_QUEUE_MAX_DEPTH", 200),
-        digest_reenqueue_seconds=_int("DIGEST_REENQUEUE_SECONDS", 300),
-        digest_retry_base_seconds=_int("DIGEST_RETRY_BASE_SECONDS", 60),
-        smtp_pool_size=_int("SMTP_POOL_SIZE", 8),
-        smtp_timeout_seconds=_float("SMTP_TIMEOUT_SECONDS", 30.0),
-        smtp_async=_bool("SMTP_ASYNC", True),
-        send_batch_size=_int("SEND_BATCH_SIZE", 100),
-        reclaim_after_seconds=_int("RECLAIM_AFTER_SECONDS", 1800),
-        provider_rate_per_second=_float("PROVIDER_RATE_PER_SECOND", 0.0),
-        soft_bounce_limit=_int("SOFT_BOUNCE_LIMIT", 3),
-        newsletter_send_chains=_int("NEWSLETTER_SEND_CHAINS", 4),
-        newsletter_max_attempts=_int("NEWSLETTER_MAX_ATTEMPTS", 8),
-    )
+    if env in DEVELOPMENT_ENVS:
+        return secret or DEV_SECRET_KEY, fallbacks
+    if not secret:
+        raise ConfigError(
+            f"SECRET_KEY is not set (APP_ENV={env}). Set SECRET_KEY to a long random string "
+            f"(at least {MIN_SECRET_KEY_LENGTH} characters, e.g. `openssl rand -hex 32`); it signs "
+            "unsubscribe tokens and tracking codes. For local development set APP_ENV=development."
+        )
+    if secret == DEV_SECRET_KEY or DEV_SECRET_KEY in fallbacks:
+        raise ConfigError(
+            f"SECRET_KEY / SECRET_KEY_FALLBACKS contain the development key from the repository "
+            f"(APP_ENV={env}): anyone could forge tokens. Set SECRET_KEY to a new random string "
+            f"(`openssl rand -hex 32`) and remove the development key from SECRET_KEY_FALLBACKS."
+        )
+    if len(secret) < MIN_SECRET_KEY_LENGTH:
+        raise ConfigError(
+            f"SECRET_KEY is {len(secret)} characters (APP_ENV={env}); use at least "
+            f"{MIN_SECRET_KEY_LENGTH} random characters (`openssl rand -hex 32`). Keep the old one "
+            "in SECRET_KEY_FALLBACKS so links already sent keep working."
+        )
+    return secret, fallbacks
+
+
+def _webhook_allow_unsigned(env: str, public_key: str) -> bool:
+    """Outside development/test an unsigned SendGrid webhook lets anyone on the internet suppress
+    any address or fake delivery statistics, so it needs a key or a deliberate, greppable opt-out."""
+    raw = os.environ.get("SENDGRID_WEBHOOK_ALLOW_UNSIGNED", "").strip()
+    if raw and raw != ALLOW_UNSIGNED_WEBHOOK:
+        raise ConfigError(
+            f"SENDGRID_WEBHOOK_ALLOW_UNSIGNED must be exactly {ALLOW_UNSIGNED_WEBHOOK!r} "
+            f"(or unset), got {raw!r}"
+        )
+    allowed = bool(raw)
+    if env not in DEVELOPMENT_ENVS and not public_key and not allowed:
+        raise ConfigError(
+            f"SENDGRID_WEBHOOK_PUBLIC_KEY is not set (APP_ENV={env}): /webhooks/sendgrid would accept "
+            "unsigned events from anyone. Set SENDGRID_WEBHOOK_PUBLIC_KEY to the verification key "
+            "from SendGrid (Settings > Mail Settings > Signed Event Webhook), or, to accept unsigned "
+            f"events anyway, set SENDGRID_WEBHOOK_ALLOW_UNSIGNED={ALLOW_UNSIGNED_WEBHOOK}."
+        )
+    return allowed
+
+
+# Read by load() itself: their rules depend on APP_ENV and on each other.
+_SPECIAL = {"env", "secret_key", "secret_key_fallbacks", "sendgrid_webhook_allow_unsigned"}
+
+
+def load() -> Settings:
+    values = {}
+    for f in fields(Settings):
+        raw = os.environ.get(env_name(f.name))
+        if f.name not in _SPECIAL and raw is not None and raw != "":
+            values[f.name] = _parse(f, raw)
+    # Unset means production: a deploy that forgets APP_ENV fails on the missing SECRET_KEY instead
+    # of signing with the key in this repository. `make run`/`make demo`/... set development.
+    env = os.environ.get("APP_ENV", "").strip().lower() or Settings.env
+    values["env"] = env
+    values["secret_key"], values["secret_key_fallbacks"] = _secret_keys(env)
+    values["sendgrid_webhook_allow_unsigned"] = _webhook_allow_unsigned(
+        env, values.get("sendgrid_webhook_public_key", ""))
+    values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
+    return Settings(**values)
+
+
+def markdown_table() -> str:
+    """The README's configuration table, from the declarations."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for f in fields(Settings):
+        shown = f.metadata.get("shown")
+        if shown is None:
+            shown = ("on" if f.default else "off") if isinstance(f.default, bool) else \
+                ", ".join(f.default) if isinstance(f.default, tuple) else f.default
+        rows.append(f"| `{env_name(f.name)}` | {shown if shown != '' else '—'} | {f.metadata['doc']} |")
+    return "\n".join(rows)
 
 
 _settings: Settings | None = None

@@ -1,41 +1,38 @@
-"""Database access: one peewee database (pooled) plus raw psycopg2 connections for bulk paths.
+"""Database access: peewee's connection pool plus raw psycopg2 connections for the hot paths.
 
-Models mirror sql/migrations; the SQL files are the schema, peewee never creates tables.
+The SQL files in sql/migrations are the schema. peewee is used for its pool
+(PooledPostgresqlExtDatabase: `query`, `database.atomic()`) in the admin API, pages and
+operator commands; it has no models here — they were never queried and had drifted from the
+schema. The hot paths (claims, marks, group commits, click history) use plain psycopg2 on
+connections a worker thread keeps (ThreadConnections) or a writer thread owns, because they need
+execute_values, COPY, arrays as literals and explicit transactions that an ORM would only wrap.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import threading
+import time
 from urllib.parse import urlparse
 
 import psycopg2
 import psycopg2.extras
-from peewee import (
-    AutoField,
-    BigIntegerField,
-    BlobField,
-    BooleanField,
-    DateField,
-    ForeignKeyField,
-    IntegerField,
-    Model,
-    SmallIntegerField,
-    TextField,
-)
+import tenacity
+import peewee
 from playhouse.db_url import parse as parse_db_url
-from playhouse.postgres_ext import (
-    ArrayField,
-    BinaryJSONField,
-    DateTimeTZField,
-    PooledPostgresqlExtDatabase,
-)
+from playhouse.pool import MaxConnectionsExceeded
+from playhouse.postgres_ext import PooledPostgresqlExtDatabase
 
 from app import config
 
 log = logging.getLogger("app.db")
 
 database = PooledPostgresqlExtDatabase(None, autoconnect=True)
+
+# Every way "the database is not answering" surfaces: a refused or dropped connection (psycopg2 or
+# peewee's wrappers), or no pooled connection free within DB_POOL_TIMEOUT_SECONDS.
+UNAVAILABLE = (psycopg2.OperationalError, psycopg2.InterfaceError, peewee.OperationalError,
+               peewee.InterfaceError, MaxConnectionsExceeded)
 _bound_url: str | None = None
 
 
@@ -50,6 +47,7 @@ def init(url: str | None = None) -> PooledPostgresqlExtDatabase:
         database.close_all()
     params = parse_db_url(url)
     name = params.pop("database")
+    database.connect_params.clear()   # peewee's init() merges: a port from the old URL would stick
     # timeout: a burst of threadpool requests waits for a free connection instead of failing.
     database.init(name, max_connections=settings.db_pool_size, stale_timeout=300,
                   timeout=settings.db_pool_timeout_seconds, **params)
@@ -133,188 +131,32 @@ def raw_cursor(url: str | None = None):
         conn.close()
 
 
+def write_deadline(claimed_at: float, timeout_seconds: float) -> float:
+    """Until when a worker keeps retrying the write of outcomes it claimed at `claimed_at`
+    (time.monotonic()): comfortably before the watchdog or reclaimer may take the rows back after
+    `timeout_seconds` — 30 s before, or a fifth of the timeout when that is shorter."""
+    return claimed_at + timeout_seconds - min(30.0, timeout_seconds / 5)
+
+
+def until_written(work, deadline: float, what: str):
+    """work() — a write whose outcome must not be lost (mail the provider already accepted) —
+    retried while the database is unavailable, with backoff, until `deadline` (time.monotonic()).
+    Past it the last error is raised: the caller's rows are then returned by the watchdog or the
+    reclaimer, whose timeouts are chosen to come after this deadline."""
+    def log_wait(state):
+        log.warning("%s: database unavailable (%s); retrying in %.1f s", what, state.outcome.exception(),
+                    state.next_action.sleep)
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(UNAVAILABLE),
+        stop=tenacity.stop_before_delay(max(0.0, deadline - time.monotonic())),
+        wait=tenacity.wait_exponential_jitter(multiplier=0.2, max=5.0),
+        before_sleep=log_wait, reraise=True)
+    return retrying(work)
+
+
 def database_name(url: str) -> str:
     return urlparse(url).path.lstrip("/") or "postgres"
-
-
-class BaseModel(Model):
-    class Meta:
-        database = database
-
-
-class ApiKey(BaseModel):
-    id = AutoField()
-    name = TextField()
-    scope = TextField()
-    key_prefix = TextField()
-    key_hash = BlobField(unique=True)
-    created_at = DateTimeTZField()
-    revoked_at = DateTimeTZField(null=True)
-
-    class Meta:
-        table_name = "api_keys"
-
-
-class Subscriber(BaseModel):
-    id = AutoField()
-    user_id = TextField(unique=True)
-    email = TextField()
-    name = TextField(default="")
-    timezone = TextField(default="UTC")
-    digest_cadence = TextField(default="daily")
-    digest_hour = SmallIntegerField(default=9)
-    digest_weekday = SmallIntegerField(default=0)
-    category_opt_outs = ArrayField(TextField, default=list)
-    paused_until = DateTimeTZField(null=True)
-    unsubscribed_at = DateTimeTZField(null=True)
-    tracking_opt_out = BooleanField(default=False)
-    token_version = IntegerField(default=1)
-    soft_bounce_count = IntegerField(default=0)
-    created_at = DateTimeTZField()
-    updated_at = DateTimeTZField()
-
-    class Meta:
-        table_name = "subscribers"
-
-
-class DigestRun(BaseModel):
-    id = AutoField()
-    subscriber = ForeignKeyField(Subscriber, column_name="subscriber_id", on_delete="CASCADE")
-    cadence = TextField()
-    period = DateField()
-    scheduled_for = DateTimeTZField()
-    status = TextField(default="pending")
-    attempts = IntegerField(default=0)
-    next_attempt_at = DateTimeTZField(null=True)
-    enqueued_at = DateTimeTZField(null=True)
-    claimed_at = DateTimeTZField(null=True)
-    completed_at = DateTimeTZField(null=True)
-    event_count = IntegerField(null=True)
-    provider_message_id = TextField(null=True)
-    last_error = TextField(null=True)
-    skip_reason = TextField(null=True)
-    created_at = DateTimeTZField()
-
-    class Meta:
-        table_name = "digest_runs"
-
-
-class DigestEvent(BaseModel):
-    id = AutoField()
-    source = TextField()
-    producer_id = TextField()
-    user_id = TextField()
-    category = TextField()
-    entity_type = TextField()
-    entity_id = TextField()
-    actor_id = TextField(null=True)
-    actor_name = TextField(null=True)
-    payload = BinaryJSONField(default=dict)
-    occurred_at = DateTimeTZField()
-    received_at = DateTimeTZField()
-    digest_run = ForeignKeyField(DigestRun, column_name="digest_run_id", null=True)
-
-    class Meta:
-        table_name = "digest_events"
-
-
-class Newsletter(BaseModel):
-    id = AutoField()
-    subject = TextField()
-    html = TextField()
-    text = TextField(null=True)
-    from_addr = TextField(null=True)
-    status = TextField(default="draft")
-    audience = BinaryJSONField(null=True)
-    created_at = DateTimeTZField()
-    send_requested_at = DateTimeTZField(null=True)
-    outbox_completed_at = DateTimeTZField(null=True)
-    completed_at = DateTimeTZField(null=True)
-
-    class Meta:
-        table_name = "newsletters"
-
-
-class EmailLog(BaseModel):
-    id = AutoField()
-    newsletter = ForeignKeyField(Newsletter, column_name="newsletter_id", on_delete="CASCADE")
-    subscriber = ForeignKeyField(Subscriber, column_name="subscriber_id", on_delete="CASCADE")
-    email = TextField()
-    status = TextField(default="pending")
-    attempts = IntegerField(default=0)
-    next_attempt_at = DateTimeTZField(null=True)
-    claimed_at = DateTimeTZField(null=True)
-    sent_at = DateTimeTZField(null=True)
-    provider_message_id = TextField(null=True)
-    error = TextField(null=True)
-    created_at = DateTimeTZField()
-
-    class Meta:
-        table_name = "email_log"
-
-
-class EmailLink(BaseModel):
-    id = AutoField()
-    mail_kind = TextField()
-    mail_id = BigIntegerField()
-    url = TextField()
-    url_hash = BlobField()
-    created_at = DateTimeTZField()
-
-    class Meta:
-        table_name = "email_links"
-
-
-class EmailLinkHistory(BaseModel):
-    id = AutoField()
-    kind = TextField()
-    link = ForeignKeyField(EmailLink, column_name="link_id", null=True)
-    mail_kind = TextField()
-    mail_id = BigIntegerField()
-    subscriber_id = BigIntegerField(null=True)
-    ip = TextField(null=True)
-    user_agent = TextField(null=True)
-    is_machine = BooleanField(default=False)
-    machine_reason = TextField(null=True)
-    occurred_at = DateTimeTZField()
-
-    class Meta:
-        table_name = "email_link_history"
-
-
-class LegacyLinkCode(BaseModel):
-    code = TextField(primary_key=True)
-    link = ForeignKeyField(EmailLink, column_name="link_id")
-    subscriber_id = BigIntegerField(null=True)
-    created_at = DateTimeTZField()
-
-    class Meta:
-        table_name = "legacy_link_codes"
-
-
-class WebhookEvent(BaseModel):
-    id = AutoField()
-    sg_event_id = TextField(unique=True)
-    event = TextField()
-    email = TextField(null=True)
-    payload = BinaryJSONField()
-    received_at = DateTimeTZField()
-    processed_at = DateTimeTZField(null=True)
-    error = TextField(null=True)
-
-    class Meta:
-        table_name = "webhook_events"
-
-
-class Suppression(BaseModel):
-    id = AutoField()
-    email = TextField(unique=True)
-    reason = TextField()
-    source = TextField(null=True)
-    created_at = DateTimeTZField()
-
-    class Meta:
-        table_name = "suppressions"
 
 
 ALL_TABLES = [

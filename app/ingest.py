@@ -8,7 +8,6 @@ for more), inserts it in one transaction and only then resolves every request's 
 from __future__ import annotations
 
 import logging
-import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,7 +16,7 @@ import orjson
 import psycopg2.extras
 
 from app import config
-from app.groupcommit import GroupCommitWriter
+from app.groupcommit import GroupCommitWriter, OnFirstUse
 
 log = logging.getLogger("app.ingest")
 
@@ -195,18 +194,7 @@ def new_writer(url: str | None = None) -> GroupCommitWriter:
                              max_items=settings.ingest_group_max_events)
 
 
-_writer: GroupCommitWriter | None = None
-_writer_lock = threading.Lock()
-
-
-def writer() -> GroupCommitWriter:
-    """This process's writer, started on first use (after uvicorn forked its workers)."""
-    global _writer
-    if _writer is None:
-        with _writer_lock:
-            if _writer is None:
-                _writer = new_writer()
-    return _writer
+writer = OnFirstUse(new_writer)
 
 
 def submit(rows: list[tuple]) -> Future:

@@ -5,6 +5,7 @@ import sys
 import time
 
 from app import db
+from app.newsletter import service
 
 FINAL = ("done", "cancelled", "draft")
 BAR_WIDTH = 40
@@ -25,8 +26,6 @@ def progress_line(s: dict, elapsed: float | None = None, rate: float | None = No
 
 
 def cmd_status(args) -> int:
-    from app.newsletter import service
-
     db.init()
     try:
         s = service.status(args.id)

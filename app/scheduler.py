@@ -5,7 +5,7 @@ scheduler waits and takes over within one interval when the leader's connection 
 is idempotent anyway (unique keys, SKIP LOCKED), so a brief overlap could not double-send.
 
 Each tick (every SCHEDULER_INTERVAL_SECONDS):
-  1. plan digest runs (app/digest_planner.plan)
+  1. plan digest runs (app/digest_plan.plan)
   2. watchdog: stuck `processing` runs back to `pending` / `failed`
   3. checker: enqueue due pending runs to the digest queue, bounded by queue depth
   4. hooks of other domains, if installed: stale newsletter sends, unapplied webhook events
@@ -23,7 +23,12 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from app import config, db, digest_planner
+from app import config, db, observability, queue
+from app.cli import print_json
+from app.newsletter.reclaim import reclaim_stale
+from digest import build as digest_build
+from digest import plan as digest_plan
+from tracking.webhook_apply import requeue_unprocessed
 
 log = logging.getLogger("app.scheduler")
 
@@ -74,17 +79,11 @@ class Leadership:
 
 def _digest_sender():
     """send(ids) for the checker, and the current queue depth."""
-    import actors  # sets up the broker from REDIS_URL, then binds the actors
-
-    actor = actors.digest.build_and_send_digest
-    return actor.send, lambda: digest_planner.queue_depth(actors.broker, actor.queue_name)
+    return (lambda run_ids: queue.send(queue.DIGEST_BATCH, run_ids)), lambda: queue.depth(queue.DIGEST_BATCH.queue)
 
 
 def _hooks() -> dict:
     """Jobs owned by other packages, run each tick as plain functions."""
-    from app.newsletter.reclaim import reclaim_stale
-    from tracking.webhook_apply import requeue_unprocessed
-
     return {"newsletter_reclaim": reclaim_stale, "webhook_requeue": requeue_unprocessed}
 
 
@@ -113,15 +112,15 @@ def tick(now: datetime | None = None, send=None, depth=None) -> dict:
             result.setdefault("errors", []).append(name)
             return default
 
-    result["planned"] = job("plan", lambda: digest_planner.plan(now), 0)
-    result["reclaimed"], result["failed"] = job("watchdog", lambda: digest_planner.watchdog(now), (0, 0))
+    result["planned"] = job("plan", lambda: digest_plan.plan(now), 0)
+    result["reclaimed"], result["failed"] = job("watchdog", lambda: digest_plan.watchdog(now), (0, 0))
 
     def check():
         nonlocal send, depth
         if send is None or depth is None:
             default_send, default_depth = _digest_sender()
             send, depth = send or default_send, depth or default_depth
-        return digest_planner.check(now, send, depth())   # depth() fails when Redis is down
+        return digest_plan.check(now, send, depth())   # depth() fails when Redis is down
 
     result["enqueued"] = job("checker", check, 0)
     result["hooks"] = run_hooks()
@@ -140,8 +139,6 @@ def parse_now(text: str | None) -> datetime | None:
 
 
 def cmd_scheduler(args) -> int:
-    from app import observability
-
     observability.init_sentry("scheduler")
     db.init()
     try:
@@ -162,7 +159,6 @@ def cmd_scheduler(args) -> int:
             print("another scheduler holds the lock; nothing done", file=sys.stderr)
             return 0
         try:
-            from app.cli import print_json
             print_json(tick(pinned or clock()))
         finally:
             leadership.release()
@@ -195,56 +191,24 @@ def cmd_scheduler(args) -> int:
     return 0
 
 
-def send_next_now(user_ids: list[str] | None, now: datetime | None = None) -> list[int]:
-    """Make each subscriber's NEXT digest due now (all subscribers with unsent events when
-    user_ids is None) and return the run ids. A pending run is moved to now; otherwise the run of the
-    next slot is created due now, so the planner does not add a second one for that period."""
-    now = now or datetime.now(timezone.utc)
-    with db.raw_cursor() as cur:
-        if user_ids is None:
-            cur.execute("SELECT id, timezone, digest_cadence, digest_hour, digest_weekday FROM subscribers s "
-                        "WHERE digest_cadence <> 'off' AND unsubscribed_at IS NULL AND EXISTS (SELECT 1 FROM "
-                        "digest_events e WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL)")
-        else:
-            cur.execute("SELECT id, timezone, digest_cadence, digest_hour, digest_weekday FROM subscribers "
-                        "WHERE user_id = ANY (%s) AND digest_cadence <> 'off' AND unsubscribed_at IS NULL",
-                        (list(user_ids),))
-        subs = cur.fetchall()
-        run_ids = []
-        for sid, tz_name, cadence, hour, weekday in subs:
-            cur.execute("UPDATE digest_runs SET scheduled_for = %s, next_attempt_at = NULL, enqueued_at = NULL "
-                        "WHERE subscriber_id = %s AND cadence = %s AND status = 'pending' RETURNING id",
-                        (now, sid, cadence))
-            rows = cur.fetchall()
-            if not rows:
-                period, _ = digest_planner.next_slot(now, tz_name, cadence, hour, weekday)
-                cur.execute("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) "
-                            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING id", (sid, cadence, period, now))
-                rows = cur.fetchall()
-            run_ids += [r[0] for r in rows]
-    return run_ids
-
-
 def cmd_digest_now(args) -> int:
     db.init()
     if not args.all and not args.user_ids:
         print("error: name USER_IDs or pass --all", file=sys.stderr)
         return 2
-    run_ids = send_next_now(None if args.all else args.user_ids)
+    run_ids = digest_plan.send_next_now(None if args.all else args.user_ids)
     send, _ = _digest_sender()
     batch = max(1, config.get().digest_claim_batch)
     for start in range(0, len(run_ids), batch):
         send(run_ids[start:start + batch])
-    print(f"{len(run_ids)} digest run(s) due now and enqueued; a worker sends them (mail viewer: /dev/mail)")
+    print(f"{len(run_ids)} digest run(s) due now and enqueued; a worker sends them (make run: the mail viewer on port 8025)")
     return 0
 
 
 def cmd_preview_digest(args) -> int:
-    from app import digest_sender
-
     db.init()
     try:
-        rendered = digest_sender.preview(args.user_id)
+        rendered = digest_build.preview(args.user_id)
     except LookupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -6,6 +6,11 @@ payload = "v1:<subscriber_id>:<token_version>[:<scope>]"
 Never expire, but revocable: bumping subscribers.token_version invalidates every token issued so
 far. Verification accepts SECRET_KEY and every SECRET_KEY_FALLBACKS entry (key rotation). Ids are
 inside the MAC, so tokens cannot be forged or enumerated.
+
+Hand-written rather than itsdangerous because tokens already in inboxes must keep verifying
+(golden fixtures: tests/test_tokens_golden.py) and because it is cheaper per mail:
+`scripts/bench/tokens.py` measured make 5.8 µs / verify 8.3 µs / 57 characters here against
+itsdangerous URLSafeSerializer's 92.6 µs / 16.9 µs / 63 characters (two tokens per mail).
 """
 from __future__ import annotations
 
@@ -59,9 +64,15 @@ def verify(purpose: str, token: str) -> TokenClaims | None:
     if not any(hmac.compare_digest(_mac(key, purpose, raw), given) for key in config.get().secret_keys):
         return None
     parts = raw.decode("utf-8", "replace").split(":", 3)
-    if len(parts) < 3 or parts[0] != "v1" or not parts[1].isdigit() or not parts[2].isdigit():
+    if len(parts) < 3 or parts[0] != "v1" or not _is_id(parts[1]) or not _is_id(parts[2]):
         return None
     return TokenClaims(int(parts[1]), int(parts[2]), parts[3] if len(parts) == 4 else None)
+
+
+def _is_id(text: str) -> bool:
+    # ASCII only: str.isdigit() also accepts '²' (int() refuses it) and '٣' (int() reads 3).
+    # 18 digits: every bigint id fits, and Postgres is never asked about an out-of-range one.
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def unsubscribe_url(subscriber_id: int, token_version: int = 1, scope: str | None = None) -> str:

@@ -9,8 +9,8 @@ import logging
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from app import config, db, openapi, observability
-from app.http import ApiError, api_error_handler
+from app import config, db, forwarded, openapi, observability
+from app.http import ApiError, api_error_handler, database_unavailable_handler
 
 log = logging.getLogger("app.web")
 
@@ -31,12 +31,13 @@ def create_app() -> Starlette:
     observability.setup_logging()
     observability.init_sentry("web")
     db.init()
+    forwarded.trusted_proxies()  # a malformed FORWARDED_ALLOW_IPS is a start-up error, not a 500 per click
     modules = [importlib.import_module(name) for name in ROUTE_MODULES]
+    for module in modules:  # e.g. the webhook refuses a malformed public key now, not per request
+        if hasattr(module, "check_config"):
+            module.check_config(settings)
     routes = [route for module in modules for route in module.routes]
     routes.append(Route("/openapi.json", openapi.endpoint(openapi.build(modules)), methods=["GET"]))
-    if settings.is_development:
-        from app import mailviewer
-        routes.extend(mailviewer.routes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -51,7 +52,9 @@ def create_app() -> Starlette:
                 module.on_shutdown()
         db.database.close_all()
 
-    return Starlette(routes=routes, exception_handlers={ApiError: api_error_handler}, lifespan=lifespan)
+    handlers = {ApiError: api_error_handler}
+    handlers.update({error: database_unavailable_handler for error in db.UNAVAILABLE})
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
 
 app = create_app()

@@ -10,6 +10,10 @@ dicts and truthy values, inverted sections, comments, dotted names, {{.}}. Not s
 at compile time with TemplateError): partials and delimiter changes. Names resolve in dict scopes
 only — never attributes, so {{title}} inside a section over a string cannot become str.title
 (a chevron pitfall). tests/test_digest_render.py checks the output equals chevron's.
+
+Kept because `scripts/bench/render.py` measures it well ahead of the library: 49 µs per digest
+(subject + HTML + text, 20 events) against 313 µs with chevron.render on the same cached tokens
+and 558 µs from the template text, on a busy 2-core machine (20/195/256 µs when quiet).
 """
 from __future__ import annotations
 

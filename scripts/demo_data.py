@@ -1,7 +1,9 @@
-"""`python -m app demo-data`: a few subscribers and events so a newcomer sees digests arrive."""
+"""`python -m scripts.demo_data`: a few subscribers and events so a newcomer sees digests arrive
+(development only: `make demo`, `make run`)."""
 from __future__ import annotations
 
 import random
+import sys
 from datetime import datetime, timedelta, timezone
 
 from app import apikeys, db, ingest, subscribers
@@ -37,7 +39,7 @@ def load() -> dict:
     return {"subscribers": len(DEMO_USERS), "events_new": result.accepted, "keys": keys}
 
 
-def cmd_demo_data(args) -> int:
+def main() -> int:
     summary = load()
     print(f"demo data: {summary['subscribers']} subscribers, {summary['events_new']} new events")
     for scope, key in summary["keys"].items():
@@ -45,6 +47,5 @@ def cmd_demo_data(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("demo-data", help="load demo subscribers and events (idempotent)")
-    p.set_defaults(func=cmd_demo_data)
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,8 @@ accepted is acknowledged but not delivered again; `accepted_keys` counts every a
 tests can see re-sends, and `delivered` holds each recipient's mail once.
 
 Knobs: `delay` (seconds per call), `throttle_for(seconds)` (429 storm with X-RateLimit-Reset),
-`fail_next(n, status)`, `hold()` / `release()` (keep requests waiting, to kill a worker mid-call).
+`fail_next(n, status)`, `refuse(address)` (400 for requests carrying it, naming the personalization
+like SendGrid), `hold()` / `release()` (keep requests waiting, to kill a worker mid-call).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class FakeSendGrid:
         self.auth_headers: set[str] = set()
         self.idempotency_headers: list[str] = []
         self._storm_until = 0.0
+        self.refused: set[str] = set()
         self._failures: collections.deque = collections.deque()
         self._held = threading.Event()
         self._release = threading.Event()
@@ -75,6 +77,20 @@ class FakeSendGrid:
         self._held.clear()
         self._release.set()
 
+    def refuse(self, address: str) -> None:
+        """Answer 400 to any request carrying this recipient, naming its personalization as SendGrid
+        does ("personalizations.3.to.0.email")."""
+        self.refused.add(address)
+
+    def refused_in(self, payload: dict) -> list[dict]:
+        errors = []
+        for i, p in enumerate(payload["personalizations"]):
+            for j, to in enumerate(p.get("to") or []):
+                if to.get("email") in self.refused:
+                    errors.append({"message": "Does not contain a valid address.",
+                                   "field": f"personalizations.{i}.to.{j}.email"})
+        return errors
+
     @property
     def delivered_count(self) -> int:
         return len(self.delivered)
@@ -115,6 +131,12 @@ class FakeSendGrid:
                     return self._answer(400, {"errors": [{"message": "malformed JSON"}]})
                 if not 1 <= n <= 1000:
                     return self._answer(400, {"errors": [{"message": "personalizations must have 1-1000 items"}]})
+                refused = fake.refused_in(payload)
+                if refused:
+                    with fake.lock:
+                        fake.calls += 1
+                        fake.status_counts[400] += 1
+                    return self._answer(400, {"errors": refused})
                 with fake.lock:
                     fake.auth_headers.add(self.headers.get("Authorization", ""))
                     fake.idempotency_headers.append(self.headers.get("Idempotency-Key", ""))

@@ -199,7 +199,7 @@ def test_database_down_answers_503_and_stores_nothing(client, events_key, monkey
     from app import ingest
 
     broken = ingest.new_writer(url="postgresql://127.0.0.1:1/nowhere")
-    monkeypatch.setattr(ingest, "_writer", broken)
+    monkeypatch.setattr(ingest.writer, "instance", broken)
     r = client.post("/v1/events", json=event(), headers=auth(events_key))
     assert r.status_code == 503 and r.headers["Retry-After"]
     assert count_events() == 0

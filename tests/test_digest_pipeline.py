@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from app import config, db, digest_planner, digest_sender, providers, subscribers
+from app import config, db, providers, subscribers
+from digest import build as digest_build
+from digest import plan as digest_plan
+from digest import send as digest_send
 from tests.test_digest_support import SmtpSink, add_events, make_run, make_subscriber, marked, run_row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +34,7 @@ def test_sends_one_digest_and_marks_exactly_its_events(sink):
     ids = add_events("u1", 3, entity_id="p1") + add_events("u1", 2, entity_id="p2", category="comment")
     other = add_events("someone-else", 2)
     rid = make_run(sid)
-    assert digest_sender.process([rid])["sent"] == 1
+    assert digest_send.process([rid])["sent"] == 1
     row = run_row(rid)
     assert row["status"] == "sent" and row["event_count"] == 5 and row["completed_at"] is not None
     assert set(marked(ids).values()) == {rid} and set(marked(other).values()) == {None}
@@ -46,7 +49,7 @@ def test_sends_one_digest_and_marks_exactly_its_events(sink):
     assert "/u/" in html and "/preferences/" in html and "Unsubscribe" in html
     assert "3 likes" in text and "2 comments" in text
     # a second call (redelivered message) sends nothing
-    assert digest_sender.process([rid]) == {"sent": 0, "skipped": 0, "retry": 0, "failed": 0}
+    assert digest_send.process([rid]) == {"sent": 0, "skipped": 0, "retry": 0, "failed": 0}
     assert len(sink.messages()) == 1
 
 
@@ -55,7 +58,7 @@ def test_skip_when_there_is_nothing_to_send(sink):
     add_events("u1", 2, category="promo")
     subscribers.update(sid, {"category_opt_outs": ["promo"]})
     rid = make_run(sid)
-    assert digest_sender.process([rid])["skipped"] == 1
+    assert digest_send.process([rid])["skipped"] == 1
     row = run_row(rid)
     assert row["status"] == "skipped" and row["skip_reason"] == "no events" and row["event_count"] == 0
     assert sink.messages() == []
@@ -66,7 +69,7 @@ def test_opted_out_categories_are_excluded_and_stay_unmarked(sink):
     keep = add_events("u1", 2, category="like")
     promo = add_events("u1", 2, category="promo")
     rid = make_run(sid)
-    digest_sender.process([rid])
+    digest_send.process([rid])
     assert set(marked(keep).values()) == {rid} and set(marked(promo).values()) == {None}
     assert "promo" not in sink.messages()[0].get_body(("plain",)).get_content()
 
@@ -78,7 +81,7 @@ def test_cap_says_and_n_more_and_marks_the_summarised_events(sink, settings):
     for i in range(7):
         ids += add_events("u1", i + 1, entity_id=f"p{i}", payload={"title": f"Title {i}"})
     rid = make_run(sid)
-    digest_sender.process([rid])
+    digest_send.process([rid])
     text = sink.messages()[0].get_body(("plain",)).get_content()
     assert "Title 6" in text and "Title 5" in text and "Title 4" in text and "Title 3" not in text
     assert "and 4 more (28 updates in total)" in text
@@ -90,7 +93,7 @@ def test_large_backlog_is_paged_and_capped(sink, settings):
     sid = make_subscriber("u1")
     ids = add_events("u1", 50)
     rid = make_run(sid)
-    digest_sender.process([rid])
+    digest_send.process([rid])
     states = marked(ids)
     assert [states[i] for i in ids[:40]] == [rid] * 40      # oldest first, up to the cap
     assert [states[i] for i in ids[40:]] == [None] * 10     # the rest waits for the next digest
@@ -100,7 +103,7 @@ def test_hostile_actor_names_are_escaped_in_the_sent_mail(sink):
     sid = make_subscriber("u1")
     add_events("u1", 2, actor_name='<script>alert("pwn")</script>', payload={"title": "<b>t</b>",
                                                                             "url": "javascript:alert(1)"})
-    digest_sender.process([make_run(sid)])
+    digest_send.process([make_run(sid)])
     html = sink.messages()[0].get_body(("html",)).get_content()
     assert "<script>" not in html and "&lt;script&gt;" in html and "javascript:" not in html
     assert "<b>t</b>" not in html
@@ -120,7 +123,7 @@ def test_suppressed_subscribers_are_skipped_at_claim_time(sink, how):
         db.query("UPDATE subscribers SET paused_until = now() + interval '1 day' WHERE id = %s", (sid,))
     else:   # any writer, even plain SQL: the schedule trigger cancels the pending run
         db.query("UPDATE subscribers SET digest_cadence = 'weekly' WHERE id = %s", (sid,))
-    result = digest_sender.process([rid])
+    result = digest_send.process([rid])
     row = run_row(rid)
     if how == "cadence":
         assert result["skipped"] == 0 and (row["status"], row["skip_reason"]) == ("cancelled", "schedule changed")
@@ -146,12 +149,12 @@ def test_event_arriving_during_a_run_is_left_for_the_next_digest(sink):
     first = add_events("u1", 3)
     rid = make_run(sid)
     wrapper = _InsertDuringSend(providers.get_provider(), "u1")
-    digest_sender.process([rid], provider=wrapper)
+    digest_send.process([rid], provider=wrapper)
     assert set(marked(first).values()) == {rid}
     assert set(marked(wrapper.new_ids).values()) == {None}
     assert run_row(rid)["event_count"] == 3
     rid2 = make_run(sid, period=datetime.now(timezone.utc).date() + timedelta(days=1))
-    digest_sender.process([rid2])
+    digest_send.process([rid2])
     assert set(marked(wrapper.new_ids).values()) == {rid2}
 
 
@@ -167,8 +170,8 @@ def test_two_workers_never_send_the_same_run(sink):
     def worker(ids):
         try:
             barrier.wait()
-            digest_sender.process(ids, limit=7)
-            while digest_sender.process(None, limit=7)["sent"]:
+            digest_send.process(ids, limit=7)
+            while digest_send.process(None, limit=7)["sent"]:
                 pass
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -189,20 +192,20 @@ def test_transient_failure_retries_with_backoff_and_the_same_key(sink):
     ids = add_events("u1", 2)
     rid = make_run(sid)
     sink.reply = "451 4.3.0 try again later"
-    assert digest_sender.process([rid])["retry"] == 1
+    assert digest_send.process([rid])["retry"] == 1
     row = run_row(rid)
     assert row["status"] == "pending" and row["attempts"] == 1 and "451" in row["last_error"]
     assert row["next_attempt_at"] > datetime.now(timezone.utc) + timedelta(seconds=30)
     assert set(marked(ids).values()) == {None}
     # the checker does not pick it up before its backoff has passed …
     sent = []
-    assert digest_planner.check(datetime.now(timezone.utc), sent.append, 0) == 0
+    assert digest_plan.check(datetime.now(timezone.utc), sent.append, 0) == 0
     # … and does after it
-    assert digest_planner.check(row["next_attempt_at"] + timedelta(seconds=1), sent.append, 0) == 1
+    assert digest_plan.check(row["next_attempt_at"] + timedelta(seconds=1), sent.append, 0) == 1
     sink.reply = "250 OK"
-    assert digest_sender.process(sent[0])["sent"] == 0    # a message arriving early leaves it alone
+    assert digest_send.process(sent[0])["sent"] == 0    # a message arriving early leaves it alone
     db.query("UPDATE digest_runs SET next_attempt_at = now() - interval '1 second'")  # time passes
-    assert digest_sender.process(sent[0])["sent"] == 1
+    assert digest_send.process(sent[0])["sent"] == 1
     (msg,) = sink.messages()
     assert msg["Message-ID"].startswith(f"<digest-run-{rid}.")
     assert set(marked(ids).values()) == {rid}
@@ -213,15 +216,15 @@ def test_one_failing_render_does_not_hold_up_the_batch(sink, monkeypatch):
     add_events("good", 1)
     add_events("bad", 1)
     runs = [make_run(good), make_run(bad)]
-    real = digest_sender.render_mail
+    real = digest_build.render_mail
 
     def flaky(run, *args):
         if run.user_id == "bad":
             raise ValueError("odd payload")
         return real(run, *args)
 
-    monkeypatch.setattr(digest_sender, "render_mail", flaky)
-    assert digest_sender.process(runs) == {"sent": 1, "skipped": 0, "retry": 1, "failed": 0}
+    monkeypatch.setattr(digest_build, "render_mail", flaky)
+    assert digest_send.process(runs) == {"sent": 1, "skipped": 0, "retry": 1, "failed": 0}
     assert run_row(runs[0])["status"] == "sent"
     row = run_row(runs[1])
     assert row["status"] == "pending" and "odd payload" in row["last_error"] and row["attempts"] == 1
@@ -232,7 +235,7 @@ def test_permanent_failure_marks_the_run_failed(sink):
     ids = add_events("u1", 2)
     rid = make_run(sid)
     sink.reply = "550 5.1.1 no such user"
-    assert digest_sender.process([rid])["failed"] == 1
+    assert digest_send.process([rid])["failed"] == 1
     row = run_row(rid)
     assert row["status"] == "failed" and "550" in row["last_error"]
     assert set(marked(ids).values()) == {None}
@@ -244,17 +247,18 @@ def test_too_many_transient_failures_end_in_failed(sink, settings):
     add_events("u1", 1)
     rid = make_run(sid)
     sink.reply = "421 4.7.0 busy"
-    digest_sender.process([rid])
+    digest_send.process([rid])
     assert run_row(rid)["status"] == "pending"
     db.query("UPDATE digest_runs SET next_attempt_at = now() - interval '1 second'")
-    digest_sender.process([rid])
+    digest_send.process([rid])
     row = run_row(rid)
     assert row["status"] == "failed" and row["attempts"] == 2 and "421" in row["last_error"]
 
 
 CRASH_SCRIPT = textwrap.dedent("""
     import os, sys
-    from app import db, digest_sender
+    from app import db
+    from digest import send as digest_send
     from app.providers import get_provider
     db.init()
     provider = get_provider()
@@ -264,7 +268,7 @@ CRASH_SCRIPT = textwrap.dedent("""
         assert all(r.ok for r in results), results
         os._exit(17)            # killed after the provider accepted, before the final commit
     provider.send_batch = send_then_die
-    digest_sender.process([int(sys.argv[1])])
+    digest_send.process([int(sys.argv[1])])
 """)
 
 
@@ -282,9 +286,9 @@ def test_killed_between_send_and_commit_resends_with_same_key_and_marks_once(sin
     assert run_row(rid)["status"] == "processing" and set(marked(ids).values()) == {None}
     # the watchdog returns it once the processing timeout has passed
     later = datetime.now(timezone.utc) + timedelta(seconds=config.get().digest_processing_timeout_seconds + 5)
-    assert digest_planner.watchdog(later) == (1, 0)
+    assert digest_plan.watchdog(later) == (1, 0)
     assert run_row(rid)["status"] == "pending" and run_row(rid)["attempts"] == 1
-    assert digest_sender.process([rid])["sent"] == 1
+    assert digest_send.process([rid])["sent"] == 1
     first, second = sink.messages()
     assert first["Message-ID"] == second["Message-ID"]
     assert set(marked(ids).values()) == {rid} and run_row(rid)["event_count"] == 4
@@ -294,14 +298,14 @@ def test_killed_between_send_and_commit_resends_with_same_key_and_marks_once(sin
 def test_preview_renders_without_sending_or_marking(sink):
     make_subscriber("u1")
     ids = add_events("u1", 3)
-    rendered = digest_sender.preview("u1")
+    rendered = digest_build.preview("u1")
     assert "3 likes" in rendered.text and "<html" in rendered.html
     assert set(marked(ids).values()) == {None} and sink.messages() == []
     assert db.query("SELECT count(*) FROM digest_runs")[0][0] == 0
     make_subscriber("quiet")
-    assert digest_sender.preview("quiet") is None
+    assert digest_build.preview("quiet") is None
     with pytest.raises(LookupError):
-        digest_sender.preview("nobody")
+        digest_build.preview("nobody")
 
 
 @pytest.mark.parametrize("opt_out", [False, True])
@@ -310,7 +314,7 @@ def test_links_are_tracked_unless_the_subscriber_opted_out(sink, settings, opt_o
     sid = make_subscriber("u1", tracking_opt_out=opt_out)
     add_events("u1", 2, payload={"title": "Post", "url": "https://example.test/post/1"})
     rid = make_run(sid)
-    digest_sender.process([rid])
+    digest_send.process([rid])
     html = sink.messages()[0].get_body(("html",)).get_content()
     assert "/u/" in html and "/preferences/" in html            # unsubscribe links stay direct
     if opt_out:
@@ -327,7 +331,7 @@ def test_a_subscriber_never_has_two_runs_processing(sink):
     busy = make_run(sid, period=datetime.now(timezone.utc).date() - timedelta(days=1), status="processing")
     waiting = make_run(sid)
     # both would read the same unsent events: the second waits until the first is done
-    assert digest_sender.process([waiting]) == {"sent": 0, "skipped": 0, "retry": 0, "failed": 0}
+    assert digest_send.process([waiting]) == {"sent": 0, "skipped": 0, "retry": 0, "failed": 0}
     assert run_row(waiting)["status"] == "pending"
     db.query("UPDATE digest_runs SET status = 'sent' WHERE id = %s", (busy,))
-    assert digest_sender.process([waiting])["sent"] == 1
+    assert digest_send.process([waiting])["sent"] == 1

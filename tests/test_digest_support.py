@@ -1,7 +1,8 @@
 """Shared helpers for the digest, scheduler, mail and provider tests (no tests here).
 
 SmtpSink is a real SMTP server (aiosmtpd) on 127.0.0.1 started by the test; it can answer with an
-error code instead of 250 to exercise transient/permanent failures.
+error code instead of 250 to exercise transient/permanent failures, for every mail (`reply`) or for
+one recipient (`reject_rcpt` at RCPT, `reject_data` at the end of DATA).
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class _Handler:
     async def handle_DATA(self, server, session, envelope):
         with self.sink.lock:
             self.sink.sessions.add(id(session))
-            reply = self.sink.reply
+            reply = next((self.sink.reject_data[r] for r in envelope.rcpt_tos if r in self.sink.reject_data),
+                         self.sink.reply)
             if reply.startswith("250"):
                 self.sink.raw.append(envelope.content)
                 self.sink.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
@@ -55,6 +57,7 @@ class SmtpSink:
         self.sessions = set()   # distinct SMTP connections that sent mail
         self.pipelining = pipelining
         self.reject_rcpt: set[str] = set()
+        self.reject_data: dict[str, str] = {}     # recipient -> reply to the end of DATA (e.g. a 554)
         self.reply = "250 OK"
         self.lock = threading.Lock()
         self.port = port or free_port()

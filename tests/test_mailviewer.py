@@ -1,12 +1,23 @@
-"""Dev mail viewer: the aiosmtpd sink stores mail, /dev/mail lists it and renders it sandboxed."""
+"""Dev mail viewer (scripts/dev/mailviewer.py, its own process): the aiosmtpd sink stores mail,
+/dev/mail lists it and renders it sandboxed."""
 from __future__ import annotations
 
 from aiosmtpd.controller import Controller
 
-from app import cli, mail, mailviewer
+import pytest
+from starlette.testclient import TestClient
+
+from app import mail
 from app.providers.base import OutgoingMail
 from app.providers.smtp import SMTPProvider
+from scripts.dev import mailviewer
 from tests.test_digest_support import free_port
+
+
+@pytest.fixture
+def client():
+    with TestClient(mailviewer.viewer_app()) as c:
+        yield c
 
 
 def test_sink_catches_mail_and_the_viewer_shows_it(tmp_path, settings, client):
@@ -40,6 +51,11 @@ def test_viewer_is_development_only(settings, client):
     assert client.get("/dev/mail").status_code == 404
 
 
-def test_mail_sink_command_is_registered():
-    args = cli.build_parser().parse_args(["mail-sink", "--port", "2599"])
-    assert args.func is mailviewer.cmd_mail_sink and args.port == 2599 and args.host == "127.0.0.1"
+def test_mail_sink_arguments():
+    args = mailviewer.parse_args(["--port", "2599"])
+    assert args.port == 2599 and args.host == "127.0.0.1" and args.web_port == 8025
+
+
+def test_the_sink_refuses_to_run_outside_development(settings):
+    settings(env="production")
+    assert mailviewer.main(["--port", str(free_port()), "--web-port", str(free_port())]) == 2

@@ -200,7 +200,7 @@ def test_reclaim_moves_stale_sending_rows_back_and_rekicks(fake, provider, setti
     nl = make_newsletter()
     start(nl)
     # A worker claimed a batch and died: rows stuck in `sending`.
-    claimed = sender.store.run(sender.CLAIM_SQL, {"nl": nl, "limit": 10})
+    claimed = sender.store.run(sender.rows.CLAIM, {"nl": nl, "limit": 10})
     assert len(claimed) == 10
     from app.newsletter import reclaim
 
@@ -305,7 +305,7 @@ def test_works_with_the_file_provider_too(tmp_path, redis_client):
 
 
 def test_cancel_works_in_chunks(fake, provider, monkeypatch):
-    monkeypatch.setattr(service, "CANCEL_CHUNK", 7)
+    monkeypatch.setattr(outbox, "CANCEL_CHUNK", 7)
     seed_subscribers(30)
     nl = make_newsletter()
     start(nl)

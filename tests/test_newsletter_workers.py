@@ -186,3 +186,35 @@ def test_pause_and_resume_with_a_running_worker(fake):
         stop_worker(worker)
     assert counts(nl) == {"sent": 300}
     assert fake.delivered_count == 300 and set(fake.accepted_keys.values()) == {1}
+
+
+@pytest.mark.slow
+def test_sigterm_mid_batch_finishes_and_records_the_batch_then_exits(fake):
+    """A deploy: SIGTERM while a batch is at the provider. The worker lets the batch finish (the
+    provider is not closed under it), marks it `sent`, exits by itself in bounded time, and a new
+    worker sends the rest — every recipient exactly once, nothing to reclaim."""
+    seed_subscribers(45)
+    nl = make_newsletter()
+    fake.hold()
+    worker = start_worker(fake.url, NEWSLETTER_SEND_CHAINS="1")
+    try:
+        service.request_send(nl, {"kind": "all"})
+        wait_for(fake.arrived.is_set, what="a batch at the provider")
+        os.killpg(worker.pid, signal.SIGTERM)             # the deploy starts ...
+        time.sleep(1.0)
+        fake.release()                                    # ... while the provider is still answering
+        started = time.monotonic()
+        worker.wait(timeout=60)
+        assert time.monotonic() - started < 60
+    finally:
+        if worker.poll() is None:
+            kill_worker(worker)
+    assert "sending" not in counts(nl)                    # the in-flight batch was recorded
+    assert counts(nl).get("sent") == 10
+    worker = start_worker(fake.url)
+    try:
+        wait_for(lambda: newsletter_status(nl) == "done", what="newsletter done after the deploy")
+    finally:
+        stop_worker(worker)
+    assert counts(nl) == {"sent": 45}
+    assert set(fake.accepted_keys.values()) == {1} and fake.delivered_count == 45

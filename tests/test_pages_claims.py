@@ -7,7 +7,7 @@ import re
 import pytest
 
 from app import db, tokens
-from app import digest_sender as digest_sender_module
+from digest import send as digest_sender_module
 from app.providers.base import Provider, SendResult
 from tests import newsletter_support
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app import config, db, digest_planner, scheduler, subscribers
+from app import config, db, scheduler, subscribers
+from digest import plan as digest_plan
 from tests.test_digest_support import add_events, make_run, make_subscriber, run_row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,22 +40,22 @@ def utc(*args):
     ("Asia/Tokyo", utc(2026, 1, 1, 1), 9, date(2026, 1, 2), utc(2026, 1, 2, 0)),
 ])
 def test_daily_slots_across_dst(tz, now, hour, period, slot):
-    assert digest_planner.next_slot(now, tz, "daily", hour) == (period, slot)
+    assert digest_plan.next_slot(now, tz, "daily", hour) == (period, slot)
 
 
 def test_weekly_slot_on_a_dst_day():
     # Sydney leaves DST on Sunday 2026-04-05 at 03:00: Sunday 9 am is then +10:00
-    assert digest_planner.next_slot(utc(2026, 4, 1), "Australia/Sydney", "weekly", 9, 6) == \
+    assert digest_plan.next_slot(utc(2026, 4, 1), "Australia/Sydney", "weekly", 9, 6) == \
         (date(2026, 4, 5), utc(2026, 4, 4, 23))
     # the Sunday before was still +11:00
-    assert digest_planner.next_slot(utc(2026, 3, 25), "Australia/Sydney", "weekly", 9, 6) == \
+    assert digest_plan.next_slot(utc(2026, 3, 25), "Australia/Sydney", "weekly", 9, 6) == \
         (date(2026, 3, 29), utc(2026, 3, 28, 22))
 
 
 def test_stagger_is_stable_and_within_the_spread():
-    values = [digest_planner.stagger_seconds(i, 3600) for i in range(1, 2000)]
+    values = [digest_plan.stagger_seconds(i, 3600) for i in range(1, 2000)]
     assert all(0 <= v < 3600 for v in values) and len(set(values)) > 1500
-    assert values == [digest_planner.stagger_seconds(i, 3600) for i in range(1, 2000)]
+    assert values == [digest_plan.stagger_seconds(i, 3600) for i in range(1, 2000)]
 
 
 # -- planning ------------------------------------------------------------------------------------
@@ -63,14 +64,14 @@ def test_plan_uses_local_slot_plus_stagger_in_two_timezones_on_dst_days(settings
     ny = make_subscriber("ny", timezone="America/New_York", digest_hour=9)
     be = make_subscriber("be", timezone="Europe/Berlin", digest_hour=9, digest_cadence="weekly", digest_weekday=6)
     now = utc(2026, 3, 8, 5)  # NY DST day; next Sunday 2026-03-29 is Berlin's DST day
-    assert digest_planner.plan(now) == 2
+    assert digest_plan.plan(now) == 2
     ny_run = db.query("SELECT period, scheduled_for FROM digest_runs WHERE subscriber_id = %s", (ny,))[0]
-    assert ny_run == (date(2026, 3, 8), utc(2026, 3, 8, 13) + timedelta(seconds=digest_planner.stagger_seconds(ny, 900)))
+    assert ny_run == (date(2026, 3, 8), utc(2026, 3, 8, 13) + timedelta(seconds=digest_plan.stagger_seconds(ny, 900)))
     now = utc(2026, 3, 28, 12)
-    digest_planner.plan(now)
+    digest_plan.plan(now)
     be_run = db.query("SELECT period, scheduled_for FROM digest_runs WHERE subscriber_id = %s "
                       "AND period = '2026-03-29'", (be,))[0]
-    assert be_run[1] == utc(2026, 3, 29, 7) + timedelta(seconds=digest_planner.stagger_seconds(be, 900))
+    assert be_run[1] == utc(2026, 3, 29, 7) + timedelta(seconds=digest_plan.stagger_seconds(be, 900))
 
 
 def test_planning_twice_inserts_nothing_new():
@@ -78,32 +79,32 @@ def test_planning_twice_inserts_nothing_new():
     make_subscriber("b", digest_cadence="weekly")
     make_subscriber("off", digest_cadence="off")
     now = utc(2026, 5, 1, 12)
-    assert digest_planner.plan(now) == 2
-    assert digest_planner.plan(now) == 0
-    assert digest_planner.plan(now + timedelta(minutes=1)) == 0
+    assert digest_plan.plan(now) == 2
+    assert digest_plan.plan(now) == 0
+    assert digest_plan.plan(now + timedelta(minutes=1)) == 0
 
 
 def test_unsubscribed_are_not_planned():
     sid = make_subscriber("a")
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
-    assert digest_planner.plan(utc(2026, 5, 1, 12)) == 0
+    assert digest_plan.plan(utc(2026, 5, 1, 12)) == 0
 
 
 def test_cadence_change_cancels_pending_leaves_processing_and_plans_the_new_cadence():
     sid = make_subscriber("a", digest_hour=9, digest_weekday=4)
     now = utc(2026, 5, 1, 6)  # a Friday
-    digest_planner.plan(now)
+    digest_plan.plan(now)
     (pending_daily,) = [r[0] for r in db.query("SELECT id FROM digest_runs")]
     busy = make_run(sid, period=date(2026, 4, 30), status="processing")
     subscribers.update(sid, {"digest_cadence": "weekly"})
     assert run_row(pending_daily)["status"] == "cancelled"
     assert run_row(busy)["status"] == "processing"
-    assert digest_planner.plan(now) == 1
+    assert digest_plan.plan(now) == 1
     weekly = db.query("SELECT cadence, period, status FROM digest_runs WHERE cadence = 'weekly'")
     assert weekly == [("weekly", date(2026, 5, 1), "pending")]
     # switching back within the period brings the cancelled daily run back instead of losing the day
     subscribers.update(sid, {"digest_cadence": "daily"})
-    digest_planner.plan(now)
+    digest_plan.plan(now)
     assert run_row(pending_daily)["status"] == "pending"
     assert db.query("SELECT status FROM digest_runs WHERE cadence = 'weekly'") == [("cancelled",)]
 
@@ -116,13 +117,13 @@ def test_a_tick_looks_only_at_subscribers_whose_planned_slot_has_passed():
     a = make_subscriber("a", digest_hour=9)
     b = make_subscriber("b", digest_hour=18)
     now = utc(2026, 5, 1, 6)
-    assert digest_planner.plan(now) == 2
+    assert digest_plan.plan(now) == 2
     assert (_planned_until(a), _planned_until(b)) == (utc(2026, 5, 1, 9), utc(2026, 5, 1, 18))
     # a's run vanishing would be re-planned by a full scan; skipping it proves the tick never looked
     db.query("DELETE FROM digest_runs WHERE subscriber_id = %s", (a,))
-    assert digest_planner.plan(now + timedelta(hours=2)) == 0
+    assert digest_plan.plan(now + timedelta(hours=2)) == 0
     # a's slot passed: the next period is planned; b's 18:00 slot is still ahead
-    assert digest_planner.plan(utc(2026, 5, 1, 9, 1)) == 1
+    assert digest_plan.plan(utc(2026, 5, 1, 9, 1)) == 1
     assert db.query("SELECT subscriber_id, period FROM digest_runs ORDER BY subscriber_id") == \
         [(a, date(2026, 5, 2)), (b, date(2026, 5, 1))]
     assert _planned_until(a) == utc(2026, 5, 2, 9) and _planned_until(b) == utc(2026, 5, 1, 18)
@@ -131,7 +132,7 @@ def test_a_tick_looks_only_at_subscribers_whose_planned_slot_has_passed():
 def test_planning_goes_in_batches_until_everyone_is_planned(settings):
     settings(digest_plan_batch=3)
     sids = [make_subscriber(f"u{i}", timezone=("UTC", "Asia/Tokyo")[i % 2]) for i in range(10)]
-    assert digest_planner.plan(utc(2026, 5, 1, 12)) == 10
+    assert digest_plan.plan(utc(2026, 5, 1, 12)) == 10
     assert db.query("SELECT count(DISTINCT subscriber_id) FROM digest_runs")[0][0] == 10
     assert all(_planned_until(s) is not None for s in sids)
 
@@ -139,12 +140,12 @@ def test_planning_goes_in_batches_until_everyone_is_planned(settings):
 def test_an_hour_change_moves_the_pending_run_to_the_new_hour():
     sid = make_subscriber("a", digest_hour=9)
     now = utc(2026, 5, 1, 6)
-    digest_planner.plan(now)
+    digest_plan.plan(now)
     (run,) = [r[0] for r in db.query("SELECT id FROM digest_runs")]
     subscribers.update(sid, {"digest_hour": 20})
     assert (run_row(run)["status"], run_row(run)["skip_reason"]) == ("cancelled", "schedule changed")
     assert _planned_until(sid) is None
-    digest_planner.plan(now)      # same period: the cancelled run comes back at the new hour
+    digest_plan.plan(now)      # same period: the cancelled run comes back at the new hour
     row = run_row(run)
     assert row["status"] == "pending" and row["scheduled_for"] >= utc(2026, 5, 1, 20)
     assert db.query("SELECT count(*) FROM digest_runs")[0][0] == 1
@@ -156,12 +157,12 @@ def test_an_hour_change_moves_the_pending_run_to_the_new_hour():
 def test_a_subscriber_back_from_off_is_planned_at_once():
     sid = make_subscriber("a", digest_hour=9)
     now = utc(2026, 5, 1, 6)
-    digest_planner.plan(now)
+    digest_plan.plan(now)
     subscribers.update(sid, {"digest_cadence": "off"})
-    assert digest_planner.plan(now) == 0
+    assert digest_plan.plan(now) == 0
     assert db.query("SELECT status FROM digest_runs") == [("cancelled",)]
     subscribers.update(sid, {"digest_cadence": "daily"})
-    assert digest_planner.plan(now) == 1
+    assert digest_plan.plan(now) == 1
     assert db.query("SELECT status FROM digest_runs") == [("pending",)]
 
 
@@ -175,7 +176,7 @@ def test_two_planners_at_once_plan_each_subscriber_once(settings):
 
     def planner():
         barrier.wait()
-        results.append(digest_planner.plan(now))
+        results.append(digest_plan.plan(now))
 
     threads = [threading.Thread(target=planner) for _ in range(2)]
     [t.start() for t in threads]
@@ -191,14 +192,14 @@ def test_checker_enqueues_due_runs_bounded_by_queue_depth(settings):
     due = [make_run(make_subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=i + 1)) for i in range(10)]
     later = make_run(make_subscriber("later"), scheduled_for=now + timedelta(minutes=5))
     sent = []
-    assert digest_planner.check(now, sent.append, depth=1) == 4        # 2 free message slots x 2 runs
+    assert digest_plan.check(now, sent.append, depth=1) == 4        # 2 free message slots x 2 runs
     assert [len(m) for m in sent] == [2, 2]
-    assert digest_planner.check(now, sent.append, depth=3) == 0        # queue full
-    assert digest_planner.check(now, sent.append, depth=0) == 6        # the rest, never twice
+    assert digest_plan.check(now, sent.append, depth=3) == 0        # queue full
+    assert digest_plan.check(now, sent.append, depth=0) == 6        # the rest, never twice
     assert sorted(i for m in sent for i in m) == sorted(due) and later not in [i for m in sent for i in m]
-    assert digest_planner.check(now + timedelta(seconds=60), sent.append, depth=0) == 0
+    assert digest_plan.check(now + timedelta(seconds=60), sent.append, depth=0) == 0
     # still pending long after being enqueued: the message was lost; enqueue again
-    assert digest_planner.check(now + timedelta(seconds=301), sent.append, depth=0) == 6
+    assert digest_plan.check(now + timedelta(seconds=301), sent.append, depth=0) == 6
     assert run_row(due[-1])["enqueued_at"] == now + timedelta(seconds=301)   # oldest first
 
 
@@ -209,7 +210,7 @@ def test_enqueue_failure_leaves_runs_for_the_next_tick():
     def broken(ids):
         raise ConnectionError("redis down")
 
-    assert digest_planner.check(now, broken, 0) == 0
+    assert digest_plan.check(now, broken, 0) == 0
     assert run_row(rid)["enqueued_at"] is None
 
 
@@ -224,7 +225,7 @@ def test_watchdog_returns_stuck_runs_then_fails_them_keeping_the_error(settings)
     db.query("UPDATE digest_runs SET claimed_at = %s, attempts = 2, last_error = 'SMTP 451 busy' WHERE id = %s",
              (now - timedelta(minutes=11), last))
     db.query("UPDATE digest_runs SET claimed_at = %s WHERE id = %s", (now - timedelta(minutes=1), fresh))
-    assert digest_planner.watchdog(now) == (1, 1)
+    assert digest_plan.watchdog(now) == (1, 1)
     assert run_row(stuck)["status"] == "pending" and run_row(stuck)["attempts"] == 1
     failed = run_row(last)
     assert failed["status"] == "failed" and failed["attempts"] == 3
@@ -308,7 +309,7 @@ def test_a_failing_job_does_not_stop_the_others(monkeypatch):
 
     result = scheduler.tick(utc(2026, 5, 1, 6), send=lambda ids: None, depth=redis_down)
     assert result["planned"] == 1 and result["enqueued"] == 0 and result["errors"] == ["checker"]
-    monkeypatch.setattr(digest_planner, "plan", lambda now: 1 / 0)
+    monkeypatch.setattr(digest_plan, "plan", lambda now: 1 / 0)
     result = scheduler.tick(utc(2026, 5, 1, 6), send=lambda ids: None, depth=lambda: 0)
     assert result["errors"] == ["plan"] and "hooks" in result
 
@@ -318,12 +319,12 @@ def test_digest_now_makes_the_next_digest_due_without_duplicating_the_period():
     make_subscriber("b", digest_hour=9)
     add_events("a", 1)
     now = datetime.now(UTC)
-    digest_planner.plan(now)                              # a's next run exists, pending
+    digest_plan.plan(now)                              # a's next run exists, pending
     (planned,) = [r[0] for r in db.query("SELECT id FROM digest_runs WHERE subscriber_id = %s", (a,))]
-    assert scheduler.send_next_now(None, now) == [planned]   # only subscribers with unsent events
+    assert digest_plan.send_next_now(None, now) == [planned]   # only subscribers with unsent events
     assert run_row(planned)["scheduled_for"] == now
-    ids = scheduler.send_next_now(["b"], now)
-    assert len(ids) == 1 and digest_planner.plan(now) == 0
+    ids = digest_plan.send_next_now(["b"], now)
+    assert len(ids) == 1 and digest_plan.plan(now) == 0
 
 
 def test_two_concurrent_checkers_enqueue_each_run_once(settings):
@@ -340,7 +341,7 @@ def test_two_concurrent_checkers_enqueue_each_run_once(settings):
 
     def checker():
         barrier.wait()
-        digest_planner.check(now, send, 0)
+        digest_plan.check(now, send, 0)
 
     threads = [threading.Thread(target=checker) for _ in range(2)]
     for t in threads:

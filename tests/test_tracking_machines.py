@@ -1,4 +1,4 @@
-"""Scanner / privacy-proxy classification rules (pure functions)."""
+"""Scanner / privacy-proxy classification rules and the client address (pure functions)."""
 from __future__ import annotations
 
 import pytest
@@ -36,13 +36,30 @@ def test_open_classification(ua, ip, reason):
     assert machines.classify_open("GET", ua, ip) == reason
 
 
-@pytest.mark.parametrize("forwarded, peer, expected", [
-    (None, "127.0.0.1", "127.0.0.1"),
-    ("203.0.113.9, 198.51.100.7", "10.0.0.1", "198.51.100.7"),
-    ("2001:db8::1", None, "2001:db8::1"),
-    ("not-an-ip", "127.0.0.1", None),
-    (None, "testclient", None),
-    (None, None, None),
+LB = "10.0.0.0/8"   # a load balancer's network, trusted in some cases below
+
+
+@pytest.mark.parametrize("allow, forwarded, peer, expected", [
+    ("127.0.0.1,::1", None, "127.0.0.1", "127.0.0.1"),
+    # An untrusted peer's X-Forwarded-For is whatever the client typed: ignored.
+    ("127.0.0.1,::1", "203.0.113.9, 198.51.100.7", "10.0.0.1", "10.0.0.1"),
+    ("127.0.0.1,::1", "2001:db8::1", "192.0.2.1", "192.0.2.1"),
+    # Behind a trusted proxy: the right-most hop that is not a trusted proxy.
+    (LB, "203.0.113.9, 198.51.100.7", "10.0.0.1", "198.51.100.7"),
+    (LB, "203.0.113.9, 198.51.100.7, 10.1.2.3", "10.0.0.1", "198.51.100.7"),
+    (LB, "2001:db8::1", "10.0.0.1", "2001:db8::1"),
+    (LB, "198.51.100.7:5123", "10.0.0.1", "198.51.100.7"),
+    (LB, "[2001:db8::1]:443", "10.0.0.1", "2001:db8::1"),
+    (LB, "10.9.9.9, 10.1.1.1", "10.0.0.1", "10.9.9.9"),        # every hop trusted: the left-most
+    ("*", "203.0.113.9, 198.51.100.7", "192.0.2.1", "203.0.113.9"),
+    # What the trusted proxy reports is not an address: no client address at all, never a guess.
+    ("127.0.0.1", "not-an-ip", "127.0.0.1", None),
+    ("127.0.0.1", "198.51.100.7, unknown", "127.0.0.1", None),
+    ("127.0.0.1", "fe80::1%eth0", "127.0.0.1", "fe80::1"),       # Postgres inet has no zones
+    ("127.0.0.1", None, "testclient", None),
+    ("127.0.0.1", "2001:db8::1", None, None),
+    ("127.0.0.1", None, None, None),
 ])
-def test_client_ip(forwarded, peer, expected):
+def test_client_ip(settings, allow, forwarded, peer, expected):
+    settings(forwarded_allow_ips=allow)
     assert machines.client_ip(forwarded, peer) == expected

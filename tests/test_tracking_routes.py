@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from starlette.testclient import TestClient
 
 from app import db
 from tracking import codes, links, recorder, resolve, stats
@@ -45,8 +46,10 @@ def click_path(mail_kind: str, mail_id: int, sub_id: int, url: str) -> str:
 def test_click_redirects_to_the_link_row_and_records_history(client):
     nl_id, sub_id = make_newsletter()
     path = click_path("newsletter", nl_id, sub_id, "https://example.com/page?a=1&b=2")
-    r = client.get(path, headers={"User-Agent": UA_HUMAN, "X-Forwarded-For": "203.0.113.9, 198.51.100.7"},
-                   follow_redirects=False)
+    # Through the local proxy (FORWARDED_ALLOW_IPS default): the hop it appended is the client.
+    behind_proxy = TestClient(client.app, client=("127.0.0.1", 50000))
+    r = behind_proxy.get(path, headers={"User-Agent": UA_HUMAN, "X-Forwarded-For": "203.0.113.9, 198.51.100.7"},
+                         follow_redirects=False)
     assert r.status_code == 302
     assert r.headers["location"] == "https://example.com/page?a=1&b=2"
     assert "no-store" in r.headers["cache-control"]
@@ -144,6 +147,8 @@ def test_cli_command_is_registered(tmp_path, capsys):
 def test_open_pixel_records_open(client):
     from tracking.routes import PIXEL_GIF
 
+    # A code's subscriber must exist: history of an erased one is stored anonymised.
+    db.query("INSERT INTO subscribers (id, user_id, email) VALUES (34, 'u34', 'u34@example.com')")
     r = client.get(links.pixel_url("digest", 12, 34).replace("http://localhost:8000", ""),
                    headers={"User-Agent": UA_HUMAN})
     assert r.status_code == 200 and r.content == PIXEL_GIF and r.headers["content-type"] == "image/gif"
@@ -163,7 +168,8 @@ def test_machine_traffic_is_flagged_and_counted_apart(client):
     pixel = links.pixel_url("newsletter", nl_id, sub_id).replace("http://localhost:8000", "")
     client.get(pixel, headers={"User-Agent": UA_HUMAN})
     client.get(pixel, headers={"User-Agent": "Mozilla/5.0"})                          # Apple MPP agent
-    client.get(pixel, headers={"User-Agent": UA_HUMAN, "X-Forwarded-For": "17.58.1.2"})  # Apple network
+    behind_proxy = TestClient(client.app, client=("127.0.0.1", 50000))
+    behind_proxy.get(pixel, headers={"User-Agent": UA_HUMAN, "X-Forwarded-For": "17.58.1.2"})  # Apple network
     clicks = history("click")
     assert [c[6:] for c in clicks] == [(False, None), (True, "head_request"), (True, "scanner_agent"),
                                        (True, "no_user_agent")]

@@ -37,8 +37,24 @@ def suppressions():
     return db.query("SELECT email, reason FROM suppressions ORDER BY email")
 
 
-def args(sub_id, mail_kind="newsletter", mail_id=9):
-    return {"mail_kind": mail_kind, "mail_id": str(mail_id), "row_id": "1", "subscriber_id": str(sub_id)}
+def args(sub_id, mail_kind="newsletter", mail_id=9, row_id=1):
+    return {"mail_kind": mail_kind, "mail_id": str(mail_id), "row_id": str(row_id), "subscriber_id": str(sub_id)}
+
+
+def outbox_row(sub_id: int, newsletter_id: int = 9) -> int:
+    """The newsletter's email_log row for this subscriber (their address at send time)."""
+    db.query("INSERT INTO newsletters (id, subject, html) VALUES (%s, 's', 'h') ON CONFLICT DO NOTHING",
+             (newsletter_id,))
+    (row_id,), = db.query("INSERT INTO email_log (newsletter_id, subscriber_id, email, status) "
+                          "SELECT %s, id, email, 'sent' FROM subscribers WHERE id = %s RETURNING id",
+                          (newsletter_id, sub_id))
+    return row_id
+
+
+def digest_run(sub_id: int) -> int:
+    (run_id,), = db.query("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status) "
+                          "VALUES (%s, 'daily', current_date, now(), 'sent') RETURNING id", (sub_id,))
+    return run_id
 
 
 @pytest.mark.parametrize("event, extra, reason", [
@@ -97,20 +113,21 @@ def test_events_without_custom_args_map_by_email():
 
 
 def test_counts_per_mail_and_stats():
-    sid = subscriber()
+    sid, bob = subscriber("a@example.com"), subscriber("b@example.com")
+    row, bob_row, run = outbox_row(sid), outbox_row(bob), digest_run(sid)
     webhook_apply.apply_events(store(
-        *[{"event": "delivered", "email": "a@example.com", **args(sid)}] * 3,
-        {"event": "open", "email": "a@example.com", **args(sid)},
-        {"event": "bounce", "email": "b@example.com", **args(sid)},
-        {"event": "delivered", "email": "a@example.com", **args(sid, "digest", 4)},
+        *[{"event": "delivered", "email": "a@example.com", **args(sid, row_id=row)}] * 3,
+        {"event": "open", "email": "a@example.com", **args(sid, row_id=row)},
+        {"event": "bounce", "email": "b@example.com", **args(bob, row_id=bob_row)},
+        {"event": "delivered", "email": "a@example.com", **args(sid, "digest", run, row_id=run)},
     ))
     assert stats.mail_stats("newsletter", 9)["events"] == {"bounce": 1, "delivered": 3, "open": 1}
-    assert stats.mail_stats("digest", 4)["events"] == {"delivered": 1}
+    assert stats.mail_stats("digest", run)["events"] == {"delivered": 1}
 
 
 def test_applying_twice_or_concurrently_has_one_effect():
     sid, other = subscriber(), subscriber("other@example.com")
-    ids = store(*[{"event": "delivered", "email": "other@example.com", **args(other)}] * 200,
+    ids = store(*[{"event": "delivered", "email": "other@example.com", **args(other, row_id=outbox_row(other))}] * 200,
                 *[{"event": "deferred", "email": "ana@example.com", "attempt": "1", **args(sid)}] * 2)
     with ThreadPoolExecutor(4) as pool:
         done = list(pool.map(webhook_apply.apply_events, [ids] * 4))
@@ -123,10 +140,10 @@ def test_applying_twice_or_concurrently_has_one_effect():
 def test_unusable_event_is_marked_with_its_error_and_others_still_apply(monkeypatch):
     real_apply_one = webhook_apply._apply_one
 
-    def apply_one(cur, event, email, payload, counts):
+    def apply_one(cur, event, email, payload, *rest):
         if email == "boom@example.com":       # a real data error from Postgres for this one event
             cur.execute("SELECT 1 / 0")
-        return real_apply_one(cur, event, email, payload, counts)
+        return real_apply_one(cur, event, email, payload, *rest)
 
     monkeypatch.setattr(webhook_apply, "_apply_one", apply_one)
     sid = subscriber()
@@ -137,6 +154,25 @@ def test_unusable_event_is_marked_with_its_error_and_others_still_apply(monkeypa
     assert suppressions() == [("ok@example.com", "bounce")]
     errors = db.query("SELECT error FROM webhook_events ORDER BY id")
     assert "DivisionByZero" in errors[0][0] and errors[1][0] is None and errors[2][0] is None
+    assert db.query("SELECT count(*) FROM webhook_events WHERE processed_at IS NULL") == [(0,)]
+
+
+def test_a_bug_hit_by_one_event_fails_it_alone_instead_of_retrying_the_chunk_forever(monkeypatch):
+    real_apply_one = webhook_apply._apply_one
+
+    def apply_one(cur, event, email, payload, *rest):
+        if email == "odd@example.com":       # not a database error: a bug this one event runs into
+            raise KeyError("a payload shape nobody expected")
+        return real_apply_one(cur, event, email, payload, *rest)
+
+    monkeypatch.setattr(webhook_apply, "_apply_one", apply_one)
+    sid = subscriber()
+    ids = store({"event": "bounce", "email": "odd@example.com", **args(sid)},
+                {"event": "bounce", "email": "ok@example.com", **args(sid)})
+    assert webhook_apply.apply_events(ids) == 2
+    assert suppressions() == [("ok@example.com", "bounce")]
+    errors = db.query("SELECT error FROM webhook_events ORDER BY id")
+    assert "KeyError" in errors[0][0] and errors[1][0] is None
     assert db.query("SELECT count(*) FROM webhook_events WHERE processed_at IS NULL") == [(0,)]
 
 
@@ -171,3 +207,40 @@ def test_requeue_goes_through_redis_and_survives_a_flush(redis_client):
     finally:
         worker.stop()
     assert suppressions() == [("s@example.com", "spamreport")]
+
+
+def test_custom_args_of_another_subscriber_neither_count_nor_suppress_them():
+    """An event naming a@ whose custom_args point at b@'s subscriber, outbox row and digest run
+    acts on a@ (by its address) and leaves b@ untouched."""
+    a, b = subscriber("a@x.test"), subscriber("b@x.test")
+    b_row, b_run = outbox_row(b), digest_run(b)
+    db.query("UPDATE subscribers SET soft_bounce_count = 2 WHERE id = %s", (b,))
+    at_b = args(b, row_id=b_row)
+    webhook_apply.apply_events(store(
+        *[{"event": "deferred", "email": "A@x.test", "attempt": "1", **at_b}] * 2,
+        {"event": "bounce", "email": "a@x.test", **at_b},
+        {"event": "open", "email": "a@x.test", **at_b},
+        {"event": "processed", "email": "a@x.test", **args(b, "digest", b_run, row_id=b_run)},
+    ))
+    assert suppressions() == [("a@x.test", "bounce")]
+    assert db.query("SELECT email, soft_bounce_count FROM subscribers ORDER BY id") == [("a@x.test", 2),
+                                                                                      ("b@x.test", 2)]
+    assert db.query("SELECT count(*) FROM mail_event_counts") == [(0,)]
+    assert db.query("SELECT count(*) FROM webhook_events WHERE processed_at IS NULL OR error IS NOT NULL") == [(0,)]
+
+
+def test_a_delivery_to_one_address_does_not_reset_another_subscribers_soft_bounces():
+    a, b = subscriber("a@x.test"), subscriber("b@x.test")
+    db.query("UPDATE subscribers SET soft_bounce_count = 2")
+    webhook_apply.apply_events(store({"event": "delivered", "email": "a@x.test", **args(b)}))
+    assert db.query("SELECT email, soft_bounce_count FROM subscribers ORDER BY id") == [("a@x.test", 0),
+                                                                                      ("b@x.test", 2)]
+
+
+def test_an_event_without_an_address_touches_no_subscriber():
+    sid = subscriber("a@x.test")
+    row, run = outbox_row(sid), digest_run(sid)
+    webhook_apply.apply_events(store(*[{"event": "deferred", **args(sid, row_id=row)}] * 3,
+                                     {"event": "delivered", **args(sid, "digest", run, row_id=run)}))
+    assert db.query("SELECT soft_bounce_count FROM subscribers") == [(0,)]
+    assert suppressions() == [] and db.query("SELECT count(*) FROM mail_event_counts") == [(0,)]

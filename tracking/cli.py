@@ -31,7 +31,6 @@ from tracking import codes, links
 log = logging.getLogger("tracking.cli")
 
 CHUNK = 5000
-_CODE_RE = re.compile(r"^[^\s/]{1,200}$")
 _MAIL_RE = re.compile(r"^(digest|newsletter):(\d{1,18})$")
 
 
@@ -50,8 +49,8 @@ def parse_line(row: list[str]) -> tuple | str:
     if len(row) != 4:
         return f"expected 4 columns (code,url,mail,recipient), got {len(row)}"
     code, url, mail, recipient = (c.strip() for c in row)
-    if not _CODE_RE.match(code):
-        return "code must be 1-200 characters without whitespace or '/'"
+    if not codes.is_legacy_shaped(code):
+        return "code must be 1-200 characters without whitespace, '/' or NUL"
     if not url.lower().startswith(("http://", "https://")) or len(url) > links.MAX_URL_LENGTH:
         return "url must be an http(s) URL"
     m = _MAIL_RE.match(mail)

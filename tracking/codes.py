@@ -26,7 +26,12 @@ from app import config
 
 CURRENT_VERSION = "1"
 MAX_CODE_LENGTH = 200
-_B64_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# fullmatch, never match with "$": "$" also matches before a trailing newline ("%0A" in a URL).
+_B64_RE = re.compile(r"[A-Za-z0-9_-]+")
+# What a code from a previous system may look like (tracking/cli.py imports only these). Anything
+# else cannot be in legacy_link_codes: refused without a lookup. NUL and lone surrogates could not
+# even be sent to Postgres.
+LEGACY_CODE_RE = re.compile(r"[^\s/\x00\ud800-\udfff]{1,200}")
 _MAC_LEN = 10
 MAIL_KINDS = {"digest": b"d", "newsletter": b"n"}
 _KIND_BY_BYTE = {v[0]: k for k, v in MAIL_KINDS.items()}
@@ -83,7 +88,7 @@ _TO_STANDARD = str.maketrans("-_", "+/")
 def _unb64(text: str) -> bytes | None:
     """Strict base64url: alphabet only, and canonical (the unused low bits of the last character
     must be zero), so each payload has exactly one code string."""
-    if not _B64_RE.match(text):
+    if not _B64_RE.fullmatch(text):
         return None
     rem = len(text) % 4
     if rem == 1 or (rem == 2 and _B64_VALUE[text[-1]] & 0x0F) or (rem == 3 and _B64_VALUE[text[-1]] & 0x03):
@@ -175,6 +180,10 @@ def decode_click(code: str) -> Click | None:
         return None
     decoder = CLICK_DECODERS.get(code[0])
     return decoder(code[1:]) if decoder else None
+
+
+def is_legacy_shaped(code: str) -> bool:
+    return LEGACY_CODE_RE.fullmatch(code) is not None
 
 
 def decode_open(code: str) -> Open | None:

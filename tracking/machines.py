@@ -16,6 +16,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from app import forwarded
+
 _SCANNER_RE = re.compile(
     "|".join([
         r"bot\b", r"bot/", r"crawler", r"spider", r"slurp", r"scanner", r"preview", r"barracuda",
@@ -45,21 +47,30 @@ def _scanner_agent(user_agent: str) -> bool:
 
 
 def client_ip(forwarded_for: str | None, peer: str | None) -> str | None:
-    """The client address as Postgres inet accepts it, or None. Behind the platform router the
-    last X-Forwarded-For entry is the one the router saw (earlier entries are client-supplied)."""
-    candidate = forwarded_for.rsplit(",", 1)[-1].strip() if forwarded_for else peer
+    """The client address as Postgres inet accepts it, or None. Which X-Forwarded-For hop is
+    believed is decided by FORWARDED_ALLOW_IPS (app/forwarded.py), never by the client."""
+    candidate = forwarded.client_host(forwarded_for, peer)
     if not candidate:
         return None
     hit = _ip_cache.get(candidate, _MISS)
     if hit is _MISS:  # parsing costs microseconds; the same clients come back
-        try:
-            hit = str(ipaddress.ip_address(candidate))
-        except ValueError:
-            hit = None
+        hit = _inet(candidate)
         if len(_ip_cache) > 50_000:
             _ip_cache.clear()
         _ip_cache[candidate] = hit
     return hit
+
+
+def _inet(text: str) -> str | None:
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    # Python accepts an IPv6 zone ("fe80::1%eth0"), Postgres inet does not: one such header would
+    # otherwise send a whole history batch down the slow row-by-row path.
+    if getattr(ip, "scope_id", None):
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
+    return str(ip)
 
 
 def classify_click(method: str, user_agent: str | None) -> str | None:

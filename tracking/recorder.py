@@ -41,14 +41,19 @@ STAGE_DDL = (
 STAGE_COLUMNS = ("kind", "link_id", "mail_kind", "mail_id", "subscriber_id", "ip", "user_agent",
                  "is_machine", "machine_reason", "occurred_epoch")
 # The delivery time of this recipient's copy of the mail decides the "too soon to be a human" rule.
+# A click or open by an erased subscriber (buffered while they were erased, or an old mail clicked
+# later) is kept only as an anonymous count: no subscriber id, IP or user agent (app/subscribers.py).
 INSERT_FROM_STAGE = """
 INSERT INTO email_link_history (kind, link_id, mail_kind, mail_id, subscriber_id, ip, user_agent,
                                 is_machine, machine_reason, occurred_at)
-SELECT s.kind, s.link_id, s.mail_kind, s.mail_id, s.subscriber_id, s.ip, s.user_agent,
+SELECT s.kind, s.link_id, s.mail_kind, s.mail_id, sub.id,
+       CASE WHEN erased THEN NULL ELSE s.ip END, CASE WHEN erased THEN NULL ELSE s.user_agent END,
        s.is_machine OR COALESCE(d.soon, false),
        COALESCE(s.machine_reason, CASE WHEN d.soon THEN 'soon_after_delivery' END),
        to_timestamp(s.occurred_epoch)
 FROM history_stage s
+LEFT JOIN subscribers sub ON sub.id = s.subscriber_id
+CROSS JOIN LATERAL (SELECT s.subscriber_id IS NOT NULL AND sub.id IS NULL AS erased) e
 LEFT JOIN LATERAL (
     SELECT to_timestamp(s.occurred_epoch) - delivered.at < make_interval(secs => %(window)s) AS soon
     FROM (SELECT CASE WHEN s.mail_kind = 'digest'

@@ -5,25 +5,29 @@ identity) and legacy codes are imported once, so both are cached in process for 
 process, bounded in size. Only a first sighting in this process costs one query, run in the
 threadpool; concurrent first sightings of one link share that query.
 
-Legacy codes carry no MAC, so a code that is not found is remembered as missing for a minute:
-random junk cannot turn into one query per request.
+Junk is refused as cheaply as possible: a versioned code is MAC-checked before anything else, a
+string that cannot be a legacy code (tracking/codes.py LEGACY_CODE_RE) never reaches the database,
+and what was looked up and not found (a legacy-shaped code, or a verified code whose link row is
+gone) is remembered as missing for a minute in a bounded cache: after the first sighting, the same
+junk costs no query at all.
 """
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import NamedTuple
 from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
 
 from app import db
+from app.negcache import NegativeCache
 from tracking import codes
 
 MAX_CACHED_LINKS = 500_000
 MAX_CACHED_LEGACY = 500_000
+MAX_CACHED_MISSING = 200_000
 MISSING_TTL_SECONDS = 60.0
-MAX_LEGACY_CODE_LENGTH = 200
+MAX_LINK_ID = 2 ** 63 - 1   # email_links.id is a bigint; a larger id cannot exist
 LOOKUP_CONCURRENCY = 4
 # Everything printable that may appear in a URL stays as is; non-ASCII, spaces, CR/LF are escaped,
 # so a Location header can neither fail to encode nor be split.
@@ -44,7 +48,7 @@ class Target(NamedTuple):
 
 _links: dict[int, Link | None] = {}
 _legacy: dict[str, tuple[int, int | None]] = {}
-_missing: dict[str, float] = {}     # code or "link:<id>" → monotonic expiry
+_missing = NegativeCache(MAX_CACHED_MISSING, MISSING_TTL_SECONDS)   # legacy code or ("link", id)
 _inflight: dict[object, asyncio.Future] = {}
 
 
@@ -112,13 +116,12 @@ async def link(link_id: int) -> Link | None:
     cached = _links.get(link_id)
     if cached is not None:
         return cached
-    key = f"link:{link_id}"
-    expiry = _missing.get(key)
-    if expiry is not None and expiry > time.monotonic():
+    key = ("link", link_id)
+    if key in _missing or not 0 < link_id <= MAX_LINK_ID:
         return None
     found = await _shared(key, _load_link, link_id)
     if found is None:
-        _remember(_missing, key, time.monotonic() + MISSING_TTL_SECONDS, MAX_CACHED_LEGACY)
+        _missing.add(key)
     else:
         _remember(_links, link_id, found, MAX_CACHED_LINKS)
     return found
@@ -131,16 +134,13 @@ async def click_target(code: str) -> Target | None:
     if decoded is not None:
         found = await link(decoded.link_id)
         return Target(found, decoded.subscriber_id) if found else None
-    if not code or len(code) > MAX_LEGACY_CODE_LENGTH:
-        return None
     legacy = _legacy.get(code)
     if legacy is None:
-        expiry = _missing.get(code)
-        if expiry is not None and expiry > time.monotonic():
+        if code in _missing or not codes.is_legacy_shaped(code):
             return None
         legacy = await _shared(("legacy", code), _load_legacy, code)
         if legacy is None:
-            _remember(_missing, code, time.monotonic() + MISSING_TTL_SECONDS, MAX_CACHED_LEGACY)
+            _missing.add(code)
             return None
         _remember(_legacy, code, legacy, MAX_CACHED_LEGACY)
     found = await link(legacy[0])

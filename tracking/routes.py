@@ -18,11 +18,13 @@ import logging
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app import db
 from tracking import codes, machines, recorder, resolve
 
 log = logging.getLogger("tracking.routes")
 
 MAX_USER_AGENT = 512
+MAX_FORWARDED_FOR = 2048
 PIXEL_GIF = base64.b64decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7")
 _NO_STORE = b"no-store, private"
 _NOT_FOUND_HTML = (
@@ -46,7 +48,9 @@ def _request_facts(scope) -> tuple[str | None, str | None]:
         if name == b"user-agent":
             ua = value[:MAX_USER_AGENT].decode("latin-1")
         elif name == b"x-forwarded-for":
-            forwarded = value.decode("latin-1")
+            # Repeated headers are one list in order (RFC 9110 5.3): a proxy may add its own line.
+            hops = value[-MAX_FORWARDED_FOR:].decode("latin-1")  # the right end is what proxies added
+            forwarded = hops if forwarded is None else f"{forwarded}, {hops}"
     client = scope.get("client")
     return machines.client_ip(forwarded, client[0] if client else None), ua
 
@@ -65,8 +69,13 @@ async def click(scope, receive, send) -> None:
     head = scope["method"] == "HEAD"
     try:
         target = await resolve.click_target(code)
-    except Exception:
+    except db.UNAVAILABLE as exc:
         # Only a first sighting of a link touches the DB; if that fails we cannot know the target.
+        log.warning("click code lookup failed, database unavailable: %s", str(exc).strip().splitlines()[:1])
+        await Response("Temporarily unavailable, try again shortly.", status_code=503,
+                       headers={"Retry-After": "5", "Cache-Control": "no-store"})(scope, receive, send)
+        return
+    except Exception:
         log.exception("click code lookup failed")
         await Response("Temporarily unavailable, try again shortly.", status_code=503,
                        headers={"Retry-After": "5", "Cache-Control": "no-store"})(scope, receive, send)
@@ -118,9 +127,13 @@ routes = [
     Route("/o/{code}.gif", _Asgi(open_pixel), methods=["GET", "HEAD"]),
 ]
 
+_CODE_PARAM = [{"name": "code", "in": "path", "required": True, "schema": {"type": "string"}}]
 OPENAPI_PATHS = {
     "/c/{code}": {"get": {"summary": "Click redirect: 302 to the link's URL, 404 for unknown/forged codes",
+                          "parameters": _CODE_PARAM,
                           "responses": {"302": {"description": "redirect"}, "404": {"description": "unknown"}}}},
-    "/o/{code}.gif": {"get": {"summary": "Open pixel (1x1 GIF)",
-                              "responses": {"200": {"description": "pixel"}}}},
+    "/o/{code}.gif": {"get": {"summary": "Open pixel (1x1 GIF); the same pixel with 404 for unknown/forged codes",
+                              "parameters": _CODE_PARAM,
+                              "responses": {"200": {"description": "pixel"},
+                                            "404": {"description": "unknown code (still a pixel)"}}}},
 }

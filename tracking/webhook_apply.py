@@ -11,6 +11,20 @@ nothing left to do.
 Mapping: custom_args come back flattened into each event (mail_kind, mail_id, row_id,
 subscriber_id); events without them still suppress by email.
 
+An event only touches the recipient whose address it names (`email`, case-insensitive). custom_args
+are a second opinion, trusted only where they agree with that address, so an event about a@x can
+never count against, reset or suppress b@x (a mis-mapped send, a replayed or, with the opt-out, an
+unsigned forged event):
+  * suppressions always go by the event's `email`, never by custom_args;
+  * soft-bounce counting/reset narrows to subscriber_id only if that subscriber has the event's
+    address; otherwise the id is ignored and the subscribers with that address are meant;
+  * per-mail counters: a digest run is one recipient's mail, so it counts only if the run's
+    subscriber has the event's address; a newsletter event that names its outbox row (row_id) or
+    subscriber counts only if that row's / subscriber's address is the event's; one naming just the
+    newsletter touches no recipient and counts at mail level (checking it would need a scan of the
+    newsletter's outbox by address, with no index to help).
+The addresses are looked up once per chunk (three indexed ANY() queries), not per event.
+
 What each event does:
   bounce (type "blocked")           → suppression reason 'block', at once
   bounce (any other type)           → suppression reason 'bounce' (hard bounce), at once
@@ -26,7 +40,8 @@ What each event does:
   delivered                         → soft_bounce_count back to 0 (the limit counts consecutive
                                       trouble, not a lifetime total)
   every event with custom_args      → mail_event_counts(mail_kind, mail_id, event) + 1
-Suppressed emails are stored lower-cased.
+Suppressed emails are stored lower-cased. Events about an erased address (suppression reason
+'erased', app/subscribers.py) are deleted once applied.
 """
 from __future__ import annotations
 
@@ -36,7 +51,9 @@ from collections import Counter
 import psycopg2
 import psycopg2.extras
 
-from app import config, db
+from app import config, db, queue
+
+_connections = db.ThreadConnections()   # one per worker thread, kept across messages
 
 log = logging.getLogger("tracking.webhook_apply")
 
@@ -79,33 +96,83 @@ def _suppress(cur, email: str | None, reason: str, source: str) -> None:
                     "ON CONFLICT (email) DO NOTHING", (email.strip(), reason, source))
 
 
-def _subscriber_filter(subscriber_id: int | None, email: str | None) -> tuple[str, tuple] | None:
+def _address(email) -> str:
+    return email.strip().lower() if isinstance(email, str) else ""
+
+
+class Owners:
+    """The addresses behind the custom_args of one chunk's events, read in three queries."""
+
+    def __init__(self, cur, payloads: list[dict]):
+        sub_ids, row_ids, run_ids = set(), set(), set()
+        for p in payloads:
+            sub_ids.add(_int(p.get("subscriber_id")))
+            if p.get("mail_kind") == "newsletter":
+                row_ids.add(_int(p.get("row_id")))
+            elif p.get("mail_kind") == "digest":
+                run_ids.add(_int(p.get("mail_id")))
+        self.subscribers = self._lookup(cur, "SELECT id, lower(email) FROM subscribers WHERE id = ANY(%s)", sub_ids)
+        self.outbox = {i: (nl, e) for i, nl, e in self._rows(
+            cur, "SELECT id, newsletter_id, lower(email) FROM email_log WHERE id = ANY(%s)", row_ids)}
+        self.runs = self._lookup(cur, "SELECT r.id, lower(s.email) FROM digest_runs r "
+                                      "JOIN subscribers s ON s.id = r.subscriber_id WHERE r.id = ANY(%s)", run_ids)
+
+    @staticmethod
+    def _rows(cur, sql: str, ids: set) -> list[tuple]:
+        ids.discard(None)
+        if not ids:
+            return []
+        cur.execute(sql, (sorted(ids),))
+        return cur.fetchall()
+
+    @classmethod
+    def _lookup(cls, cur, sql: str, ids: set) -> dict:
+        return dict(cls._rows(cur, sql, ids))
+
+    def subscriber(self, subscriber_id: int | None, address: str) -> int | None:
+        """subscriber_id if that subscriber has this address, else None (the id is ignored)."""
+        if subscriber_id and address and self.subscribers.get(subscriber_id) == address:
+            return subscriber_id
+        return None
+
+    def counts(self, mail_kind: str, mail_id: int, payload: dict, address: str) -> bool:
+        if mail_kind == "digest":
+            return bool(address) and self.runs.get(mail_id) == address
+        row_id, subscriber_id = _int(payload.get("row_id")), _int(payload.get("subscriber_id"))
+        if row_id:
+            return bool(address) and self.outbox.get(row_id) == (mail_id, address)
+        if subscriber_id:
+            return self.subscriber(subscriber_id, address) is not None
+        return True
+
+
+def _subscriber_filter(subscriber_id: int | None, address: str) -> tuple[str, tuple] | None:
     if subscriber_id:
         return "id = %s", (subscriber_id,)
-    if email:
-        return "lower(email) = lower(%s)", (email.strip(),)
+    if address:
+        return "lower(email) = %s", (address,)
     return None
 
 
-def _apply_one(cur, event: str, email: str | None, payload: dict, counts: Counter) -> None:
+def _apply_one(cur, event: str, email: str | None, payload: dict, counts: Counter, owners: Owners) -> None:
+    address = _address(email)
     mail_kind = payload.get("mail_kind")
     mail_id = _int(payload.get("mail_id"))
-    subscriber_id = _int(payload.get("subscriber_id"))
-    if mail_kind in MAIL_KINDS and mail_id:
+    if mail_kind in MAIL_KINDS and mail_id and owners.counts(mail_kind, mail_id, payload, address):
         counts[(mail_kind, mail_id, event)] += 1
     reason = suppression_reason(event, payload)
     if reason:
         _suppress(cur, email, reason, f"sendgrid:{event}")
         return
-    where = _subscriber_filter(subscriber_id, email)
+    where = _subscriber_filter(owners.subscriber(_int(payload.get("subscriber_id")), address), address)
     if where is None:
         return
     if is_counted_soft_bounce(event, payload):
         cur.execute(f"UPDATE subscribers SET soft_bounce_count = soft_bounce_count + 1 WHERE {where[0]} "
-                    "RETURNING email, soft_bounce_count", where[1])
-        for sub_email, n in cur.fetchall():
-            if n >= config.get().soft_bounce_limit:
-                _suppress(cur, email or sub_email, "soft_bounce", f"sendgrid:deferred x{n}")
+                    "RETURNING soft_bounce_count", where[1])
+        n = max((row[0] for row in cur.fetchall()), default=0)
+        if n >= config.get().soft_bounce_limit:
+            _suppress(cur, email, "soft_bounce", f"sendgrid:deferred x{n}")
     elif event == "delivered":
         cur.execute(f"UPDATE subscribers SET soft_bounce_count = 0 WHERE {where[0]} AND soft_bounce_count > 0",
                     where[1])
@@ -121,49 +188,65 @@ def apply_events(ids: list[int]) -> int:
 
 
 def _apply_chunk(ids: list[int]) -> int:
-    with db.raw_cursor() as cur:
-        cur.execute("SELECT id, event, email, payload FROM webhook_events WHERE id = ANY(%s) "
-                    "AND processed_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED", (ids,))
-        rows = cur.fetchall()
-        counts: Counter = Counter()
-        errors: dict[int, str] = {}
-        for row_id, event, email, payload in rows:
-            if not isinstance(payload, dict):
-                errors[row_id] = "payload is not a JSON object"
-                continue
-            cur.execute("SAVEPOINT one_event")
-            one: Counter = Counter()  # merged only if this event's effects stand
-            try:
-                _apply_one(cur, event, email, payload, one)
-            except (psycopg2.DataError, psycopg2.IntegrityError) as exc:
-                # This event's data cannot be applied (e.g. an absurd email): record why and move
-                # on; retrying would fail the same way forever. Connection/lock errors propagate
-                # and the whole chunk is retried by the actor.
-                cur.execute("ROLLBACK TO SAVEPOINT one_event")
-                errors[row_id] = f"{exc.__class__.__name__}: {str(exc).strip()[:500]}"
-                log.warning("webhook event %s not applied: %s", row_id, errors[row_id])
-            else:
-                cur.execute("RELEASE SAVEPOINT one_event")
-                counts.update(one)
-        for (kind, mail_id, event), n in sorted(counts.items()):
-            cur.execute("INSERT INTO mail_event_counts (mail_kind, mail_id, event, count) VALUES (%s, %s, %s, %s) "
-                        "ON CONFLICT (mail_kind, mail_id, event) DO UPDATE "
-                        "SET count = mail_event_counts.count + EXCLUDED.count, updated_at = now()",
-                        (kind, mail_id, event, n))
-        if rows:
-            cur.execute("UPDATE webhook_events SET processed_at = now(), error = (%s::jsonb ->> id::text) "
-                        "WHERE id = ANY(%s)", (psycopg2.extras.Json({str(k): v for k, v in errors.items()}),
-                                               [r[0] for r in rows]))
+    try:
+        with db.transaction(_connections.get()) as cur:
+            return _apply_rows(cur, ids)
+    except db.UNAVAILABLE:
+        _connections.reset()    # the actor retries the chunk on a fresh connection
+        raise
+
+
+def _apply_rows(cur, ids: list[int]) -> int:
+    cur.execute("SELECT id, event, email, payload FROM webhook_events WHERE id = ANY(%s) "
+                "AND processed_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED", (ids,))
+    rows = cur.fetchall()
+    owners = Owners(cur, [payload for *_, payload in rows if isinstance(payload, dict)])
+    counts: Counter = Counter()
+    errors: dict[int, str] = {}
+    for row_id, event, email, payload in rows:
+        if not isinstance(payload, dict):
+            errors[row_id] = "payload is not a JSON object"
+            continue
+        cur.execute("SAVEPOINT one_event")
+        one: Counter = Counter()  # merged only if this event's effects stand
+        try:
+            _apply_one(cur, event, email, payload, one, owners)
+        except db.UNAVAILABLE:
+            raise            # the connection is gone: the whole chunk is retried by the actor
+        except Exception as exc:  # noqa: BLE001 - one event's data (or a bug it hits) fails it alone
+            # e.g. an absurd email: record why and move on; retrying would fail the same way
+            # forever, and the other events of the chunk must not wait for it.
+            cur.execute("ROLLBACK TO SAVEPOINT one_event")
+            errors[row_id] = f"{exc.__class__.__name__}: {str(exc).strip()[:500]}"
+            log.warning("webhook event %s not applied: %s", row_id, errors[row_id])
+        else:
+            cur.execute("RELEASE SAVEPOINT one_event")
+            counts.update(one)
+    for (kind, mail_id, event), n in sorted(counts.items()):
+        cur.execute("INSERT INTO mail_event_counts (mail_kind, mail_id, event, count) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (mail_kind, mail_id, event) DO UPDATE "
+                    "SET count = mail_event_counts.count + EXCLUDED.count, updated_at = now()",
+                    (kind, mail_id, event, n))
+    if rows:
+        cur.execute("UPDATE webhook_events SET processed_at = now(), error = (%s::jsonb ->> id::text) "
+                    "WHERE id = ANY(%s)", (psycopg2.extras.Json({str(k): v for k, v in errors.items()}),
+                                           [r[0] for r in rows]))
+        _forget_erased(cur, [r[0] for r in rows])
     return len(rows)
+
+
+def _forget_erased(cur, ids: list[int]) -> None:
+    """SendGrid keeps reporting on mail sent before an erasure (opens, clicks, weeks later). Once
+    applied, such an event is not kept: the suppressions row is all we keep of an erased address."""
+    cur.execute("DELETE FROM webhook_events w USING suppressions s WHERE w.id = ANY(%s) "
+                "AND s.email = lower(w.email) AND s.reason = 'erased'", (ids,))
 
 
 def enqueue(ids: list[int]) -> None:
     """Hint the worker; a failure here loses nothing (requeue_unprocessed finds the rows)."""
     try:
-        from actors.webhooks import apply_webhook_events
-
         for start in range(0, len(ids), APPLY_CHUNK):
-            apply_webhook_events.send(ids[start:start + APPLY_CHUNK])
+            queue.send(queue.APPLY_WEBHOOK_EVENTS, ids[start:start + APPLY_CHUNK])
     except Exception as exc:
         log.warning("could not enqueue %d webhook events (the scheduler will): %s", len(ids), exc)
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import orjson
 import psycopg2.extras
 
-from app import config
+from app import config, http
+from app.groupcommit import GroupCommitWriter, OnFirstUse
+from tracking import webhook_apply
 
 log = logging.getLogger("tracking.webhook_store")
 
@@ -36,9 +37,9 @@ def rows_from_body(body: bytes) -> list[tuple]:
     """(sg_event_id, event, email, payload json) per event; MalformedBatch if the body is not a
     JSON array of objects (a single object is accepted as a batch of one)."""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedBatch(f"body is not valid JSON: {exc}") from None
+        data = http.parse_json(body)
+    except http.JSONBodyError as exc:
+        raise MalformedBatch(str(exc)) from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
@@ -104,26 +105,15 @@ def _after_commit(jobs, results) -> None:
     """Only now, with the rows committed, hint the worker. Losing this hint loses nothing: the
     scheduler's requeue_unprocessed() picks up rows left unprocessed. Sent from its own thread so
     a slow or hung Redis can never hold up the commits of later webhook deliveries."""
-    from tracking import webhook_apply
-
     ids = [i for r in results for i in r.new_ids]
     if ids:
         _hints.submit(webhook_apply.enqueue, ids)
 
 
-_writer = None
-_writer_lock = threading.Lock()
+def _new_writer() -> GroupCommitWriter:
+    settings = config.get()
+    return GroupCommitWriter("webhook-events", insert_jobs, _after_commit, wait_ms=settings.ingest_group_wait_ms,
+                             max_items=settings.ingest_group_max_events)
 
 
-def writer():
-    global _writer
-    if _writer is None:
-        with _writer_lock:
-            if _writer is None:
-                from app.groupcommit import GroupCommitWriter
-
-                settings = config.get()
-                _writer = GroupCommitWriter("webhook-events", insert_jobs, _after_commit,
-                                            wait_ms=settings.ingest_group_wait_ms,
-                                            max_items=settings.ingest_group_max_events)
-    return _writer
+writer = OnFirstUse(_new_writer)

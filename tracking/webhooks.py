@@ -1,6 +1,8 @@
 """POST /webhooks/sendgrid: SendGrid Event Webhook receiver (invariant I4: 2xx means committed).
 
   403  a public key is configured and the signature/timestamp is missing, wrong or stale
+       (outside development a key is required unless SENDGRID_WEBHOOK_ALLOW_UNSIGNED is set to
+       the phrase in app/config.py; start-up fails otherwise)
   400  the body is not JSON / not an array of event objects (SendGrid will retry it; we log it)
   413  body over SENDGRID_WEBHOOK_MAX_BODY_BYTES
   503  the events could not be committed (database down, ...): SendGrid retries for 24 h
@@ -24,6 +26,20 @@ from tracking import signature, webhook_store
 
 log = logging.getLogger("tracking.webhooks")
 _warned_unsigned = False
+
+
+def check_config(settings: config.Settings) -> None:
+    """Web start-up: a key that cannot be parsed would answer every delivery 500; an unsigned
+    webhook outside development was opted into explicitly (app/config.py) and says so loudly."""
+    if settings.sendgrid_webhook_public_key:
+        try:
+            signature.load_public_key(settings.sendgrid_webhook_public_key)
+        except ValueError as exc:
+            raise config.ConfigError(str(exc)) from None
+    elif not settings.is_development and settings.sendgrid_webhook_allow_unsigned:
+        log.warning("SENDGRID_WEBHOOK_ALLOW_UNSIGNED is set (APP_ENV=%s): /webhooks/sendgrid accepts "
+                    "UNSIGNED events, so anyone can suppress addresses and fake statistics. Set "
+                    "SENDGRID_WEBHOOK_PUBLIC_KEY instead.", settings.env)
 
 
 async def sendgrid(request: Request):

@@ -7,6 +7,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app import subscribers
+from app.addresses import EMAIL_PATTERN
 from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
 
 
@@ -61,8 +62,9 @@ _subscriber_schema = {
     "required": ["email"],
     "additionalProperties": False,
     "properties": {
-        "email": {"type": "string", "maxLength": 254, "pattern": subscribers.EMAIL_PATTERN},
-        "name": {"type": "string", "maxLength": 200, "pattern": _no_nul, "nullable": True},
+        "email": {"type": "string", "maxLength": 254, "pattern": EMAIL_PATTERN},
+        "name": {"type": "string", "maxLength": 200, "pattern": "^[^\\u0000-\\u001f\\u007f]*$", "nullable": True,
+                 "description": "display name; no line breaks or control characters"},
         "timezone": {"type": "string", "enum": list(subscribers.timezones()), "description": "IANA zone"},
         "digest_cadence": {"type": "string", "enum": list(subscribers.CADENCES)},
         "digest_hour": {"type": "integer", "minimum": 0, "maximum": 23, "description": "local hour"},
@@ -95,7 +97,8 @@ OPENAPI_PATHS = {
                           "422": _err},
         },
         "delete": {
-            "summary": "Erase a subscriber and their events (right to erasure)",
+            "summary": "Erase a subscriber (right to erasure): their events, runs, outbox rows, webhook events and "
+                       "digest links are deleted, click/open history anonymised, the address suppressed",
             "security": [{"bearer": []}], "parameters": _user_param,
             "responses": {"204": {"description": "erased"}, "401": _err, "403": _err, "404": _err, "422": _err},
         },

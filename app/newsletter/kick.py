@@ -1,7 +1,6 @@
 """Enqueue helpers. Messages are hints (Postgres is the truth), so every kick is safe to repeat.
 
-The actors are imported lazily: importing `actors` sets up the Redis broker, which the web process
-only needs at the moment it enqueues.
+Messages are addressed by actor name (app/queue.py): this module never imports the actors.
 """
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import logging
 
 import redis as redis_lib
 
-from app import config
+from app import config, queue
 
 log = logging.getLogger("app.newsletter.kick")
 
@@ -44,28 +43,16 @@ def is_alive(newsletter_id: int) -> bool:
 
 
 def outbox(newsletter_id: int) -> None:
-    from actors import newsletter as actors
-
-    actors.create_outbox.send(newsletter_id)
+    queue.send(queue.CREATE_OUTBOX, newsletter_id)
 
 
 def send_chains(newsletter_id: int, count: int | None = None, delay_ms: int | None = None) -> None:
-    from actors import newsletter as actors
-
     count = count or config.get().newsletter_send_chains
     for _ in range(max(1, count)):
-        if delay_ms:
-            actors.send_batch.send_with_options(args=(newsletter_id,), delay=delay_ms)
-        else:
-            actors.send_batch.send(newsletter_id)
+        queue.send(queue.SEND_BATCH, newsletter_id, delay_ms=delay_ms)
     mark_alive(newsletter_id)
     log.info("newsletter %s: %d send chain(s) enqueued", newsletter_id, count)
 
 
 def continue_chain(newsletter_id: int, delay_ms: int = 0) -> None:
-    from actors import newsletter as actors
-
-    if delay_ms > 0:
-        actors.send_batch.send_with_options(args=(newsletter_id,), delay=int(delay_ms))
-    else:
-        actors.send_batch.send(newsletter_id)
+    queue.send(queue.SEND_BATCH, newsletter_id, delay_ms=delay_ms)

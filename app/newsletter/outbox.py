@@ -12,27 +12,15 @@ from __future__ import annotations
 import logging
 import time
 
-from app.newsletter import kick, store
+from app import db
+from app.newsletter import kick, rows, store
 
 log = logging.getLogger("app.newsletter.outbox")
 
 CHUNK_IDS = 10_000          # subscriber id range per INSERT … SELECT (one short transaction each)
 CHUNK_USER_IDS = 1_000
+CANCEL_CHUNK = 10_000        # pending rows cancelled per short transaction
 LOCK_NAMESPACE = 0x4E4C     # pg advisory lock (namespace, newsletter id): one builder per newsletter
-
-_ROW_VALUES = """
-    SELECT %(nl)s, s.id, s.email,
-           CASE WHEN s.unsubscribed_at IS NOT NULL OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'pending' END,
-           CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed'
-                WHEN sup.id IS NOT NULL THEN 'suppressed: ' || sup.reason END
-    FROM subscribers s
-    LEFT JOIN suppressions sup ON sup.email = lower(s.email)
-"""
-INSERT_RANGE = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)" + _ROW_VALUES +
-                "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING")
-INSERT_USER_IDS = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)" + _ROW_VALUES +
-                   "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING")
-
 
 def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None) -> int:
     """Build (or finish building) the outbox. Returns rows inserted by this run. `on_chunk(n)` is
@@ -62,26 +50,23 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
 def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk) -> int:
     started = time.monotonic()
     # Sending starts with the first chunk; chains idle-wait while the rest is written.
-    store.run("UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'queued'", (newsletter_id,))
+    store.run(rows.START_SENDING, (newsletter_id,))
     inserted, kicked = 0, False
     for params in _chunks(newsletter_id, audience, chunk_ids):
         state = store.run("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))
         if not state or state[0][0] == "cancelled":
-            from app.newsletter import service
-
             # Rows written after the cancel's own sweep would otherwise linger as `pending`.
-            service.cancel_pending_rows(newsletter_id)
+            cancel_pending_rows(newsletter_id)
             log.info("outbox: newsletter %s cancelled while building; stopped", newsletter_id)
             return inserted
-        sql = INSERT_USER_IDS if "user_ids" in params else INSERT_RANGE
+        sql = rows.INSERT_USER_IDS if "user_ids" in params else rows.INSERT_RANGE
         inserted += store.run(sql, params, fetch=False)
         if not kicked and inserted:
             _start_sending(newsletter_id)
             kicked = True
         if on_chunk:
             on_chunk(inserted)
-    store.run("UPDATE newsletters SET outbox_completed_at = now() WHERE id = %s AND outbox_completed_at IS NULL",
-              (newsletter_id,))
+    store.run(rows.OUTBOX_COMPLETE, (newsletter_id,))
     if not kicked:
         _start_sending(newsletter_id)   # re-run that inserted nothing new: pending rows may remain
     log.info("outbox: newsletter %s complete, %d row(s) inserted by this run in %.1fs",
@@ -106,3 +91,15 @@ def _start_sending(newsletter_id: int) -> None:
     if kick.is_alive(newsletter_id):
         return
     kick.send_chains(newsletter_id)
+
+
+def cancel_pending_rows(newsletter_id: int) -> int:
+    """pending -> cancelled in chunks, each its own short transaction: a million pending rows never
+    become one long write lock, and an interrupted cancel is still a cancel (claims stopped first)."""
+    cancelled = 0
+    while True:
+        with db.database.connection_context():
+            n = db.database.execute_sql(rows.CANCEL_PENDING_CHUNK, (newsletter_id, CANCEL_CHUNK)).rowcount
+        cancelled += n
+        if n < CANCEL_CHUNK:
+            return cancelled

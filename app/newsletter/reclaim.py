@@ -14,23 +14,17 @@ from __future__ import annotations
 import logging
 
 from app import config
-from app.newsletter import kick, outbox, store
+from app.newsletter import kick, outbox, rows, store
 
 log = logging.getLogger("app.newsletter.reclaim")
 
 OUTBOX_GRACE_SECONDS = 60   # a just-requested send's create_outbox message is probably still queued
 
-RECLAIM_SQL = """
-UPDATE email_log SET status = 'pending', next_attempt_at = NULL,
-       error = 'reclaimed: claimed at ' || claimed_at || ' and never marked (worker died?)'
-WHERE status = 'sending' AND claimed_at < now() - make_interval(secs => %s)
-RETURNING newsletter_id
-"""
 
 
 def reclaim_stale() -> dict:
     settings = config.get()
-    reclaimed_rows = store.run(RECLAIM_SQL, (settings.reclaim_after_seconds,))
+    reclaimed_rows = store.run(rows.RECLAIM, (settings.reclaim_after_seconds,))
     reclaimed: dict[int, int] = {}
     for (newsletter_id,) in reclaimed_rows:
         reclaimed[newsletter_id] = reclaimed.get(newsletter_id, 0) + 1
@@ -64,10 +58,7 @@ def reclaim_stale() -> dict:
         except Exception as exc:
             log.error("newsletter %s: could not re-kick send chains: %s", newsletter_id, exc)
     # A newsletter whose last rows were finished by a worker that died before the done check.
-    finished = store.run(
-        "UPDATE newsletters n SET status = 'done', completed_at = now() WHERE n.status = 'sending' "
-        "AND n.outbox_completed_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM email_log e "
-        "WHERE e.newsletter_id = n.id AND e.status IN ('pending', 'sending')) RETURNING n.id")
+    finished = store.run(rows.DONE, {"nl": None})
     if kicked_outbox or kicked_chains:
         log.info("reclaim: outbox re-kicked for %s, send chains for %s", kicked_outbox, kicked_chains)
     return {"reclaimed_rows": len(reclaimed_rows), "outbox_kicked": kicked_outbox, "chains_kicked": kicked_chains,

@@ -3,7 +3,8 @@ few seconds, then the chain re-enqueues itself (so digests on other queues get t
 and a pause is noticed at the next claim).
 
 Exactly-once per recipient rests on: the unique outbox row; the claim (`pending → sending` under
-FOR UPDATE SKIP LOCKED, so two workers never hold the same row); marking only rows still `sending`;
+FOR UPDATE SKIP LOCKED, so two workers never hold the same row; the statements are in rows.py);
+marking only rows still `sending`;
 and the per-row idempotency key for the one window no database can close (the provider accepted a
 batch and the worker died before committing `sent`: the reclaimer re-sends that batch with the
 same keys).
@@ -15,9 +16,11 @@ import random
 import time
 from datetime import datetime, timedelta, timezone
 
-from app import config, mail, tokens
-from app.newsletter import kick, ratelimit, store, template
+from app import config, db, mail, shutdown, tokens
+from app.newsletter import kick, ratelimit, rows, store, template
+from app.providers import get_provider
 from app.providers.base import OutgoingMail, PermanentError, SendResult, ThrottledError, TransientError
+from tracking.links import LinkRewriter
 
 log = logging.getLogger("app.newsletter.sender")
 
@@ -26,53 +29,6 @@ BACKOFF_BASE_SECONDS = 5.0    # transient failure n waits base * 2^(n-1) (capped
 BACKOFF_MAX_SECONDS = 1800.0
 MAX_RATE_WAIT = 2.0           # sleep at most this long for the rate limiter; longer = re-enqueue later
 IDLE_RECHECK_MAX = 60.0       # rows in backoff due within this: the chain waits; later: the tick re-kicks
-
-# One statement = one transaction: pick due rows of a newsletter that is `sending` (so a pause
-# stops claims immediately), lock them without waiting for rows other workers hold, and move them
-# to `sending` — or straight to `suppressed` if the subscriber unsubscribed or got suppressed
-# since the outbox was built (I6: checked at claim time).
-CLAIM_SQL = """
-WITH picked AS (
-    SELECT e.id FROM email_log e
-    WHERE e.newsletter_id = %(nl)s AND e.status = 'pending'
-      AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
-      AND EXISTS (SELECT 1 FROM newsletters n WHERE n.id = %(nl)s AND n.status = 'sending')
-    ORDER BY e.id
-    LIMIT %(limit)s
-    FOR UPDATE OF e SKIP LOCKED
-)
-UPDATE email_log e SET
-    status = CASE WHEN s.unsubscribed_at IS NOT NULL OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'sending' END,
-    error = CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed before send'
-                 WHEN sup.id IS NOT NULL THEN 'suppressed before send: ' || sup.reason ELSE e.error END,
-    attempts = e.attempts + 1,
-    claimed_at = now(),
-    email = s.email
-FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = lower(s.email)
-WHERE e.id = p.id AND s.id = e.subscriber_id
-RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
-"""
-
-MARK_SQL = """
-UPDATE email_log e SET
-    status = v.status,
-    sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE e.sent_at END,
-    provider_message_id = coalesce(v.message_id, e.provider_message_id),
-    error = v.error,
-    next_attempt_at = v.next_attempt_at,
-    attempts = e.attempts - v.refund
-FROM (VALUES %s) AS v(id, status, message_id, error, next_attempt_at, refund)
-WHERE e.id = v.id AND e.status = 'sending'
-"""
-MARK_TEMPLATE = "(%s::bigint, %s::text, %s::text, %s::text, %s::timestamptz, %s::int)"
-
-DONE_SQL = """
-UPDATE newsletters n SET status = 'done', completed_at = now()
-WHERE n.id = %(nl)s AND n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM email_log e WHERE e.newsletter_id = %(nl)s AND e.status IN ('pending', 'sending'))
-RETURNING n.id
-"""
-
 
 def _load(newsletter_id: int):
     rows = store.run("SELECT status, subject, html, text, from_addr, outbox_completed_at FROM newsletters "
@@ -93,14 +49,12 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
         return stats
     _, subject, html, text, from_addr, _ = row
     if provider is None:
-        from app.providers import get_provider
         provider = get_provider()
     compiled = template.compiled_for(newsletter_id, subject, html, text)
     limiter = ratelimit.for_provider(provider.name)
     batch_size = max(1, min(settings.send_batch_size, provider.max_batch))
     if limiter.ceiling > 0:   # at most one second's worth per call, so a low limit paces smoothly
         batch_size = max(1, min(batch_size, int(limiter.ceiling)))
-    from tracking.links import LinkRewriter
     rewriter = LinkRewriter("newsletter", newsletter_id)
     deadline = time.monotonic() + budget_seconds
 
@@ -113,19 +67,20 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + wait)
                 kick.continue_chain(newsletter_id, delay_ms=int(wait * 1000))
             return stats
-        claimed = store.run(CLAIM_SQL, {"nl": newsletter_id, "limit": batch_size})
+        claimed = store.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size})
         if not claimed:
             break
+        claimed_at = time.monotonic()
         stats["claimed"] += len(claimed)
         retry_after = _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter,
-                                    settings, stats)
+                                    settings, stats, claimed_at)
         if retry_after is not None:   # throttled: everyone waits; this chain comes back after the reset
             stats["outcome"], stats["retry_in"] = f"throttled for {retry_after:.1f}s", retry_after
             if reenqueue:
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + retry_after)
                 kick.continue_chain(newsletter_id, delay_ms=int(retry_after * 1000))
             return stats
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or shutdown.requested.is_set():
             stats["outcome"], stats["retry_in"] = "budget used; continuing", 0.0
             if reenqueue:
                 kick.continue_chain(newsletter_id)
@@ -134,7 +89,8 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
     return stats
 
 
-def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats):
+def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats,
+                  claimed_at):
     """Render, send and mark one claimed batch. Returns seconds to back off if throttled."""
     mails, mail_rows, marks = [], [], []
     for row_id, status, attempts, sub_id, email, name, user_id, token_version, tracking_opt_out in claimed:
@@ -177,7 +133,11 @@ def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provide
         if retry_after is None:
             marks.extend(_marks_for(results, mail_rows, settings, stats))
     if marks:
-        store.execute_values(MARK_SQL, marks, MARK_TEMPLATE)
+        # What the provider accepted is written once Postgres answers again, never sent twice:
+        # the rows stay `sending` meanwhile, which nobody else claims until the reclaimer's timeout.
+        deadline = db.write_deadline(claimed_at, settings.reclaim_after_seconds)
+        db.until_written(lambda: store.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE), deadline,
+                         f"newsletter {newsletter_id}: recording {len(marks)} outcomes")
     return retry_after
 
 
@@ -236,7 +196,7 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
                 kick.continue_chain(newsletter_id, delay_ms=int(delay * 1000))
             return f"{pending} row(s) in backoff; next in {delay:.1f}s", delay
         return f"{pending} row(s) in backoff for more than {IDLE_RECHECK_MAX:.0f}s; the scheduler tick re-kicks", None
-    if store.run(DONE_SQL, {"nl": newsletter_id}):
+    if store.run(rows.DONE, {"nl": newsletter_id}):
         log.info("newsletter %s done", newsletter_id)
         return "done", None
     return "other workers still hold rows", None

@@ -8,15 +8,14 @@ import re
 
 import orjson
 
-from app import db
-from app.newsletter import kick, template
-from app.subscribers import EMAIL_PATTERN
+from app import db, mail
+from app.newsletter import kick, outbox, template
+from app.newsletter import rows as statements
 from tracking.stats import mail_stats
 
 log = logging.getLogger("app.newsletter.service")
 
 MAX_AUDIENCE_USER_IDS = 10_000
-CANCEL_CHUNK = 10_000
 FIELDS = ("subject", "html", "text", "from")
 ROW_STATUSES = ("pending", "sending", "sent", "failed", "suppressed", "cancelled")
 # Applied SendGrid events (mail_event_counts) that count as a bounce / an unsubscribe.
@@ -34,16 +33,25 @@ class Conflict(Exception):
         self.status = status
 
 
-# The sender: "addr" or "Name <addr>" (the name without controls or angle brackets). Shared with
-# the OpenAPI document, so the documented pattern is exactly what is accepted.
-_SENDER_ADDR = EMAIL_PATTERN[1:-1]
-_SENDER_NAME = r"[^<>\x00-\x1f\x7f]*"
+# The sender: "addr" or "Name <addr>" — exactly one mailbox, so the name has none of RFC 5322's
+# specials and the address is plain ASCII (it goes in every envelope). Shared with the OpenAPI
+# document, so the documented pattern is exactly what is accepted.
+_SENDER_ADDR = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
+_SENDER_NAME = r"[^<>()\[\]:;@\\,.\"\x00-\x1f\x7f]*"
 SENDER_PATTERN = rf"^(?:{_SENDER_ADDR}|{_SENDER_NAME}<{_SENDER_ADDR}>)$"
 _SENDER_RE = re.compile(SENDER_PATTERN[1:-1])
 _TEMPLATE_HELP = (
     "is not a supported template: Mustache tags allowed are {{var}}, {{{var}}}, {{&var}}, {{! comment }}, "
     "{{#var}}...{{/var}} and {{^var}}...{{/var}} (nested at most %d deep; {{.}} only inside a section); "
     "a literal '{' must not start '{{'; variables: %s" % (template.SECTION_DEPTH, ", ".join(template.VARIABLES)))
+
+
+def _one_mailbox(value: str) -> bool:
+    try:
+        mail.parse_mailbox(value.strip())
+        return True
+    except mail.MailBuildError:
+        return False
 
 
 def validate_new(body) -> tuple[dict, list[dict]]:
@@ -74,8 +82,9 @@ def validate_new(body) -> tuple[dict, list[dict]]:
             values[field] = value
     sender = body.get("from")
     if sender is not None:
-        if not isinstance(sender, str) or len(sender) > template.MAX_FROM or not _SENDER_RE.fullmatch(sender):
-            errors.append({"field": "from", "message": "must be an address like 'News <news@example.com>'"})
+        if not isinstance(sender, str) or len(sender) > template.MAX_FROM or not _SENDER_RE.fullmatch(sender) \
+                or not _one_mailbox(sender):
+            errors.append({"field": "from", "message": "must be exactly one address like 'News <news@example.com>'"})
         else:
             values["from_addr"] = sender.strip()
     return values, errors
@@ -109,12 +118,9 @@ def validate_audience(body) -> tuple[dict | None, list[dict]]:
 
 
 def create(values: dict) -> int:
-    rows = db.query(
-        "INSERT INTO newsletters (subject, html, text, from_addr) VALUES (%s, %s, %s, %s) RETURNING id",
-        (values["subject"], values["html"], values.get("text"), values.get("from_addr")),
-    )
-    log.info("newsletter %s created", rows[0][0])
-    return rows[0][0]
+    created = db.query(statements.CREATE, (values["subject"], values["html"], values.get("text"), values.get("from_addr")))
+    log.info("newsletter %s created", created[0][0])
+    return created[0][0]
 
 
 def _current(newsletter_id: int) -> tuple:
@@ -127,11 +133,7 @@ def _current(newsletter_id: int) -> tuple:
 
 def request_send(newsletter_id: int, audience: dict) -> str:
     """draft -> queued and the outbox actor enqueued. Repeating the same request is harmless."""
-    rows = db.query(
-        "UPDATE newsletters SET status = 'queued', audience = %s, send_requested_at = now() "
-        "WHERE id = %s AND status = 'draft' RETURNING status",
-        (orjson.dumps(audience).decode(), newsletter_id),
-    )
+    rows = db.query(statements.QUEUE, (orjson.dumps(audience).decode(), newsletter_id))
     if not rows:
         status, stored, outbox_done = _current(newsletter_id)
         if status in ("done", "cancelled"):
@@ -153,8 +155,7 @@ def _kick_safely(fn, newsletter_id: int, *args) -> None:
 
 
 def pause(newsletter_id: int) -> str:
-    rows = db.query("UPDATE newsletters SET status = 'paused' WHERE id = %s AND status IN ('queued', 'sending') "
-                    "RETURNING status", (newsletter_id,))
+    rows = db.query(statements.PAUSE, (newsletter_id,))
     if rows:
         log.info("newsletter %s paused", newsletter_id)
         return "paused"
@@ -165,8 +166,7 @@ def pause(newsletter_id: int) -> str:
 
 
 def resume(newsletter_id: int) -> str:
-    rows = db.query("UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'paused' "
-                    "RETURNING outbox_completed_at", (newsletter_id,))
+    rows = db.query(statements.RESUME, (newsletter_id,))
     if not rows:
         status = _current(newsletter_id)[0]
         if status in ("queued", "sending"):
@@ -182,30 +182,14 @@ def resume(newsletter_id: int) -> str:
 def cancel(newsletter_id: int) -> dict:
     """No new claims from now on; rows not yet claimed become `cancelled`. Rows a worker already
     holds finish (they may be at the provider already)."""
-    rows = db.query("UPDATE newsletters SET status = 'cancelled', completed_at = now() "
-                    "WHERE id = %s AND status NOT IN ('done', 'cancelled') RETURNING id", (newsletter_id,))
+    rows = db.query(statements.CANCEL, (newsletter_id,))
     if not rows:
         status = _current(newsletter_id)[0]
         if status != "cancelled":
             raise Conflict("a finished newsletter cannot be cancelled", status)
-    cancelled = cancel_pending_rows(newsletter_id)
+    cancelled = outbox.cancel_pending_rows(newsletter_id)
     log.info("newsletter %s cancelled (%d pending rows)", newsletter_id, cancelled)
     return {"status": "cancelled", "cancelled_rows": cancelled}
-
-
-def cancel_pending_rows(newsletter_id: int) -> int:
-    """pending -> cancelled in chunks, each its own short transaction: a million pending rows never
-    become one long write lock, and an interrupted cancel is still a cancel (claims stopped first)."""
-    cancelled = 0
-    while True:
-        with db.database.connection_context():
-            n = db.database.execute_sql(
-                "UPDATE email_log SET status = 'cancelled', error = 'newsletter cancelled' WHERE id IN ("
-                " SELECT id FROM email_log WHERE newsletter_id = %s AND status = 'pending' LIMIT %s"
-                " FOR UPDATE SKIP LOCKED)", (newsletter_id, CANCEL_CHUNK)).rowcount
-        cancelled += n
-        if n < CANCEL_CHUNK:
-            return cancelled
 
 
 def retry_failed(newsletter_id: int) -> dict:
@@ -213,14 +197,10 @@ def retry_failed(newsletter_id: int) -> dict:
     if status not in ("sending", "paused", "done"):
         raise Conflict(f"failed rows can be retried while sending, paused or done (it is {status})", status)
     with db.database.connection_context(), db.database.atomic():
-        cur = db.database.execute_sql(
-            "UPDATE email_log SET status = 'pending', attempts = 0, next_attempt_at = NULL, "
-            "error = 'retry requested after: ' || coalesce(error, '') "
-            "WHERE newsletter_id = %s AND status = 'failed'", (newsletter_id,))
+        cur = db.database.execute_sql(statements.RETRY_FAILED, (newsletter_id,))
         requeued = cur.rowcount
         if requeued:
-            db.database.execute_sql("UPDATE newsletters SET status = 'sending', completed_at = NULL "
-                                    "WHERE id = %s AND status = 'done'", (newsletter_id,))
+            db.database.execute_sql(statements.REOPEN, (newsletter_id,))
     status = _current(newsletter_id)[0]
     if requeued and status == "sending":
         _kick_safely(kick.send_chains, newsletter_id)

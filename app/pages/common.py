@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from app import tokens
+from app import http, tokens
 from app.pages import csrf, store
 
 log = logging.getLogger("app.pages")
@@ -131,12 +131,12 @@ class BadForm(Exception):
 async def read_form(request: Request) -> FormData:
     """The POSTed form (urlencoded or multipart), at most MAX_FORM_BYTES. A body with no or another
     content type is read as urlencoded: a one-click unsubscribe must not fail on a sloppy client."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise BadForm("Content-Length is not a number")
-        if int(declared) > MAX_FORM_BYTES:
-            raise FormTooLarge()
+    try:
+        declared = http.declared_length(request.headers)
+    except http.BadContentLength as exc:
+        raise BadForm(str(exc)) from None
+    if declared is not None and declared > MAX_FORM_BYTES:
+        raise FormTooLarge()
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

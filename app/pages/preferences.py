@@ -147,7 +147,8 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
 
     pause_raw = (common.text(posted, "pause_days") or "").strip()
     if pause_raw:
-        if not pause_raw.isdigit() or not 1 <= int(pause_raw) <= MAX_PAUSE_DAYS:
+        if not (pause_raw.isascii() and pause_raw.isdigit() and len(pause_raw) <= 4) \
+                or not 1 <= int(pause_raw) <= MAX_PAUSE_DAYS:
             errors["pause_days"] = f"must be a whole number of days from 1 to {MAX_PAUSE_DAYS}, or empty"
         else:
             values["paused_until"] = datetime.now(timezone.utc) + timedelta(days=int(pause_raw))

@@ -6,6 +6,7 @@ page load and submit changes nothing there; preference saves go through subscrib
 from __future__ import annotations
 
 from app import db, subscribers
+from digest import runs as digest_runs
 
 # How many topic checkboxes the preference centre shows at most; opt-outs are always shown.
 MAX_SHOWN_CATEGORIES = subscribers.MAX_CATEGORIES
@@ -76,9 +77,7 @@ def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bo
             return False
         # Claims check unsubscribed_at anyway; cancelling queued runs now also keeps the operator's
         # view honest (a run will not show as pending for someone who left).
-        db.database.execute_sql(
-            "UPDATE digest_runs SET status = 'cancelled', skip_reason = 'unsubscribed' "
-            "WHERE subscriber_id = %s AND status = 'pending'", (subscriber_id,))
+        digest_runs.cancel_pending(db.database.cursor(), subscriber_id, "unsubscribed")
         return True
 
 

@@ -27,18 +27,16 @@ class FileProvider(Provider):
     def __init__(self, directory: str | None = None):
         self.directory = Path(directory or config.get().mail_file_dir)
 
-    def send_batch(self, mails: list[OutgoingMail]) -> list[SendResult]:
+    def prepare(self, m: OutgoingMail) -> bytes:
+        return mail.build(m)
+
+    def deliver(self, prepared: list[tuple[OutgoingMail, bytes]]) -> list[SendResult]:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TransientError(f"cannot create {self.directory}: {exc}") from exc
         results = []
-        for m in mails:
-            try:
-                raw = mail.build(m)
-            except mail.MailBuildError as exc:
-                results.append(SendResult(ok=False, error=str(exc), permanent=True))
-                continue
+        for m, raw in prepared:
             path = self.directory / _file_name(m.idempotency_key)
             tmp = path.with_suffix(".tmp")
             try:

@@ -22,10 +22,15 @@ the request carries `Idempotency-Key` (a hash of its row keys) for proxies/provi
 The window where a crash after SendGrid's 202 but before our commit re-sends is one batch.
 
 Status mapping: 2xx ok; 429 -> ThrottledError(retry_after from X-RateLimit-Reset or Retry-After);
-5xx, timeouts, connection errors -> TransientError; 400/401/403/413 and other 4xx -> PermanentError.
+5xx, timeouts, connection errors -> TransientError; 401/403/413 and other 4xx -> PermanentError.
+A 400 names the fields it refused (`personalizations.3.to.0.email`): those recipients fail alone
+and the rest of the request is sent again without them; a 400 naming no recipient refuses the
+whole request. Every mail is validated locally first (mail.validate), so most bad recipients
+never reach SendGrid.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -36,7 +41,7 @@ import time
 import httpx
 import orjson
 
-from app import config
+from app import config, mail
 from app.providers.base import (
     OutgoingMail, PermanentError, Provider, SendResult, ThrottledError, TransientError,
 )
@@ -47,6 +52,9 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 
 MAX_PERSONALIZATIONS = 1000
 MAX_SUBSTITUTION_BYTES = 10_000
+# Requests one batch may send again after SendGrid named recipients it refused.
+MAX_REFUSAL_ROUNDS = 10
+_PERSONALIZATION_FIELD = re.compile(r"personalizations\.(\d{1,4})\b")
 HTML_SLOTS = re.compile(r'("[^"<>]*"|>[^<>]*<)')
 
 
@@ -70,16 +78,32 @@ class SendGridProvider(Provider):
         self.client.close()
 
     # -- sending ---------------------------------------------------------------------------------
-    def send_batch(self, mails: list[OutgoingMail]) -> list[SendResult]:
-        if len(mails) > self.max_batch:
-            raise ValueError(f"at most {self.max_batch} mails per batch, got {len(mails)}")
+    def prepare(self, m: OutgoingMail) -> OutgoingMail:
+        """What SendGrid would refuse for this recipient, refused here alone."""
+        mail.validate(m)
+        to = mail.check_address(m.to)
+        if mail.needs_smtputf8(to):
+            raise mail.MailBuildError(f"SendGrid cannot send to {to!r}: a non-ASCII local part needs SMTPUTF8")
+        return dataclasses.replace(m, to=to, to_name=mail.one_line(m.to_name))
+
+    def deliver(self, prepared: list[tuple[OutgoingMail, OutgoingMail]]) -> list[SendResult]:
+        mails = [m for _, m in prepared]
         results: list[SendResult | None] = [None] * len(mails)
-        for n, (payload, indexes) in enumerate(build_requests(mails, self.default_from)):
-            keys = [mails[i].idempotency_key for i in indexes]
+        rounds = [MAX_REFUSAL_ROUNDS]
+        accepted = False
+        for payload, indexes in build_requests(mails, self.default_from):
             try:
-                message_id = self._post(payload, keys)
+                self._send_group(mails, payload, indexes, results, rounds)
+                accepted = accepted or any(results[i] is not None and results[i].ok for i in indexes)
+            except Rejected as exc:
+                if len(mails) == 1:
+                    raise
+                # This request's recipients are refused; the batch's other requests still go.
+                for i in indexes:
+                    if results[i] is None:
+                        results[i] = SendResult(ok=False, error=str(exc), permanent=True)
             except (ThrottledError, TransientError, PermanentError) as exc:
-                if n == 0:
+                if not accepted:
                     raise  # nothing of this batch was accepted: the caller handles the whole batch
                 # Earlier groups were accepted: report only the rest as failed, never the whole batch.
                 permanent = isinstance(exc, PermanentError)
@@ -87,9 +111,28 @@ class SendGridProvider(Provider):
                     if results[i] is None:
                         results[i] = SendResult(ok=False, error=f"sendgrid: {exc}", permanent=permanent)
                 return results
-            for i in indexes:
-                results[i] = SendResult(ok=True, message_id=message_id)
-        return results
+        return results  # type: ignore[return-value]
+
+    def _send_group(self, mails, payload: dict, indexes: list[int], results: list, rounds: list) -> None:
+        """POST one request. When SendGrid refuses it because of some recipients (a 400 naming
+        `personalizations.N`), those fail alone and the request goes again without them, at most
+        MAX_REFUSAL_ROUNDS times per batch. A 400 naming no recipient refuses the whole request."""
+        keys = [mails[i].idempotency_key for i in indexes]
+        try:
+            message_id = self._post(payload, keys)
+        except Rejected as exc:
+            bad = {indexes[k] for k in exc.personalizations if k < len(indexes)}
+            if not bad or exc.global_fields or len(bad) == len(indexes) or rounds[0] <= 0:
+                raise
+            rounds[0] -= 1
+            for i in bad:
+                results[i] = SendResult(ok=False, error=f"sendgrid refused this recipient: {exc}", permanent=True)
+            rest = [i for i in indexes if i not in bad]
+            for sub_payload, sub in build_requests([mails[i] for i in rest], self.default_from):
+                self._send_group(mails, sub_payload, [rest[k] for k in sub], results, rounds)
+            return
+        for i in indexes:
+            results[i] = SendResult(ok=True, message_id=message_id)
 
     def _post(self, payload: dict, keys: list[str]) -> str | None:
         body = orjson.dumps(payload)
@@ -112,7 +155,33 @@ class SendGridProvider(Provider):
             raise ThrottledError(f"429 rate limited: {detail}", retry_after=_retry_after(response))
         if status >= 500:
             raise TransientError(f"SendGrid {status}: {detail}")
+        if status == 400:
+            raise Rejected(f"SendGrid {status}: {detail}", _error_fields(response))
         raise PermanentError(f"SendGrid {status}: {detail}")
+
+
+class Rejected(PermanentError):
+    """A 400: `personalizations` are the indexes SendGrid blamed; `global_fields` anything else it
+    named (from, subject, content…), which no recipient can be blamed for."""
+
+    def __init__(self, message: str, fields: list[str]):
+        super().__init__(message)
+        self.personalizations: set[int] = set()
+        self.global_fields: list[str] = []
+        for name in fields:
+            match = _PERSONALIZATION_FIELD.match(name)
+            if match:
+                self.personalizations.add(int(match.group(1)))
+            else:
+                self.global_fields.append(name)
+
+
+def _error_fields(response: httpx.Response) -> list[str]:
+    try:
+        errors = response.json().get("errors") or []
+        return [str(e["field"]) for e in errors[:MAX_PERSONALIZATIONS] if isinstance(e, dict) and e.get("field")]
+    except Exception:   # noqa: BLE001 - an unreadable error body names nothing
+        return []
 
 
 def _error_detail(response: httpx.Response) -> str:

@@ -19,6 +19,7 @@ rejects raise PermanentError (every mail would fail the same way).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import re
@@ -32,10 +33,12 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from app import config, mail
 from app.providers.base import OutgoingMail, PermanentError, Provider, SendResult, TransientError
+from app.providers.smtp_async import BATCH_OUT_OF_TIME, AsyncSender
 
 log = logging.getLogger("app.providers.smtp")
 
 LANE_TARGET_SECONDS = 0.025
+BATCH_TIMEOUTS = 2          # a batch starts no mail after 2 x SMTP_TIMEOUT_SECONDS (60 s by default)
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 _DISCONNECTS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, TimeoutError, ssl.SSLError)
 
@@ -134,12 +137,15 @@ class SMTPProvider(Provider):
             conn.sendmail(sender, [m.to], raw)
         return SendResult(ok=True, message_id=mail.message_id_of(m))
 
-    def _send_chunk(self, items: list[tuple[int, OutgoingMail, bytes]]) -> list[tuple[int, SendResult]]:
+    def _send_chunk(self, items: list[tuple[int, OutgoingMail, bytes]], deadline: float) -> list[tuple[int, SendResult]]:
         out = []
         conn = self._acquire()
         started = time.perf_counter()
         try:
             for pos, (index, m, raw) in enumerate(items):
+                if time.monotonic() > deadline:      # a slow relay: the rest retries later, counted
+                    out.extend((i, SendResult(ok=False, error=BATCH_OUT_OF_TIME)) for i, _, _ in items[pos:])
+                    break
                 for attempt in (1, 2):
                     try:
                         if conn is None:
@@ -194,7 +200,6 @@ class SMTPProvider(Provider):
         if self._async is None:
             with self._executor_lock:
                 if self._async is None:
-                    from app.providers.smtp_async import AsyncSender
                     self._async = AsyncSender(self.options, self.pool_size, self.timeout, self._tls_context)
         return self._async
 
@@ -205,31 +210,30 @@ class SMTPProvider(Provider):
                     self._executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="smtp")
         return self._executor
 
-    def send_batch(self, mails: list[OutgoingMail]) -> list[SendResult]:
-        results: list[SendResult | None] = [None] * len(mails)
-        ready = []
-        for i, m in enumerate(mails):
-            try:
-                ready.append((i, m, mail.build(m)))
-            except mail.MailBuildError as exc:
-                results[i] = SendResult(ok=False, error=str(exc), permanent=True)
-        if ready and self.use_async:
+    def prepare(self, m: OutgoingMail) -> tuple[OutgoingMail, bytes]:
+        m = dataclasses.replace(m, to=mail.check_address(m.to))    # the envelope's form (IDNA domain)
+        return m, mail.build(m)
+
+    def deliver(self, prepared: list[tuple[OutgoingMail, tuple[OutgoingMail, bytes]]]) -> list[SendResult]:
+        ready = [(i, m, raw) for i, (_, (m, raw)) in enumerate(prepared)]
+        results: list[SendResult | None] = [None] * len(ready)
+        # Bounds a batch's send phase (plus one mail's SMTP timeout in flight), so a batch never
+        # outlives DIGEST_PROCESSING_TIMEOUT_SECONDS / RECLAIM_AFTER_SECONDS, however slow the relay.
+        deadline = time.monotonic() + BATCH_TIMEOUTS * self.timeout
+        if self.use_async:
             # All connections on one event loop: lanes are cheap, use as many as the batch can.
-            for index, result in self._async_sender().send(ready, min(self.pool_size, len(ready))):
-                results[index] = result
-        elif ready:
+            done = [self._async_sender().send(ready, min(self.pool_size, len(ready)), deadline)]
+        else:
             # Each lane is one connection sending its share of the batch in sequence.
             lanes = self.lanes_for(len(ready))
             chunks = [ready[k::lanes] for k in range(lanes)]
-            if lanes == 1:
-                done = [self._send_chunk(chunks[0])]
-            else:
-                done = list(self._pool().map(self._send_chunk, chunks))
-            for chunk in done:
-                for index, result in chunk:
-                    results[index] = result
-        if ready and all(r is not None and not r.ok and not r.permanent for r in results) and \
-                all("cannot connect" in (r.error or "") for r in results):
+            done = [self._send_chunk(chunks[0], deadline)] if lanes == 1 else \
+                list(self._pool().map(self._send_chunk, chunks, [deadline] * lanes))
+        for chunk in done:
+            for index, result in chunk:
+                results[index] = result
+        if all(r is not None and not r.ok and not r.permanent and "cannot connect" in (r.error or "")
+               for r in results):
             # Nothing got through because the server is unreachable: one error for the whole call.
             raise TransientError(results[0].error)
         return results  # type: ignore[return-value]

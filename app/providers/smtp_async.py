@@ -5,6 +5,11 @@ thread per connection every reply wakes a thread that must win the GIL back: mea
 CPU per mail on top of the send itself. One event loop multiplexing all connections pays for
 readiness events only. The SMTP dialogue is the same as smtplib's (EHLO, STARTTLS, AUTH PLAIN/LOGIN,
 PIPELINING when offered, dot-stuffing), and reply codes map to results the same way.
+
+Kept over the libraries a user would reach for: `scripts/bench/smtp_client.py` (6,000 mails, 50
+connections, client CPU per mail with mail building) measured ours 112 µs, smtplib 243 µs and
+aiosmtplib 5.1.3 257 µs on a quiet machine; on a busy one today 253–302 µs against smtplib's
+464–503 µs (aiosmtplib not installed then).
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import logging
 import re
 import ssl
 import threading
+import time
 
 from app import mail
 from app.providers.base import PermanentError, SendResult, TransientError
@@ -22,6 +28,7 @@ log = logging.getLogger("app.providers.smtp_async")
 
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 MAX_REPLY_LINES = 100
+BATCH_OUT_OF_TIME = "not attempted: the batch ran out of time (slow SMTP relay); retried later"
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -179,12 +186,15 @@ class AsyncSender:
         failed = next((r for r in replies if r[0] not in (250, 251, 354)), replies[-1])
         raise ReplyError(*failed)
 
-    async def _send_lane(self, items) -> list:
+    async def _send_lane(self, items, deadline: float) -> list:
         out = []
         await self._slots.acquire()
         conn = self._idle.pop() if self._idle else None
         try:
             for pos, (index, m, raw) in enumerate(items):
+                if time.monotonic() > deadline:      # a slow relay: the rest retries later, counted
+                    out.extend((i, SendResult(ok=False, error=BATCH_OUT_OF_TIME)) for i, _, _ in items[pos:])
+                    break
                 sender = mail.envelope_from(m.from_addr)
                 for attempt in (1, 2):
                     try:
@@ -225,18 +235,19 @@ class AsyncSender:
             self._slots.release()
         return out
 
-    async def _send_all(self, ready, lanes: int) -> list:
+    async def _send_all(self, ready, lanes: int, deadline: float) -> list:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.pool_size)
         chunks = [ready[k::lanes] for k in range(lanes)]
-        done = await asyncio.gather(*(self._send_lane(c) for c in chunks))
+        done = await asyncio.gather(*(self._send_lane(c, deadline) for c in chunks))
         return [pair for chunk in done for pair in chunk]
 
-    def send(self, ready, lanes: int) -> list:
-        """[(index, SendResult)] for [(index, mail, raw bytes)], from any thread."""
+    def send(self, ready, lanes: int, deadline: float) -> list:
+        """[(index, SendResult)] for [(index, mail, raw bytes)], from any thread. No mail is started
+        after `deadline` (time.monotonic()): those come back as transient failures."""
         if not self._thread.is_alive():
             raise TransientError("SMTP event loop thread is not running")
-        future = asyncio.run_coroutine_threadsafe(self._send_all(ready, lanes), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._send_all(ready, lanes, deadline), self._loop)
         # Every step inside has its own timeout; this outer bound only guards against a wedged loop.
         per_lane = -(-len(ready) // max(1, lanes))
         try:

@@ -233,7 +233,8 @@ def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: 
 
 
 def drive_ours(now: datetime, started: float) -> tuple[bool, dict]:
-    from app import digest_planner, scheduler
+    from app import scheduler
+    from digest import plan as digest_plan
 
     due = now + timedelta(hours=2)              # past every slot + stagger
     scheduler.tick(now)                         # plans the runs (none due yet)
@@ -243,17 +244,17 @@ def drive_ours(now: datetime, started: float) -> tuple[bool, dict]:
 
     def next_tick():                            # the scheduler's checker, ticking fast for the bench
         if ticks[0] % 5 == 0:
-            digest_planner.check(due, send, depth())
+            digest_plan.check(due, send, depth())
         ticks[0] += 1
 
     return wait_all_done(started + args.timeout, next_tick), {"plan_seconds": planned_in}
 
 
 def drive_baseline(now: datetime, started: float) -> tuple[bool, dict]:
-    from app import digest_planner
+    from digest import plan as digest_plan
     from scripts.bench import digest_naive
 
-    digest_planner.plan(now)
+    digest_plan.plan(now)
     for (run_id,) in db.query("SELECT id FROM digest_runs ORDER BY id"):   # one task per subscriber
         digest_naive.naive_send_digest.send(run_id)
     return wait_all_done(started + args.timeout), {}

@@ -16,11 +16,13 @@ import chevron
 import dramatiq
 
 import actors  # noqa: F401  (broker first, then this module's actor binds to it)
-from app import config, digest_sender, mail, tokens
+from app import config, mail, tokens
+from digest import claim as digest_claim
 from digest import context as digest_context
 from digest import group as digest_group
 from digest import load as digest_load
 from digest import render as digest_render
+from digest import send as digest_send
 
 
 def _naive_render(ctx: dict) -> tuple[str, str, str]:
@@ -36,9 +38,9 @@ def _naive_render(ctx: dict) -> tuple[str, str, str]:
 @dramatiq.actor(queue_name="digest_naive", max_retries=0)
 def naive_send_digest(run_id: int) -> None:
     settings = config.get()
-    conn = digest_sender.connections.get()
+    conn = digest_send.connections.get()
     with conn.cursor() as cur:
-        runs, _ = digest_sender.claim(cur, [run_id], 1)
+        runs, _ = digest_claim.claim(cur, [run_id], 1, settings.digest_max_attempts)
     conn.commit()
     if not runs:
         return

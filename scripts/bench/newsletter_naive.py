@@ -8,9 +8,9 @@ import dramatiq
 
 import actors  # noqa: F401,I001  (sets up the broker before the actor below binds to it)
 from app import config, db
-from app.newsletter import sender, store, template
+from app.newsletter import rows, sender, store, template
 
-CLAIM_ONE = sender.CLAIM_SQL.replace("ORDER BY e.id", "AND e.id = %(row)s")
+CLAIM_ONE = rows.CLAIM.replace("ORDER BY e.id", "AND e.id = %(row)s")
 
 
 @dramatiq.actor(queue_name="newsletter", max_retries=0)
@@ -31,8 +31,8 @@ def naive_send_one(newsletter_id: int, row_id: int) -> None:
     mail = sender._render(newsletter_id, row_id, sub_id, email, name, user_id, token_version, opt_out, compiled,
                           LinkRewriter("newsletter", newsletter_id), from_addr, settings)
     result = get_provider().send_batch([mail])[0]
-    store.execute_values(sender.MARK_SQL, [(row_id, "sent" if result.ok else "failed", result.message_id,
-                                            result.error, None, 0)], sender.MARK_TEMPLATE)
+    store.execute_values(rows.MARK, [(row_id, "sent" if result.ok else "failed", result.message_id,
+                                            result.error, None, 0)], rows.MARK_TEMPLATE)
 
 
 def enqueue(newsletter_id: int) -> int:

@@ -23,6 +23,9 @@ lost) is enqueued again. Duplicates are harmless: the claim is FOR UPDATE SKIP L
 
 Watchdog. A run `processing` longer than DIGEST_PROCESSING_TIMEOUT_SECONDS (its worker died) goes
 back to `pending` with attempts + 1; at DIGEST_MAX_ATTEMPTS it becomes `failed`, last error kept.
+
+digest-now (`python -m app digest-now`): make a subscriber's next digest due at once (development).
+Every write to digest_runs is a named statement of digest/runs.py.
 """
 from __future__ import annotations
 
@@ -31,8 +34,9 @@ from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app import config, db
+from digest import runs
 
-log = logging.getLogger("app.digest_planner")
+log = logging.getLogger("digest.plan")
 
 HASH_MULTIPLIER = 2654435761   # Knuth's multiplicative hash; the same formula runs in SQL below
 HASH_MODULUS = 2 ** 32
@@ -84,9 +88,9 @@ FROM subscribers WHERE {_DUE}
 # One statement per batch, so a subscriber's planned_until and their run commit together. A row
 # whose schedule changed since the combinations were read joins no combination: it stays due and
 # the next tick plans it.
-_PLAN_SQL = f"""
+_PLAN_SQL = """
 WITH due AS (
-    SELECT id FROM subscribers WHERE {_DUE}
+    SELECT id FROM subscribers WHERE {due}
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), planned AS (
@@ -96,21 +100,9 @@ WITH due AS (
     WHERE s.id = due.id AND s.timezone = v.tz AND s.digest_cadence = v.cadence AND s.digest_hour = v.hour
       AND (v.cadence = 'daily' OR s.digest_weekday = v.weekday)
     RETURNING s.id, s.digest_cadence AS cadence, v.period, v.slot
-), inserted AS (
-    INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for)
-    SELECT p.id, p.cadence, p.period,
-           p.slot + make_interval(secs => ((p.id::numeric * %(mult)s) %% %(mod)s %% %(spread)s)::int)
-    FROM planned p
-    -- A run of that period exists already (digest-now made it): left as it is. One cancelled by a
-    -- schedule change comes back if the new schedule falls in the same period.
-    ON CONFLICT ON CONSTRAINT digest_runs_once_per_period DO UPDATE
-        SET status = 'pending', scheduled_for = EXCLUDED.scheduled_for, skip_reason = NULL,
-            enqueued_at = NULL, claimed_at = NULL, completed_at = NULL
-        WHERE digest_runs.status = 'cancelled'
-    RETURNING 1
-)
+), inserted AS ({insert})
 SELECT (SELECT count(*) FROM planned), (SELECT count(*) FROM inserted)
-"""
+""".format(due=_DUE, insert=runs.INSERT_PLANNED)
 
 
 def plan(now: datetime) -> int:
@@ -137,23 +129,6 @@ def plan(now: datetime) -> int:
 
 
 # -- checker ----------------------------------------------------------------------------------
-def queue_depth(broker, queue_name: str = "digest") -> int:
-    """Messages waiting in Redis for this queue (ready + delayed)."""
-    client, ns = broker.client, broker.namespace
-    return int(client.llen(f"{ns}:{queue_name}")) + int(client.llen(f"{ns}:{queue_name}.DQ"))
-
-
-_DUE_SQL = """
-SELECT id FROM digest_runs
-WHERE status = 'pending' AND scheduled_for <= %(now)s
-  AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
-  AND (enqueued_at IS NULL OR enqueued_at < %(now)s - make_interval(secs => %(reenqueue)s))
-ORDER BY scheduled_for, id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-"""
-
-
 def check(now: datetime, send, depth: int) -> int:
     """Enqueue due pending runs: `send(list_of_ids)` enqueues one message. `depth` = messages already
     waiting. Returns runs enqueued."""
@@ -165,10 +140,9 @@ def check(now: datetime, send, depth: int) -> int:
                  settings.digest_queue_max_depth)
         return 0
     with db.raw_cursor() as cur:
-        cur.execute(_DUE_SQL, {"now": now, "reenqueue": settings.digest_reenqueue_seconds, "limit": budget * batch})
-        ids = [row[0] for row in cur.fetchall()]
+        ids = runs.select_due(cur, now, settings.digest_reenqueue_seconds, budget * batch)
         if ids:
-            cur.execute("UPDATE digest_runs SET enqueued_at = %s WHERE id = ANY (%s)", (now, ids))
+            runs.mark_enqueued(cur, ids, now)
     # Enqueue after the commit: a worker that gets the message must see the committed row.
     enqueued = 0
     for start in range(0, len(ids), batch):
@@ -179,34 +153,48 @@ def check(now: datetime, send, depth: int) -> int:
         except Exception:
             log.exception("enqueueing %d digest runs failed; they stay pending for the next tick", len(chunk))
             with db.raw_cursor() as cur:
-                cur.execute("UPDATE digest_runs SET enqueued_at = NULL WHERE id = ANY (%s) AND status = 'pending'",
-                            (ids[start:],))
+                runs.clear_enqueued(cur, ids[start:])
             break
     return enqueued
 
 
 # -- watchdog ---------------------------------------------------------------------------------
-_WATCHDOG_SQL = """
-UPDATE digest_runs SET
-    attempts = attempts + 1,
-    status = CASE WHEN attempts + 1 >= %(max)s THEN 'failed' ELSE 'pending' END,
-    completed_at = CASE WHEN attempts + 1 >= %(max)s THEN %(now)s END,
-    claimed_at = NULL, enqueued_at = NULL,
-    last_error = left('processing timed out after ' || %(timeout)s || ' s'
-                      || coalesce('; previous error: ' || last_error, ''), 2000)
-WHERE status = 'processing' AND claimed_at < %(now)s - make_interval(secs => %(timeout)s)
-RETURNING status
-"""
-
-
 def watchdog(now: datetime) -> tuple[int, int]:
-    """(returned to pending, failed)."""
+    """(returned to pending, failed). Returned runs are due at once: the worker that held them is
+    gone, and a re-send carries the same idempotency key."""
     settings = config.get()
     with db.raw_cursor() as cur:
-        cur.execute(_WATCHDOG_SQL, {"now": now, "max": settings.digest_max_attempts,
-                                    "timeout": settings.digest_processing_timeout_seconds})
-        statuses = [row[0] for row in cur.fetchall()]
-    back, failed = statuses.count("pending"), statuses.count("failed")
+        back, failed = runs.reclaim_stuck(cur, now, settings.digest_processing_timeout_seconds,
+                                          settings.digest_max_attempts, base_seconds=0)
     if back or failed:
         log.warning("watchdog: %d stuck runs back to pending, %d failed after too many attempts", back, failed)
     return back, failed
+
+
+# -- digest-now -------------------------------------------------------------------------------
+_NOW_ALL_SQL = """
+SELECT id, timezone, digest_cadence, digest_hour, digest_weekday FROM subscribers s
+WHERE digest_cadence <> 'off' AND unsubscribed_at IS NULL
+  AND EXISTS (SELECT 1 FROM digest_events e WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL)
+"""
+_NOW_USERS_SQL = """
+SELECT id, timezone, digest_cadence, digest_hour, digest_weekday FROM subscribers
+WHERE user_id = ANY (%s) AND digest_cadence <> 'off' AND unsubscribed_at IS NULL
+"""
+
+
+def send_next_now(user_ids: list[str] | None, now: datetime | None = None) -> list[int]:
+    """Make each subscriber's NEXT digest due now (all subscribers with unsent events when
+    user_ids is None) and return the run ids. A pending run is moved to now; otherwise the run of the
+    next slot is created due now, so the planner does not add a second one for that period."""
+    now = now or datetime.now(timezone.utc)
+    with db.raw_cursor() as cur:
+        if user_ids is None:
+            cur.execute(_NOW_ALL_SQL)
+        else:
+            cur.execute(_NOW_USERS_SQL, (list(user_ids),))
+        run_ids = []
+        for sid, tz_name, cadence, hour, weekday in cur.fetchall():
+            period, _ = next_slot(now, tz_name, cadence, hour, weekday)
+            run_ids += runs.make_due_now(cur, sid, cadence, period, now)
+    return run_ids

@@ -1,33 +1,38 @@
-"""Development mail viewer: a local SMTP sink and pages showing what it caught.
+"""Development mail sink and viewer — one process, never part of the production package.
 
-    python -m app mail-sink            # aiosmtpd on 127.0.0.1:1025, mails stored as .eml files
-    http://127.0.0.1:8000/dev/mail     # newest first; each mail's HTML rendered in a sandboxed iframe
+    python -m scripts.dev.mailviewer     # SMTP sink on 127.0.0.1:1025 (aiosmtpd), mails stored as .eml
+    http://127.0.0.1:8025/dev/mail       # newest first; each mail's HTML rendered in a sandboxed iframe
 
 The sink writes into MAIL_FILE_DIR, the same folder the `file` provider writes to, so the viewer
-shows mail from either provider. Mounted by app/web.py only when APP_ENV is development/test.
+shows mail from either provider. `make run` starts it (Procfile.dev); it refuses to run outside
+APP_ENV=development/test.
 """
 from __future__ import annotations
 
+import argparse
 import email
 import email.policy
 import html
 import logging
 import os
 import re
-import signal
+import sys
 import threading
 import time
 import uuid
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
+import uvicorn
+from aiosmtpd.controller import Controller
+from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from app import config
+from app import config, observability
 
-log = logging.getLogger("app.mailviewer")
+log = logging.getLogger("scripts.dev.mailviewer")
 
 MAX_LISTED = 200
 MAX_STORED = 2000          # the sink prunes the oldest files beyond this
@@ -71,35 +76,35 @@ class SinkHandler:
             old.unlink(missing_ok=True)
 
 
-def cmd_mail_sink(args) -> int:
-    from aiosmtpd.controller import Controller
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m scripts.dev.mailviewer", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=os.environ.get("MAIL_SINK_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("MAIL_SINK_PORT", "1025")), help="SMTP port")
+    p.add_argument("--web-port", type=int, default=int(os.environ.get("MAIL_VIEWER_PORT", "8025")),
+                   help="the viewer's HTTP port")
+    p.add_argument("--dir", help="where to store caught mail (default MAIL_FILE_DIR)")
+    return p.parse_args(argv)
 
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    observability.setup_logging()
     if not config.get().is_development:
-        print("mail-sink is a development tool (APP_ENV=development)", flush=True)
+        print("the mail sink and viewer are development tools (APP_ENV=development)", flush=True)
         return 2
     logging.getLogger("mail.log").setLevel(logging.WARNING)  # aiosmtpd logs every SMTP verb at INFO
     directory = Path(args.dir or mail_dir())
     controller = Controller(SinkHandler(directory), hostname=args.host, port=args.port,
                             data_size_limit=MAX_MESSAGE_BYTES)
     controller.start()
-    log.info("dev mail sink listening on %s:%d, storing mail in %s/", args.host, args.port, directory)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    log.info("dev mail sink listening on %s:%d, storing mail in %s/; viewer on http://%s:%d/dev/mail",
+             args.host, args.port, directory, args.host, args.web_port)
     try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+        uvicorn.run(viewer_app(), host=args.host, port=args.web_port, log_level="warning")
     finally:
         controller.stop()
     return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("mail-sink", help="development SMTP sink (aiosmtpd) feeding the /dev/mail viewer")
-    p.add_argument("--host", default=os.environ.get("MAIL_SINK_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(os.environ.get("MAIL_SINK_PORT", "1025")))
-    p.add_argument("--dir", help="where to store caught mail (default MAIL_FILE_DIR)")
-    p.set_defaults(func=cmd_mail_sink)
 
 
 # -- viewer -----------------------------------------------------------------------------------
@@ -200,8 +205,17 @@ def mail_raw(request: Request):
 
 
 routes = [
+    Route("/", lambda request: RedirectResponse("/dev/mail"), methods=["GET"]),
     Route("/dev/mail", list_mail, methods=["GET"]),
     Route("/dev/mail/{mail_id}", show_mail, methods=["GET"]),
     Route("/dev/mail/{mail_id}/html", mail_html, methods=["GET"]),
     Route("/dev/mail/{mail_id}/raw", mail_raw, methods=["GET"]),
 ]
+
+
+def viewer_app() -> Starlette:
+    return Starlette(routes=routes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

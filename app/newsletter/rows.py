@@ -1,0 +1,162 @@
+"""newsletters and email_log: the one owner of both state machines.
+
+Every write to these two tables is a named statement here; the modules around it (service,
+outbox, sender, reclaim) decide when, this module decides how.
+
+Life of a newsletter (newsletters.status):
+  (new)                     --create-----------------------------> draft
+  draft                     --send requested---------------------> queued
+  queued                    --outbox builder starts--------------> sending
+  queued, sending           --pause------------------------------> paused
+  paused                    --resume-----------------------------> sending
+  sending                   --nothing pending or sending left----> done
+  done                      --retry-failed requeued rows---------> sending
+  draft, queued, sending, paused --cancel------------------------> cancelled
+
+Life of an outbox row (email_log.status):
+  (new)      --outbox: subscribed------------------------> pending
+  (new)      --outbox: unsubscribed or suppressed---------> suppressed
+  pending    --claim (attempt counted)--------------------> sending
+  pending    --claim: unsubscribed/suppressed since-------> suppressed
+  sending    --provider accepted--------------------------> sent
+  sending    --refused, or attempts used up---------------> failed      (error kept)
+  sending    --retryable failure, throttled---------------> pending     (backoff; a throttle refunds the attempt)
+  sending    --stuck past RECLAIM_AFTER_SECONDS-----------> pending     (the claim counted the attempt)
+  pending    --newsletter cancelled-----------------------> cancelled
+  failed     --retry-failed-------------------------------> pending     (attempts start again)
+
+tests/test_newsletter_rows.py walks every transition and checks no statement makes any other.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class NewsletterStatus(enum.StrEnum):
+    DRAFT = "draft"
+    QUEUED = "queued"
+    SENDING = "sending"
+    PAUSED = "paused"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+class RowStatus(enum.StrEnum):
+    PENDING = "pending"
+    SENDING = "sending"
+    SENT = "sent"
+    FAILED = "failed"
+    SUPPRESSED = "suppressed"
+    CANCELLED = "cancelled"
+
+
+_N = NewsletterStatus
+NEWSLETTER_TRANSITIONS = frozenset({
+    (None, _N.DRAFT), (_N.DRAFT, _N.QUEUED), (_N.QUEUED, _N.SENDING),
+    (_N.QUEUED, _N.PAUSED), (_N.SENDING, _N.PAUSED), (_N.PAUSED, _N.SENDING),
+    (_N.SENDING, _N.DONE), (_N.DONE, _N.SENDING),
+    (_N.DRAFT, _N.CANCELLED), (_N.QUEUED, _N.CANCELLED), (_N.SENDING, _N.CANCELLED), (_N.PAUSED, _N.CANCELLED),
+})
+_R = RowStatus
+ROW_TRANSITIONS = frozenset({
+    (None, _R.PENDING), (None, _R.SUPPRESSED),
+    (_R.PENDING, _R.SENDING), (_R.PENDING, _R.SUPPRESSED),
+    (_R.SENDING, _R.SENT), (_R.SENDING, _R.FAILED), (_R.SENDING, _R.PENDING),
+    (_R.PENDING, _R.CANCELLED), (_R.FAILED, _R.PENDING),
+})
+
+# -- newsletters -------------------------------------------------------------------------------
+CREATE = "INSERT INTO newsletters (subject, html, text, from_addr) VALUES (%s, %s, %s, %s) RETURNING id"
+QUEUE = ("UPDATE newsletters SET status = 'queued', audience = %s, send_requested_at = now() "
+         "WHERE id = %s AND status = 'draft' RETURNING status")
+START_SENDING = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'queued'"
+OUTBOX_COMPLETE = ("UPDATE newsletters SET outbox_completed_at = now() "
+                   "WHERE id = %s AND outbox_completed_at IS NULL")
+PAUSE = ("UPDATE newsletters SET status = 'paused' WHERE id = %s AND status IN ('queued', 'sending') "
+         "RETURNING status")
+RESUME = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'paused' RETURNING outbox_completed_at"
+CANCEL = ("UPDATE newsletters SET status = 'cancelled', completed_at = now() "
+          "WHERE id = %s AND status NOT IN ('done', 'cancelled') RETURNING id")
+REOPEN = "UPDATE newsletters SET status = 'sending', completed_at = NULL WHERE id = %s AND status = 'done'"
+# One newsletter (%(nl)s) or, with NULL, every one whose last rows a dead worker finished.
+DONE = """
+UPDATE newsletters n SET status = 'done', completed_at = now()
+WHERE n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
+  AND (%(nl)s::bigint IS NULL OR n.id = %(nl)s::bigint)
+  AND NOT EXISTS (SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status IN ('pending', 'sending'))
+RETURNING n.id
+"""
+
+# -- email_log ---------------------------------------------------------------------------------
+_ROW_VALUES = """
+    SELECT %(nl)s, s.id, s.email,
+           CASE WHEN s.unsubscribed_at IS NOT NULL OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'pending' END,
+           CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed'
+                WHEN sup.id IS NOT NULL THEN 'suppressed: ' || sup.reason END
+    FROM subscribers s
+    LEFT JOIN suppressions sup ON sup.email = lower(s.email)
+"""
+INSERT_RANGE = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)" + _ROW_VALUES +
+                "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING")
+INSERT_USER_IDS = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)" + _ROW_VALUES +
+                   "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING")
+
+# One statement = one transaction: pick due rows of a newsletter that is `sending` (so a pause
+# stops claims immediately), lock them without waiting for rows other workers hold, and move them
+# to `sending` — or straight to `suppressed` if the subscriber unsubscribed or got suppressed
+# since the outbox was built (I6: checked at claim time).
+CLAIM = """
+WITH picked AS (
+    SELECT e.id FROM email_log e
+    WHERE e.newsletter_id = %(nl)s AND e.status = 'pending'
+      AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
+      AND EXISTS (SELECT 1 FROM newsletters n WHERE n.id = %(nl)s AND n.status = 'sending')
+    ORDER BY e.id
+    LIMIT %(limit)s
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE email_log e SET
+    status = CASE WHEN s.unsubscribed_at IS NOT NULL OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'sending' END,
+    error = CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed before send'
+                 WHEN sup.id IS NOT NULL THEN 'suppressed before send: ' || sup.reason ELSE e.error END,
+    attempts = e.attempts + 1,
+    claimed_at = now(),
+    email = s.email
+FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = lower(s.email)
+WHERE e.id = p.id AND s.id = e.subscriber_id
+RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
+"""
+
+# The outcome of a sent batch: (id, status, message_id, error, next_attempt_at, refund) per row,
+# only for rows still `sending` (a reclaimed row is not marked by the worker that lost it).
+MARK = """
+UPDATE email_log e SET
+    status = v.status,
+    sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE e.sent_at END,
+    provider_message_id = coalesce(v.message_id, e.provider_message_id),
+    error = v.error,
+    next_attempt_at = v.next_attempt_at,
+    attempts = e.attempts - v.refund
+FROM (VALUES %s) AS v(id, status, message_id, error, next_attempt_at, refund)
+WHERE e.id = v.id AND e.status = 'sending' AND v.status IN ('sent', 'failed', 'pending')
+"""
+MARK_TEMPLATE = "(%s::bigint, %s::text, %s::text, %s::text, %s::timestamptz, %s::int)"
+
+RECLAIM = """
+UPDATE email_log SET status = 'pending', next_attempt_at = NULL,
+       error = 'reclaimed: claimed at ' || claimed_at || ' and never marked (worker died?)'
+WHERE status = 'sending' AND claimed_at < now() - make_interval(secs => %s)
+RETURNING newsletter_id
+"""
+
+# pending → cancelled in chunks, each its own short transaction (see outbox.cancel_pending_rows).
+CANCEL_PENDING_CHUNK = """
+UPDATE email_log SET status = 'cancelled', error = 'newsletter cancelled' WHERE id IN (
+    SELECT id FROM email_log WHERE newsletter_id = %s AND status = 'pending' LIMIT %s FOR UPDATE SKIP LOCKED)
+"""
+
+RETRY_FAILED = """
+UPDATE email_log SET status = 'pending', attempts = 0, next_attempt_at = NULL,
+       error = 'retry requested after: ' || coalesce(error, '')
+WHERE newsletter_id = %s AND status = 'failed'
+"""

@@ -1,0 +1,62 @@
+"""Claim due digest runs for one batch and apply the claim-time checks (I6: an unsubscribe,
+suppression or pause made a second ago counts)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.providers.base import OutgoingMail
+from digest import group as digest_group
+from digest import runs
+
+
+@dataclass
+class ClaimedRun:
+    id: int
+    cadence: str
+    attempts: int
+    subscriber_id: int
+    user_id: str
+    email: str
+    name: str
+    subscriber_cadence: str
+    token_version: int
+    tracking_opt_out: bool
+    unsubscribed: bool
+    paused: bool
+    suppressed: bool
+    digest: digest_group.Digest | None = None
+    mail: OutgoingMail | None = None
+
+    def skip_reason(self) -> str | None:
+        if self.unsubscribed:
+            return "unsubscribed"
+        if self.suppressed:
+            return "suppressed"
+        if self.paused:
+            return "paused"
+        if self.subscriber_cadence != self.cadence:
+            return "cadence changed"
+        return None
+
+
+def claim(cur, run_ids: list[int] | None, limit: int, max_attempts: int) -> tuple[list[ClaimedRun], list[tuple[int, str]]]:
+    """Claim runs (given ids, or any due ones) in the caller's transaction. Returns (runs to build,
+    [(run_id, skip_reason)]); skipped runs are already written. A second run of a subscriber who
+    already has one processing goes back to pending at once (attempt counted, no backoff)."""
+    claimed = sorted((ClaimedRun(*row) for row in runs.claim(cur, run_ids, limit)), key=lambda r: r.id)
+    if not claimed:
+        return [], []
+    busy = runs.subscribers_busy_elsewhere(cur, [r.subscriber_id for r in claimed], [r.id for r in claimed])
+    ready, skipped, release, seen = [], [], [], set(busy)
+    for run in claimed:
+        reason = run.skip_reason()
+        if run.subscriber_id in seen:
+            release.append((run.id, "another digest of this subscriber was processing"))
+        elif reason:
+            skipped.append((run.id, reason))
+        else:
+            ready.append(run)
+        seen.add(run.subscriber_id)
+    runs.mark_skipped(cur, skipped)
+    runs.retry(cur, release, max_attempts, base_seconds=0)
+    return ready, skipped

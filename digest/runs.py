@@ -1,0 +1,261 @@
+"""digest_runs: the one owner of its state machine.
+
+Every write to digest_runs is a named statement in this module (the schedule-change trigger of
+migration 0004 is the only other writer, in SQL, and makes pending → cancelled). The row is the
+truth; Dramatiq messages are hints.
+
+  (new)      --plan / digest-now------------------> pending
+  cancelled  --planned again for the same period--> pending
+  pending    --enqueued / moved due now-----------> pending       (enqueued_at, scheduled_for only)
+  pending    --claim------------------------------> processing
+  pending    --unsubscribe, schedule change-------> cancelled
+  processing --provider accepted------------------> sent          (events marked, same transaction)
+  pending    --accepted after the watchdog gave up-> sent         (a late success is still recorded)
+  processing --suppressed / nothing to send-------> skipped
+  processing --retryable failure, stuck, released-> pending       (attempts + 1, backoff)
+  processing --permanent failure, attempts used---> failed        (last_error kept)
+
+No statement returns claimed work to `pending` without counting an attempt, so a run that keeps
+failing in any way — a poisoned address, a bug, a worker killed mid-send — ends `failed` after
+DIGEST_MAX_ATTEMPTS instead of looping. tests/test_digest_runs.py walks every transition above
+and checks that no statement makes any other.
+"""
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+MAX_BACKOFF_SECONDS = 6 * 3600
+
+
+class RunStatus(enum.StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    SENT = "sent"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+P, W, S, K, F, C = (RunStatus.PENDING, RunStatus.PROCESSING, RunStatus.SENT, RunStatus.SKIPPED,
+                    RunStatus.FAILED, RunStatus.CANCELLED)
+
+# (from, to): the only transitions any statement below can make. None = the row is created.
+TRANSITIONS = frozenset({
+    (None, P), (C, P), (P, P), (P, W), (P, C),
+    (W, S), (P, S), (W, K), (W, P), (W, F),
+})
+
+
+def _pg_array(values) -> str:
+    """'{1,2,3}' for a ::bigint[] parameter. psycopg2 would send ARRAY[1,2,3], which Postgres parses
+    element by element: for the ~1000 event ids of a batch that doubled the statement's cost."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+# -- planning ---------------------------------------------------------------------------------
+# The INSERT half of the planner's statement (digest/plan.py adds the subscribers half around
+# it): a run of that period that exists already is left as it is; one cancelled by a schedule
+# change comes back if the new schedule falls in the same period.
+INSERT_PLANNED = """
+    INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for)
+    SELECT p.id, p.cadence, p.period,
+           p.slot + make_interval(secs => ((p.id::numeric * %(mult)s) %% %(mod)s %% %(spread)s)::int)
+    FROM planned p
+    ON CONFLICT ON CONSTRAINT digest_runs_once_per_period DO UPDATE
+        SET status = 'pending', scheduled_for = EXCLUDED.scheduled_for, skip_reason = NULL,
+            enqueued_at = NULL, claimed_at = NULL, completed_at = NULL
+        WHERE digest_runs.status = 'cancelled'
+    RETURNING 1
+"""
+
+MOVE_DUE_NOW = """
+UPDATE digest_runs SET scheduled_for = %(now)s, next_attempt_at = NULL, enqueued_at = NULL
+WHERE subscriber_id = %(subscriber_id)s AND cadence = %(cadence)s AND status = 'pending' RETURNING id
+"""
+
+INSERT_DUE_NOW = """
+INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for)
+VALUES (%(subscriber_id)s, %(cadence)s, %(period)s, %(now)s) ON CONFLICT DO NOTHING RETURNING id
+"""
+
+
+def make_due_now(cur, subscriber_id: int, cadence: str, period, now: datetime) -> list[int]:
+    """The subscriber's pending run moved to now, or the run of `period` created due now."""
+    params = {"subscriber_id": subscriber_id, "cadence": cadence, "period": period, "now": now}
+    cur.execute(MOVE_DUE_NOW, params)
+    rows = cur.fetchall()
+    if not rows:
+        cur.execute(INSERT_DUE_NOW, params)
+        rows = cur.fetchall()
+    return [r[0] for r in rows]
+
+
+# -- the checker's hint -----------------------------------------------------------------------
+SELECT_DUE = """
+SELECT id FROM digest_runs
+WHERE status = 'pending' AND scheduled_for <= %(now)s
+  AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
+  AND (enqueued_at IS NULL OR enqueued_at < %(now)s - make_interval(secs => %(reenqueue)s))
+ORDER BY scheduled_for, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+MARK_ENQUEUED = "UPDATE digest_runs SET enqueued_at = %s WHERE id = ANY (%s) AND status = 'pending'"
+CLEAR_ENQUEUED = "UPDATE digest_runs SET enqueued_at = NULL WHERE id = ANY (%s) AND status = 'pending'"
+
+
+def select_due(cur, now: datetime, reenqueue_seconds: int, limit: int) -> list[int]:
+    cur.execute(SELECT_DUE, {"now": now, "reenqueue": reenqueue_seconds, "limit": limit})
+    return [row[0] for row in cur.fetchall()]
+
+
+def mark_enqueued(cur, run_ids: list[int], now: datetime) -> None:
+    cur.execute(MARK_ENQUEUED, (now, run_ids))
+
+
+def clear_enqueued(cur, run_ids: list[int]) -> None:
+    cur.execute(CLEAR_ENQUEUED, (run_ids,))
+
+
+# -- claim ------------------------------------------------------------------------------------
+CLAIM = """
+WITH picked AS (
+    SELECT r.id FROM digest_runs r
+    WHERE r.status = 'pending' AND {condition}
+    ORDER BY r.scheduled_for, r.id
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE digest_runs r SET status = 'processing', claimed_at = now()
+FROM picked, subscribers s
+WHERE r.id = picked.id AND s.id = r.subscriber_id
+RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.digest_cadence,
+          s.token_version, s.tracking_opt_out, s.unsubscribed_at IS NOT NULL,
+          coalesce(s.paused_until > now(), false),
+          EXISTS (SELECT 1 FROM suppressions x WHERE x.email = lower(s.email))
+"""
+# The checker decided these are due; a stale duplicate message must still not cut a retry's
+# backoff short.
+_BY_IDS = "r.id = ANY (%(ids)s) AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
+_ANY_DUE = "r.scheduled_for <= now() AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
+
+OTHERS_PROCESSING = """
+SELECT subscriber_id FROM digest_runs
+WHERE status = 'processing' AND subscriber_id = ANY (%s) AND NOT (id = ANY (%s))
+"""
+
+
+def claim(cur, run_ids: list[int] | None, limit: int) -> list[tuple]:
+    """pending → processing for the given (or any due) runs; their rows joined with the subscriber."""
+    condition = _BY_IDS if run_ids is not None else _ANY_DUE
+    cur.execute(CLAIM.format(condition=condition), {"ids": list(run_ids or []), "limit": limit})
+    return cur.fetchall()
+
+
+def subscribers_busy_elsewhere(cur, subscriber_ids: list[int], run_ids: list[int]) -> set[int]:
+    """Subscribers with another run processing (two runs would read the same unsent events).
+    Checked once per batch: as a NOT EXISTS inside the claim, Postgres rescanned every processing
+    run once per candidate."""
+    cur.execute(OTHERS_PROCESSING, (subscriber_ids, run_ids))
+    return {row[0] for row in cur.fetchall()}
+
+
+# -- outcomes ---------------------------------------------------------------------------------
+MARK_SKIPPED = """
+UPDATE digest_runs r SET status = 'skipped', skip_reason = v.reason, event_count = 0, completed_at = now()
+FROM unnest(%s::bigint[], %s::text[]) AS v(id, reason) WHERE r.id = v.id AND r.status = 'processing'
+"""
+
+# `digest_run_id IS NULL`: an event is never claimed by two sent digests. In id order, the update
+# walks the heap and indexes in order instead of jumping around.
+MARK_EVENTS = """
+UPDATE digest_events e SET digest_run_id = v.run_id
+FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, run_id)
+WHERE e.id = v.id AND e.digest_run_id IS NULL
+"""
+
+# 'pending' too: if the watchdog gave up on a slow send that then succeeded, record the success so
+# the run is not sent again.
+MARK_SENT = """
+UPDATE digest_runs r SET status = 'sent', event_count = v.n, completed_at = now(),
+       provider_message_id = v.mid, last_error = NULL, next_attempt_at = NULL
+FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS v(id, n, mid)
+WHERE r.id = v.id AND r.status IN ('processing', 'pending')
+"""
+
+# One statement for every way claimed work goes back: a retryable send failure, a run released
+# (its subscriber is busy, or the worker hit an error), the watchdog. The attempt is always
+# counted; at max attempts the run is `failed` with its error. Exponential backoff with jitter, so
+# a provider outage does not end in a stampede.
+RETRY = """
+UPDATE digest_runs r SET attempts = r.attempts + 1, last_error = left(v.err, 2000),
+    claimed_at = NULL, enqueued_at = NULL,
+    status = CASE WHEN r.attempts + 1 >= %(max)s THEN 'failed' ELSE 'pending' END,
+    completed_at = CASE WHEN r.attempts + 1 >= %(max)s THEN now() END,
+    next_attempt_at = now() + make_interval(secs => least(%(cap)s, %(base)s * power(2, r.attempts))
+                                                    * (0.8 + random() * 0.4))
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS v(id, err)
+WHERE r.id = v.id AND r.status = 'processing'
+RETURNING r.status
+"""
+
+FAIL = """
+UPDATE digest_runs r SET status = 'failed', last_error = left(v.err, 2000), completed_at = now(),
+    attempts = r.attempts + 1, claimed_at = NULL
+FROM unnest(%s::bigint[], %s::text[]) AS v(id, err) WHERE r.id = v.id AND r.status = 'processing'
+"""
+
+STUCK = """
+SELECT id, 'processing timed out after ' || %(timeout)s || ' s'
+           || coalesce('; previous error: ' || last_error, '')
+FROM digest_runs
+WHERE status = 'processing' AND claimed_at < %(now)s - make_interval(secs => %(timeout)s)
+FOR UPDATE SKIP LOCKED
+"""
+
+CANCEL_PENDING = """
+UPDATE digest_runs SET status = 'cancelled', skip_reason = %s WHERE subscriber_id = %s AND status = 'pending'
+"""
+
+
+def mark_skipped(cur, skipped: list[tuple[int, str]]) -> None:
+    if skipped:
+        cur.execute(MARK_SKIPPED, ([i for i, _ in skipped], [reason for _, reason in skipped]))
+
+
+def mark_sent(cur, sent: list[tuple[int, list[int], str | None]]) -> None:
+    """[(run_id, event_ids, provider message id)]: the events and the runs in one transaction."""
+    if not sent:
+        return
+    pairs = sorted((eid, run_id) for run_id, ids, _ in sent for eid in ids)
+    cur.execute(MARK_EVENTS, (_pg_array(p[0] for p in pairs), _pg_array(p[1] for p in pairs)))
+    cur.execute(MARK_SENT, ([r for r, _, _ in sent], [len(ids) for _, ids, _ in sent], [m for _, _, m in sent]))
+
+
+def retry(cur, failures: list[tuple[int, str]], max_attempts: int, base_seconds: float) -> tuple[int, int]:
+    """processing → pending (backoff) or failed (attempts used up). Returns (pending, failed)."""
+    if not failures:
+        return 0, 0
+    cur.execute(RETRY, {"ids": [i for i, _ in failures], "errors": [e for _, e in failures],
+                        "max": max_attempts, "cap": MAX_BACKOFF_SECONDS, "base": base_seconds})
+    statuses = [row[0] for row in cur.fetchall()]
+    return statuses.count("pending"), statuses.count("failed")
+
+
+def fail(cur, failures: list[tuple[int, str]]) -> None:
+    """processing → failed: retrying cannot help (the address or the message is refused)."""
+    if failures:
+        cur.execute(FAIL, ([i for i, _ in failures], [e for _, e in failures]))
+
+
+def reclaim_stuck(cur, now: datetime, timeout_seconds: int, max_attempts: int,
+                  base_seconds: float) -> tuple[int, int]:
+    """The watchdog: runs processing longer than the timeout (their worker died) are retried like
+    any other failure. Returns (back to pending, failed)."""
+    cur.execute(STUCK, {"now": now, "timeout": timeout_seconds})
+    return retry(cur, cur.fetchall(), max_attempts, base_seconds)
+
+
+def cancel_pending(cur, subscriber_id: int, reason: str) -> None:
+    cur.execute(CANCEL_PENDING, (reason, subscriber_id))

@@ -1,0 +1,163 @@
+"""Claim → build → send → record, for one batch of digest runs: the body of build_and_send_digest.
+
+One call handles a batch (DIGEST_CLAIM_BATCH) so the fixed costs — a claim query, one event query,
+one payload query, one final transaction, pooled SMTP connections — are paid once per batch.
+
+Failure isolation: every outcome is per run.
+  - one run's own problem (its data cannot be rendered, its address or headers cannot be built,
+    the provider refuses that recipient) fails or retries that run alone: permanent problems end
+    `failed` at once, the others are retried with backoff and counted;
+  - a problem of the whole call (provider down, throttled, connection lost, an unexpected error in
+    the provider) retries every run of the call with backoff, counted, so it cannot loop forever;
+  - a broken digest template retries the whole batch the same way.
+Only digest/runs.py writes digest_runs; the transitions are listed there.
+
+Crash safety: if the process dies after the provider accepted a mail but before the final commit,
+the run is still `processing`; the watchdog returns it to `pending` and the re-send carries the same
+idempotency key (and Message-ID). Events are marked only in that final commit, and only the ids this
+run loaded, so an event that arrived meanwhile waits for the next digest.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import psycopg2
+
+from app import config, db
+from app.providers import get_provider
+from app.providers.base import PermanentError, Provider, ProviderError, SendResult
+from digest import runs as run_rows
+from digest.build import build_digests
+from digest.claim import ClaimedRun, claim
+
+log = logging.getLogger("digest.send")
+
+
+# One connection per worker thread, kept open; dropped after any error (it may be in an unknown state).
+connections = db.ThreadConnections()
+
+
+@dataclass
+class Outcome:
+    sent: list = field(default_factory=list)        # (run_id, event_ids, message_id)
+    skipped: list = field(default_factory=list)     # (run_id, reason)
+    retry: list = field(default_factory=list)       # (run_id, error)
+    failed: list = field(default_factory=list)      # (run_id, error)
+
+    def counts(self) -> dict:
+        return {"sent": len(self.sent), "skipped": len(self.skipped), "retry": len(self.retry),
+                "failed": len(self.failed)}
+
+
+def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome) -> None:
+    step = max(1, provider.max_batch)
+    for start in range(0, len(ready), step):
+        chunk = ready[start:start + step]
+        try:
+            results = provider.send_batch([r.mail for r in chunk])
+        except ProviderError as exc:      # the whole call: every run of it shares the outcome
+            log.warning("provider %s failed for %d digest(s): %s", provider.name, len(chunk), exc)
+            permanent = isinstance(exc, PermanentError)
+            results = [SendResult(ok=False, error=str(exc), permanent=permanent)] * len(chunk)
+        for run, result in zip(chunk, results):
+            if result.ok:
+                outcome.sent.append((run.id, run.digest.event_ids, result.message_id))
+            elif result.permanent:
+                outcome.failed.append((run.id, result.error or "permanent provider error"))
+            else:
+                outcome.retry.append((run.id, result.error or "transient provider error"))
+
+
+def record(cur, outcome: Outcome, settings=None) -> None:
+    """ONE transaction (the caller commits): mark exactly the loaded events of every sent run, and
+    move every run to its final or retry state."""
+    settings = settings or config.get()
+    run_rows.mark_sent(cur, outcome.sent)
+    run_rows.mark_skipped(cur, outcome.skipped)
+    pending, failed = run_rows.retry(cur, outcome.retry, settings.digest_max_attempts,
+                                     settings.digest_retry_base_seconds)
+    if failed:
+        log.warning("%d digest run(s) failed for good after %d attempts", failed, settings.digest_max_attempts)
+    run_rows.fail(cur, outcome.failed)
+
+
+def process(run_ids: list[int] | None = None, limit: int | None = None, provider: Provider | None = None) -> dict:
+    """Claim up to `limit` runs (the given ids, or any due), send their digests, record the outcome.
+    Safe to call concurrently from any number of threads and processes."""
+    settings = config.get()
+    limit = limit or settings.digest_claim_batch
+    if run_ids is not None:
+        run_ids = [int(i) for i in run_ids]
+        limit = max(limit, len(run_ids))
+    started = time.monotonic()
+    conn = connections.get()
+    claimed: list[ClaimedRun] = []
+    try:
+        with db.transaction(conn) as cur:
+            claimed, skipped = claim(cur, run_ids, limit, settings.digest_max_attempts)
+        outcome = _build_and_send(conn, claimed, provider, settings)
+        _record_until_written(outcome, settings, started)
+        counts = outcome.counts()
+        counts["skipped"] += len(skipped)
+        if claimed or skipped:
+            log.info("digest batch: %s in %.0f ms", counts, (time.monotonic() - started) * 1e3)
+        return counts
+    except BaseException:
+        connections.reset()
+        _release_after_crash([r.id for r in claimed])
+        raise
+
+
+def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, settings) -> Outcome:
+    outcome = Outcome()
+    if not claimed:
+        return outcome
+    try:
+        with db.transaction(conn) as cur:      # end the read transaction: never hold one open across SMTP
+            ready, errors = build_digests(cur, claimed, settings)
+    except psycopg2.Error:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a broken template or a bug: every run retries, counted
+        log.exception("building %d digests failed", len(claimed))
+        outcome.retry.extend((r.id, f"build failed: {exc!r}") for r in claimed)
+        return outcome
+    outcome.skipped.extend((r.id, "no events") for r in claimed if r.digest is None)
+    outcome.retry.extend(errors)
+    if ready:
+        send(provider or get_provider(), ready, outcome)
+    return outcome
+
+
+def _record_until_written(outcome: Outcome, settings, started: float) -> None:
+    """What the provider accepted is written once Postgres answers again — never thrown away and
+    sent a second time. While it is down, the runs stay `processing`, so nothing else claims them."""
+    def write():
+        with db.transaction(connections.get()) as cur:
+            record(cur, outcome, settings)
+
+    def reconnecting():
+        try:
+            write()
+        except db.UNAVAILABLE:
+            connections.reset()
+            raise
+
+    deadline = db.write_deadline(started, settings.digest_processing_timeout_seconds)
+    db.until_written(reconnecting, deadline, f"recording {len(outcome.sent)} sent digests")
+
+
+def _release_after_crash(run_ids: list[int]) -> None:
+    """Best effort after an unexpected error: runs we claimed go back to pending (attempt counted,
+    backoff) instead of waiting for the watchdog. Those the provider may have accepted keep the
+    same key on the retry."""
+    if not run_ids:
+        return
+    settings = config.get()
+    try:
+        with db.raw_cursor() as cur:
+            run_rows.retry(cur, [(i, "worker error, released") for i in run_ids], settings.digest_max_attempts,
+                           settings.digest_retry_base_seconds)
+    except Exception:  # noqa: BLE001 - the database may be what failed; the watchdog covers it
+        log.exception("could not release %d claimed runs; the watchdog will", len(run_ids))

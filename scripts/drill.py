@@ -1,0 +1,507 @@
+"""Fault drills: the real Procfile processes against their own Postgres and Redis, a recording SMTP
+sink that injects faults, and one fault per drill. Every drill prints
+
+    sent / expected / duplicates / lost / resent-after-SIGKILL / longest stall
+
+  duplicates             a recipient got the same mail twice under two Message-IDs: never allowed
+  resent-after-SIGKILL   the same Message-ID arrived twice: a process handed the mail to the relay
+                         and was SIGKILLed before it committed `sent` (the one allowed case)
+  lost                   expected but never delivered after recovery
+
+    python scripts/drill.py                      # every drill at default scale (make drill)
+    python scripts/drill.py --scale 0.05 --only kill_worker,redis_flush
+
+Postgres and Redis run on spare ports under a temporary directory, so restarting them disturbs
+nothing else on the machine. Exit status 1 if any drill lost mail or shows duplicates.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psycopg2
+import redis as redis_lib
+from aiosmtpd.controller import Controller
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_bin(name: str) -> str:
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)),
+                                       None)
+    if not found:
+        raise SystemExit(f"drill: {name} not found (apt-get install postgresql)")
+    return found
+
+
+# -- services -----------------------------------------------------------------------------------
+class Postgres:
+    """A throwaway cluster on a spare port (as the postgres user when run as root)."""
+
+    def __init__(self, base: Path):
+        self.dir, self.port = base / "pg", free_port()
+        self.run_as = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+        self.dir.mkdir(parents=True)
+        if self.run_as:
+            shutil.chown(base, "postgres")
+            shutil.chown(self.dir, "postgres")
+        subprocess.run([*self.run_as, _pg_bin("initdb"), "-D", str(self.dir), "-A", "trust", "-U", "postgres",
+                        "--no-sync"], check=True, capture_output=True)
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/notify_drill"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run([*self.run_as, _pg_bin("pg_ctl"), "-D", str(self.dir), "-w", "-t", "60", *args], check=True,
+                       capture_output=True)
+
+    def start(self) -> None:
+        self._ctl("-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+                        "-c max_connections=200", "-l", str(self.dir / "log"), "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._ctl("-m", mode, "stop")
+
+
+class Redis:
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        client = redis_lib.Redis.from_url(self.url)
+        for _ in range(100):
+            with contextlib.suppress(redis_lib.ConnectionError):
+                client.ping()
+                return
+            time.sleep(0.05)
+        raise SystemExit("drill: redis-server did not start")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+# -- the recording sink -------------------------------------------------------------------------
+@dataclass
+class Sink:
+    """Records (recipient, Message-ID) of every accepted mail; can answer 4xx or drop connections."""
+    deliveries: list = field(default_factory=list)           # (time, recipient, message_id)
+    tempfail_until: float = 0.0
+    drop_next: int = 0
+    delay: float = 0.0                                        # seconds per message, like an ESP's round trip
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    async def handle_DATA(self, server, session, envelope):
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if time.monotonic() < self.tempfail_until:
+            return "451 4.3.0 drill: try again later"
+        with self.lock:
+            drop = self.drop_next > 0
+            self.drop_next -= drop
+        if drop:                                       # connection lost mid-DATA: no reply at all
+            server.transport.close()
+            return "421 closing"
+        message_id = ""
+        for line in envelope.content.split(b"\r\n"):
+            if line.lower().startswith(b"message-id:"):
+                message_id = line.split(b":", 1)[1].strip().decode()
+                break
+            if not line:
+                break
+        with self.lock:
+            for rcpt in envelope.rcpt_tos:
+                self.deliveries.append((time.monotonic(), rcpt, message_id))
+        return "250 OK"
+
+
+# -- the system under test ----------------------------------------------------------------------
+class System:
+    def __init__(self, base: Path):
+        self.base = base
+        self.pg, self.redis, self.sink = Postgres(base), Redis(), Sink()
+        self.smtp_port, self.web_port = free_port(), free_port()
+        self.procs: dict[str, list[subprocess.Popen]] = {"worker": [], "scheduler": [], "web": []}
+        self.env = {
+            **os.environ, "APP_ENV": "development", "SECRET_KEY": "drill-" + "k" * 40,
+            "DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url, "MAIL_PROVIDER": "smtp",
+            "SMTP_URL": f"smtp://127.0.0.1:{self.smtp_port}", "SMTP_TIMEOUT_SECONDS": "5",
+            "SCHEDULER_INTERVAL_SECONDS": "1", "DIGEST_REENQUEUE_SECONDS": "5",
+            "DIGEST_PROCESSING_TIMEOUT_SECONDS": "35", "RECLAIM_AFTER_SECONDS": "35",
+            "DIGEST_RETRY_BASE_SECONDS": "1", "DIGEST_STAGGER_SECONDS": "0", "LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT), "API_KEY_CACHE_SECONDS": "1",
+        }
+
+    def __enter__(self):
+        self.pg.start()
+        self.redis.start()
+        self.controller = Controller(self.sink, hostname="127.0.0.1", port=self.smtp_port)
+        self.controller.start()
+        subprocess.run([PY, "-m", "app", "migrate"], env=self.env, cwd=ROOT, check=True, capture_output=True)
+        return self
+
+    def __exit__(self, *exc):
+        for name in list(self.procs):
+            for proc in self.procs[name]:
+                self.kill(proc, signal.SIGKILL)
+        self.controller.stop()
+        with contextlib.suppress(Exception):
+            self.redis.stop()
+        with contextlib.suppress(Exception):
+            self.pg.stop("immediate")
+
+    def start(self, name: str) -> subprocess.Popen:
+        cmd = {"worker": [PY, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "4",
+                          "--worker-shutdown-timeout", "30000"],
+               "scheduler": [PY, "-m", "app", "scheduler"],
+               "web": [PY, "-m", "uvicorn", "app.web:app", "--host", "127.0.0.1", "--port", str(self.web_port),
+                       "--log-level", "warning"]}[name]
+        proc = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=open(self.base / f"{name}.log", "ab"))
+        self.procs[name].append(proc)
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+
+    def sql(self, statement: str, params=None):
+        with contextlib.closing(psycopg2.connect(self.pg.url)) as conn, conn, conn.cursor() as cur:
+            cur.execute(statement, params)
+            return cur.fetchall() if cur.description else None
+
+    def wait_web(self) -> None:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.web_port}/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise SystemExit("drill: web did not come up")
+
+    # -- work --------------------------------------------------------------------------------
+    def seed_digests(self, n: int, first: int = 0) -> None:
+        """n subscribers with 5 events each and a run due now."""
+        self.sql("INSERT INTO subscribers (user_id, email, name, digest_planned_until) SELECT 'd' || g, "
+                 "'d' || g || '@example.test', 'D ' || g, now() + interval '1 day' "
+                 "FROM generate_series(%s, %s) g", (first, first + n - 1))
+        self.sql("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
+                 "actor_id, actor_name, payload) SELECT 'drill', 'e' || g || '-' || k, 'd' || g, 'like', 'post', "
+                 "'p' || k, 'a' || k, 'Actor ' || k, '{\"title\": \"Post\", \"url\": \"https://example.test/p\"}' "
+                 "FROM generate_series(%s, %s) g, generate_series(1, 5) k", (first, first + n - 1))
+        self.sql("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) SELECT id, 'daily', "
+                 "current_date, now() FROM subscribers WHERE user_id LIKE 'd%%'")
+
+    def start_newsletter(self, n: int) -> None:
+        """n newsletter-only subscribers (digests off) and one newsletter to everyone, via the API."""
+        self.sql("INSERT INTO subscribers (user_id, email, name, digest_cadence) SELECT 'n' || g, "
+                 "'n' || g || '@example.test', 'N ' || g, 'off' FROM generate_series(1, %s) g", (n,))
+        key = subprocess.run([PY, "-m", "app", "create-api-key", f"drill-{uuid.uuid4().hex[:6]}", "--scope",
+                              "admin"], env=self.env, cwd=ROOT, check=True, capture_output=True, text=True)
+        headers = {"Authorization": f"Bearer {key.stdout.strip()}"}
+        base = f"http://127.0.0.1:{self.web_port}"
+        nl = httpx.post(f"{base}/v1/newsletters", headers=headers, timeout=30, json={
+            "subject": "Drill news for {{name}}",
+            "html": "<p>Hi {{name}}</p><a href=\"https://example.test/a\">read</a> "
+                    "<a href=\"{{unsubscribe_url}}\">unsubscribe</a>"}).json()["id"]
+        r = httpx.post(f"{base}/v1/newsletters/{nl}/send", headers=headers, json={"audience": "all"}, timeout=30)
+        r.raise_for_status()
+
+    def expected(self) -> set[tuple[str, str]]:
+        """(recipient, mail): a digest for each digest subscriber, the newsletter for everyone."""
+        digests = {(r[0], "digest") for r in self.sql("SELECT email FROM subscribers WHERE user_id LIKE 'd%%'")}
+        if not self.sql("SELECT 1 FROM newsletters"):
+            return digests
+        return digests | {(r[0], "newsletter") for r in self.sql(
+            "SELECT email FROM subscribers WHERE user_id LIKE 'd%%' OR user_id LIKE 'n%%'")}
+
+    def settled(self) -> bool:
+        with contextlib.suppress(psycopg2.Error):
+            (open_runs, open_rows, newsletters), = self.sql(
+                "SELECT (SELECT count(*) FROM digest_runs WHERE status IN ('pending', 'processing')), "
+                "(SELECT count(*) FROM email_log WHERE status IN ('pending', 'sending')), "
+                "(SELECT count(*) FROM newsletters WHERE status NOT IN ('done', 'cancelled'))")
+            return open_runs == 0 and open_rows == 0 and newsletters == 0
+        return False
+
+
+@dataclass
+class Report:
+    name: str
+    sent: int = 0
+    expected: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    resent_after_kill: int = 0
+    stall: float = 0.0
+    notes: str = ""
+    faults: int = 0                                           # how many times the fault was injected
+
+    @property
+    def ok(self) -> bool:
+        return self.duplicates == 0 and self.lost == 0
+
+    def line(self) -> str:
+        return (f"{self.name:<18} sent {self.sent:>7,} / expected {self.expected:>7,}  duplicates {self.duplicates:>3}  "
+                f"lost {self.lost:>3}  resent-after-SIGKILL {self.resent_after_kill:>3}  longest stall "
+                f"{self.stall:5.1f} s  {'OK' if self.ok else 'FAIL'}  {self.notes}")
+
+
+def mail_of(message_id: str) -> str:
+    """<digest-run-12.ab12@host> -> digest; <newsletter-3-row-9.ab12@host> -> newsletter."""
+    return message_id.strip("<>").split("-", 1)[0]
+
+
+def tally(system: System, name: str, started: float, notes: str = "") -> Report:
+    expected = system.expected()
+    with system.sink.lock:
+        deliveries = list(system.sink.deliveries)
+    per_mail: dict[tuple[str, str], set[str]] = {}
+    resent, seen = 0, set()
+    for _, rcpt, mid in deliveries:
+        if (rcpt, mid) in seen:
+            resent += 1
+        seen.add((rcpt, mid))
+        per_mail.setdefault((rcpt, mail_of(mid)), set()).add(mid)
+    duplicates = sum(len(mids) - 1 for mids in per_mail.values())
+    times = [started] + sorted(t for t, _, _ in deliveries)
+    stall = max((b - a for a, b in zip(times, times[1:])), default=0.0)
+    return Report(name, len(per_mail), len(expected), duplicates, len(expected - set(per_mail)), resent, stall,
+                  notes)
+
+
+def run_until_settled(system: System, timeout: float, during=None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if during:
+            during()
+        if system.settled() and len({(r, mail_of(m)) for _, r, m in list(system.sink.deliveries)}) \
+                >= len(system.expected()):
+            return
+        time.sleep(0.5)
+
+
+def progress(system: System) -> float:
+    return len(system.sink.deliveries) / max(1, len(system.expected()))
+
+
+# -- drills -------------------------------------------------------------------------------------
+def drill_kill_worker(system: System, scale: float) -> Report:
+    system.start("web")
+    system.wait_web()
+    system.seed_digests(int(5000 * scale))
+    system.start_newsletter(int(20000 * scale))
+    system.start("scheduler")
+    worker = system.start("worker")
+    started, last_kill, kills = time.monotonic(), time.monotonic(), [0]
+
+    def kill_every_few_seconds():
+        nonlocal worker, last_kill
+        due = progress(system) > 0.05 if not kills[0] else time.monotonic() - last_kill > 2
+        if due and not system.settled():
+            system.kill(worker)
+            kills[0] += 1
+            worker = system.start("worker")
+            last_kill = time.monotonic()
+
+    run_until_settled(system, 600, kill_every_few_seconds)
+    report = tally(system, "kill -9 worker", started, f"({kills[0]} kills)")
+    report.faults = kills[0]
+    return report
+
+
+def drill_redis_flush(system: System, scale: float) -> Report:
+    system.start("web")
+    system.wait_web()
+    system.seed_digests(int(5000 * scale))
+    system.start_newsletter(int(20000 * scale))
+    system.start("scheduler")
+    system.start("worker")
+    started, done = time.monotonic(), [False]
+
+    def flush_and_restart_once():
+        if not done[0] and progress(system) > 0.3:
+            redis_lib.Redis.from_url(system.redis.url).flushall()
+            system.redis.stop()
+            time.sleep(1)
+            system.redis.start()
+            done[0] = True
+
+    run_until_settled(system, 600, flush_and_restart_once)
+    report = tally(system, "redis flush+restart", started)
+    report.faults = int(done[0])
+    return report
+
+
+def drill_postgres_restart(system: System, scale: float) -> Report:
+    system.start("web")
+    system.wait_web()
+    system.seed_digests(int(5000 * scale))
+    system.start_newsletter(int(20000 * scale))
+    key = subprocess.run([PY, "-m", "app", "create-api-key", "drill-events", "--scope", "events"], env=system.env,
+                         cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    accepted, statuses, stop = [], {}, threading.Event()
+
+    def ingest():
+        with httpx.Client(base_url=f"http://127.0.0.1:{system.web_port}", timeout=10,
+                          headers={"Authorization": f"Bearer {key}"}) as client:
+            while not stop.is_set():
+                event_id = uuid.uuid4().hex
+                try:
+                    r = client.post("/v1/events", json={"id": event_id, "user_id": "ingest", "category": "like",
+                                                        "entity_type": "post", "entity_id": "p1"})
+                except httpx.HTTPError:
+                    statuses["connection error"] = statuses.get("connection error", 0) + 1
+                    continue
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                if r.status_code == 202:
+                    accepted.append(event_id)
+
+    feeder = threading.Thread(target=ingest, daemon=True)
+    feeder.start()
+    system.start("scheduler")
+    system.start("worker")
+    started, done = time.monotonic(), [False]
+
+    def restart_once():
+        if not done[0] and progress(system) > 0.3:
+            system.pg.stop("fast")
+            time.sleep(3)
+            system.pg.start()
+            done[0] = True
+
+    run_until_settled(system, 600, restart_once)
+    stop.set()
+    feeder.join(15)
+    stored = {r[0] for r in system.sql("SELECT producer_id FROM digest_events WHERE user_id = 'ingest'")}
+    lost_events = len(set(accepted) - stored)
+    report = tally(system, "postgres restart", started,
+                   f"(ingest: {statuses}; 202-then-lost {lost_events})")
+    report.lost += lost_events
+    report.duplicates += sum(n for code, n in statuses.items() if isinstance(code, int) and code >= 500 and code != 503)
+    report.faults = int(done[0]) * statuses.get(503, 0)     # the restart happened and the API saw it
+    return report
+
+
+def drill_smtp_faults(system: System, scale: float) -> Report:
+    system.start("web")
+    system.wait_web()
+    system.seed_digests(int(5000 * scale))
+    system.start_newsletter(int(20000 * scale))
+    system.start("scheduler")
+    system.start("worker")
+    started, done = time.monotonic(), [False]
+
+    def faults_once():
+        if not done[0] and progress(system) > 0.2:
+            system.sink.tempfail_until = time.monotonic() + 10
+            system.sink.drop_next = 50
+            done[0] = True
+
+    run_until_settled(system, 600, faults_once)
+    report = tally(system, "smtp 451 + drops", started)
+    report.faults = int(done[0])
+    return report
+
+
+def drill_two_of_each(system: System, scale: float) -> Report:
+    system.start("web")
+    system.wait_web()
+    system.seed_digests(int(5000 * scale))
+    system.start_newsletter(int(20000 * scale))
+    for name in ("scheduler", "scheduler", "worker", "worker"):
+        system.start(name)
+    started = time.monotonic()
+    run_until_settled(system, 600)
+    report = tally(system, "2 schedulers+pools", started)
+    report.faults = 1
+    return report
+
+
+def drill_kill_scheduler_planning(system: System, scale: float) -> Report:
+    n = int(200_000 * scale)
+    system.sql("INSERT INTO subscribers (user_id, email) SELECT 'p' || g, 'p' || g || '@example.test' "
+               "FROM generate_series(1, %s) g", (n,))
+    system.env["DIGEST_PLAN_BATCH"] = str(max(100, n // 20))
+    started = time.monotonic()
+    scheduler = system.start("scheduler")
+    while not system.sql("SELECT count(*) FROM digest_runs")[0][0]:
+        time.sleep(0.05)
+    system.kill(scheduler)                                     # mid-planning
+    killed_at = system.sql("SELECT count(*) FROM digest_runs")[0][0]
+    system.start("scheduler")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        planned, distinct = system.sql("SELECT count(*), count(DISTINCT subscriber_id) FROM digest_runs")[0]
+        if planned >= n:
+            break
+        time.sleep(0.5)
+    unplanned = system.sql("SELECT count(*) FROM subscribers WHERE digest_planned_until IS NULL")[0][0]
+    return Report("kill -9 scheduler", planned, n, planned - distinct, n - distinct, 0,
+                  time.monotonic() - started, f"(killed after {killed_at:,} runs planned; unplanned {unplanned})",
+                  faults=int(killed_at < n))
+
+
+DRILLS = {
+    "kill_worker": drill_kill_worker,
+    "redis_flush": drill_redis_flush,
+    "postgres_restart": drill_postgres_restart,
+    "smtp_faults": drill_smtp_faults,
+    "two_of_each": drill_two_of_each,
+    "kill_scheduler": drill_kill_scheduler_planning,
+}
+
+
+def run(names: list[str], scale: float, delay_ms: float = 0.0) -> list[Report]:
+    reports = []
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"drill-{name}-") as tmp, System(Path(tmp)) as system:
+            system.sink.delay = delay_ms / 1000
+            report = DRILLS[name](system, scale)
+            print(report.line(), flush=True)
+            reports.append(report)
+    return reports
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=float, default=1.0, help="1.0 = 20k newsletter + 5k digests, 200k to plan")
+    p.add_argument("--only", default=",".join(DRILLS), help="comma separated: " + ", ".join(DRILLS))
+    p.add_argument("--delay-ms", type=float, default=20.0, help="the sink's reply delay per message")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = set(names) - set(DRILLS)
+    if unknown:
+        p.error(f"unknown drills: {sorted(unknown)}")
+    reports = run(names, args.scale, args.delay_ms)
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""digest/runs.py is the one owner of digest_runs: every statement, applied to a run in every
+status, makes only the transitions its docstring lists — and together they make all of them."""
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta, timezone
+
+from app import db
+from digest import plan as digest_plan
+from digest import runs
+from digest.runs import TRANSITIONS, RunStatus
+from tests.test_digest_support import make_subscriber
+
+NOW = datetime(2026, 5, 4, 12, tzinfo=timezone.utc)
+_seq = itertools.count()
+
+
+def _run_in(status: RunStatus) -> tuple[int, int]:
+    """A subscriber (daily at 09:00 UTC) and the run of today's slot in `status`, claimed long ago."""
+    sid = make_subscriber(f"s{next(_seq)}", digest_hour=9)
+    period, slot = digest_plan.next_slot(NOW - timedelta(hours=4), "UTC", "daily", 9)
+    (rid,), = db.query(
+        "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status, claimed_at) "
+        "VALUES (%s, 'daily', %s, %s, %s, %s) RETURNING id",
+        (sid, period, slot, status.value, NOW - timedelta(days=1)))
+    db.query("UPDATE subscribers SET digest_planned_until = NULL WHERE id = %s", (sid,))
+    return sid, rid
+
+
+def _statuses(sid: int) -> set[str]:
+    return {r[0] for r in db.query("SELECT status FROM digest_runs WHERE subscriber_id = %s", (sid,))}
+
+
+def _with_cursor(work):
+    def apply(sid, rid):
+        with db.raw_cursor() as cur:
+            work(cur, sid, rid)
+    return apply
+
+
+OPERATIONS = {
+    "plan": lambda sid, rid: digest_plan.plan(NOW - timedelta(hours=4)),
+    "make_due_now": _with_cursor(lambda cur, sid, rid: runs.make_due_now(
+        cur, sid, "daily", digest_plan.next_slot(NOW - timedelta(hours=4), "UTC", "daily", 9)[0], NOW)),
+    "mark_enqueued": _with_cursor(lambda cur, sid, rid: runs.mark_enqueued(cur, [rid], NOW)),
+    "clear_enqueued": _with_cursor(lambda cur, sid, rid: runs.clear_enqueued(cur, [rid])),
+    "claim": _with_cursor(lambda cur, sid, rid: runs.claim(cur, [rid], 10)),
+    "mark_skipped": _with_cursor(lambda cur, sid, rid: runs.mark_skipped(cur, [(rid, "no events")])),
+    "mark_sent": _with_cursor(lambda cur, sid, rid: runs.mark_sent(cur, [(rid, [], "mid")])),
+    "retry": _with_cursor(lambda cur, sid, rid: runs.retry(cur, [(rid, "451 busy")], 5, 60)),
+    "retry_last_attempt": _with_cursor(lambda cur, sid, rid: runs.retry(cur, [(rid, "451 busy")], 1, 60)),
+    "fail": _with_cursor(lambda cur, sid, rid: runs.fail(cur, [(rid, "550 no such user")])),
+    "reclaim_stuck": _with_cursor(lambda cur, sid, rid: runs.reclaim_stuck(cur, NOW, 900, 5, 0)),
+    "cancel_pending": _with_cursor(lambda cur, sid, rid: runs.cancel_pending(cur, sid, "unsubscribed")),
+    "schedule_trigger": lambda sid, rid: db.query("UPDATE subscribers SET digest_hour = 10 WHERE id = %s", (sid,)),
+}
+
+
+def test_every_statement_makes_only_documented_transitions_and_all_of_them_are_made():
+    seen = set()
+    for name, operation in OPERATIONS.items():
+        for status in RunStatus:
+            sid, rid = _run_in(status)
+            operation(sid, rid)
+            after = _statuses(sid)
+            for new in after - {status.value}:
+                pair = (status, RunStatus(new)) if len(after) == 1 else (None, RunStatus(new))
+                assert pair in TRANSITIONS, f"{name} made {pair[0]} -> {pair[1]}, which runs.py does not list"
+                seen.add(pair)
+    fresh = make_subscriber("fresh", digest_hour=9)           # no run yet: planning creates one
+    digest_plan.plan(NOW)
+    assert _statuses(fresh) == {"pending"}
+    seen.add((None, RunStatus.PENDING))
+    # pending -> pending (re-enqueued, moved due now) changes no status; the rest must all occur.
+    missing = TRANSITIONS - seen - {(RunStatus.PENDING, RunStatus.PENDING)}
+    assert not missing, f"transitions listed but never made: {missing}"
+
+
+def test_claimed_work_never_goes_back_to_pending_without_an_attempt():
+    for name in ("retry", "reclaim_stuck"):
+        sid, rid = _run_in(RunStatus.PROCESSING)
+        OPERATIONS[name](sid, rid)
+        (status, attempts), = db.query("SELECT status, attempts FROM digest_runs WHERE id = %s", (rid,))
+        assert (status, attempts) == ("pending", 1), name

@@ -1,0 +1,30 @@
+"""Small versions of the fault drills (scripts/drill.py; `make drill` runs them at full scale): the
+real Procfile processes on their own Postgres and Redis, one fault each. No mail is lost, none is
+sent twice under two Message-IDs, and the only repeats are mail a SIGKILLed worker had already
+handed to the relay (same Message-ID)."""
+from __future__ import annotations
+
+import glob
+import shutil
+
+import pytest
+
+from scripts import drill
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (shutil.which("redis-server") and glob.glob("/usr/lib/postgresql/*/bin/initdb")),
+                       reason="the drills start their own postgres and redis-server (apt-get install postgresql "
+                              "redis-server)"),
+]
+SCALE, DELAY_MS = 0.01, 50
+
+
+@pytest.mark.parametrize("name", sorted(drill.DRILLS))
+def test_drill(name):
+    (report,) = drill.run([name], SCALE, DELAY_MS)
+    assert report.expected > 0 and report.sent == report.expected, report.line()
+    assert report.ok, report.line()
+    assert report.faults > 0, f"the fault never happened: {report.line()}"
+    if name != "kill_worker":
+        assert report.resent_after_kill == 0, report.line()

@@ -1,0 +1,118 @@
+"""app/newsletter/rows.py owns newsletters and email_log: every statement, applied in every status,
+makes only the transitions its docstring lists — and together they make all of them."""
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta, timezone
+
+import psycopg2.extras
+
+from app import db
+from app.newsletter import rows
+from app.newsletter.rows import NEWSLETTER_TRANSITIONS, ROW_TRANSITIONS, NewsletterStatus, RowStatus
+from tests.test_digest_support import make_subscriber
+
+_seq = itertools.count()
+LONG_AGO = datetime.now(timezone.utc) - timedelta(days=1)
+
+
+def _newsletter(status: NewsletterStatus, outbox_done: bool = True) -> int:
+    (nid,), = db.query("INSERT INTO newsletters (subject, html, status, audience, outbox_completed_at) "
+                       "VALUES ('s', '<p>x</p>', %s, '{\"kind\": \"all\"}', %s) RETURNING id",
+                       (status.value, LONG_AGO if outbox_done else None))
+    return nid
+
+
+def _row(status: RowStatus, newsletter_status=NewsletterStatus.SENDING) -> tuple[int, int, int]:
+    nid = _newsletter(newsletter_status)
+    sid = make_subscriber(f"r{next(_seq)}")
+    (rid,), = db.query("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, claimed_at) "
+                       "VALUES (%s, %s, 'x@example.com', %s, %s) RETURNING id", (nid, sid, status.value, LONG_AGO))
+    return nid, sid, rid
+
+
+def _execute(sql, params):
+    with db.raw_cursor() as cur:
+        cur.execute(sql, params)
+
+
+def _mark(status):
+    def apply(nid, sid, rid):
+        with db.raw_cursor() as cur:
+            psycopg2.extras.execute_values(cur, rows.MARK, [(rid, status, None, None, None, 0)],
+                                           template=rows.MARK_TEMPLATE)
+    return apply
+
+
+NEWSLETTER_OPS = {
+    "queue": lambda nid: _execute(rows.QUEUE, ('{"kind": "all"}', nid)),
+    "start_sending": lambda nid: _execute(rows.START_SENDING, (nid,)),
+    "outbox_complete": lambda nid: _execute(rows.OUTBOX_COMPLETE, (nid,)),
+    "pause": lambda nid: _execute(rows.PAUSE, (nid,)),
+    "resume": lambda nid: _execute(rows.RESUME, (nid,)),
+    "cancel": lambda nid: _execute(rows.CANCEL, (nid,)),
+    "reopen": lambda nid: _execute(rows.REOPEN, (nid,)),
+    "done_one": lambda nid: _execute(rows.DONE, {"nl": nid}),
+    "done_any": lambda nid: _execute(rows.DONE, {"nl": None}),
+}
+
+ROW_OPS = {
+    "insert_range": lambda nid, sid, rid: _execute(rows.INSERT_RANGE, {"nl": _newsletter(NewsletterStatus.SENDING),
+                                                                       "lo": sid - 1, "hi": sid}),
+    "claim": lambda nid, sid, rid: _execute(rows.CLAIM, {"nl": nid, "limit": 10}),
+    "mark_sent": _mark("sent"),
+    "mark_failed": _mark("failed"),
+    "mark_pending": _mark("pending"),
+    "mark_bogus": _mark("cancelled"),     # MARK only ever writes an outcome of a send
+    "reclaim": lambda nid, sid, rid: _execute(rows.RECLAIM, (60,)),
+    "cancel_pending": lambda nid, sid, rid: _execute(rows.CANCEL_PENDING_CHUNK, (nid, 100)),
+    "retry_failed": lambda nid, sid, rid: _execute(rows.RETRY_FAILED, (nid,)),
+}
+
+
+def test_newsletter_statements_make_only_documented_transitions_and_all_of_them():
+    seen = set()
+    for name, operation in NEWSLETTER_OPS.items():
+        for status in NewsletterStatus:
+            nid = _newsletter(status)
+            operation(nid)
+            (after,), = db.query("SELECT status FROM newsletters WHERE id = %s", (nid,))
+            if after != status.value:
+                pair = (status, NewsletterStatus(after))
+                assert pair in NEWSLETTER_TRANSITIONS, f"{name} made {pair}"
+                seen.add(pair)
+    (created,), = db.query(rows.CREATE, ("s", "<p>x</p>", None, None))
+    assert db.query("SELECT status FROM newsletters WHERE id = %s", (created,)) == [("draft",)]
+    seen.add((None, NewsletterStatus.DRAFT))
+    assert NEWSLETTER_TRANSITIONS - seen == set()
+
+
+def test_row_statements_make_only_documented_transitions_and_all_of_them():
+    seen = set()
+    for name, operation in ROW_OPS.items():
+        for status in RowStatus:
+            nid, sid, rid = _row(status)
+            operation(nid, sid, rid)
+            after = {s for (s,) in db.query("SELECT status FROM email_log WHERE subscriber_id = %s AND id <> %s",
+                                            (sid, rid))}
+            seen.update((None, RowStatus(s)) for s in after)      # rows a statement created
+            (now,), = db.query("SELECT status FROM email_log WHERE id = %s", (rid,))
+            if now != status.value:
+                pair = (status, RowStatus(now))
+                assert pair in ROW_TRANSITIONS, f"{name} made {pair}"
+                seen.add(pair)
+    # created suppressed, and suppressed at claim time
+    sid = make_subscriber("gone")
+    db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
+    nid = _newsletter(NewsletterStatus.SENDING)
+    _execute(rows.INSERT_RANGE, {"nl": nid, "lo": sid - 1, "hi": sid})
+    seen.update((None, RowStatus(s)) for (s,) in db.query("SELECT status FROM email_log WHERE newsletter_id = %s",
+                                                          (nid,)))
+    nid, sid, rid = _row(RowStatus.PENDING)
+    db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
+    _execute(rows.CLAIM, {"nl": nid, "limit": 10})
+    (now,), = db.query("SELECT status FROM email_log WHERE id = %s", (rid,))
+    seen.add((RowStatus.PENDING, RowStatus(now)))
+    for pair in seen:
+        assert pair in ROW_TRANSITIONS, pair
+    assert ROW_TRANSITIONS - seen == set()

@@ -1,0 +1,89 @@
+"""An outcome the provider accepted is kept and written once Postgres answers again — never thrown
+away and sent a second time (Postgres restarting between the send and the commit)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from app import db
+from app.providers.smtp import SMTPProvider
+from digest import send as digest_send
+from tests import newsletter_support as nl
+from tests.fake_sendgrid import FakeSendGrid
+from tests.tcp_proxy import TcpProxy
+from tests.test_digest_support import SmtpSink, add_events, make_run, make_subscriber, marked, run_row
+
+OUTAGE_SECONDS = 1.5
+
+
+@pytest.fixture
+def postgres_through_proxy(settings, database_url):
+    """Call it once the test has seeded its rows: from then on the workers' connections go through
+    a proxy the test can cut."""
+    proxy, url = TcpProxy.for_url(database_url)
+
+    def route_through_proxy():
+        settings(database_url=url)
+        return proxy
+
+    yield route_through_proxy
+    proxy.cut()
+    db.init(database_url)   # a first import of `actors` meanwhile binds the pool to the current URL
+
+
+class RestartAfterSend:
+    """Hands the batch to a real provider, then 'restarts Postgres': every connection is dropped
+    and new ones are refused for OUTAGE_SECONDS."""
+
+    def __init__(self, provider, proxy):
+        self.provider, self.proxy = provider, proxy
+        self.name, self.max_batch = provider.name, provider.max_batch
+
+    def send_batch(self, mails):
+        results = self.provider.send_batch(mails)
+        self.proxy.cut()
+        threading.Timer(OUTAGE_SECONDS, self.proxy.restore).start()
+        return results
+
+
+def test_digests_sent_during_an_outage_are_recorded_when_postgres_returns(postgres_through_proxy, caplog):
+    sink = SmtpSink().start()
+    provider = SMTPProvider(sink.url, pool_size=2)
+    try:
+        runs, events = [], []
+        for i in range(5):
+            sid = make_subscriber(f"u{i}")
+            events += add_events(f"u{i}", 2)
+            runs.append(make_run(sid))
+        proxy = postgres_through_proxy()
+        counts = digest_send.process(runs, provider=RestartAfterSend(provider, proxy))
+        assert counts["sent"] == 5
+        assert {run_row(r)["status"] for r in runs} == {"sent"}
+        assert len(sink.raw) == 5                          # once each: nothing re-sent
+        assert set(marked(events).values()) == set(runs)
+        assert "database unavailable" in caplog.text       # the outage really hit the recording
+    finally:
+        provider.close()
+        sink.stop()
+
+
+def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(postgres_through_proxy,
+                                                                                redis_client, caplog):
+    from app.newsletter import sender
+    from app.providers.sendgrid import SendGridProvider
+
+    nl.seed_subscribers(20)
+    newsletter_id = nl.make_newsletter()
+    nl.start(newsletter_id)
+    with FakeSendGrid() as fake:
+        provider = SendGridProvider(api_key="k", api_url=fake.url)
+        proxy = postgres_through_proxy()
+        stats = sender.send_batch(newsletter_id, provider=RestartAfterSend(provider, proxy),
+                                  reenqueue=False, budget_seconds=60)
+        provider.close()
+        assert stats["sent"] == 20
+        assert nl.counts(newsletter_id) == {"sent": 20}
+        assert sum(fake.accepted_keys.values()) == 20      # once each
+    assert db.query("SELECT count(*) FROM email_log WHERE attempts <> 1")[0][0] == 0
+    assert "database unavailable" in caplog.text
