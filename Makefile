@@ -58,6 +58,7 @@ bench: migrate
 	$(BIN)/python scripts/bench/digest.py
 	$(BIN)/python scripts/bench/planner.py
 	$(BIN)/python scripts/bench/render.py
+	$(BIN)/python scripts/bench/validation.py
 	$(BIN)/python scripts/bench/tokens.py
 	$(BIN)/python scripts/bench/groupcommit.py
 	$(BIN)/python scripts/bench/ratelimit.py

@@ -11,144 +11,98 @@ import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Annotated, Any
 
 import orjson
 import psycopg2.extras
+from pydantic import AfterValidator, Field
 
 from app import config
 from app.groupcommit import GroupCommitWriter, OnFirstUse
+from app.validation import NOT_BLANK, Body, Text, check, documented, fail
 
 log = logging.getLogger("app.ingest")
 
-EVENT_FIELDS = {
-    # name: (required, max length)
-    "id": (True, 200),
-    "user_id": (True, 200),
-    "category": (True, 100),
-    "entity_type": (True, 100),
-    "entity_id": (True, 200),
-    "actor_id": (False, 200),
-    "actor_name": (False, 200),
-}
-ALLOWED_FIELDS = set(EVENT_FIELDS) | {"payload", "occurred_at"}
+def _payload_json(payload: dict | None) -> str:
+    """The payload as JSON text for the jsonb column (absent or null: {})."""
+    try:
+        encoded = orjson.dumps(payload if payload is not None else {})
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise fail("payload_encoding", f"cannot be encoded: {exc}") from None
+    limit = config.get().max_payload_bytes
+    if len(encoded) > limit:
+        raise fail("payload_size", f"must be at most {limit} bytes as JSON, got {len(encoded)}")
+    if b"\\u0000" in encoded:
+        raise fail("payload_nul", "must not contain NUL characters")   # jsonb cannot hold U+0000
+    return encoded.decode()
 
 
-class BatchShapeError(ValueError):
-    """The body is neither one event nor {"events": [...]} of an allowed size."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field, self.message = field, message
-
-
-def events_from_body(body) -> tuple[list, bool]:
-    """(events, is_batch). A body with an "events" key is a batch; any other object is one event."""
-    if not isinstance(body, dict):
-        raise BatchShapeError("body", "expected a JSON object: one event, or {\"events\": [...]}")
-    if "events" not in body:
-        return [body], False
-    extra = set(body) - {"events"}
-    if extra:
-        raise BatchShapeError(sorted(extra)[0], "a batch body has only the key 'events'")
-    events = body["events"]
-    if not isinstance(events, list):
-        raise BatchShapeError("events", "must be an array of event objects")
-    limit = config.get().max_batch_events
-    if not events:
-        raise BatchShapeError("events", "must contain at least one event")
-    if len(events) > limit:
-        raise BatchShapeError("events", f"at most {limit} events per request, got {len(events)}")
-    return events, True
-
-
-def _parse_time(value) -> datetime | str:
-    """A timezone-aware datetime, or an error message."""
-    if not isinstance(value, str):
-        return "must be an RFC 3339 timestamp string"
+def _parse_time(value: str | None) -> datetime | None:
+    if value is None:
+        return None
     try:
         parsed = datetime.fromisoformat(value.replace("z", "Z"))
     except ValueError:
-        return "must be an RFC 3339 timestamp, e.g. 2026-11-21T09:30:00Z"
+        raise fail("timestamp", "must be an RFC 3339 timestamp, e.g. 2026-11-21T09:30:00Z") from None
     if parsed.tzinfo is None:
-        return "must include a UTC offset or 'Z' (RFC 3339)"
+        raise fail("timestamp", "must include a UTC offset or 'Z' (RFC 3339)")
     try:
         # Normalised to UTC here: Postgres rejects offsets past +-15:59 that RFC 3339 allows.
-        parsed = parsed.astimezone(timezone.utc)
+        return parsed.astimezone(timezone.utc)
     except OverflowError:
-        return "is out of range"
-    return parsed
+        raise fail("timestamp", "is out of range") from None
 
 
-def validate_event(event, index: int | None, source: str, errors: list) -> tuple | None:
-    """A row tuple for digest_events, or None after appending {index, field, message} errors."""
-    def err(field, message):
-        e = {"field": field, "message": message}
-        errors.append({"index": index, **e} if index is not None else e)
+def _required(max_length: int, **doc):
+    return Text(max_length, NOT_BLANK, min_length=1, **doc)
 
-    if not isinstance(event, dict):
-        err("event", "must be a JSON object")
-        return None
-    before = len(errors)
-    for name in sorted(set(event) - ALLOWED_FIELDS):
-        err(name, "unknown field")
-    values = {}
-    for name, (required, max_len) in EVENT_FIELDS.items():
-        value = event.get(name)
-        if value is None:
-            if required:
-                err(name, "is required")
-            values[name] = None
-            continue
-        if not isinstance(value, str):
-            err(name, 'must be a string (send numbers as "42")')
-            continue
-        if required and not value.strip():
-            err(name, "must not be empty")
-        elif len(value) > max_len:
-            err(name, f"must be at most {max_len} characters")
-        elif "\x00" in value:
-            err(name, "must not contain NUL characters")
-        values[name] = value
-    payload = event.get("payload", {})
-    payload_json = b"{}"
-    if payload is None:
-        payload = {}
-    if not isinstance(payload, dict):
-        err("payload", "must be a JSON object")
-    else:
-        try:
-            payload_json = orjson.dumps(payload)
-        except (TypeError, orjson.JSONEncodeError) as exc:
-            err("payload", f"cannot be encoded: {exc}")
-        else:
-            limit = config.get().max_payload_bytes
-            if len(payload_json) > limit:
-                err("payload", f"must be at most {limit} bytes as JSON, got {len(payload_json)}")
-            elif b"\\u0000" in payload_json:
-                err("payload", "must not contain NUL characters")
-    occurred_at = None
-    if event.get("occurred_at") is not None:
-        parsed = _parse_time(event["occurred_at"])
-        if isinstance(parsed, str):
-            err("occurred_at", parsed)
-        else:
-            occurred_at = parsed
-    if len(errors) > before:
-        return None
-    return (
-        source, values["id"], values["user_id"], values["category"], values["entity_type"],
-        values["entity_id"], values["actor_id"], values["actor_name"], payload_json.decode(),
-        occurred_at,
-    )
+
+def _optional(max_length: int):
+    return Annotated[Text(max_length) | None, Field(description="null means absent")]
+
+
+class Event(Body):
+    id: _required(200, description="producer's idempotency key")
+    user_id: _required(200)
+    category: _required(100)
+    entity_type: _required(100)
+    entity_id: _required(200)
+    actor_id: _optional(200) = None
+    actor_name: _optional(200) = None
+    payload: Annotated[dict[str, Any] | None, Field(description="at most 16 KiB as JSON"),
+                       AfterValidator(_payload_json)] = None
+    occurred_at: Annotated[str | None, *documented({"format": "date-time", "description":
+                                                    "RFC 3339 with offset; default: now"}, _parse_time)] = None
+
+    def row(self, source: str) -> tuple:
+        return (source, self.id, self.user_id, self.category, self.entity_type, self.entity_id, self.actor_id,
+                self.actor_name, self.payload or "{}", self.occurred_at)
+
+
+def _batch_limit(schema: dict) -> None:
+    schema["maxItems"] = config.get().max_batch_events
+
+
+class EventBatch(Body):
+    events: Annotated[list[Event], Field(min_length=1, json_schema_extra=_batch_limit)]
+
+
+def validate_body(body, source: str) -> tuple[list[tuple], list[dict]]:
+    """Rows for digest_events from a POST /v1/events body (one event, or {"events": [...]}), or the
+    problems: {field, message}, with the event's index inside a batch."""
+    if not (isinstance(body, dict) and "events" in body):
+        event, errors = check(Event, body)
+        return ([event.row(source)] if event else []), errors
+    limit = config.get().max_batch_events
+    if isinstance(body["events"], list) and len(body["events"]) > limit:
+        # Refused before looking at any event: a huge batch costs nothing to reject.
+        return [], [{"field": "events", "message": f"at most {limit} events per request, got {len(body['events'])}"}]
+    batch, errors = check(EventBatch, body, batch_key="events")
+    return ([e.row(source) for e in batch.events] if batch else []), errors
 
 
 def validate_batch(events: list, is_batch: bool, source: str) -> tuple[list[tuple], list[dict]]:
-    rows, errors = [], []
-    for i, event in enumerate(events):
-        row = validate_event(event, i if is_batch else None, source, errors)
-        if row is not None:
-            rows.append(row)
-    return rows, errors
+    return validate_body({"events": events} if is_batch else events[0], source)
 
 
 @dataclass

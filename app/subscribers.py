@@ -1,19 +1,19 @@
 """Subscriber records: validation shared by the admin API and the preference pages, upsert, erasure."""
 from __future__ import annotations
 
-import re
 from functools import lru_cache
+from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
+from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
+
 from app import db
-from app.addresses import AddressError, sendable
+from app.addresses import EMAIL_PATTERN, AddressError, sendable
+from app.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
 
 CADENCES = ("daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 MAX_CATEGORIES = 100
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
 
 def _sendable(addr: str) -> bool:
     try:
@@ -21,12 +21,6 @@ def _sendable(addr: str) -> bool:
         return True
     except AddressError:
         return False
-
-
-FIELDS = ("email", "name", "timezone", "digest_cadence", "digest_hour", "digest_weekday",
-          "category_opt_outs", "tracking_opt_out")
-DEFAULTS = {"name": "", "timezone": "UTC", "digest_cadence": "daily", "digest_hour": 9,
-            "digest_weekday": 0, "category_opt_outs": [], "tracking_opt_out": False}
 
 
 @lru_cache(maxsize=1)
@@ -44,87 +38,77 @@ def valid_timezone(name) -> bool:
         return False
 
 
-def _int_in(value, low, high, strict=False):
-    if isinstance(value, bool):
-        return None
-    if not strict and isinstance(value, str):
-        text = value.strip()
-        # HTML forms send numbers as text. ASCII and short only: str.isdigit() also accepts '²',
-        # '٣' and '３', which int() then rejects or silently reads, and a 5000-digit run is no hour.
-        if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 6:
-            value = int(text)
-    if isinstance(value, int) and low <= value <= high:
+def _email(value: str) -> str:
+    if not _sendable(value):
+        raise fail("email", "must be a valid email address")
+    return value
+
+
+def _timezone(value: str) -> str:
+    if not valid_timezone(value):
+        raise fail("timezone", "must be an IANA time zone name, e.g. Europe/Lisbon")
+    return value
+
+
+def _timezone_names(schema: dict) -> None:
+    schema.update(enum=list(timezones()), description="IANA zone")
+
+
+def _weekday(value) -> int:
+    value = whole_number(value)
+    if isinstance(value, str) and value.lower() in WEEKDAYS:
+        return WEEKDAYS.index(value.lower())
+    if type(value) is int and 0 <= value <= 6:   # not a bool
         return value
-    return None
+    raise fail("weekday", "must be 0-6 (0 = Monday) or a weekday name")
 
 
-def validate(data: dict, partial: bool = False, strict: bool = False) -> tuple[dict, list[dict]]:
-    """Clean values and a list of {field, message}; `partial` checks only the fields present.
-    `strict` (the JSON API) takes numbers only as JSON numbers; forms send them as text."""
+_WEEKDAY_SCHEMA = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 6, "description": "0 = Monday"},
+                             {"type": "string", "enum": list(WEEKDAYS)}]}
+
+
+Category = Text(100, min_length=1)
+
+
+class SubscriberInput(Body):
+    """PUT /v1/subscribers/{user_id} (the preference pages send a subset of the same fields)."""
+    email: Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address"), AfterValidator(_email)]
+    name: Annotated[Text(200, NO_CONTROL) | None, Field(description="display name; no line breaks or control characters"),
+                    AfterValidator(lambda v: (v or "").strip())] = ""
+    timezone: Annotated[str, *documented(_timezone_names, _timezone)] = "UTC"
+    digest_cadence: Literal[CADENCES] = "daily"
+    digest_hour: Integer(ge=0, le=23, description="local hour") = 9
+    digest_weekday: Annotated[int, PlainValidator(_weekday), WithJsonSchema(_WEEKDAY_SCHEMA)] = 0
+    category_opt_outs: Annotated[list[Category], Field(max_length=MAX_CATEGORIES),
+                                 AfterValidator(lambda v: sorted(set(v)))] = []
+    tracking_opt_out: bool = False
+
+
+FIELDS = tuple(SubscriberInput.model_fields)
+DEFAULTS = {name: info.default for name, info in SubscriberInput.model_fields.items() if not info.is_required()}
+_field_checks = {name: TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,
+                                   config=SubscriberInput.model_config)
+                 for name, info in SubscriberInput.model_fields.items()}
+
+
+def validate(data, partial: bool = False) -> tuple[dict, list[dict]]:
+    """(clean values, problems as {field, message}). `partial` checks only the fields present and
+    fills no defaults (the preference pages change a few fields at a time)."""
+    if not partial:
+        model, errors = check(SubscriberInput, data)
+        return (model.model_dump() if model else {}), errors
     values, errors = {}, []
-
-    def err(field, message):
-        errors.append({"field": field, "message": message})
-
     if not isinstance(data, dict):
-        return {}, [{"field": "body", "message": "expected a JSON object"}]
-    for name in sorted(set(data) - set(FIELDS) - {"user_id"}):
-        err(name, "unknown field")
-    for name in FIELDS:
-        if name not in data:
-            if name == "email" and not partial:
-                err("email", "is required")
-            elif not partial:
-                values[name] = DEFAULTS[name]
+        return {}, [{"field": "body", "message": "must be a JSON object"}]
+    for name, value in data.items():
+        if name not in _field_checks:
+            errors.append({"field": name, "message": "unknown field"})
             continue
-        value = data[name]
-        if name == "email":
-            if not isinstance(value, str) or len(value) > 254 or not _sendable(value):
-                err(name, "must be a valid email address")
-            else:
-                values[name] = value
-        elif name == "name":
-            if value is None:
-                values[name] = ""
-            elif not isinstance(value, str) or len(value) > 200 or _CONTROL.search(value):
-                err(name, "must be a string of at most 200 characters without line breaks or control characters")
-            else:
-                values[name] = value.strip()
-        elif name == "timezone":
-            if not valid_timezone(value):
-                err(name, "must be an IANA time zone name, e.g. Europe/Lisbon")
-            else:
-                values[name] = value
-        elif name == "digest_cadence":
-            if value not in CADENCES:
-                err(name, f"must be one of {', '.join(CADENCES)}")
-            else:
-                values[name] = value
-        elif name == "digest_hour":
-            hour = _int_in(value, 0, 23, strict)
-            if hour is None:
-                err(name, "must be an integer hour from 0 to 23 (local time)")
-            else:
-                values[name] = hour
-        elif name == "digest_weekday":
-            day = WEEKDAYS.index(value.lower()) if isinstance(value, str) and value.lower() in WEEKDAYS \
-                else _int_in(value, 0, 6, strict)
-            if day is None:
-                err(name, "must be 0-6 (0 = Monday) or a weekday name")
-            else:
-                values[name] = day
-        elif name == "category_opt_outs":
-            if not isinstance(value, list) or len(value) > MAX_CATEGORIES or not all(
-                isinstance(c, str) and 0 < len(c) <= 100 and "\x00" not in c for c in value
-            ):
-                err(name, f"must be a list of at most {MAX_CATEGORIES} category names")
-            else:
-                values[name] = sorted(set(value))
-        elif name == "tracking_opt_out":
-            if not isinstance(value, bool):
-                err(name, "must be true or false")
-            else:
-                values[name] = value
+        clean, problems = check(_field_checks[name], value)
+        if problems:
+            errors.append({"field": name, "message": problems[0]["message"]})
+        else:
+            values[name] = clean
     return values, errors
 
 

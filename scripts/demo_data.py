@@ -19,7 +19,7 @@ ACTORS = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus"]
 def load() -> dict:
     db.init()
     for user_id, email, name, tz in DEMO_USERS:
-        subscribers.upsert(user_id, {**subscribers.DEFAULTS, "email": email, "name": name, "timezone": tz})
+        subscribers.upsert(user_id, subscribers.validate({"email": email, "name": name, "timezone": tz})[0])
     rng = random.Random(7)
     now = datetime.now(timezone.utc)
     rows = []

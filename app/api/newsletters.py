@@ -2,12 +2,16 @@
 and status with delivery counts and engagement. All endpoints need an admin-scope key."""
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, create_model
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 
 from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
-from app.newsletter import service, template
+from app.newsletter import rows, service, template
 
 # Body limits are derived from the documented maxLength/maxItems, so every schema-valid request fits
 # (413 is never the answer to a valid request) and one over a field's limit still gets the precise
@@ -103,11 +107,8 @@ _err = {"$ref": "#/components/responses/Error"}
 _all_errors = ("400", "401", "403", "404", "409", "413", "422")
 _id_param = [{"name": "newsletter_id", "in": "path", "required": True,
               "schema": {"type": "integer", "minimum": 1, "maximum": 2 ** 63 - 1}}]
-_vars = "Mustache with " + ", ".join(template.VARIABLES)
-_grammar = (f"; tags: {{{{var}}}}, {{{{{{var}}}}}}, {{{{&var}}}}, {{{{! comment }}}}, {{{{#var}}}}/{{{{^var}}}}"
-            f"...{{{{/var}}}} sections (at most {template.SECTION_DEPTH} deep, {{{{.}}}} inside them); "
-            "no partials or delimiter changes; not blank; no U+0000")
-_status = {"type": "string", "enum": ["draft", "queued", "sending", "paused", "done", "cancelled"]}
+STATUSES = tuple(rows.NewsletterStatus)
+_status = {"type": "string", "enum": list(STATUSES)}
 
 
 def _state(description: str, **extra) -> dict:
@@ -125,61 +126,44 @@ def _action(summary: str, code: str, response: dict) -> dict:
                      "responses": {code: response, **_errors("401", "403", "404", "409")}}}
 
 
-def _template(max_len: int, pattern: str, description: str, nullable: bool = False) -> dict:
-    schema = {"type": "string", "minLength": 1, "maxLength": max_len, "pattern": pattern,
-              "description": description + _grammar}
-    if nullable:
-        schema["nullable"] = True  # null means absent
-    return schema
-
-
-_user_ids = {"type": "array", "minItems": 1, "maxItems": service.MAX_AUDIENCE_USER_IDS,
-             "items": {"type": "string", "minLength": 1, "maxLength": _USER_ID_MAX, "pattern": "^[^\\u0000]*$"}}
 _count = {"type": "integer", "minimum": 0}
-_engagement = {"type": "object", "required": ["total", "human", "machine", "unique_human"],
-               "properties": {k: _count for k in ("total", "human", "machine", "unique_human")}}
-_timestamp = {"type": "string", "format": "date-time", "nullable": True}
+Count = Annotated[int, Field(ge=0)]
 
-OPENAPI_SCHEMAS = {
-    "NewsletterInput": {
-        "type": "object", "required": ["subject", "html"], "additionalProperties": False,
-        "properties": {
-            "subject": _template(template.MAX_SUBJECT, template.SUBJECT_PATTERN, _vars + "; one line"),
-            "html": _template(template.MAX_HTML, template.BODY_PATTERN, _vars + "; CSS is inlined once"),
-            "text": _template(template.MAX_TEXT, template.BODY_PATTERN,
-                              _vars + "; derived from html if absent or null", nullable=True),
-            "from": {"type": "string", "maxLength": template.MAX_FROM, "pattern": service.SENDER_PATTERN,
-                     "nullable": True, "description": "'addr' or 'Name <addr>'; MAIL_FROM if absent or null"},
-        },
-    },
-    "NewsletterAudience": {
-        "type": "object", "required": ["audience"], "additionalProperties": False,
-        "properties": {"audience": {"oneOf": [
-            {"type": "string", "enum": ["all"], "description": "every subscriber; unsubscribed/suppressed "
-                                                                "ones are recorded as suppressed"},
-            {"type": "object", "required": ["user_ids"], "additionalProperties": False,
-             "properties": {"user_ids": _user_ids}},
-            {**_user_ids, "description": "shorthand for {\"user_ids\": [...]}"},
-        ]}},
-    },
-    "NewsletterStatus": {
-        "type": "object",
-        "required": ["id", "subject", "from", "status", "audience", "created_at", "send_requested_at",
-                     "outbox_completed_at", "completed_at", "counts", "opens", "clicks", "bounces",
-                     "unsubscribes"],
-        "properties": {
-            "id": {"type": "integer"}, "subject": {"type": "string"}, "from": {"type": "string", "nullable": True},
-            "status": _status,
-            "audience": {"type": "object", "nullable": True, "required": ["kind"], "properties": {
-                "kind": {"type": "string", "enum": ["all", "user_ids"]}, "count": _count}},
-            "created_at": {"type": "string", "format": "date-time"},
-            "send_requested_at": _timestamp, "outbox_completed_at": _timestamp, "completed_at": _timestamp,
-            "counts": {"type": "object", "required": [*service.ROW_STATUSES, "total"],
-                       "properties": {k: _count for k in (*service.ROW_STATUSES, "total")}},
-            "opens": _engagement, "clicks": _engagement, "bounces": _count, "unsubscribes": _count,
-        },
-    },
-}
+
+class Engagement(BaseModel):
+    total: Count
+    human: Count
+    machine: Count
+    unique_human: Count
+
+
+class AudienceSummary(BaseModel):
+    kind: Literal["all", "user_ids"]
+    count: Count | None = None
+
+
+RowCounts = create_model("RowCounts", **{k: (Count, ...) for k in (*service.ROW_STATUSES, "total")})
+
+
+class NewsletterStatus(BaseModel):
+    """GET /v1/newsletters/{id} (service.status), declared for the document."""
+    id: int
+    subject: str
+    sender: str | None = Field(alias="from")
+    status: Literal[STATUSES]
+    audience: AudienceSummary | None
+    created_at: datetime
+    send_requested_at: datetime | None
+    outbox_completed_at: datetime | None
+    completed_at: datetime | None
+    counts: RowCounts
+    opens: Engagement
+    clicks: Engagement
+    bounces: Count
+    unsubscribes: Count
+
+
+OPENAPI_MODELS = [service.NewsletterInput, service.NewsletterAudience, NewsletterStatus]
 OPENAPI_PATHS = {
     "/v1/newsletters": {"post": {
         "summary": "Create a newsletter (draft)", "security": [{"bearer": []}],

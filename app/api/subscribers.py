@@ -7,7 +7,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app import subscribers
-from app.addresses import EMAIL_PATTERN
 from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
 
 
@@ -22,8 +21,10 @@ async def put_subscriber(request: Request):
     await require_key(request, "admin")
     user_id = _user_id(request)
     body = await read_json(request, limit=64 * 1024)
-    values, errors = subscribers.validate(body, strict=True)
-    if isinstance(body, dict) and body.get("user_id") not in (None, user_id):
+    # A body may repeat the URL's user_id (what GET returns can be PUT back); it is not a field.
+    echoed = body.pop("user_id", None) if isinstance(body, dict) else None
+    values, errors = subscribers.validate(body)
+    if echoed not in (None, user_id):
         errors.append({"field": "user_id", "message": "does not match the URL"})
     if errors:
         raise validation_error(errors)
@@ -56,31 +57,10 @@ async def subscriber(request: Request):
 
 routes = [Route("/v1/subscribers/{user_id:str}", subscriber, methods=["GET", "PUT", "DELETE"])]
 
-_no_nul = "^[^\\u0000]*$"
-_subscriber_schema = {
-    "type": "object",
-    "required": ["email"],
-    "additionalProperties": False,
-    "properties": {
-        "email": {"type": "string", "maxLength": 254, "pattern": EMAIL_PATTERN},
-        "name": {"type": "string", "maxLength": 200, "pattern": "^[^\\u0000-\\u001f\\u007f]*$", "nullable": True,
-                 "description": "display name; no line breaks or control characters"},
-        "timezone": {"type": "string", "enum": list(subscribers.timezones()), "description": "IANA zone"},
-        "digest_cadence": {"type": "string", "enum": list(subscribers.CADENCES)},
-        "digest_hour": {"type": "integer", "minimum": 0, "maximum": 23, "description": "local hour"},
-        "digest_weekday": {"oneOf": [
-            {"type": "integer", "minimum": 0, "maximum": 6, "description": "0 = Monday"},
-            {"type": "string", "enum": list(subscribers.WEEKDAYS)},
-        ]},
-        "category_opt_outs": {"type": "array", "maxItems": subscribers.MAX_CATEGORIES, "items": {
-            "type": "string", "minLength": 1, "maxLength": 100, "pattern": _no_nul}},
-        "tracking_opt_out": {"type": "boolean"},
-    },
-}
 _user_param = [{"name": "user_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}]
 _err = {"$ref": "#/components/responses/Error"}
 
-OPENAPI_SCHEMAS = {"SubscriberInput": _subscriber_schema}
+OPENAPI_MODELS = [subscribers.SubscriberInput]
 OPENAPI_PATHS = {
     "/v1/subscribers/{user_id}": {
         "put": {

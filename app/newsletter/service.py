@@ -4,19 +4,20 @@ operators (or a retried request) racing each other cannot produce an impossible 
 from __future__ import annotations
 
 import logging
-import re
+from typing import Annotated, Literal
 
 import orjson
+from pydantic import AfterValidator, Field
 
 from app import db, mail
 from app.newsletter import kick, outbox, template
 from app.newsletter import rows as statements
+from app.validation import Body, Text, check, documented, fail
 from tracking.stats import mail_stats
 
 log = logging.getLogger("app.newsletter.service")
 
 MAX_AUDIENCE_USER_IDS = 10_000
-FIELDS = ("subject", "html", "text", "from")
 ROW_STATUSES = ("pending", "sending", "sent", "failed", "suppressed", "cancelled")
 # Applied SendGrid events (mail_event_counts) that count as a bounce / an unsubscribe.
 BOUNCE_EVENTS = ("bounce", "dropped", "blocked")
@@ -39,82 +40,88 @@ class Conflict(Exception):
 _SENDER_ADDR = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
 _SENDER_NAME = r"[^<>()\[\]:;@\\,.\"\x00-\x1f\x7f]*"
 SENDER_PATTERN = rf"^(?:{_SENDER_ADDR}|{_SENDER_NAME}<{_SENDER_ADDR}>)$"
-_SENDER_RE = re.compile(SENDER_PATTERN[1:-1])
 _TEMPLATE_HELP = (
     "is not a supported template: Mustache tags allowed are {{var}}, {{{var}}}, {{&var}}, {{! comment }}, "
     "{{#var}}...{{/var}} and {{^var}}...{{/var}} (nested at most %d deep; {{.}} only inside a section); "
     "a literal '{' must not start '{{'; variables: %s" % (template.SECTION_DEPTH, ", ".join(template.VARIABLES)))
 
 
-def _one_mailbox(value: str) -> bool:
+def _sender(value: str | None) -> str | None:
+    if value is None:
+        return None
     try:
         mail.parse_mailbox(value.strip())
-        return True
     except mail.MailBuildError:
-        return False
+        raise fail("from", _FROM_MESSAGE) from None
+    return value.strip()
+
+
+def _template(field: str, max_length: int, description: str):
+    """A Mustache template field: the grammar is its documented pattern; the checks below explain
+    the common mistakes more precisely than "does not match"."""
+    pattern = template.SUBJECT_PATTERN if field == "subject" else template.BODY_PATTERN
+
+    def check_template(value: str) -> str:
+        if not value.strip():
+            raise fail("blank", "must be a non-empty string")
+        if "\x00" in value:
+            raise fail("nul", "must not contain NUL characters")
+        if field == "subject" and ("\n" in value or "\r" in value):
+            raise fail("line", "must be a single line")
+        if not template.matches_grammar(field, value):
+            explained = template.check(field, value)
+            raise fail("template", explained[0]["message"] if explained else _TEMPLATE_HELP)
+        return value
+
+    return Annotated[str, Field(min_length=1, max_length=max_length, description=description + _GRAMMAR_DOC),
+                     *documented({"pattern": pattern}, check_template)]
+
+
+_VARS = "Mustache with " + ", ".join(template.VARIABLES)
+_GRAMMAR_DOC = (f"; tags: {{{{var}}}}, {{{{{{var}}}}}}, {{{{&var}}}}, {{{{! comment }}}}, {{{{#var}}}}/{{{{^var}}}}"
+                f"...{{{{/var}}}} sections (at most {template.SECTION_DEPTH} deep, {{{{.}}}} inside them); "
+                "no partials or delimiter changes; not blank; no U+0000")
+_FROM_MESSAGE = "must be exactly one address like 'News <news@example.com>'"
+
+
+class NewsletterInput(Body):
+    subject: _template("subject", template.MAX_SUBJECT, _VARS + "; one line")
+    html: _template("html", template.MAX_HTML, _VARS + "; CSS is inlined once")
+    text: _template("text", template.MAX_TEXT, _VARS + "; derived from html if absent or null") | None = None
+    from_addr: Annotated[Text(template.MAX_FROM, SENDER_PATTERN, message=_FROM_MESSAGE) | None,
+                         Field(alias="from", description="'addr' or 'Name <addr>'; MAIL_FROM if absent or null"),
+                         AfterValidator(_sender)] = None
+
+
+UserIds = Annotated[list[Text(200, min_length=1)], Field(min_length=1, max_length=MAX_AUDIENCE_USER_IDS)]
+
+
+class UserIdList(Body):
+    user_ids: UserIds
+
+
+class NewsletterAudience(Body):
+    audience: Annotated[Literal["all"], Field(description="every subscriber; unsubscribed/suppressed ones are "
+                                                          "recorded as suppressed")] | UserIdList | Annotated[
+        UserIds, Field(description='shorthand for {"user_ids": [...]}')]
 
 
 def validate_new(body) -> tuple[dict, list[dict]]:
-    if not isinstance(body, dict):
-        return {}, [{"field": "body", "message": "expected a JSON object"}]
-    errors = [{"field": k, "message": "unknown field"} for k in sorted(set(body) - set(FIELDS))]
-    values: dict = {}
-    limits = {"subject": template.MAX_SUBJECT, "html": template.MAX_HTML, "text": template.MAX_TEXT}
-    for field in ("subject", "html", "text"):
-        value = body.get(field)
-        if value is None:
-            if field != "text":
-                errors.append({"field": field, "message": "is required"})
-            continue
-        if not isinstance(value, str) or not value.strip():
-            errors.append({"field": field, "message": "must be a non-empty string"})
-        elif len(value) > limits[field]:
-            errors.append({"field": field, "message": f"must be at most {limits[field]} characters"})
-        elif "\x00" in value:
-            errors.append({"field": field, "message": "must not contain NUL characters"})
-        elif field == "subject" and ("\n" in value or "\r" in value):
-            errors.append({"field": field, "message": "must be a single line"})
-        elif not template.matches_grammar(field, value):
-            # The grammar (documented as the field's pattern) is the rule; chevron's own checks
-            # only explain the common mistakes more precisely.
-            errors.extend(template.check(field, value) or [{"field": field, "message": _TEMPLATE_HELP}])
-        else:
-            values[field] = value
-    sender = body.get("from")
-    if sender is not None:
-        if not isinstance(sender, str) or len(sender) > template.MAX_FROM or not _SENDER_RE.fullmatch(sender) \
-                or not _one_mailbox(sender):
-            errors.append({"field": "from", "message": "must be exactly one address like 'News <news@example.com>'"})
-        else:
-            values["from_addr"] = sender.strip()
-    return values, errors
+    """Values for create() (subject, html, text, from_addr), or the problems."""
+    newsletter, errors = check(NewsletterInput, body)
+    return (newsletter.model_dump() if newsletter else {}), errors
 
 
 def validate_audience(body) -> tuple[dict | None, list[dict]]:
-    """{"audience": "all"} (every subscriber; unsubscribed/suppressed are recorded as suppressed)
-    or {"audience": {"user_ids": [...]}} (at most MAX_AUDIENCE_USER_IDS)."""
-    if not isinstance(body, dict):
-        return None, [{"field": "body", "message": "expected a JSON object"}]
-    unknown = sorted(set(body) - {"audience"})
-    if unknown:
-        return None, [{"field": k, "message": "unknown field"} for k in unknown]
-    audience = body.get("audience")
+    """{"kind": "all"} or {"kind": "user_ids", "user_ids": sorted unique ids}, or the problems."""
+    request, errors = check(NewsletterAudience, body)
+    if request is None:
+        return None, errors
+    audience = request.audience
     if audience == "all":
         return {"kind": "all"}, []
-    if isinstance(audience, list):
-        audience = {"user_ids": audience}
-    if isinstance(audience, dict) and set(audience) == {"user_ids"}:
-        ids = audience["user_ids"]
-        if not isinstance(ids, list) or not ids:
-            return None, [{"field": "audience.user_ids", "message": "must be a non-empty list"}]
-        if len(ids) > MAX_AUDIENCE_USER_IDS:
-            return None, [{"field": "audience.user_ids",
-                           "message": f"at most {MAX_AUDIENCE_USER_IDS} user_ids per send; use \"all\""}]
-        if not all(isinstance(u, str) and 0 < len(u) <= 200 and "\x00" not in u for u in ids):
-            return None, [{"field": "audience.user_ids",
-                           "message": "must be strings of 1-200 characters without NUL"}]
-        return {"kind": "user_ids", "user_ids": sorted(set(ids))}, []
-    return None, [{"field": "audience", "message": "must be \"all\" or {\"user_ids\": [...]}"}]
+    ids = audience.user_ids if isinstance(audience, UserIdList) else audience
+    return {"kind": "user_ids", "user_ids": sorted(set(ids))}, []
 
 
 def create(values: dict) -> int:

@@ -125,19 +125,29 @@ def canonical_timezone(typed: str) -> str:
     return _timezones_by_folded_name().get(_fold(typed), typed)
 
 
+def _form_number(text: str) -> int | str:
+    """Forms send numbers as text. ASCII and short only: str.isdigit() also accepts '²', '٣' and '３',
+    which int() then rejects or silently reads, and a 5000-digit run is no hour. Anything else is
+    returned as typed, for validation to name."""
+    if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 6:
+        return int(text)
+    return text
+
+
 def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     """(values for subscribers.update, field errors, sticky form values) from the posted form."""
     raw = {name: common.text(posted, name) for name in ("digest_cadence", "digest_hour", "digest_weekday", "timezone")}
     raw = {k: v.strip() for k, v in raw.items() if v is not None}
     if "timezone" in raw:
         raw["timezone"] = canonical_timezone(raw["timezone"])
+    numbers = {k: _form_number(raw[k]) for k in ("digest_hour", "digest_weekday") if k in raw}
     # Topics: checkboxes are checked for topics the subscriber wants. Only topics that were on the
     # page change (a topic that appeared since the page loaded keeps its current setting).
     shown = list(dict.fromkeys(common.texts(posted, "shown_category")))[: store.MAX_SHOWN_CATEGORIES]
     receive = set(common.texts(posted, "category"))
     current = set(subscriber["category_opt_outs"])
     opt_outs = sorted((current - set(shown)) | {c for c in shown if c not in receive})
-    data = dict(raw)
+    data = {**raw, **numbers}
     if shown:
         data["category_opt_outs"] = opt_outs
     values, error_list = subscribers.validate(data, partial=True)

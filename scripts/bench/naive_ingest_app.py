@@ -18,16 +18,15 @@ from app import apikeys, db, ingest
 async def post_events(request: Request):
     key = request.headers.get("authorization", "").partition(" ")[2]
     body = json.loads(await request.body())
-    events, is_batch = ingest.events_from_body(body)
     from starlette.concurrency import run_in_threadpool
-    return await run_in_threadpool(_store, key, events, is_batch)
+    return await run_in_threadpool(_store, key, body)
 
 
-def _store(key, events, is_batch):
+def _store(key, body):
     principal = apikeys.cache.lookup(key)
     if principal is None:
         return JSONResponse({"error": "unauthorized"}, status_code=401)
-    rows, errors = ingest.validate_batch(events, is_batch, principal.name)
+    rows, errors = ingest.validate_body(body, principal.name)
     if errors:
         return JSONResponse({"errors": errors}, status_code=422)
     accepted = 0
