@@ -9,7 +9,7 @@ export TEST_DATABASE_URL ?= postgresql://localhost/notify_test
 export TEST_REDIS_URL ?= redis://localhost:6379/15
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test test-fast install services migrate demo bench drill clean browser
+.PHONY: run test test-fast test-pure install services migrate demo bench drill clean browser
 
 # Unset APP_ENV means production (app/config.py): the local targets say development explicitly,
 # and reach their prerequisites too (run -> demo -> migrate). Tests set APP_ENV=test themselves.
@@ -50,6 +50,11 @@ test: install services browser
 # Everything but the slow (killed processes, timeouts) and browser tests: the inner loop.
 test-fast: install services
 	$(BIN)/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
+
+# The pure tests (grouping, ranking, rendering, codes, templates) with Postgres and Redis unreachable.
+test-pure: install
+	TEST_DATABASE_URL=postgresql://127.0.0.1:9/unreachable TEST_REDIS_URL=redis://127.0.0.1:9/0 \
+		$(BIN)/python -m pytest -m pure $(PYTEST_ARGS)
 
 # Every benchmark once, each beside its naive baseline (minutes; see README "Tests and benchmarks").
 bench: migrate

@@ -9,6 +9,8 @@ import pytest
 
 from app import config
 
+pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from digest import context, group
+
+pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 
 T0 = datetime(2026, 3, 1, 12, tzinfo=timezone.utc)
 

@@ -9,6 +9,8 @@ import pytest
 
 from digest import context, group, mustache, render
 
+pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
+
 HOSTILE = '<script>alert("x")</script> & <img src=x onerror=y>'
 
 

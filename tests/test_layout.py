@@ -5,6 +5,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("app", "digest", "tracking", "actors")
 # Imported where used, each with its measured import cost written next to it.

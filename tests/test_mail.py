@@ -13,6 +13,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from app import mail
 from app.providers.base import OutgoingMail
 
+pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
+
 
 def _mail(**kw):
     base = dict(to="ana@example.test", to_name="Ána Lima", subject="Your daily digest: Ána & 3 others",

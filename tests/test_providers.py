@@ -19,6 +19,8 @@ from app.providers.file import FileProvider
 from app.providers.smtp import SMTPProvider, parse_url
 from tests.test_digest_support import SmtpSink, free_port
 
+pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
+
 
 def _mails(n, prefix="k"):
     return [OutgoingMail(to=f"user{i}@example.test", subject=f"s{i}", html=f"<p>{i}</p>", text=str(i),

@@ -6,6 +6,8 @@ import pytest
 
 from app import tokens
 
+pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
+
 KEY = "golden-fixture-key-never-change-0123456789"
 GOLDEN = [
     ("unsubscribe", "djE6NDI6MQ.g-8-eYyRM3-pURygPv6nrg", (42, 1, None)),

@@ -8,6 +8,8 @@ import pytest
 
 from tracking import codes
 
+pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
+
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "tracking_codes.json").read_text())
 
 
