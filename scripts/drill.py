@@ -296,15 +296,17 @@ def tally(system: System, name: str, started: float, notes: str = "") -> Report:
                   notes)
 
 
-def run_until_settled(system: System, timeout: float, during=None) -> None:
+def run_until_settled(system: System, timeout: float, during=None) -> bool:
+    """True once every row is final and every expected mail arrived; False at the timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if during:
             during()
         if system.settled() and len({(r, mail_of(m)) for _, r, m in list(system.sink.deliveries)}) \
                 >= len(system.expected()):
-            return
+            return True
         time.sleep(0.5)
+    return False
 
 
 def progress(system: System) -> float:
@@ -312,6 +314,9 @@ def progress(system: System) -> float:
 
 
 # -- drills -------------------------------------------------------------------------------------
+KILL_EVERY_SECONDS = 5.0
+KILL_WINDOW_SECONDS = 180.0
+
 def drill_kill_worker(system: System, scale: float) -> Report:
     system.start("web")
     system.wait_web()
@@ -322,16 +327,21 @@ def drill_kill_worker(system: System, scale: float) -> Report:
     started, last_kill, kills = time.monotonic(), time.monotonic(), [0]
 
     def kill_every_few_seconds():
+        # Killed every KILL_EVERY_SECONDS while the send runs (a restarted worker needs a moment to
+        # claim and send), for at most KILL_WINDOW_SECONDS; then recovery is watched to the end.
         nonlocal worker, last_kill
-        due = progress(system) > 0.05 if not kills[0] else time.monotonic() - last_kill > 2
+        if time.monotonic() - started > KILL_WINDOW_SECONDS or progress(system) >= 0.95:
+            return
+        due = progress(system) > 0.02 if not kills[0] else time.monotonic() - last_kill > KILL_EVERY_SECONDS
         if due and not system.settled():
             system.kill(worker)
             kills[0] += 1
             worker = system.start("worker")
             last_kill = time.monotonic()
 
-    run_until_settled(system, 600, kill_every_few_seconds)
-    report = tally(system, "kill -9 worker", started, f"({kills[0]} kills)")
+    settled = run_until_settled(system, 900, kill_every_few_seconds)
+    report = tally(system, "kill -9 worker", started,
+                   f"({kills[0]} kills, one every {KILL_EVERY_SECONDS:g} s)" + ("" if settled else " TIMED OUT"))
     report.faults = kills[0]
     return report
 
