@@ -65,6 +65,7 @@ bench: migrate
 	$(BIN)/python scripts/bench/render.py
 	$(BIN)/python scripts/bench/validation.py
 	$(BIN)/python scripts/bench/tokens.py
+	$(BIN)/python scripts/bench/migrations.py
 	$(BIN)/python scripts/bench/groupcommit.py
 	$(BIN)/python scripts/bench/ratelimit.py
 	$(BIN)/python scripts/bench/smtp_client.py
