@@ -53,7 +53,8 @@ class Settings:
     ingest_group_wait_ms: float = setting(1.0, "group commit: how long the writer waits to gather more requests")
     ingest_group_max_events: int = setting(5000, "group commit: most events in one transaction")
     # -- migrations
-    migration_lock_timeout: str = setting("5s", "lock_timeout of each migration statement")
+    migration_lock_timeout: str = setting("200ms", "lock_timeout of each migration statement: the longest a "
+                                                   "writer queues behind it (scripts/bench/migrations.py)")
     migration_retries: int = setting(10, "retries (with backoff) of a migration that hit the lock timeout")
     # -- mail
     mail_provider: str = setting("file", "`smtp`, `sendgrid` or `file` (`make run` uses the dev SMTP sink)")

@@ -14,8 +14,8 @@ leaves yoyo's lock row behind, so the next release fails after 10 s until `yoyo 
 reran in 0.4 s (the advisory lock ends with the connection). A failed CREATE UNIQUE INDEX
 CONCURRENTLY stays INVALID under yoyo and is recorded applied (unique not enforced); rebuilt here.
 Behind a 10 s transaction a writer stalled 10 s under yoyo (no retry: a lock_timeout in its URL
-fails the release) and 0.2 s at most here with MIGRATION_LOCK_TIMEOUT=200ms; at the shipped 5s it
-still stalls 5 s per attempt (9.6 s of the 10 blocked).
+fails the release) and 0.2 s at most here with MIGRATION_LOCK_TIMEOUT=200ms, hence that default
+(at 5s it stalled 5 s per attempt, 9.6 s of the 10 blocked).
 """
 from __future__ import annotations
 
