@@ -1,29 +1,10 @@
-"""Helpers shared by the newsletter tests (seeding, driving the send loop in process)."""
+"""Helpers shared by the newsletter tests: driving the send loop in process (rows: tests/factories.py)."""
 from __future__ import annotations
 
 import time
 
 from app import db
 from app.newsletter import outbox, sender, service
-
-HTML = ('<html><head><style>p { color: #333; }</style></head><body>'
-        '<p>Hello {{name}},</p><p>News for {{email}} ({{user_id}}).</p>'
-        '<a href="https://example.com/article?id=1&amp;x=2">Read</a> '
-        '<a href="{{preferences_url}}">Preferences</a> <a href="{{unsubscribe_url}}">Unsubscribe</a>'
-        '</body></html>')
-
-
-def seed_subscribers(n: int, start: int = 1) -> None:
-    db.query(
-        "INSERT INTO subscribers (user_id, email, name) "
-        "SELECT 'u' || g, 'user' || g || '@example.com', 'User ' || g FROM generate_series(%s, %s) g",
-        (start, start + n - 1))
-
-
-def make_newsletter(subject: str = "Hi {{name}}", html: str = HTML, text: str | None = None) -> int:
-    values, errors = service.validate_new({"subject": subject, "html": html, **({"text": text} if text else {})})
-    assert not errors, errors
-    return service.create(values)
 
 
 def start(newsletter_id: int, audience=None) -> None:

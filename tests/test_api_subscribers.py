@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from app import db
+from tests import factories
 from tests.conftest import auth
 
 
@@ -67,8 +68,7 @@ def test_delete_erases_subscriber_and_their_events(client, admin_key):
                                         "user_id": uid, "category": "c", "entity_type": "t", "entity_id": "e"},
                     headers=auth(admin_key))
     sub_id = db.query("SELECT id FROM subscribers WHERE user_id = 'u1'")[0][0]
-    db.query("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) "
-             "VALUES (%s, 'daily', current_date, now())", (sub_id,))
+    factories.digest_run(sub_id)
     r = client.delete("/v1/subscribers/u1", headers=auth(admin_key))
     assert r.status_code == 204
     assert db.query("SELECT user_id FROM subscribers") == [("u2",)]
@@ -79,9 +79,8 @@ def test_delete_erases_subscriber_and_their_events(client, admin_key):
 def test_cadence_change_cancels_pending_run_of_old_cadence(client, admin_key):
     put(client, admin_key)
     sub_id = db.query("SELECT id FROM subscribers")[0][0]
-    db.query("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status) VALUES "
-             "(%s, 'daily', '2026-11-20', now(), 'processing'), (%s, 'daily', '2026-11-21', now(), 'pending')",
-             (sub_id, sub_id))
+    factories.digest_run(sub_id, period="2026-11-20", status="processing")
+    factories.digest_run(sub_id, period="2026-11-21")
     put(client, admin_key, digest_cadence="weekly")
     assert db.query("SELECT period::text, status FROM digest_runs ORDER BY period") == [
         ("2026-11-20", "processing"), ("2026-11-21", "cancelled")]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from app import config, db, subscribers, tokens
+from app import config, db, tokens
+from tests import factories
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -23,6 +24,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-proxy-server"]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 ROOT = Path(__file__).resolve().parent.parent
+USER_ID = "browser-user"
 
 try:
     from playwright.sync_api import sync_playwright
@@ -118,27 +120,15 @@ def shot(page, name: str) -> Path:
     return path
 
 
-def make_subscriber(user_id="browser-user", **values) -> dict:
-    record, _ = subscribers.upsert(user_id, {**subscribers.DEFAULTS, "email": f"{user_id}@example.com",
-                                             "name": "Ana", **values})
-    return record
-
-
-def add_events(user_id: str, *categories: str) -> None:
-    for i, category in enumerate(categories):
-        db.query("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id) "
-                 "VALUES ('test', %s, %s, %s, 'post', %s)", (f"{user_id}-{i}", user_id, category, str(i)))
-
-
 def stored(subscriber_id: int) -> dict:
     cols = ("digest_cadence", "digest_hour", "timezone", "category_opt_outs", "unsubscribed_at")
     return dict(zip(cols, db.query(f"SELECT {', '.join(cols)} FROM subscribers WHERE id = %s", (subscriber_id,))[0]))
 
 
 def test_preference_centre_change_cadence_and_topic(live_server, page):
-    sub = make_subscriber()
-    add_events("browser-user", "likes", "comments", "mentions")
-    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub["id"], 1))
+    sub = factories.subscriber(USER_ID)
+    factories.category_events(USER_ID, "likes", "comments", "mentions")
+    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub, 1))
     assert page.title().startswith("Email preferences")
     shot(page, "preferences")
 
@@ -153,7 +143,7 @@ def test_preference_centre_change_cadence_and_topic(live_server, page):
     assert page.get_by_role("radio", name="Weekly digest").is_checked()
     assert not page.get_by_label("comments", exact=True).is_checked() and page.get_by_label("likes", exact=True).is_checked()
     shot(page, "preferences-saved")
-    row = stored(sub["id"])
+    row = stored(sub)
     assert (row["digest_cadence"], row["digest_hour"], row["timezone"]) == ("weekly", 18, "Europe/Berlin")
     assert row["category_opt_outs"] == ["comments"]
 
@@ -167,24 +157,24 @@ UNLABELLED_CONTROLS_JS = """
 
 
 def test_every_control_has_an_accessible_name(live_server, page):
-    sub = make_subscriber()
-    add_events("browser-user", "likes")
-    db.query("UPDATE subscribers SET paused_until = now() + interval '2 days' WHERE id = %s", (sub["id"],))
-    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub["id"], 1))
+    sub = factories.subscriber(USER_ID)
+    factories.category_events(USER_ID, "likes")
+    db.query("UPDATE subscribers SET paused_until = now() + interval '2 days' WHERE id = %s", (sub,))
+    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub, 1))
     assert page.evaluate(UNLABELLED_CONTROLS_JS) == []
     assert page.locator("fieldset:not(:has(> legend))").count() == 0
     assert "Emails are paused until" in page.locator("main").inner_text()
     shot(page, "preferences-paused")
     page.get_by_role("button", name="Resume emails now").click()
     page.wait_for_url("**?notice=resumed")
-    assert db.query("SELECT paused_until FROM subscribers WHERE id = %s", (sub["id"],))[0][0] is None
-    page.goto(live_server + "/u/" + tokens.make("unsubscribe", sub["id"], 1))
+    assert db.query("SELECT paused_until FROM subscribers WHERE id = %s", (sub,))[0][0] is None
+    page.goto(live_server + "/u/" + tokens.make("unsubscribe", sub, 1))
     assert page.evaluate(UNLABELLED_CONTROLS_JS) == []
 
 
 def test_preference_centre_by_keyboard_only(live_server, page):
-    sub = make_subscriber()
-    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub["id"], 1))
+    sub = factories.subscriber(USER_ID)
+    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub, 1))
     page.focus("#cadence-daily")
     page.keyboard.press("ArrowDown")   # radios move with arrow keys: daily -> weekly
     page.focus("#timezone")
@@ -192,13 +182,13 @@ def test_preference_centre_by_keyboard_only(live_server, page):
     page.keyboard.type("Asia/Tokyo")
     page.keyboard.press("Enter")       # Enter in a text field submits with the default button
     page.wait_for_url("**?notice=saved")
-    row = stored(sub["id"])
+    row = stored(sub)
     assert (row["digest_cadence"], row["timezone"]) == ("weekly", "Asia/Tokyo")
 
 
 def test_invalid_value_shows_errors_and_saves_nothing(live_server, page):
-    sub = make_subscriber()
-    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub["id"], 1))
+    sub = factories.subscriber(USER_ID)
+    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub, 1))
     page.get_by_label("Time zone", exact=True).fill("Atlantis/Capital")
     page.get_by_label("Pause all emails for this many days").fill("999")
     with page.expect_navigation() as nav:
@@ -208,27 +198,27 @@ def test_invalid_value_shows_errors_and_saves_nothing(live_server, page):
     assert "Nothing was saved" in alert and "Time zone" in alert and "Pause" in alert
     assert page.get_by_label("Time zone", exact=True).input_value() == "Atlantis/Capital"
     shot(page, "preferences-errors")
-    assert stored(sub["id"])["timezone"] == "UTC"
+    assert stored(sub)["timezone"] == "UTC"
 
 
 def test_hostile_name_and_topic_do_not_run_script(live_server, page):
     evil = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
-    sub = make_subscriber("evil-user", name=evil)
-    add_events("evil-user", evil)
-    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub["id"], 1))
+    sub = factories.subscriber("evil-user", name=evil)
+    factories.category_events("evil-user", evil)
+    page.goto(live_server + "/preferences/" + tokens.make("preferences", sub, 1))
     assert evil in page.locator("main").inner_text()  # shown as text
     assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
     assert page.dialogs == []
 
 
 def test_mobile_layout_has_no_horizontal_scroll(live_server, browser):
-    sub = make_subscriber()
-    add_events("browser-user", "likes", "a-rather-long-topic-name-that-should-wrap-nicely-on-phones")
+    sub = factories.subscriber(USER_ID)
+    factories.category_events(USER_ID, "likes", "a-rather-long-topic-name-that-should-wrap-nicely-on-phones")
     context = browser.new_context(viewport={"width": 360, "height": 740}, is_mobile=True, has_touch=True,
                                   device_scale_factor=2)
     try:
         pg = context.new_page()
-        pg.goto(live_server + "/preferences/" + tokens.make("preferences", sub["id"], 1))
+        pg.goto(live_server + "/preferences/" + tokens.make("preferences", sub, 1))
         overflow = pg.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 0
         shot(pg, "preferences-mobile")
@@ -237,22 +227,22 @@ def test_mobile_layout_has_no_horizontal_scroll(live_server, browser):
 
 
 def test_unsubscribe_confirmation_button_and_resubscribe(live_server, page):
-    sub = make_subscriber()
-    url = live_server + "/u/" + tokens.make("unsubscribe", sub["id"], 1)
+    sub = factories.subscriber(USER_ID)
+    url = live_server + "/u/" + tokens.make("unsubscribe", sub, 1)
     page.goto(url)
     shot(page, "unsubscribe-confirm")
-    assert stored(sub["id"])["unsubscribed_at"] is None  # opening the page changed nothing
+    assert stored(sub)["unsubscribed_at"] is None  # opening the page changed nothing
 
     page.get_by_role("button", name="Unsubscribe").click()
     page.wait_for_url("**?notice=unsubscribed")
     assert page.get_by_role("heading", level=1).inner_text() == "You are unsubscribed"
     shot(page, "unsubscribe-done")
-    assert stored(sub["id"])["unsubscribed_at"] is not None
+    assert stored(sub)["unsubscribed_at"] is not None
 
     page.get_by_role("button", name="Resubscribe").click()
     page.wait_for_url("**?notice=resubscribed")
     shot(page, "unsubscribe-resubscribed")
-    assert stored(sub["id"])["unsubscribed_at"] is None
+    assert stored(sub)["unsubscribed_at"] is None
 
 
 def test_invalid_link_shows_404_page(live_server, page):

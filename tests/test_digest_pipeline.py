@@ -15,7 +15,8 @@ from app import config, db, providers, subscribers
 from digest import build as digest_build
 from digest import plan as digest_plan
 from digest import send as digest_send
-from tests.test_digest_support import SmtpSink, add_events, make_run, make_subscriber, marked, run_row
+from tests import factories
+from tests.test_digest_support import SmtpSink, marked, run_row
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,10 +31,10 @@ def sink(settings):
 
 
 def test_sends_one_digest_and_marks_exactly_its_events(sink):
-    sid = make_subscriber("u1", name="Ana Lima")
-    ids = add_events("u1", 3, entity_id="p1") + add_events("u1", 2, entity_id="p2", category="comment")
-    other = add_events("someone-else", 2)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1", name="Ana Lima")
+    ids = factories.events("u1", 3, entity_id="p1") + factories.events("u1", 2, entity_id="p2", category="comment")
+    other = factories.events("someone-else", 2)
+    rid = factories.digest_run(sid)
     assert digest_send.process([rid])["sent"] == 1
     row = run_row(rid)
     assert row["status"] == "sent" and row["event_count"] == 5 and row["completed_at"] is not None
@@ -54,10 +55,10 @@ def test_sends_one_digest_and_marks_exactly_its_events(sink):
 
 
 def test_skip_when_there_is_nothing_to_send(sink):
-    sid = make_subscriber("u1")
-    add_events("u1", 2, category="promo")
+    sid = factories.subscriber("u1")
+    factories.events("u1", 2, category="promo")
     subscribers.update(sid, {"category_opt_outs": ["promo"]})
-    rid = make_run(sid)
+    rid = factories.digest_run(sid)
     assert digest_send.process([rid])["skipped"] == 1
     row = run_row(rid)
     assert row["status"] == "skipped" and row["skip_reason"] == "no events" and row["event_count"] == 0
@@ -65,10 +66,10 @@ def test_skip_when_there_is_nothing_to_send(sink):
 
 
 def test_opted_out_categories_are_excluded_and_stay_unmarked(sink):
-    sid = make_subscriber("u1", category_opt_outs=["promo"])
-    keep = add_events("u1", 2, category="like")
-    promo = add_events("u1", 2, category="promo")
-    rid = make_run(sid)
+    sid = factories.subscriber("u1", category_opt_outs=["promo"])
+    keep = factories.events("u1", 2, category="like")
+    promo = factories.events("u1", 2, category="promo")
+    rid = factories.digest_run(sid)
     digest_send.process([rid])
     assert set(marked(keep).values()) == {rid} and set(marked(promo).values()) == {None}
     assert "promo" not in sink.messages()[0].get_body(("plain",)).get_content()
@@ -76,11 +77,11 @@ def test_opted_out_categories_are_excluded_and_stay_unmarked(sink):
 
 def test_cap_says_and_n_more_and_marks_the_summarised_events(sink, settings):
     settings(digest_max_items=3)
-    sid = make_subscriber("u1")
+    sid = factories.subscriber("u1")
     ids = []
     for i in range(7):
-        ids += add_events("u1", i + 1, entity_id=f"p{i}", payload={"title": f"Title {i}"})
-    rid = make_run(sid)
+        ids += factories.events("u1", i + 1, entity_id=f"p{i}", payload={"title": f"Title {i}"})
+    rid = factories.digest_run(sid)
     digest_send.process([rid])
     text = sink.messages()[0].get_body(("plain",)).get_content()
     assert "Title 6" in text and "Title 5" in text and "Title 4" in text and "Title 3" not in text
@@ -90,9 +91,9 @@ def test_cap_says_and_n_more_and_marks_the_summarised_events(sink, settings):
 
 def test_large_backlog_is_paged_and_capped(sink, settings):
     settings(digest_event_page=7, digest_max_events=40)
-    sid = make_subscriber("u1")
-    ids = add_events("u1", 50)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1")
+    ids = factories.events("u1", 50)
+    rid = factories.digest_run(sid)
     digest_send.process([rid])
     states = marked(ids)
     assert [states[i] for i in ids[:40]] == [rid] * 40      # oldest first, up to the cap
@@ -100,10 +101,10 @@ def test_large_backlog_is_paged_and_capped(sink, settings):
 
 
 def test_hostile_actor_names_are_escaped_in_the_sent_mail(sink):
-    sid = make_subscriber("u1")
-    add_events("u1", 2, actor_name='<script>alert("pwn")</script>', payload={"title": "<b>t</b>",
+    sid = factories.subscriber("u1")
+    factories.events("u1", 2, actor_name='<script>alert("pwn")</script>', payload={"title": "<b>t</b>",
                                                                             "url": "javascript:alert(1)"})
-    digest_send.process([make_run(sid)])
+    digest_send.process([factories.digest_run(sid)])
     html = sink.messages()[0].get_body(("html",)).get_content()
     assert "<script>" not in html and "&lt;script&gt;" in html and "javascript:" not in html
     assert "<b>t</b>" not in html
@@ -111,14 +112,14 @@ def test_hostile_actor_names_are_escaped_in_the_sent_mail(sink):
 
 @pytest.mark.parametrize("how", ["unsubscribed", "suppressed", "paused", "cadence"])
 def test_suppressed_subscribers_are_skipped_at_claim_time(sink, how):
-    sid = make_subscriber("u1", email_addr="Mixed.Case@Example.test")
-    ids = add_events("u1", 2)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1", email="Mixed.Case@Example.test")
+    ids = factories.events("u1", 2)
+    rid = factories.digest_run(sid)
     # the run was planned while the subscriber was fine; the change lands right before the claim
     if how == "unsubscribed":
         db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
     elif how == "suppressed":
-        db.query("INSERT INTO suppressions (email, reason) VALUES ('mixed.case@example.test', 'bounce')")
+        factories.suppression("mixed.case@example.test", "bounce")
     elif how == "paused":
         db.query("UPDATE subscribers SET paused_until = now() + interval '1 day' WHERE id = %s", (sid,))
     else:   # any writer, even plain SQL: the schedule trigger cancels the pending run
@@ -140,20 +141,20 @@ class _InsertDuringSend:
         self.inner, self.user_id, self.name, self.max_batch, self.new_ids = inner, user_id, "wrap", 100, []
 
     def send_batch(self, mails):
-        self.new_ids += add_events(self.user_id, 1, entity_id="late")
+        self.new_ids += factories.events(self.user_id, 1, entity_id="late")
         return self.inner.send_batch(mails)
 
 
 def test_event_arriving_during_a_run_is_left_for_the_next_digest(sink):
-    sid = make_subscriber("u1")
-    first = add_events("u1", 3)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1")
+    first = factories.events("u1", 3)
+    rid = factories.digest_run(sid)
     wrapper = _InsertDuringSend(providers.get_provider(), "u1")
     digest_send.process([rid], provider=wrapper)
     assert set(marked(first).values()) == {rid}
     assert set(marked(wrapper.new_ids).values()) == {None}
     assert run_row(rid)["event_count"] == 3
-    rid2 = make_run(sid, period=datetime.now(timezone.utc).date() + timedelta(days=1))
+    rid2 = factories.digest_run(sid, period=datetime.now(timezone.utc).date() + timedelta(days=1))
     digest_send.process([rid2])
     assert set(marked(wrapper.new_ids).values()) == {rid2}
 
@@ -161,9 +162,9 @@ def test_event_arriving_during_a_run_is_left_for_the_next_digest(sink):
 def test_two_workers_never_send_the_same_run(sink):
     run_ids = []
     for i in range(30):
-        sid = make_subscriber(f"u{i}")
-        add_events(f"u{i}", 2)
-        run_ids.append(make_run(sid))
+        sid = factories.subscriber(f"u{i}")
+        factories.events(f"u{i}", 2)
+        run_ids.append(factories.digest_run(sid))
     barrier = threading.Barrier(4)
     errors = []
 
@@ -188,9 +189,9 @@ def test_two_workers_never_send_the_same_run(sink):
 
 
 def test_transient_failure_retries_with_backoff_and_the_same_key(sink):
-    sid = make_subscriber("u1")
-    ids = add_events("u1", 2)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1")
+    ids = factories.events("u1", 2)
+    rid = factories.digest_run(sid)
     sink.reply = "451 4.3.0 try again later"
     assert digest_send.process([rid])["retry"] == 1
     row = run_row(rid)
@@ -212,10 +213,10 @@ def test_transient_failure_retries_with_backoff_and_the_same_key(sink):
 
 
 def test_one_failing_render_does_not_hold_up_the_batch(sink, monkeypatch):
-    good, bad = make_subscriber("good"), make_subscriber("bad")
-    add_events("good", 1)
-    add_events("bad", 1)
-    runs = [make_run(good), make_run(bad)]
+    good, bad = factories.subscriber("good"), factories.subscriber("bad")
+    factories.events("good", 1)
+    factories.events("bad", 1)
+    runs = [factories.digest_run(good), factories.digest_run(bad)]
     real = digest_build.render_mail
 
     def flaky(run, *args):
@@ -231,9 +232,9 @@ def test_one_failing_render_does_not_hold_up_the_batch(sink, monkeypatch):
 
 
 def test_permanent_failure_marks_the_run_failed(sink):
-    sid = make_subscriber("u1")
-    ids = add_events("u1", 2)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1")
+    ids = factories.events("u1", 2)
+    rid = factories.digest_run(sid)
     sink.reply = "550 5.1.1 no such user"
     assert digest_send.process([rid])["failed"] == 1
     row = run_row(rid)
@@ -243,9 +244,9 @@ def test_permanent_failure_marks_the_run_failed(sink):
 
 def test_too_many_transient_failures_end_in_failed(sink, settings):
     settings(digest_max_attempts=2)
-    sid = make_subscriber("u1")
-    add_events("u1", 1)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1")
+    factories.events("u1", 1)
+    rid = factories.digest_run(sid)
     sink.reply = "421 4.7.0 busy"
     digest_send.process([rid])
     assert run_row(rid)["status"] == "pending"
@@ -274,9 +275,9 @@ CRASH_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_killed_between_send_and_commit_resends_with_same_key_and_marks_once(sink):
-    sid = make_subscriber("u1")
-    ids = add_events("u1", 4)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1")
+    ids = factories.events("u1", 4)
+    rid = factories.digest_run(sid)
     env = {**os.environ, "APP_ENV": "test", "DATABASE_URL": config.get().database_url,
            "MAIL_PROVIDER": "smtp", "SMTP_URL": sink.url, "TRACKING": "0", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(rid)], env=env, cwd=ROOT, timeout=60,
@@ -296,13 +297,13 @@ def test_killed_between_send_and_commit_resends_with_same_key_and_marks_once(sin
 
 
 def test_preview_renders_without_sending_or_marking(sink):
-    make_subscriber("u1")
-    ids = add_events("u1", 3)
+    factories.subscriber("u1")
+    ids = factories.events("u1", 3)
     rendered = digest_build.preview("u1")
     assert "3 likes" in rendered.text and "<html" in rendered.html
     assert set(marked(ids).values()) == {None} and sink.messages() == []
     assert db.query("SELECT count(*) FROM digest_runs")[0][0] == 0
-    make_subscriber("quiet")
+    factories.subscriber("quiet")
     assert digest_build.preview("quiet") is None
     with pytest.raises(LookupError):
         digest_build.preview("nobody")
@@ -311,9 +312,9 @@ def test_preview_renders_without_sending_or_marking(sink):
 @pytest.mark.parametrize("opt_out", [False, True])
 def test_links_are_tracked_unless_the_subscriber_opted_out(sink, settings, opt_out):
     settings(tracking=True)
-    sid = make_subscriber("u1", tracking_opt_out=opt_out)
-    add_events("u1", 2, payload={"title": "Post", "url": "https://example.test/post/1"})
-    rid = make_run(sid)
+    sid = factories.subscriber("u1", tracking_opt_out=opt_out)
+    factories.events("u1", 2, payload={"title": "Post", "url": "https://example.test/post/1"})
+    rid = factories.digest_run(sid)
     digest_send.process([rid])
     html = sink.messages()[0].get_body(("html",)).get_content()
     assert "/u/" in html and "/preferences/" in html            # unsubscribe links stay direct
@@ -326,10 +327,10 @@ def test_links_are_tracked_unless_the_subscriber_opted_out(sink, settings, opt_o
 
 
 def test_a_subscriber_never_has_two_runs_processing(sink):
-    sid = make_subscriber("u1")
-    add_events("u1", 2)
-    busy = make_run(sid, period=datetime.now(timezone.utc).date() - timedelta(days=1), status="processing")
-    waiting = make_run(sid)
+    sid = factories.subscriber("u1")
+    factories.events("u1", 2)
+    busy = factories.digest_run(sid, period=datetime.now(timezone.utc).date() - timedelta(days=1), status="processing")
+    waiting = factories.digest_run(sid)
     # both would read the same unsent events: the second waits until the first is done
     assert digest_send.process([waiting]) == {"sent": 0, "skipped": 0, "retry": 0, "failed": 0}
     assert run_row(waiting)["status"] == "pending"

@@ -9,7 +9,7 @@ from app import db
 from digest import plan as digest_plan
 from digest import runs
 from digest.runs import TRANSITIONS, RunStatus
-from tests.test_digest_support import make_subscriber
+from tests import factories
 
 NOW = datetime(2026, 5, 4, 12, tzinfo=timezone.utc)
 _seq = itertools.count()
@@ -17,12 +17,10 @@ _seq = itertools.count()
 
 def _run_in(status: RunStatus) -> tuple[int, int]:
     """A subscriber (daily at 09:00 UTC) and the run of today's slot in `status`, claimed long ago."""
-    sid = make_subscriber(f"s{next(_seq)}", digest_hour=9)
+    sid = factories.subscriber(f"s{next(_seq)}", digest_hour=9)
     period, slot = digest_plan.next_slot(NOW - timedelta(hours=4), "UTC", "daily", 9)
-    (rid,), = db.query(
-        "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status, claimed_at) "
-        "VALUES (%s, 'daily', %s, %s, %s, %s) RETURNING id",
-        (sid, period, slot, status.value, NOW - timedelta(days=1)))
+    rid = factories.digest_run(sid, period=period, scheduled_for=slot, status=status.value,
+                               claimed_at=NOW - timedelta(days=1))
     db.query("UPDATE subscribers SET digest_planned_until = NULL WHERE id = %s", (sid,))
     return sid, rid
 
@@ -67,7 +65,7 @@ def test_every_statement_makes_only_documented_transitions_and_all_of_them_are_m
                 pair = (status, RunStatus(new)) if len(after) == 1 else (None, RunStatus(new))
                 assert pair in TRANSITIONS, f"{name} made {pair[0]} -> {pair[1]}, which runs.py does not list"
                 seen.add(pair)
-    fresh = make_subscriber("fresh", digest_hour=9)           # no run yet: planning creates one
+    fresh = factories.subscriber("fresh", digest_hour=9)           # no run yet: planning creates one
     digest_plan.plan(NOW)
     assert _statuses(fresh) == {"pending"}
     seen.add((None, RunStatus.PENDING))

@@ -1,4 +1,4 @@
-"""Shared helpers for the digest, scheduler, mail and provider tests (no tests here).
+"""Shared helpers for the digest, scheduler, mail and provider tests (no tests here; rows: tests/factories.py).
 
 SmtpSink is a real SMTP server (aiosmtpd) on 127.0.0.1 started by the test; it can answer with an
 error code instead of 250 to exercise transient/permanent failures, for every mail (`reply`) or for
@@ -10,11 +10,10 @@ import email
 import email.policy
 import socket
 import threading
-from datetime import datetime, timedelta, timezone
 
 from aiosmtpd.controller import Controller
 
-from app import db, subscribers
+from app import db
 
 
 def free_port() -> int:
@@ -77,44 +76,6 @@ class SmtpSink:
     def messages(self):
         with self.lock:
             return [email.message_from_bytes(r, policy=email.policy.default) for r in self.raw]
-
-
-def make_subscriber(user_id="u1", email_addr=None, **values) -> int:
-    data = {**subscribers.DEFAULTS, "email": email_addr or f"{user_id}@example.test", "name": "Ana Lima", **values}
-    row, _ = subscribers.upsert(user_id, data)
-    return row["id"]
-
-
-_seq = [0]
-
-
-def add_events(user_id, n=1, category="like", entity_type="post", entity_id="p1", actor=None, payload=None,
-               when=None, **extra):
-    """Insert n events; actor None gives distinct actors a0, a1, …; returns their ids."""
-    when = when or datetime.now(timezone.utc)
-    ids = []
-    with db.raw_cursor() as cur:
-        for i in range(n):
-            _seq[0] += 1
-            actor_id = actor if actor is not None else f"a{i}"
-            cur.execute(
-                "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
-                "actor_id, actor_name, payload, occurred_at) VALUES ('test', %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "RETURNING id",
-                (f"ev-{_seq[0]}", user_id, category, entity_type, entity_id, actor_id,
-                 extra.get("actor_name", f"Actor {actor_id}"),
-                 __import__("json").dumps(payload or {"title": f"Post {entity_id}"}),
-                 when - timedelta(seconds=n - i)))
-            ids.append(cur.fetchone()[0])
-    return ids
-
-
-def make_run(subscriber_id, cadence="daily", period=None, scheduled_for=None, status="pending") -> int:
-    scheduled_for = scheduled_for or datetime.now(timezone.utc) - timedelta(minutes=1)
-    period = period or scheduled_for.date()
-    rows = db.query("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status) "
-                    "VALUES (%s, %s, %s, %s, %s) RETURNING id", (subscriber_id, cadence, period, scheduled_for, status))
-    return rows[0][0]
 
 
 def run_row(run_id) -> dict:

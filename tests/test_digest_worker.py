@@ -6,8 +6,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from app import db, providers, scheduler
+from tests import factories
 from tests.conftest import wait_for
-from tests.test_digest_support import SmtpSink, add_events, make_subscriber, marked
+from tests.test_digest_support import SmtpSink, marked
 
 
 @pytest.fixture
@@ -38,8 +39,8 @@ def _statuses():
 def _setup(n=5):
     ids = []
     for i in range(n):
-        make_subscriber(f"u{i}", digest_hour=9)
-        ids += add_events(f"u{i}", 3)
+        factories.subscriber(f"u{i}", digest_hour=9)
+        ids += factories.events(f"u{i}", 3)
     return ids
 
 
@@ -78,9 +79,7 @@ def test_duplicate_messages_send_once(sink, worker, redis_client):
     _setup(3)
     import actors
 
-    run_ids = [r[0] for r in db.query(
-        "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) "
-        "SELECT id, 'daily', current_date, now() FROM subscribers RETURNING id")]
+    run_ids = [factories.digest_run(sid) for (sid,) in db.query("SELECT id FROM subscribers ORDER BY id")]
     for _ in range(3):                               # the same hint three times
         actors.digest.build_and_send_digest.send(run_ids)
     actors.digest.build_and_send_digest.send()       # and a claim-anything message

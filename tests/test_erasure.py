@@ -14,9 +14,9 @@ from app import config, db
 from digest import send as digest_send
 from app.newsletter import sender
 from app.providers.base import Provider, SendResult
+from tests import factories
 from tests.conftest import auth
-from tests.newsletter_support import make_newsletter, start
-from tests.test_digest_support import make_run
+from tests.newsletter_support import start
 from tracking import recorder, resolve, stats, webhook_apply
 
 ADDRESS = "Erase.Me+4b7f@Example.test"
@@ -114,7 +114,7 @@ def subscriber_with_digest(client, key, provider, user_id, email, sub_id=None):
     """A subscriber (via the API) with events (via the API) and a sent digest."""
     sid = put_subscriber(client, key, user_id, email, sub_id)
     post_events(client, key, user_id)
-    assert digest_send.process([make_run(sid)], provider=provider)["sent"] == 1
+    assert digest_send.process([factories.digest_run(sid)], provider=provider)["sent"] == 1
     return sid
 
 
@@ -124,7 +124,7 @@ def test_delete_erases_everything_but_the_suppression(client, admin_key, setting
     sid = subscriber_with_digest(client, admin_key, provider, USER_ID, ADDRESS, SUB_ID)
     assert sid == SUB_ID
     bo = subscriber_with_digest(client, admin_key, provider, BO["user_id"], BO["email"])
-    nl = make_newsletter()
+    nl = factories.newsletter()
     start(nl)
     sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=60)
     (digest, newsletter), (bo_digest, bo_newsletter) = provider.to(ADDRESS), provider.to(BO["email"])
@@ -189,8 +189,7 @@ def test_delete_of_a_digest_link_makes_its_code_unresolvable(client, admin_key):
 
 def test_an_address_suppressed_before_keeps_its_reason_in_source(client, admin_key):
     put_subscriber(client, admin_key, USER_ID, ADDRESS)
-    db.query("INSERT INTO suppressions (email, reason, source) VALUES (lower(%s), 'bounce', 'sendgrid:bounce')",
-             (ADDRESS,))
+    factories.suppression(ADDRESS.lower(), "bounce", source="sendgrid:bounce")
     assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
     assert db.query("SELECT email, reason, source FROM suppressions") == [
         (ADDRESS.lower(), "erased", "erasure, was bounce")]

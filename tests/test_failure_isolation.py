@@ -22,8 +22,9 @@ from app.providers.sendgrid import SendGridProvider
 from app.providers.smtp import SMTPProvider
 from digest import build as digest_build
 from digest import send as digest_send
+from tests import factories
 from tests import newsletter_support as nl
-from tests.test_digest_support import SmtpSink, add_events, make_run, make_subscriber, run_row
+from tests.test_digest_support import SmtpSink, run_row
 
 N = 100
 POISON = 42
@@ -71,7 +72,7 @@ def _subscribers(kind: str) -> list[int]:
     for i in range(N):
         email = poisoned_address(kind) if i == POISON else f"user{i}@example.com"
         name = "Eve\r\nBcc: victim@example.com" if (i == POISON and kind == "header") else f"User {i}"
-        ids.append(make_subscriber(f"u{i}", email_addr=email, name=name))
+        ids.append(factories.subscriber(f"u{i}", email=email, name=name))
     return ids
 
 
@@ -81,8 +82,8 @@ def test_digest_batch_sends_99_and_isolates_the_poisoned_one(kind, channel, monk
     settings(digest_claim_batch=N)
     subs = _subscribers(kind)
     for i in range(N):
-        add_events(f"u{i}", 2, payload={"title": f"Post {i}", "url": f"https://example.com/p/{i}"})
-    runs = [make_run(sid) for sid in subs]
+        factories.events(f"u{i}", 2, payload={"title": f"Post {i}", "url": f"https://example.com/p/{i}"})
+    runs = [factories.digest_run(sid) for sid in subs]
     poison(kind, poisoned_address(kind))
     if kind == "template":
         real = digest_build.render_mail
@@ -115,7 +116,7 @@ def test_newsletter_batch_sends_99_and_isolates_the_poisoned_one(kind, channel, 
     provider, poison, delivered = channel
     settings(send_batch_size=N)
     _subscribers(kind)
-    newsletter_id = nl.make_newsletter()
+    newsletter_id = factories.newsletter()
     nl.start(newsletter_id)
     poison(kind, poisoned_address(kind))
     if kind == "template":
@@ -146,10 +147,10 @@ def test_newsletter_batch_sends_99_and_isolates_the_poisoned_one(kind, channel, 
 def test_a_cleaned_name_never_injects_a_header():
     sink = SmtpSink().start()
     try:
-        sid = make_subscriber("eve", email_addr="eve@example.com", name="Eve\r\nBcc: victim@example.com")
-        add_events("eve", 1)
+        sid = factories.subscriber("eve", email="eve@example.com", name="Eve\r\nBcc: victim@example.com")
+        factories.events("eve", 1)
         provider = SMTPProvider(sink.url, pool_size=1)
-        assert digest_send.process([make_run(sid)], provider=provider)["sent"] == 1
+        assert digest_send.process([factories.digest_run(sid)], provider=provider)["sent"] == 1
         provider.close()
         (msg,) = sink.messages()
         assert msg["Bcc"] is None and msg["To"].addresses[0].addr_spec == "eve@example.com"
@@ -170,9 +171,9 @@ def test_an_unexpected_provider_error_retries_the_batch_counted_never_forever(se
             raise RuntimeError("library surprise")
 
     settings(digest_max_attempts=2)
-    sid = make_subscriber("u1")
-    add_events("u1", 1)
-    rid = make_run(sid)
+    sid = factories.subscriber("u1")
+    factories.events("u1", 1)
+    rid = factories.digest_run(sid)
     assert digest_send.process([rid], provider=Broken())["retry"] == 1
     row = run_row(rid)
     assert row["status"] == "pending" and row["attempts"] == 1 and "library surprise" in row["last_error"]

@@ -5,8 +5,8 @@ import pytest
 
 from app import db
 from app.api import newsletters
+from tests import factories
 from tests.conftest import auth
-from tests.newsletter_support import HTML, seed_subscribers
 from tracking import webhook_apply
 
 
@@ -16,7 +16,7 @@ def _redis(redis_client):   # the API enqueues on the test Redis; start and end 
 
 
 def create(client, key, **body):
-    payload = {"subject": "Hello {{name}}", "html": HTML, **body}
+    payload = {"subject": "Hello {{name}}", "html": factories.HTML, **body}
     return client.post("/v1/newsletters", json=payload, headers=auth(key))
 
 
@@ -67,7 +67,7 @@ def test_create_body_limits(client, admin_key):
 
 
 def test_send_flow_and_transitions(client, admin_key):
-    seed_subscribers(3)
+    factories.seed_subscribers(3)
     nl = create(client, admin_key).json()["id"]
     h = auth(admin_key)
     assert client.post(f"/v1/newsletters/{nl}/pause", headers=h).status_code == 409      # draft
@@ -110,14 +110,13 @@ def test_unknown_newsletter_is_404(client, admin_key):
 
 
 def test_status_counts_and_engagement(client, admin_key):
-    seed_subscribers(6)
+    factories.seed_subscribers(6)
     nl = create(client, admin_key).json()["id"]
     other = create(client, admin_key).json()["id"]
     db.query("UPDATE newsletters SET status = 'sending', outbox_completed_at = now() WHERE id = %s", (nl,))
     for sub, status in [(1, "sent"), (2, "sent"), (3, "failed"), (4, "suppressed"), (5, "pending"), (6, "sending")]:
-        db.query("INSERT INTO email_log (newsletter_id, subscriber_id, email, status) VALUES (%s, %s, 'x', %s)",
-                 (nl, sub, status))
-    db.query("INSERT INTO email_log (newsletter_id, subscriber_id, email, status) VALUES (%s, 1, 'x', 'sent')", (other,))
+        factories.outbox_row(nl, sub, "x", status)
+    factories.outbox_row(other, 1, "x", "sent")
     for kind, sub, machine in [("open", 1, False), ("open", 1, False), ("open", 2, True), ("click", 2, False)]:
         db.query("INSERT INTO email_link_history (kind, mail_kind, mail_id, subscriber_id, is_machine) "
                  "VALUES (%s, 'newsletter', %s, %s, %s)", (kind, nl, sub, machine))
@@ -150,12 +149,11 @@ def test_openapi_documents_newsletter_paths(client):
 
 def test_cli_status_once(capsys):
     from app import cli
-    from tests.newsletter_support import make_newsletter
 
-    seed_subscribers(2)
-    nl = make_newsletter()
-    db.query("INSERT INTO email_log (newsletter_id, subscriber_id, email, status) VALUES (%s, 1, 'x', 'sent'), "
-             "(%s, 2, 'y', 'pending')", (nl, nl))
+    factories.seed_subscribers(2)
+    nl = factories.newsletter()
+    factories.outbox_row(nl, 1, "x", "sent")
+    factories.outbox_row(nl, 2, "y", "pending")
     db.query("UPDATE newsletters SET status = 'sending' WHERE id = %s", (nl,))
     assert cli.main(["newsletter-status", str(nl), "--once"]) == 0
     out = capsys.readouterr().out

@@ -10,24 +10,21 @@ import psycopg2.extras
 from app import db
 from app.newsletter import rows
 from app.newsletter.rows import NEWSLETTER_TRANSITIONS, ROW_TRANSITIONS, NewsletterStatus, RowStatus
-from tests.test_digest_support import make_subscriber
+from tests import factories
 
 _seq = itertools.count()
 LONG_AGO = datetime.now(timezone.utc) - timedelta(days=1)
 
 
 def _newsletter(status: NewsletterStatus, outbox_done: bool = True) -> int:
-    (nid,), = db.query("INSERT INTO newsletters (subject, html, status, audience, outbox_completed_at) "
-                       "VALUES ('s', '<p>x</p>', %s, '{\"kind\": \"all\"}', %s) RETURNING id",
-                       (status.value, LONG_AGO if outbox_done else None))
-    return nid
+    return factories.newsletter_row(status=status.value, audience='{"kind": "all"}',
+                                    outbox_completed_at=LONG_AGO if outbox_done else None)
 
 
 def _row(status: RowStatus, newsletter_status=NewsletterStatus.SENDING) -> tuple[int, int, int]:
     nid = _newsletter(newsletter_status)
-    sid = make_subscriber(f"r{next(_seq)}")
-    (rid,), = db.query("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, claimed_at) "
-                       "VALUES (%s, %s, 'x@example.com', %s, %s) RETURNING id", (nid, sid, status.value, LONG_AGO))
+    sid = factories.subscriber(f"r{next(_seq)}")
+    rid = factories.outbox_row(nid, sid, "x@example.com", status.value, claimed_at=LONG_AGO)
     return nid, sid, rid
 
 
@@ -102,7 +99,7 @@ def test_row_statements_make_only_documented_transitions_and_all_of_them():
                 assert pair in ROW_TRANSITIONS, f"{name} made {pair}"
                 seen.add(pair)
     # created suppressed, and suppressed at claim time
-    sid = make_subscriber("gone")
+    sid = factories.subscriber("gone")
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
     nid = _newsletter(NewsletterStatus.SENDING)
     _execute(rows.INSERT_RANGE, {"nl": nid, "lo": sid - 1, "hi": sid})

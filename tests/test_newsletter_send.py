@@ -7,7 +7,8 @@ import pytest
 
 from app import db
 from app.newsletter import outbox, ratelimit, sender, service
-from tests.newsletter_support import counts, drain, make_newsletter, newsletter_status, seed_subscribers, start
+from tests import factories
+from tests.newsletter_support import counts, drain, newsletter_status, start
 
 
 def assert_each_once(fake, newsletter_id):
@@ -25,8 +26,8 @@ def assert_each_once(fake, newsletter_id):
 
 def test_each_recipient_gets_own_mail_once_in_batched_calls(fake, provider, settings):
     settings(send_batch_size=100)
-    seed_subscribers(250)
-    nl = make_newsletter()
+    factories.seed_subscribers(250)
+    nl = factories.newsletter()
     start(nl)
     drain(nl, provider)
     assert counts(nl) == {"sent": 250}
@@ -50,17 +51,17 @@ def test_each_recipient_gets_own_mail_once_in_batched_calls(fake, provider, sett
 
 
 def test_suppressed_and_unsubscribed_are_never_sent(fake, provider):
-    seed_subscribers(20)
+    factories.seed_subscribers(20)
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id IN (1, 2)")
-    db.query("INSERT INTO suppressions (email, reason) VALUES ('user3@example.com', 'bounce')")
+    factories.suppression("user3@example.com", "bounce")
     db.query("UPDATE subscribers SET email = 'USER4@Example.com' WHERE id = 4")
-    db.query("INSERT INTO suppressions (email, reason) VALUES ('user4@example.com', 'spamreport')")
-    nl = make_newsletter()
+    factories.suppression("user4@example.com", "spamreport")
+    nl = factories.newsletter()
     start(nl)
     assert counts(nl) == {"pending": 16, "suppressed": 4}
     # After the outbox was built: an unsubscribe and a suppression still win at claim time (I6).
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = 5")
-    db.query("INSERT INTO suppressions (email, reason) VALUES ('user6@example.com', 'unsubscribe')")
+    factories.suppression("user6@example.com", "unsubscribe")
     drain(nl, provider)
     assert counts(nl) == {"sent": 14, "suppressed": 6}
     sent_to = {m["to"] for m in fake.delivered.values()}
@@ -72,8 +73,8 @@ def test_suppressed_and_unsubscribed_are_never_sent(fake, provider):
 
 
 def test_audience_of_user_ids(fake, provider):
-    seed_subscribers(30)
-    nl = make_newsletter()
+    factories.seed_subscribers(30)
+    nl = factories.newsletter()
     start(nl, {"kind": "user_ids", "user_ids": ["u3", "u5", "u8", "nobody"]})
     drain(nl, provider)
     assert counts(nl) == {"sent": 3}
@@ -82,8 +83,8 @@ def test_audience_of_user_ids(fake, provider):
 
 
 def test_outbox_rerun_creates_no_duplicates(fake, provider):
-    seed_subscribers(120)
-    nl = make_newsletter()
+    factories.seed_subscribers(120)
+    nl = factories.newsletter()
     service.request_send(nl, {"kind": "all"})
     assert outbox.create_outbox(nl, chunk_ids=7) == 120
     db.query("UPDATE newsletters SET outbox_completed_at = NULL WHERE id = %s", (nl,))
@@ -93,8 +94,8 @@ def test_outbox_rerun_creates_no_duplicates(fake, provider):
 
 def test_pause_stops_claims_and_resume_continues_exactly(fake, provider, settings):
     settings(send_batch_size=10)
-    seed_subscribers(55)
-    nl = make_newsletter()
+    factories.seed_subscribers(55)
+    nl = factories.newsletter()
     start(nl)
     first = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
     assert first["sent"] == 10
@@ -112,8 +113,8 @@ def test_pause_stops_claims_and_resume_continues_exactly(fake, provider, setting
 def test_pause_mid_batch_lets_claimed_rows_finish(fake, provider, settings):
     """A pause while a batch is at the provider: that batch completes, nothing new is claimed."""
     settings(send_batch_size=10)
-    seed_subscribers(30)
-    nl = make_newsletter()
+    factories.seed_subscribers(30)
+    nl = factories.newsletter()
     start(nl)
 
     class PausingProvider:
@@ -134,8 +135,8 @@ def test_pause_mid_batch_lets_claimed_rows_finish(fake, provider, settings):
 
 def test_429_storm_slows_down_then_delivers_everything_once(fake, provider, settings, monkeypatch):
     settings(send_batch_size=20, provider_rate_per_second=0)
-    seed_subscribers(100)
-    nl = make_newsletter()
+    factories.seed_subscribers(100)
+    nl = factories.newsletter()
     start(nl)
     fake.throttle_for(1.5)
     rounds = drain(nl, provider)
@@ -149,8 +150,8 @@ def test_429_storm_slows_down_then_delivers_everything_once(fake, provider, sett
 def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, settings, monkeypatch):
     monkeypatch.setattr(sender, "BACKOFF_BASE_SECONDS", 0.0)
     settings(send_batch_size=5, newsletter_max_attempts=2)
-    seed_subscribers(5)
-    nl = make_newsletter()
+    factories.seed_subscribers(5)
+    nl = factories.newsletter()
     start(nl)
     fake.fail_next(1, status=503)
     stats = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
@@ -172,8 +173,8 @@ def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, 
 
 @pytest.mark.parametrize("status", [400, 401, 403])
 def test_hard_rejection_fails_rows(fake, provider, status):
-    seed_subscribers(3)
-    nl = make_newsletter()
+    factories.seed_subscribers(3)
+    nl = factories.newsletter()
     start(nl)
     fake.fail_next(1, status=status)
     drain(nl, provider)
@@ -183,8 +184,8 @@ def test_hard_rejection_fails_rows(fake, provider, status):
 
 def test_cancel_stops_everything_not_yet_claimed(fake, provider, settings):
     settings(send_batch_size=10)
-    seed_subscribers(40)
-    nl = make_newsletter()
+    factories.seed_subscribers(40)
+    nl = factories.newsletter()
     start(nl)
     sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
     assert service.cancel(nl) == {"status": "cancelled", "cancelled_rows": 30}
@@ -196,8 +197,8 @@ def test_cancel_stops_everything_not_yet_claimed(fake, provider, settings):
 
 def test_reclaim_moves_stale_sending_rows_back_and_rekicks(fake, provider, settings, redis_client):
     settings(send_batch_size=10, reclaim_after_seconds=60)
-    seed_subscribers(25)
-    nl = make_newsletter()
+    factories.seed_subscribers(25)
+    nl = factories.newsletter()
     start(nl)
     # A worker claimed a batch and died: rows stuck in `sending`.
     claimed = sender.store.run(sender.rows.CLAIM, {"nl": nl, "limit": 10})
@@ -216,8 +217,8 @@ def test_reclaim_moves_stale_sending_rows_back_and_rekicks(fake, provider, setti
 
 
 def test_reclaim_rekicks_unfinished_outbox_when_nobody_builds_it(redis_client):
-    seed_subscribers(5)
-    nl = make_newsletter()
+    factories.seed_subscribers(5)
+    nl = factories.newsletter()
     service.request_send(nl, {"kind": "all"})
     redis_client.flushdb()
     from app.newsletter import reclaim
@@ -258,8 +259,8 @@ def test_unlimited_rate_adapts_only_after_a_429(redis_client):
 
 def test_flushed_redis_loses_no_work_send_chains_rekicked(fake, provider, settings, redis_client):
     settings(send_batch_size=10)
-    seed_subscribers(30)
-    nl = make_newsletter()
+    factories.seed_subscribers(30)
+    nl = factories.newsletter()
     start(nl)                                   # kicked send chains: messages + alive mark in Redis
     assert redis_client.llen("dramatiq:newsletter") >= 1
     sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
@@ -276,8 +277,8 @@ def test_flushed_redis_loses_no_work_send_chains_rekicked(fake, provider, settin
 
 def test_low_rate_ceiling_paces_batches(fake, provider, settings, redis_client):
     settings(send_batch_size=100, provider_rate_per_second=5)
-    seed_subscribers(12)
-    nl = make_newsletter()
+    factories.seed_subscribers(12)
+    nl = factories.newsletter()
     start(nl)
     drain(nl, provider)
     assert counts(nl) == {"sent": 12}
@@ -291,8 +292,8 @@ def test_works_with_the_file_provider_too(tmp_path, redis_client):
 
     from app.providers.file import FileProvider
 
-    seed_subscribers(3)
-    nl = make_newsletter()
+    factories.seed_subscribers(3)
+    nl = factories.newsletter()
     start(nl)
     drain(nl, FileProvider(str(tmp_path)))
     assert counts(nl) == {"sent": 3}
@@ -306,16 +307,16 @@ def test_works_with_the_file_provider_too(tmp_path, redis_client):
 
 def test_cancel_works_in_chunks(fake, provider, monkeypatch):
     monkeypatch.setattr(outbox, "CANCEL_CHUNK", 7)
-    seed_subscribers(30)
-    nl = make_newsletter()
+    factories.seed_subscribers(30)
+    nl = factories.newsletter()
     start(nl)
     assert service.cancel(nl)["cancelled_rows"] == 30
     assert counts(nl) == {"cancelled": 30}
 
 
 def test_cancel_while_the_outbox_is_building(fake, provider):
-    seed_subscribers(50)
-    nl = make_newsletter()
+    factories.seed_subscribers(50)
+    nl = factories.newsletter()
     service.request_send(nl, {"kind": "all"})
     calls = []
 
@@ -333,8 +334,8 @@ def test_cancel_while_the_outbox_is_building(fake, provider):
 
 def test_reclaim_marks_a_finished_newsletter_done(fake, provider, redis_client):
     """The last worker died after marking its rows but before the done check: the tick closes it."""
-    seed_subscribers(4)
-    nl = make_newsletter()
+    factories.seed_subscribers(4)
+    nl = factories.newsletter()
     start(nl)
     sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
     db.query("UPDATE newsletters SET status = 'sending', completed_at = NULL WHERE id = %s", (nl,))

@@ -16,8 +16,9 @@ from dramatiq.brokers.redis import RedisBroker
 
 from app import config, db
 from app.newsletter import outbox, reclaim, service
+from tests import factories
 from tests.conftest import wait_for
-from tests.newsletter_support import counts, make_newsletter, newsletter_status, seed_subscribers
+from tests.newsletter_support import counts, newsletter_status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,8 +76,8 @@ def redeliver_dead_workers_messages(queue: str = "newsletter"):
 
 @pytest.mark.slow
 def test_actors_send_a_newsletter_end_to_end(fake):
-    seed_subscribers(95)
-    nl = make_newsletter()
+    factories.seed_subscribers(95)
+    nl = factories.newsletter()
     worker = start_worker(fake.url)
     try:
         service.request_send(nl, {"kind": "all"})          # enqueues create_outbox on Redis
@@ -91,8 +92,8 @@ def test_actors_send_a_newsletter_end_to_end(fake):
 
 @pytest.mark.slow
 def test_worker_killed_mid_batch_rows_reclaimed_each_recipient_once(fake, settings):
-    seed_subscribers(45)
-    nl = make_newsletter()
+    factories.seed_subscribers(45)
+    nl = factories.newsletter()
     fake.hold()                                           # the provider call will hang ...
     worker = start_worker(fake.url, NEWSLETTER_SEND_CHAINS="1")
     try:
@@ -125,9 +126,9 @@ def test_worker_killed_mid_batch_rows_reclaimed_each_recipient_once(fake, settin
 
 @pytest.mark.slow
 def test_outbox_builder_killed_midway_is_redelivered_and_rerun_without_duplicates(fake):
-    seed_subscribers(25_000)
+    factories.seed_subscribers(25_000)
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id %% 1000 = 0")
-    nl = make_newsletter()
+    nl = factories.newsletter()
     service.request_send(nl, {"kind": "all"})
     service.pause(nl)                                   # build the outbox only; sending is not the point
     # Block the third chunk: an uncommitted outbox row for a subscriber in it makes the worker's
@@ -165,8 +166,8 @@ def test_outbox_builder_killed_midway_is_redelivered_and_rerun_without_duplicate
 
 @pytest.mark.slow
 def test_pause_and_resume_with_a_running_worker(fake):
-    seed_subscribers(300)
-    nl = make_newsletter()
+    factories.seed_subscribers(300)
+    nl = factories.newsletter()
     fake.delay = 0.02
     worker = start_worker(fake.url)
     try:
@@ -193,8 +194,8 @@ def test_sigterm_mid_batch_finishes_and_records_the_batch_then_exits(fake):
     """A deploy: SIGTERM while a batch is at the provider. The worker lets the batch finish (the
     provider is not closed under it), marks it `sent`, exits by itself in bounded time, and a new
     worker sends the rest — every recipient exactly once, nothing to reclaim."""
-    seed_subscribers(45)
-    nl = make_newsletter()
+    factories.seed_subscribers(45)
+    nl = factories.newsletter()
     fake.hold()
     worker = start_worker(fake.url, NEWSLETTER_SEND_CHAINS="1")
     try:

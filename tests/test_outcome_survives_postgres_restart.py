@@ -9,10 +9,11 @@ import pytest
 from app import db
 from app.providers.smtp import SMTPProvider
 from digest import send as digest_send
+from tests import factories
 from tests import newsletter_support as nl
 from tests.fake_sendgrid import FakeSendGrid
 from tests.tcp_proxy import TcpProxy
-from tests.test_digest_support import SmtpSink, add_events, make_run, make_subscriber, marked, run_row
+from tests.test_digest_support import SmtpSink, marked, run_row
 
 OUTAGE_SECONDS = 1.5
 
@@ -53,9 +54,9 @@ def test_digests_sent_during_an_outage_are_recorded_when_postgres_returns(postgr
     try:
         runs, events = [], []
         for i in range(5):
-            sid = make_subscriber(f"u{i}")
-            events += add_events(f"u{i}", 2)
-            runs.append(make_run(sid))
+            sid = factories.subscriber(f"u{i}")
+            events += factories.events(f"u{i}", 2)
+            runs.append(factories.digest_run(sid))
         proxy = postgres_through_proxy()
         counts = digest_send.process(runs, provider=RestartAfterSend(provider, proxy))
         assert counts["sent"] == 5
@@ -73,8 +74,8 @@ def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(
     from app.newsletter import sender
     from app.providers.sendgrid import SendGridProvider
 
-    nl.seed_subscribers(20)
-    newsletter_id = nl.make_newsletter()
+    factories.seed_subscribers(20)
+    newsletter_id = factories.newsletter()
     nl.start(newsletter_id)
     with FakeSendGrid() as fake:
         provider = SendGridProvider(api_key="k", api_url=fake.url)

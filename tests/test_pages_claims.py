@@ -9,7 +9,7 @@ import pytest
 from app import db, tokens
 from digest import send as digest_sender_module
 from app.providers.base import Provider, SendResult
-from tests import newsletter_support
+from tests import factories, newsletter_support
 
 
 @pytest.fixture
@@ -39,8 +39,8 @@ def _path(url: str) -> str:
 
 
 def test_one_click_unsubscribe_after_outbox_is_built_skips_the_claim(client, redis_client, support):
-    support.seed_subscribers(3)
-    newsletter_id = support.make_newsletter()
+    factories.seed_subscribers(3)
+    newsletter_id = factories.newsletter()
     support.start(newsletter_id)  # outbox rows exist for all three, pending
     assert support.counts(newsletter_id) == {"pending": 3}
 
@@ -57,8 +57,8 @@ def test_one_click_unsubscribe_after_outbox_is_built_skips_the_claim(client, red
 
 
 def test_links_in_a_sent_newsletter_open_the_pages_and_one_click_works(client, redis_client, support):
-    support.seed_subscribers(1)
-    newsletter_id = support.make_newsletter()
+    factories.seed_subscribers(1)
+    newsletter_id = factories.newsletter()
     support.start(newsletter_id)
     provider = RecordingProvider()
     support.drain(newsletter_id, provider)
@@ -82,29 +82,16 @@ def test_links_in_a_sent_newsletter_open_the_pages_and_one_click_works(client, r
 
 # ---------------------------------------------------------------- digest runs
 
-def _subscriber_with_events(*categories: str) -> int:
-    from app import subscribers
-    record, _ = subscribers.upsert("d1", {**subscribers.DEFAULTS, "email": "d1@example.com"})
-    for i, category in enumerate(categories):
-        db.query("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id) "
-                 "VALUES ('test', %s, 'd1', %s, 'post', %s)", (f"e{i}", category, str(i)))
-    return record["id"]
-
-
-def _pending_run(subscriber_id: int) -> int:
-    return db.query("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) "
-                    "VALUES (%s, 'daily', current_date, now()) RETURNING id", (subscriber_id,))[0][0]
-
-
 def _run(run_id: int) -> tuple:
     return tuple(db.query("SELECT status, skip_reason FROM digest_runs WHERE id = %s", (run_id,))[0])
 
 
 def test_digest_run_claimed_after_one_click_is_skipped(client, digest_sender):
-    sid = _subscriber_with_events("likes")
+    sid = factories.subscriber("d1", "d1@example.com")
+    factories.category_events("d1", "likes")
     r = client.post("/u/" + tokens.make("unsubscribe", sid, 1), data={"List-Unsubscribe": "One-Click"})
     assert r.status_code == 200
-    run_id = _pending_run(sid)  # a run the planner inserted just before it saw the unsubscribe
+    run_id = factories.digest_run(sid)  # a run the planner inserted just before it saw the unsubscribe
     provider = RecordingProvider()
     digest_sender.process(run_ids=[run_id], provider=provider)
     assert provider.sent == []
@@ -112,27 +99,29 @@ def test_digest_run_claimed_after_one_click_is_skipped(client, digest_sender):
 
 
 def test_pause_from_preference_centre_skips_the_next_claim(client, digest_sender):
-    sid = _subscriber_with_events("likes")
+    sid = factories.subscriber("d1", "d1@example.com")
+    factories.category_events("d1", "likes")
     path = "/preferences/" + tokens.make("preferences", sid, 1)
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).text).group(1)
     form = {"csrf_token": csrf, "action": "save", "digest_cadence": "daily", "digest_hour": "9",
             "digest_weekday": "0", "timezone": "UTC", "pause_days": "3"}
     assert client.post(path, data=form, follow_redirects=False).status_code == 303
-    run_id = _pending_run(sid)
+    run_id = factories.digest_run(sid)
     provider = RecordingProvider()
     digest_sender.process(run_ids=[run_id], provider=provider)
     assert provider.sent == [] and _run(run_id) == ("skipped", "paused")
 
 
 def test_topic_opted_out_on_the_page_is_left_out_of_the_digest(client, digest_sender):
-    sid = _subscriber_with_events("likes", "comments")
+    sid = factories.subscriber("d1", "d1@example.com")
+    factories.category_events("d1", "likes", "comments")
     path = "/preferences/" + tokens.make("preferences", sid, 1)
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).text).group(1)
     form = {"csrf_token": csrf, "action": "save", "digest_cadence": "daily", "digest_hour": "9",
             "digest_weekday": "0", "timezone": "UTC", "shown_category": ["likes", "comments"],
             "category": ["likes"]}
     assert client.post(path, data=form, follow_redirects=False).status_code == 303
-    run_id = _pending_run(sid)
+    run_id = factories.digest_run(sid)
     provider = RecordingProvider()
     digest_sender.process(run_ids=[run_id], provider=provider)
     (mail,) = provider.sent

@@ -22,6 +22,7 @@ from starlette.testclient import TestClient
 
 from app import apikeys, db, http, negcache, tokens
 from app.web import app
+from tests import factories
 from tests.conftest import auth, wait_for
 from tracking import codes, links, recorder, resolve
 
@@ -77,14 +78,9 @@ def path_of(segment: str) -> str:
     return quote(segment, safe="%;=?#'\"<>.-_~!$&()*+,:@")
 
 
-def make_subscriber() -> int:
-    (sid,), = db.query("INSERT INTO subscribers (user_id, email) VALUES ('fz', 'fz@example.com') RETURNING id")
-    return sid
-
-
 def click_code_for_new_link() -> str:
-    (nl_id,), = db.query("INSERT INTO newsletters (subject, html) VALUES ('s', '<p>x</p>') RETURNING id")
-    html = links.LinkRewriter("newsletter", nl_id).rewrite('<a href="https://example.com/">x</a>', None)
+    rewriter = links.LinkRewriter("newsletter", factories.newsletter_row())
+    html = rewriter.rewrite('<a href="https://example.com/">x</a>', None)
     return html.split("/c/", 1)[1].split('"', 1)[0]
 
 
@@ -163,7 +159,7 @@ def test_regression_verified_code_with_id_past_bigint_is_404(public):
 
 @pytest.fixture
 def page_tokens():
-    sid = make_subscriber()
+    sid = factories.subscriber("fz", "fz@example.com")
     return sid, tokens.make("unsubscribe", sid), tokens.make("preferences", sid)
 
 

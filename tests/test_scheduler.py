@@ -12,7 +12,8 @@ import pytest
 
 from app import config, db, scheduler, subscribers
 from digest import plan as digest_plan
-from tests.test_digest_support import add_events, make_run, make_subscriber, run_row
+from tests import factories
+from tests.test_digest_support import run_row
 
 ROOT = Path(__file__).resolve().parents[1]
 UTC = timezone.utc
@@ -61,8 +62,8 @@ def test_stagger_is_stable_and_within_the_spread():
 # -- planning ------------------------------------------------------------------------------------
 def test_plan_uses_local_slot_plus_stagger_in_two_timezones_on_dst_days(settings):
     settings(digest_stagger_seconds=900)
-    ny = make_subscriber("ny", timezone="America/New_York", digest_hour=9)
-    be = make_subscriber("be", timezone="Europe/Berlin", digest_hour=9, digest_cadence="weekly", digest_weekday=6)
+    ny = factories.subscriber("ny", timezone="America/New_York", digest_hour=9)
+    be = factories.subscriber("be", timezone="Europe/Berlin", digest_hour=9, digest_cadence="weekly", digest_weekday=6)
     now = utc(2026, 3, 8, 5)  # NY DST day; next Sunday 2026-03-29 is Berlin's DST day
     assert digest_plan.plan(now) == 2
     ny_run = db.query("SELECT period, scheduled_for FROM digest_runs WHERE subscriber_id = %s", (ny,))[0]
@@ -75,9 +76,9 @@ def test_plan_uses_local_slot_plus_stagger_in_two_timezones_on_dst_days(settings
 
 
 def test_planning_twice_inserts_nothing_new():
-    make_subscriber("a")
-    make_subscriber("b", digest_cadence="weekly")
-    make_subscriber("off", digest_cadence="off")
+    factories.subscriber("a")
+    factories.subscriber("b", digest_cadence="weekly")
+    factories.subscriber("off", digest_cadence="off")
     now = utc(2026, 5, 1, 12)
     assert digest_plan.plan(now) == 2
     assert digest_plan.plan(now) == 0
@@ -85,17 +86,17 @@ def test_planning_twice_inserts_nothing_new():
 
 
 def test_unsubscribed_are_not_planned():
-    sid = make_subscriber("a")
+    sid = factories.subscriber("a")
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
     assert digest_plan.plan(utc(2026, 5, 1, 12)) == 0
 
 
 def test_cadence_change_cancels_pending_leaves_processing_and_plans_the_new_cadence():
-    sid = make_subscriber("a", digest_hour=9, digest_weekday=4)
+    sid = factories.subscriber("a", digest_hour=9, digest_weekday=4)
     now = utc(2026, 5, 1, 6)  # a Friday
     digest_plan.plan(now)
     (pending_daily,) = [r[0] for r in db.query("SELECT id FROM digest_runs")]
-    busy = make_run(sid, period=date(2026, 4, 30), status="processing")
+    busy = factories.digest_run(sid, period=date(2026, 4, 30), status="processing")
     subscribers.update(sid, {"digest_cadence": "weekly"})
     assert run_row(pending_daily)["status"] == "cancelled"
     assert run_row(busy)["status"] == "processing"
@@ -114,8 +115,8 @@ def _planned_until(sid):
 
 
 def test_a_tick_looks_only_at_subscribers_whose_planned_slot_has_passed():
-    a = make_subscriber("a", digest_hour=9)
-    b = make_subscriber("b", digest_hour=18)
+    a = factories.subscriber("a", digest_hour=9)
+    b = factories.subscriber("b", digest_hour=18)
     now = utc(2026, 5, 1, 6)
     assert digest_plan.plan(now) == 2
     assert (_planned_until(a), _planned_until(b)) == (utc(2026, 5, 1, 9), utc(2026, 5, 1, 18))
@@ -131,14 +132,14 @@ def test_a_tick_looks_only_at_subscribers_whose_planned_slot_has_passed():
 
 def test_planning_goes_in_batches_until_everyone_is_planned(settings):
     settings(digest_plan_batch=3)
-    sids = [make_subscriber(f"u{i}", timezone=("UTC", "Asia/Tokyo")[i % 2]) for i in range(10)]
+    sids = [factories.subscriber(f"u{i}", timezone=("UTC", "Asia/Tokyo")[i % 2]) for i in range(10)]
     assert digest_plan.plan(utc(2026, 5, 1, 12)) == 10
     assert db.query("SELECT count(DISTINCT subscriber_id) FROM digest_runs")[0][0] == 10
     assert all(_planned_until(s) is not None for s in sids)
 
 
 def test_an_hour_change_moves_the_pending_run_to_the_new_hour():
-    sid = make_subscriber("a", digest_hour=9)
+    sid = factories.subscriber("a", digest_hour=9)
     now = utc(2026, 5, 1, 6)
     digest_plan.plan(now)
     (run,) = [r[0] for r in db.query("SELECT id FROM digest_runs")]
@@ -155,7 +156,7 @@ def test_an_hour_change_moves_the_pending_run_to_the_new_hour():
 
 
 def test_a_subscriber_back_from_off_is_planned_at_once():
-    sid = make_subscriber("a", digest_hour=9)
+    sid = factories.subscriber("a", digest_hour=9)
     now = utc(2026, 5, 1, 6)
     digest_plan.plan(now)
     subscribers.update(sid, {"digest_cadence": "off"})
@@ -171,7 +172,7 @@ def test_two_planners_at_once_plan_each_subscriber_once(settings):
 
     settings(digest_plan_batch=7)
     for i in range(60):
-        make_subscriber(f"u{i}")
+        factories.subscriber(f"u{i}")
     now, barrier, results = utc(2026, 5, 1, 12), threading.Barrier(2), []
 
     def planner():
@@ -189,8 +190,9 @@ def test_two_planners_at_once_plan_each_subscriber_once(settings):
 def test_checker_enqueues_due_runs_bounded_by_queue_depth(settings):
     settings(digest_claim_batch=2, digest_queue_max_depth=3, digest_reenqueue_seconds=300)
     now = utc(2026, 5, 1, 12)
-    due = [make_run(make_subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=i + 1)) for i in range(10)]
-    later = make_run(make_subscriber("later"), scheduled_for=now + timedelta(minutes=5))
+    due = [factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=i + 1))
+           for i in range(10)]
+    later = factories.digest_run(factories.subscriber("later"), scheduled_for=now + timedelta(minutes=5))
     sent = []
     assert digest_plan.check(now, sent.append, depth=1) == 4        # 2 free message slots x 2 runs
     assert [len(m) for m in sent] == [2, 2]
@@ -205,7 +207,7 @@ def test_checker_enqueues_due_runs_bounded_by_queue_depth(settings):
 
 def test_enqueue_failure_leaves_runs_for_the_next_tick():
     now = utc(2026, 5, 1, 12)
-    rid = make_run(make_subscriber("u"), scheduled_for=now - timedelta(minutes=1))
+    rid = factories.digest_run(factories.subscriber("u"), scheduled_for=now - timedelta(minutes=1))
 
     def broken(ids):
         raise ConnectionError("redis down")
@@ -218,9 +220,9 @@ def test_enqueue_failure_leaves_runs_for_the_next_tick():
 def test_watchdog_returns_stuck_runs_then_fails_them_keeping_the_error(settings):
     settings(digest_processing_timeout_seconds=600, digest_max_attempts=3)
     now = datetime.now(UTC)
-    stuck = make_run(make_subscriber("a"), status="processing")
-    last = make_run(make_subscriber("b"), status="processing")
-    fresh = make_run(make_subscriber("c"), status="processing")
+    stuck = factories.digest_run(factories.subscriber("a"), status="processing")
+    last = factories.digest_run(factories.subscriber("b"), status="processing")
+    fresh = factories.digest_run(factories.subscriber("c"), status="processing")
     db.query("UPDATE digest_runs SET claimed_at = %s WHERE id IN (%s, %s)", (now - timedelta(minutes=11), stuck, last))
     db.query("UPDATE digest_runs SET claimed_at = %s, attempts = 2, last_error = 'SMTP 451 busy' WHERE id = %s",
              (now - timedelta(minutes=11), last))
@@ -263,7 +265,7 @@ def test_real_hooks_run_each_tick():
 
 
 def test_tick_runs_every_job_with_injected_queue():
-    make_subscriber("a", digest_hour=9)
+    factories.subscriber("a", digest_hour=9)
     now = utc(2026, 5, 1, 6)
     sent = []
     result = scheduler.tick(now, send=sent.append, depth=lambda: 0)
@@ -282,7 +284,7 @@ def _cli(*args, **env):
 
 @pytest.mark.slow
 def test_cli_scheduler_once_with_pinned_clock(redis_client):
-    make_subscriber("a", timezone="America/New_York", digest_hour=9)
+    factories.subscriber("a", timezone="America/New_York", digest_hour=9)
     out = _cli("scheduler", "--once", "--now", "2026-03-08T05:00:00Z")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["planned"] == 1
@@ -291,8 +293,8 @@ def test_cli_scheduler_once_with_pinned_clock(redis_client):
 
 @pytest.mark.slow
 def test_cli_preview_digest_writes_html_without_marking(tmp_path):
-    make_subscriber("a")
-    add_events("a", 2)
+    factories.subscriber("a")
+    factories.events("a", 2)
     target = tmp_path / "preview.html"
     out = _cli("preview-digest", "a", "-o", str(target))
     assert out.returncode == 0, out.stderr
@@ -302,7 +304,7 @@ def test_cli_preview_digest_writes_html_without_marking(tmp_path):
 
 
 def test_a_failing_job_does_not_stop_the_others(monkeypatch):
-    make_subscriber("a", digest_hour=9)
+    factories.subscriber("a", digest_hour=9)
 
     def redis_down():
         raise ConnectionError("redis down")
@@ -315,9 +317,9 @@ def test_a_failing_job_does_not_stop_the_others(monkeypatch):
 
 
 def test_digest_now_makes_the_next_digest_due_without_duplicating_the_period():
-    a = make_subscriber("a", digest_hour=9)
-    make_subscriber("b", digest_hour=9)
-    add_events("a", 1)
+    a = factories.subscriber("a", digest_hour=9)
+    factories.subscriber("b", digest_hour=9)
+    factories.events("a", 1)
     now = datetime.now(UTC)
     digest_plan.plan(now)                              # a's next run exists, pending
     (planned,) = [r[0] for r in db.query("SELECT id FROM digest_runs WHERE subscriber_id = %s", (a,))]
@@ -332,7 +334,8 @@ def test_two_concurrent_checkers_enqueue_each_run_once(settings):
 
     settings(digest_claim_batch=3)
     now = utc(2026, 5, 1, 12)
-    runs = [make_run(make_subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=1)) for i in range(40)]
+    runs = [factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=1))
+            for i in range(40)]
     sent, lock, barrier = [], threading.Lock(), threading.Barrier(2)
 
     def send(ids):

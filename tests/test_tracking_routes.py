@@ -7,6 +7,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app import db
+from tests import factories
 from tracking import codes, links, recorder, resolve, stats
 from tracking.cli import import_legacy_links
 
@@ -28,13 +29,12 @@ def history(kind: str = "click"):
                     "machine_reason FROM email_link_history WHERE kind = %s ORDER BY id", (kind,))
 
 
-def make_newsletter(sent_ago_seconds: float | None = 3600) -> tuple[int, int]:
-    (sub_id,), = db.query("INSERT INTO subscribers (user_id, email) VALUES ('u1', 'U1@Example.com') RETURNING id")
-    (nl_id,), = db.query("INSERT INTO newsletters (subject, html) VALUES ('s', '<p>x</p>') RETURNING id")
+def sent_newsletter(sent_ago_seconds: float | None = 3600) -> tuple[int, int]:
+    """A newsletter sent to u1 that long ago (None: no send time); (its id, u1's id)."""
+    sub_id, nl_id = factories.subscriber("u1", "U1@Example.com"), factories.newsletter_row()
     sent_at = None if sent_ago_seconds is None else dt.datetime.now(dt.timezone.utc) - dt.timedelta(
         seconds=sent_ago_seconds)
-    db.query("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, sent_at) "
-             "VALUES (%s, %s, 'u1@example.com', 'sent', %s)", (nl_id, sub_id, sent_at))
+    factories.outbox_row(nl_id, sub_id, "u1@example.com", sent_at=sent_at)
     return nl_id, sub_id
 
 
@@ -44,7 +44,7 @@ def click_path(mail_kind: str, mail_id: int, sub_id: int, url: str) -> str:
 
 
 def test_click_redirects_to_the_link_row_and_records_history(client):
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     path = click_path("newsletter", nl_id, sub_id, "https://example.com/page?a=1&b=2")
     # Through the local proxy (FORWARDED_ALLOW_IPS default): the hop it appended is the client.
     behind_proxy = TestClient(client.app, client=("127.0.0.1", 50000))
@@ -58,7 +58,7 @@ def test_click_redirects_to_the_link_row_and_records_history(client):
 
 
 def test_non_ascii_and_header_breaking_urls_are_escaped_in_location(client):
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     path = click_path("newsletter", nl_id, sub_id, "https://example.com/caf\u00e9?q=a b")
     r = client.get(path, follow_redirects=False)
     assert r.status_code == 302
@@ -80,14 +80,14 @@ def test_valid_mac_for_a_missing_link_is_404(client):
 
 
 def test_url_in_query_string_cannot_choose_the_target(client):
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     path = click_path("newsletter", nl_id, sub_id, "https://example.com/")
     r = client.get(path + "?url=https://evil.example/&redirect=https://evil.example/", follow_redirects=False)
     assert r.headers["location"] == "https://example.com/"
 
 
 def test_link_rows_are_cached_after_first_click(client, monkeypatch):
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     path = click_path("newsletter", nl_id, sub_id, "https://example.com/")
     assert client.get(path, follow_redirects=False).status_code == 302
     monkeypatch.setattr(resolve, "_load_link", lambda *a: pytest.fail("DB lookup for a cached link"))
@@ -97,7 +97,7 @@ def test_link_rows_are_cached_after_first_click(client, monkeypatch):
 
 
 def test_legacy_code_redirects_like_a_new_one(client):
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     (link_id,), = db.query("INSERT INTO email_links (mail_kind, mail_id, url, url_hash) VALUES "
                            "('newsletter', %s, 'https://old.example/x', %s) RETURNING id",
                            (nl_id, links.url_hash("https://old.example/x")))
@@ -109,7 +109,7 @@ def test_legacy_code_redirects_like_a_new_one(client):
 
 
 def test_import_legacy_links_csv_then_click(client, tmp_path):
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     csv_file = tmp_path / "legacy.csv"
     csv_file.write_text(
         "code,url,mail,recipient\n"
@@ -148,7 +148,7 @@ def test_open_pixel_records_open(client):
     from tracking.routes import PIXEL_GIF
 
     # A code's subscriber must exist: history of an erased one is stored anonymised.
-    db.query("INSERT INTO subscribers (id, user_id, email) VALUES (34, 'u34', 'u34@example.com')")
+    factories.subscriber("u34", "u34@example.com", id=34)
     r = client.get(links.pixel_url("digest", 12, 34).replace("http://localhost:8000", ""),
                    headers={"User-Agent": UA_HUMAN})
     assert r.status_code == 200 and r.content == PIXEL_GIF and r.headers["content-type"] == "image/gif"
@@ -159,7 +159,7 @@ def test_open_pixel_records_open(client):
 
 
 def test_machine_traffic_is_flagged_and_counted_apart(client):
-    nl_id, sub_id = make_newsletter(sent_ago_seconds=3600)
+    nl_id, sub_id = sent_newsletter(sent_ago_seconds=3600)
     path = click_path("newsletter", nl_id, sub_id, "https://example.com/")
     client.get(path, headers={"User-Agent": UA_HUMAN}, follow_redirects=False)
     client.head(path, headers={"User-Agent": UA_HUMAN}, follow_redirects=False)
@@ -183,21 +183,17 @@ def test_machine_traffic_is_flagged_and_counted_apart(client):
 
 
 def test_click_right_after_delivery_is_a_scanner(client):
-    nl_id, sub_id = make_newsletter(sent_ago_seconds=1)
+    nl_id, sub_id = sent_newsletter(sent_ago_seconds=1)
     path = click_path("newsletter", nl_id, sub_id, "https://example.com/")
     client.get(path, headers={"User-Agent": UA_HUMAN}, follow_redirects=False)
     assert history()[0][6:] == (True, "soon_after_delivery")
 
 
 def test_digest_delivery_time_comes_from_the_run(client):
-    (sub_id,), = db.query("INSERT INTO subscribers (user_id, email) VALUES ('u2', 'u2@example.com') RETURNING id")
-    runs = []
-    for period, ago in (("2026-01-01", 2), ("2026-01-02", 600)):
-        (rid,), = db.query(
-            "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status, completed_at) "
-            "VALUES (%s, 'daily', %s, now(), 'sent', now() - make_interval(secs => %s)) RETURNING id",
-            (sub_id, period, ago))
-        runs.append(rid)
+    sub_id = factories.subscriber("u2", "u2@example.com")
+    now = dt.datetime.now(dt.timezone.utc)
+    runs = [factories.digest_run(sub_id, period=period, status="sent", completed_at=now - dt.timedelta(seconds=ago))
+            for period, ago in (("2026-01-01", 2), ("2026-01-02", 600))]
     for rid in runs:
         client.get(click_path("digest", rid, sub_id, "https://example.com/"), headers={"User-Agent": UA_HUMAN},
                    follow_redirects=False)
@@ -217,7 +213,7 @@ def test_history_survives_a_database_outage(monkeypatch):
 
 
 def test_a_link_deleted_before_the_flush_does_not_lose_the_other_clicks(client):
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     keep = click_path("newsletter", nl_id, sub_id, "https://example.com/keep")
     gone = click_path("newsletter", nl_id, sub_id, "https://example.com/gone")
     for path in (keep, gone, keep):
@@ -228,7 +224,7 @@ def test_a_link_deleted_before_the_flush_does_not_lose_the_other_clicks(client):
 
 
 def test_codes_from_before_a_key_rotation_still_redirect(client, settings):
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     settings(secret_key="key-2025")
     path = click_path("newsletter", nl_id, sub_id, "https://example.com/rotated")
     settings(secret_key="key-2026", secret_key_fallbacks=("key-2025",))
@@ -241,7 +237,7 @@ def test_concurrent_first_clicks_share_one_lookup(monkeypatch):
     import asyncio
     import threading
 
-    nl_id, sub_id = make_newsletter()
+    nl_id, sub_id = sent_newsletter()
     click_path("newsletter", nl_id, sub_id, "https://example.com/hot")
     (link_id,), = db.query("SELECT id FROM email_links")
     calls, real = [], resolve._load_link

@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from app import db
+from tests import factories
 from tracking import stats, webhook_apply
 
 
@@ -15,9 +16,8 @@ def soft_limit(settings):
     settings(soft_bounce_limit=3)
 
 
-def subscriber(email="Ana@Example.com") -> int:
-    (sid,), = db.query("INSERT INTO subscribers (user_id, email) VALUES (%s, %s) RETURNING id", (email, email))
-    return sid
+ANA = "Ana@Example.com"
+NEWSLETTER_ID = 9   # the mail_id args() puts in custom_args
 
 
 _seq = iter(range(1, 10**9))
@@ -37,24 +37,8 @@ def suppressions():
     return db.query("SELECT email, reason FROM suppressions ORDER BY email")
 
 
-def args(sub_id, mail_kind="newsletter", mail_id=9, row_id=1):
+def args(sub_id, mail_kind="newsletter", mail_id=NEWSLETTER_ID, row_id=1):
     return {"mail_kind": mail_kind, "mail_id": str(mail_id), "row_id": str(row_id), "subscriber_id": str(sub_id)}
-
-
-def outbox_row(sub_id: int, newsletter_id: int = 9) -> int:
-    """The newsletter's email_log row for this subscriber (their address at send time)."""
-    db.query("INSERT INTO newsletters (id, subject, html) VALUES (%s, 's', 'h') ON CONFLICT DO NOTHING",
-             (newsletter_id,))
-    (row_id,), = db.query("INSERT INTO email_log (newsletter_id, subscriber_id, email, status) "
-                          "SELECT %s, id, email, 'sent' FROM subscribers WHERE id = %s RETURNING id",
-                          (newsletter_id, sub_id))
-    return row_id
-
-
-def digest_run(sub_id: int) -> int:
-    (run_id,), = db.query("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status) "
-                          "VALUES (%s, 'daily', current_date, now(), 'sent') RETURNING id", (sub_id,))
-    return run_id
 
 
 @pytest.mark.parametrize("event, extra, reason", [
@@ -68,7 +52,7 @@ def digest_run(sub_id: int) -> int:
     ("dropped", {"reason": "Spam Reporting Address"}, "spamreport"),
 ])
 def test_immediate_suppressions(event, extra, reason):
-    sid = subscriber()
+    sid = factories.subscriber(ANA, ANA)
     ids = store({"event": event, "email": "Ana@Example.COM", **extra, **args(sid)})
     assert webhook_apply.apply_events(ids) == 1
     assert suppressions() == [("ana@example.com", reason)]
@@ -78,13 +62,13 @@ def test_immediate_suppressions(event, extra, reason):
 @pytest.mark.parametrize("event, extra", [("delivered", {}), ("open", {}), ("click", {"url": "https://x"}),
                                           ("processed", {}), ("dropped", {"reason": "Invalid SMTPAPI header"})])
 def test_other_events_do_not_suppress(event, extra):
-    ids = store({"event": event, "email": "a@example.com", **extra, **args(subscriber())})
+    ids = store({"event": event, "email": "a@example.com", **extra, **args(factories.subscriber(ANA, ANA))})
     webhook_apply.apply_events(ids)
     assert suppressions() == []
 
 
 def test_soft_bounces_suppress_after_the_limit_counting_messages_not_retries():
-    sid = subscriber()
+    sid = factories.subscriber(ANA, ANA)
     ids = store({"event": "deferred", "email": "ana@example.com", "attempt": "1", **args(sid)},
                 {"event": "deferred", "email": "ana@example.com", "attempt": "2", **args(sid)},   # same message
                 {"event": "deferred", "email": "ana@example.com", "attempt": "5", **args(sid)},
@@ -98,7 +82,7 @@ def test_soft_bounces_suppress_after_the_limit_counting_messages_not_retries():
 
 
 def test_delivery_resets_the_soft_bounce_count():
-    sid = subscriber()
+    sid = factories.subscriber(ANA, ANA)
     webhook_apply.apply_events(store(*[{"event": "deferred", "email": "ana@example.com", **args(sid)}] * 2))
     webhook_apply.apply_events(store({"event": "delivered", "email": "ana@example.com", **args(sid)}))
     webhook_apply.apply_events(store({"event": "deferred", "email": "ana@example.com", **args(sid)}))
@@ -107,33 +91,37 @@ def test_delivery_resets_the_soft_bounce_count():
 
 
 def test_events_without_custom_args_map_by_email():
-    subscriber("Bob@Example.com")
+    factories.subscriber("Bob@Example.com", "Bob@Example.com")
     webhook_apply.apply_events(store(*[{"event": "deferred", "email": "BOB@example.com"}] * 3))
     assert suppressions() == [("bob@example.com", "soft_bounce")]
 
 
 def test_counts_per_mail_and_stats():
-    sid, bob = subscriber("a@example.com"), subscriber("b@example.com")
-    row, bob_row, run = outbox_row(sid), outbox_row(bob), digest_run(sid)
+    sid = factories.subscriber("a@example.com", "a@example.com")
+    bob = factories.subscriber("b@example.com", "b@example.com")
+    nl = factories.newsletter_row(id=NEWSLETTER_ID)
+    row, bob_row = factories.outbox_row(nl, sid), factories.outbox_row(nl, bob)
+    run = factories.digest_run(sid, status="sent")
     webhook_apply.apply_events(store(
         *[{"event": "delivered", "email": "a@example.com", **args(sid, row_id=row)}] * 3,
         {"event": "open", "email": "a@example.com", **args(sid, row_id=row)},
         {"event": "bounce", "email": "b@example.com", **args(bob, row_id=bob_row)},
         {"event": "delivered", "email": "a@example.com", **args(sid, "digest", run, row_id=run)},
     ))
-    assert stats.mail_stats("newsletter", 9)["events"] == {"bounce": 1, "delivered": 3, "open": 1}
+    assert stats.mail_stats("newsletter", NEWSLETTER_ID)["events"] == {"bounce": 1, "delivered": 3, "open": 1}
     assert stats.mail_stats("digest", run)["events"] == {"delivered": 1}
 
 
 def test_applying_twice_or_concurrently_has_one_effect():
-    sid, other = subscriber(), subscriber("other@example.com")
-    ids = store(*[{"event": "delivered", "email": "other@example.com", **args(other, row_id=outbox_row(other))}] * 200,
+    sid, other = factories.subscriber(ANA, ANA), factories.subscriber("other@example.com", "other@example.com")
+    other_row = factories.outbox_row(factories.newsletter_row(id=NEWSLETTER_ID), other)
+    ids = store(*[{"event": "delivered", "email": "other@example.com", **args(other, row_id=other_row)}] * 200,
                 *[{"event": "deferred", "email": "ana@example.com", "attempt": "1", **args(sid)}] * 2)
     with ThreadPoolExecutor(4) as pool:
         done = list(pool.map(webhook_apply.apply_events, [ids] * 4))
     assert sum(done) == 202
     assert webhook_apply.apply_events(ids) == 0
-    assert stats.mail_stats("newsletter", 9)["events"]["delivered"] == 200
+    assert stats.mail_stats("newsletter", NEWSLETTER_ID)["events"]["delivered"] == 200
     assert db.query("SELECT soft_bounce_count FROM subscribers WHERE id = %s", (sid,)) == [(2,)]
 
 
@@ -146,7 +134,7 @@ def test_unusable_event_is_marked_with_its_error_and_others_still_apply(monkeypa
         return real_apply_one(cur, event, email, payload, *rest)
 
     monkeypatch.setattr(webhook_apply, "_apply_one", apply_one)
-    sid = subscriber()
+    sid = factories.subscriber(ANA, ANA)
     ids = store({"event": "bounce", "email": "boom@example.com", **args(sid)},
                 {"event": "bounce", "email": "ok@example.com", **args(sid)},
                 {"event": "open", "mail_kind": "newsletter", "mail_id": "not-a-number"})
@@ -166,7 +154,7 @@ def test_a_bug_hit_by_one_event_fails_it_alone_instead_of_retrying_the_chunk_for
         return real_apply_one(cur, event, email, payload, *rest)
 
     monkeypatch.setattr(webhook_apply, "_apply_one", apply_one)
-    sid = subscriber()
+    sid = factories.subscriber(ANA, ANA)
     ids = store({"event": "bounce", "email": "odd@example.com", **args(sid)},
                 {"event": "bounce", "email": "ok@example.com", **args(sid)})
     assert webhook_apply.apply_events(ids) == 2
@@ -212,8 +200,9 @@ def test_requeue_goes_through_redis_and_survives_a_flush(redis_client):
 def test_custom_args_of_another_subscriber_neither_count_nor_suppress_them():
     """An event naming a@ whose custom_args point at b@'s subscriber, outbox row and digest run
     acts on a@ (by its address) and leaves b@ untouched."""
-    a, b = subscriber("a@x.test"), subscriber("b@x.test")
-    b_row, b_run = outbox_row(b), digest_run(b)
+    a, b = factories.subscriber("a@x.test", "a@x.test"), factories.subscriber("b@x.test", "b@x.test")
+    b_row = factories.outbox_row(factories.newsletter_row(id=NEWSLETTER_ID), b)
+    b_run = factories.digest_run(b, status="sent")
     db.query("UPDATE subscribers SET soft_bounce_count = 2 WHERE id = %s", (b,))
     at_b = args(b, row_id=b_row)
     webhook_apply.apply_events(store(
@@ -230,7 +219,7 @@ def test_custom_args_of_another_subscriber_neither_count_nor_suppress_them():
 
 
 def test_a_delivery_to_one_address_does_not_reset_another_subscribers_soft_bounces():
-    a, b = subscriber("a@x.test"), subscriber("b@x.test")
+    a, b = factories.subscriber("a@x.test", "a@x.test"), factories.subscriber("b@x.test", "b@x.test")
     db.query("UPDATE subscribers SET soft_bounce_count = 2")
     webhook_apply.apply_events(store({"event": "delivered", "email": "a@x.test", **args(b)}))
     assert db.query("SELECT email, soft_bounce_count FROM subscribers ORDER BY id") == [("a@x.test", 0),
@@ -238,8 +227,9 @@ def test_a_delivery_to_one_address_does_not_reset_another_subscribers_soft_bounc
 
 
 def test_an_event_without_an_address_touches_no_subscriber():
-    sid = subscriber("a@x.test")
-    row, run = outbox_row(sid), digest_run(sid)
+    sid = factories.subscriber("a@x.test", "a@x.test")
+    row = factories.outbox_row(factories.newsletter_row(id=NEWSLETTER_ID), sid)
+    run = factories.digest_run(sid, status="sent")
     webhook_apply.apply_events(store(*[{"event": "deferred", **args(sid, row_id=row)}] * 3,
                                      {"event": "delivered", **args(sid, "digest", run, row_id=run)}))
     assert db.query("SELECT soft_bounce_count FROM subscribers") == [(0,)]
