@@ -70,6 +70,7 @@ bench: migrate
 	$(BIN)/python scripts/bench/ratelimit.py
 	$(BIN)/python scripts/bench/smtp_client.py
 	$(BIN)/python scripts/bench/newsletter.py
+	$(BIN)/python scripts/bench/peer_postoffice.py
 	$(BIN)/python scripts/bench/click.py
 	$(BIN)/python scripts/bench/webhook.py
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -55,23 +54,7 @@ os.environ.update(APP_ENV="test", DATABASE_URL=ARGS.database_url, REDIS_URL=ARGS
 import redis  # noqa: E402
 
 from app import db, migrate  # noqa: E402
-
-HTML = """<html><head><style>
-  body { font-family: Helvetica, Arial, sans-serif; } h1 { color: #222; font-size: 22px; }
-  p { color: #333; line-height: 1.5; } .cta { background: #0a7; color: #fff; padding: 8px 14px; }
-</style></head><body>
-<h1>The weekly letter</h1>
-<p>Hello {{name}},</p>
-<p>Here is what happened this week. Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do
-eiusmod tempor incididunt ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud
-exercitation ullamco laboris nisi ut aliquip ex ea commodo consequat.</p>
-<p><a class="cta" href="https://example.com/articles/1">Read the first story</a></p>
-<p>Duis aute irure dolor in reprehenderit in voluptate velit esse cillum dolore eu fugiat nulla
-pariatur. <a href="https://example.com/articles/2">Second story</a> and
-<a href="https://example.com/articles/3">a third</a>.</p>
-<p style="font-size:12px">Sent to {{email}}. <a href="{{preferences_url}}">Preferences</a> ·
-<a href="{{unsubscribe_url}}">Unsubscribe</a></p>
-</body></html>"""
+from scripts.bench.shared import HTML, group_pids, seed_subscribers, stop_group, wait_heartbeats  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -81,17 +64,7 @@ def log(msg: str) -> None:
 def prepare_database(n: int) -> None:
     migrate.migrate(ARGS.database_url)
     db.init(ARGS.database_url)
-    with db.raw_cursor() as cur:
-        cur.execute("SELECT count(*), coalesce(max(id), 0) FROM subscribers")
-        count, max_id = cur.fetchone()
-        cur.execute("TRUNCATE newsletters, email_log, email_links, email_link_history, legacy_link_codes "
-                    "RESTART IDENTITY CASCADE")
-        if count != n or max_id != n:
-            log(f"seeding {n:,} subscribers")
-            cur.execute("TRUNCATE subscribers RESTART IDENTITY CASCADE")
-            cur.execute("INSERT INTO subscribers (user_id, email, name) SELECT 'u' || g, 'user' || g || "
-                        "'@example.com', 'User ' || g FROM generate_series(1, %s) g", (n,))
-    db.query("VACUUM ANALYZE subscribers")
+    seed_subscribers(n, log)
 
 
 def start_sink(delay_ms: float):
@@ -111,17 +84,7 @@ def sink_counters(proc) -> dict:
 
 
 def stop(proc) -> None:
-    """SIGTERM the worker's process group (dramatiq parent + worker processes); SIGKILL if stuck."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    stop_group(proc)
 
 
 def start_worker(sink_url: str, modules=("actors",)) -> subprocess.Popen:
@@ -132,18 +95,6 @@ def start_worker(sink_url: str, modules=("actors",)) -> subprocess.Popen:
                              "--threads", str(ARGS.threads), "--queues", "newsletter"],
                             cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(WORKER_LOG, "a"))
-
-
-def group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    pids.append(int(entry))
-            except (ProcessLookupError, PermissionError):
-                pass
-    return pids
 
 
 def peak_rss_mb(pgid: int) -> tuple[float, float]:
@@ -161,15 +112,7 @@ def peak_rss_mb(pgid: int) -> tuple[float, float]:
 
 
 def wait_ready(worker) -> None:
-    client = redis.Redis.from_url(ARGS.redis_url)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if client.zcard("dramatiq:__heartbeats__") >= ARGS.processes:
-            return
-        if worker.poll() is not None:
-            raise SystemExit("worker exited during start-up")
-        time.sleep(0.1)
-    raise SystemExit("worker did not start within 60 s")
+    wait_heartbeats(ARGS.redis_url, ARGS.processes, worker)
 
 
 def row_counts(newsletter_id: int) -> dict:

@@ -1,20 +1,29 @@
 """A fast loopback SMTP sink for benchmarks: accepts everything, optionally delays each message.
 
-    python scripts/bench/smtp_sink.py --port 2525 --delay-ms 50
+    python scripts/bench/smtp_sink.py --port 2525 --delay-ms 50 [--expect 20000]
 
 Plain asyncio protocol (uvloop when installed) rather than aiosmtpd, so the sink's own CPU cost —
 it shares the machine with the workers being measured — stays small. The delay is applied to the
 reply to the end of DATA (a real ESP's per-message round trip) without blocking other connections.
-Prints the number of messages received when stopped (SIGTERM / SIGINT).
+Counts messages, message bytes (the DATA payload, dot-stuffed as sent, without the final dot) and
+wire bytes (everything the clients sent: commands and data). With --expect N it prints
+`reached N <CLOCK_MONOTONIC seconds>` the moment the N-th message's data has arrived; SIGUSR1 prints a
+`stats {json}` line; when stopped (SIGTERM / SIGINT) it prints the stats line, then
+`received <count>` as its last line.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
+import time
 
 received = 0
+message_bytes = 0
+wire_bytes = 0
+expect = 0
 
 
 class SinkProtocol(asyncio.Protocol):
@@ -32,16 +41,20 @@ class SinkProtocol(asyncio.Protocol):
             self.transport.write(line)
 
     def data_received(self, data: bytes):
-        global received
+        global received, message_bytes, wire_bytes
+        wire_bytes += len(data)
         self.buf += data
         while True:
             if self.in_data:
                 end = self.buf.find(b"\r\n.\r\n")
                 if end < 0:
                     return
+                message_bytes += end + 2
                 self.buf = self.buf[end + 5:]
                 self.in_data = False
                 received += 1
+                if received == expect:
+                    print(f"reached {received} {time.monotonic():.6f}", flush=True)
                 if self.delay:
                     asyncio.get_running_loop().call_later(self.delay, self._reply, b"250 OK queued\r\n")
                 else:
@@ -67,12 +80,17 @@ class SinkProtocol(asyncio.Protocol):
                 self._reply(b"250 OK\r\n")
 
 
+def stats_line() -> str:
+    return "stats " + json.dumps({"received": received, "message_bytes": message_bytes, "wire_bytes": wire_bytes})
+
+
 async def serve(host: str, port: int, delay: float) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: SinkProtocol(delay), host, port, backlog=1024, reuse_address=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, lambda: print(stats_line(), flush=True))
     print("ready", flush=True)
     await stop.wait()
     server.close()
@@ -83,7 +101,10 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=2525)
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--expect", type=int, default=0, help="print `reached N <monotonic time>` at the N-th message")
     args = parser.parse_args()
+    global expect
+    expect = args.expect
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("the bench sink listens on loopback only")
     try:
@@ -92,6 +113,7 @@ def main() -> None:
     except ImportError:
         pass
     asyncio.run(serve(args.host, args.port, args.delay_ms / 1000.0))
+    print(stats_line(), flush=True)
     print(f"received {received}", flush=True)
 
 
