@@ -6,6 +6,7 @@ one recipient (`reject_rcpt` at RCPT, `reject_data` at the end of DATA).
 """
 from __future__ import annotations
 
+import asyncio
 import email
 import email.policy
 import socket
@@ -39,6 +40,8 @@ class _Handler:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
+        if self.sink.delay:
+            await asyncio.sleep(self.sink.delay)     # a relay's round trip
         with self.sink.lock:
             self.sink.sessions.add(id(session))
             reply = next((self.sink.reject_data[r] for r in envelope.rcpt_tos if r in self.sink.reject_data),
@@ -58,6 +61,7 @@ class SmtpSink:
         self.reject_rcpt: set[str] = set()
         self.reject_data: dict[str, str] = {}     # recipient -> reply to the end of DATA (e.g. a 554)
         self.reply = "250 OK"
+        self.delay = 0.0                          # seconds before answering DATA
         self.lock = threading.Lock()
         self.port = port or free_port()
         self.controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port, **controller_kwargs)

@@ -92,6 +92,25 @@ def test_smtp_batch_reuses_a_small_pool_of_connections(sink, use_async):
     p.close()
 
 
+def test_async_pool_grows_for_a_slow_relay_within_its_max(settings):
+    """Little's law: a relay with a 50 ms round trip gets more connections than SMTP_POOL_SIZE,
+    never more than SMTP_POOL_MAX; a fast one keeps the floor."""
+    settings(smtp_pool_size=2, smtp_pool_max=6)
+    slow = SmtpSink().start()
+    slow.delay = 0.05
+    p = SMTPProvider(slow.url, use_async=True)
+    try:
+        assert all(r.ok for r in p.send_batch(_mails(12, prefix="warm")))     # measures the round trip
+        assert all(r.ok for r in p.send_batch(_mails(60, prefix="big")))
+        assert 2 < len(slow.sessions) <= 6
+        assert p._async.lanes_for(1000) == 6 and p._async.lanes_for(1) == 1
+        p._async.latency = 0.0002                                            # a loopback relay
+        assert p._async.lanes_for(100) == 2
+    finally:
+        p.close()
+        slow.stop()
+
+
 def test_smtp_reply_codes_map_to_transient_and_permanent(sink, use_async):
     p = SMTPProvider(sink.url, pool_size=1, use_async=use_async)
     sink.reply = "452 4.2.2 mailbox full"

@@ -33,11 +33,10 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from app import config, mail
 from app.providers.base import OutgoingMail, PermanentError, Provider, SendResult, TransientError
-from app.providers.smtp_async import BATCH_OUT_OF_TIME, AsyncSender
+from app.providers.smtp_async import BATCH_OUT_OF_TIME, LANE_TARGET_SECONDS, AsyncSender
 
 log = logging.getLogger("app.providers.smtp")
 
-LANE_TARGET_SECONDS = 0.025
 BATCH_TIMEOUTS = 2          # a batch starts no mail after 2 x SMTP_TIMEOUT_SECONDS (60 s by default)
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 _DISCONNECTS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, TimeoutError, ssl.SSLError)
@@ -66,9 +65,12 @@ class SMTPProvider(Provider):
 
     def __init__(self, url: str | None = None, pool_size: int | None = None, timeout: float | None = None,
                  use_async: bool | None = None):
+        """`pool_size` given: exactly that many connections at most. Not given: SMTP_POOL_SIZE
+        connections always, growing towards SMTP_POOL_MAX when the relay is slow (async pool)."""
         settings = config.get()
         self.options = parse_url(url or settings.smtp_url)
         self.pool_size = max(1, pool_size or settings.smtp_pool_size)
+        self.pool_max = self.pool_size if pool_size else max(self.pool_size, settings.smtp_pool_max)
         self.timeout = timeout or settings.smtp_timeout_seconds
         self._latency = 0.05     # seconds per mail on one connection; measured as batches go
         self.use_async = config.get().smtp_async if use_async is None else use_async
@@ -200,7 +202,8 @@ class SMTPProvider(Provider):
         if self._async is None:
             with self._executor_lock:
                 if self._async is None:
-                    self._async = AsyncSender(self.options, self.pool_size, self.timeout, self._tls_context)
+                    self._async = AsyncSender(self.options, self.pool_size, self.pool_max, self.timeout,
+                                              self._tls_context)
         return self._async
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -221,8 +224,8 @@ class SMTPProvider(Provider):
         # outlives DIGEST_PROCESSING_TIMEOUT_SECONDS / RECLAIM_AFTER_SECONDS, however slow the relay.
         deadline = time.monotonic() + BATCH_TIMEOUTS * self.timeout
         if self.use_async:
-            # All connections on one event loop: lanes are cheap, use as many as the batch can.
-            done = [self._async_sender().send(ready, min(self.pool_size, len(ready)), deadline)]
+            # All connections on one event loop: lanes are cheap; how many, Little's law decides.
+            done = [self._async_sender().send(ready, deadline)]
         else:
             # Each lane is one connection sending its share of the batch in sequence.
             lanes = self.lanes_for(len(ready))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import math
 import re
 import ssl
 import threading
@@ -28,6 +29,7 @@ log = logging.getLogger("app.providers.smtp_async")
 
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 MAX_REPLY_LINES = 100
+LANE_TARGET_SECONDS = 0.025   # lanes enough that a batch's share per connection takes about this
 BATCH_OUT_OF_TIME = "not attempted: the batch ran out of time (slow SMTP relay); retried later"
 
 
@@ -90,10 +92,14 @@ class Connection:
 
 
 class AsyncSender:
-    """Owns an event loop thread and up to pool_size open connections."""
+    """Owns an event loop thread and up to pool_max open connections (for every thread of the
+    process). A batch gets pool_size lanes (connections) at least, and more when the relay is
+    slow: by Little's law, lanes = mails x observed seconds per mail / LANE_TARGET_SECONDS, so a
+    batch takes about that long whatever the relay's round trip, up to pool_max."""
 
-    def __init__(self, options: dict, pool_size: int, timeout: float, tls_context_factory):
-        self.options, self.pool_size, self.timeout = options, pool_size, timeout
+    def __init__(self, options: dict, pool_size: int, pool_max: int, timeout: float, tls_context_factory):
+        self.options, self.pool_size, self.pool_max, self.timeout = options, pool_size, max(pool_size, pool_max), timeout
+        self.latency = 0.0      # seconds per mail on one connection (EWMA), measured as lanes finish
         self._tls = tls_context_factory
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="smtp-async", daemon=True)
@@ -186,10 +192,15 @@ class AsyncSender:
         failed = next((r for r in replies if r[0] not in (250, 251, 354)), replies[-1])
         raise ReplyError(*failed)
 
+    def lanes_for(self, count: int) -> int:
+        wanted = math.ceil(count * self.latency / LANE_TARGET_SECONDS)
+        return max(1, min(count, self.pool_max, max(self.pool_size, wanted)))
+
     async def _send_lane(self, items, deadline: float) -> list:
         out = []
         await self._slots.acquire()
         conn = self._idle.pop() if self._idle else None
+        started = time.perf_counter()
         try:
             for pos, (index, m, raw) in enumerate(items):
                 if time.monotonic() > deadline:      # a slow relay: the rest retries later, counted
@@ -233,25 +244,29 @@ class AsyncSender:
             if conn is not None and not conn.broken:
                 self._idle.append(conn)
             self._slots.release()
+            if out:
+                per_mail = (time.perf_counter() - started) / len(out)
+                self.latency += 0.2 * (per_mail - self.latency)   # one loop thread: no race
         return out
 
-    async def _send_all(self, ready, lanes: int, deadline: float) -> list:
+    async def _send_all(self, ready, deadline: float) -> list:
         if self._slots is None:
-            self._slots = asyncio.Semaphore(self.pool_size)
+            self._slots = asyncio.Semaphore(self.pool_max)
+        lanes = self.lanes_for(len(ready))
         chunks = [ready[k::lanes] for k in range(lanes)]
         done = await asyncio.gather(*(self._send_lane(c, deadline) for c in chunks))
         return [pair for chunk in done for pair in chunk]
 
-    def send(self, ready, lanes: int, deadline: float) -> list:
+    def send(self, ready, deadline: float) -> list:
         """[(index, SendResult)] for [(index, mail, raw bytes)], from any thread. No mail is started
         after `deadline` (time.monotonic()): those come back as transient failures."""
         if not self._thread.is_alive():
             raise TransientError("SMTP event loop thread is not running")
-        future = asyncio.run_coroutine_threadsafe(self._send_all(ready, lanes, deadline), self._loop)
-        # Every step inside has its own timeout; this outer bound only guards against a wedged loop.
-        per_lane = -(-len(ready) // max(1, lanes))
+        future = asyncio.run_coroutine_threadsafe(self._send_all(ready, deadline), self._loop)
+        # Every step inside has its own timeout and no mail starts after `deadline`; this outer bound
+        # only guards against a wedged loop (a lane may first wait for one that other batches hold).
         try:
-            return future.result(timeout=self.timeout * (per_lane + 1) * 2 + 10)
+            return future.result(timeout=max(0.0, deadline - time.monotonic()) + 3 * self.timeout + 10)
         except TimeoutError:
             future.cancel()
             raise TransientError("SMTP sending timed out as a whole") from None
