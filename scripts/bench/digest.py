@@ -1,7 +1,7 @@
 """Digest pipeline benchmark: N subscribers x 20 events through scheduler + workers to a loopback
 SMTP sink, at 0 ms and 50 ms per message, against a naive baseline measured in the same run.
 
-    .venv/bin/python scripts/bench/digest.py [--subscribers 5000] [--delays 0,50]
+    .venv/bin/python scripts/bench/digest.py [--subscribers 5000] [--delays 0,50] [--no-tracking]
 
 Per delay:
   ours      the scheduler's tick plans the runs and its checker enqueues batches (bounded queue
@@ -46,7 +46,8 @@ def parse_args():
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/11")
     p.add_argument("--port", type=int, default=2526, help="sink port on 127.0.0.1")
     p.add_argument("--timeout", type=float, default=240.0, help="give up on one phase after this many seconds")
-    p.add_argument("--tracking", action="store_true", help="rewrite links for click tracking (off by default)")
+    p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=True,
+                   help="rewrite links for click tracking, as production does (default on; --no-tracking)")
     return p.parse_args()
 
 
