@@ -40,7 +40,8 @@ def parse_args():
     p.add_argument("--threads", type=int, default=8, help="worker threads per process (both pipelines)")
     # Little's law: 2,000 mails/s at a 50 ms round trip keep 100 sends in flight, 50 per process,
     # plus headroom for the moments a lane waits on its batch's claim or commit.
-    p.add_argument("--smtp-pool", type=int, default=96, help="SMTP connections per worker process (ours)")
+    p.add_argument("--smtp-pool", type=int, default=None,
+                   help="SMTP_POOL_SIZE for ours (default: the service's own, which grows by itself)")
     p.add_argument("--claim-batch", type=int, default=100, help="runs per actor message (ours)")
     p.add_argument("--database-url", default="postgresql://127.0.0.1/notify_bench_digest")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/11")
@@ -73,7 +74,7 @@ ENV = {
     "REDIS_URL": args.redis_url,
     "MAIL_PROVIDER": "smtp",
     "SMTP_URL": f"smtp://127.0.0.1:{args.port}",
-    "SMTP_POOL_SIZE": str(args.smtp_pool),
+    **({"SMTP_POOL_SIZE": str(args.smtp_pool)} if args.smtp_pool else {}),
     "DIGEST_CLAIM_BATCH": str(args.claim_batch),
     "DIGEST_STAGGER_SECONDS": "600",
     "DIGEST_QUEUE_MAX_DEPTH": "100000",   # the bench enqueues all; the bound is tested elsewhere
@@ -267,7 +268,7 @@ def main() -> int:
     delays = [float(d) for d in args.delays.split(",") if d.strip()]
     base_n = args.baseline_subscribers or min(args.subscribers, 1000)
     print(f"digest bench: {args.subscribers} subscribers x {args.events} events (baseline {base_n}); "
-          f"{args.processes} worker processes x {args.threads} threads; SMTP pool {args.smtp_pool}/process; "
+          f"{args.processes} worker processes x {args.threads} threads; SMTP pool {args.smtp_pool or 'default'}/process; "
           f"claim batch {args.claim_batch}; tracking {'on' if args.tracking else 'off'}; {os.cpu_count()} CPUs")
     print(f"  load average before: {os.getloadavg()[0]:.1f} (other work on the machine lowers the wall-clock figures)")
     summary = []
