@@ -1,11 +1,39 @@
-"""Database access: peewee's connection pool plus raw psycopg2 connections for the hot paths.
+"""Database access: one connection factory, one pool, one transaction helper.
 
-The SQL files in sql/migrations are the schema. peewee is used for its pool
-(PooledPostgresqlExtDatabase: `query`, `database.atomic()`) in the admin API, pages and
-operator commands; it has no models here — they were never queried and had drifted from the
-schema. The hot paths (claims, marks, group commits, click history) use plain psycopg2 on
-connections a worker thread keeps (ThreadConnections) or a writer thread owns, because they need
-execute_values, COPY, arrays as literals and explicit transactions that an ORM would only wrap.
+The SQL files in sql/migrations are the schema; there are no ORM models (they were never queried
+and had drifted from the schema). Every connection comes from `connect_raw()`, the one factory
+(it also counts what it opened: `connections_opened()`). There are three ways to hold one:
+
+1. The pool — peewee's PooledPostgresqlExtDatabase (`database`, DB_POOL_SIZE connections per
+   process, DB_POOL_TIMEOUT_SECONDS to wait for one) — for every short-lived unit of work: a web
+   request, a CLI command, a scheduler job. The connection is the calling thread's for the unit
+   and goes back to the pool after it; a connection that does not answer when handed out (peewee
+   pings it) or whose server went away during the unit is discarded, never handed out again.
+     * `query(sql, params)`: one statement, autocommit — most of the admin API, pages, health.
+     * `raw_cursor()`: a psycopg2 cursor inside `transaction()` — several statements that commit
+       or roll back together (claims and marks from the scheduler, API keys, CLI, tests).
+     * `database.connection_context()` / `database.atomic()`: peewee's own API on the same pool,
+       where it already reads best (subscribers, pages, newsletter admin).
+   peewee runs its connections in autocommit and sends BEGIN itself; `transaction()` does the same.
+
+2. `thread_connection` — the one way a worker thread keeps a connection across messages (digest
+   sending, newsletter sending, link recording, webhook apply): opening or even checking one out
+   per message would cost more than the work it serves. One per thread, shared by those paths,
+   autocommit like the pool's (so `transaction()` groups statements, as a savepoint when one is
+   already open); `retry_once(work)` reopens it once when the server went away, `reset()` drops it
+   after an error that may have left it in an unknown state. It follows DATABASE_URL.
+
+3. Owned connections, `connect_raw()` kept by one owner, only where the session itself matters
+   and must never go back to a pool: the group-commit writer threads (app/groupcommit.py, one
+   long transaction stream each), the click-history writer (tracking/recorder.py: a session temp
+   table), the migrator (app/migrate.py: a session advisory lock, autocommit for CREATE INDEX
+   CONCURRENTLY) and the scheduler's leadership (app/scheduler.py: a session advisory lock).
+
+Why the hot paths (claims, marks, group commits, click history, webhook apply) are plain SQL on
+psycopg2 cursors rather than peewee queries: they are `FOR UPDATE SKIP LOCKED` claims, `INSERT …
+SELECT … ON CONFLICT`, execute_values, COPY and arrays as literals — SQL an ORM would only wrap —
+and each has to pick its transaction boundaries (never open across an SMTP call). peewee stays
+for what it does well here: the pool and a few readable admin writes.
 """
 from __future__ import annotations
 
@@ -15,59 +43,169 @@ import threading
 import time
 from urllib.parse import urlparse
 
-import psycopg2
-import psycopg2.extras
-import tenacity
 import peewee
-from playhouse.db_url import parse as parse_db_url
-from playhouse.pool import MaxConnectionsExceeded
-from playhouse.postgres_ext import PooledPostgresqlExtDatabase
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import tenacity
+from playhouse.pool import MaxConnectionsExceeded, _PooledPostgresqlDatabase
+from playhouse.postgres_ext import PostgresqlExtDatabase
 
 from app import config
 
 log = logging.getLogger("app.db")
 
-database = PooledPostgresqlExtDatabase(None, autoconnect=True)
-
 # Every way "the database is not answering" surfaces: a refused or dropped connection (psycopg2 or
 # peewee's wrappers), or no pooled connection free within DB_POOL_TIMEOUT_SECONDS.
 UNAVAILABLE = (psycopg2.OperationalError, psycopg2.InterfaceError, peewee.OperationalError,
                peewee.InterfaceError, MaxConnectionsExceeded)
+
+_IN_TRANSACTION = psycopg2.extensions.TRANSACTION_STATUS_INTRANS
+_IN_ERROR = psycopg2.extensions.TRANSACTION_STATUS_INERROR
+_opened = 0
+_opened_lock = threading.Lock()
+
+
+def connect_raw(url: str | None = None, autocommit: bool = False):
+    """The one connection factory: a new psycopg2 connection to `url` (default DATABASE_URL). The
+    pool, the worker threads' kept connections and the owned ones all come from here."""
+    global _opened
+    conn = psycopg2.connect(url or config.get().database_url)
+    conn.autocommit = autocommit
+    with _opened_lock:
+        _opened += 1
+    return conn
+
+
+def connections_opened() -> int:
+    """How many connections this process has opened (observability, tests)."""
+    return _opened
+
+
+class _FromFactory(PostgresqlExtDatabase):
+    def _connect(self):
+        # peewee sends BEGIN/COMMIT itself and requires autocommit; self.database is the URL.
+        return connect_raw(self.database, autocommit=True)
+
+
+class Pool(_PooledPostgresqlDatabase, _FromFactory):
+    """peewee's Postgres pool (playhouse.pool: bounded, waits, pings on check-out, discards broken
+    connections on check-in) whose new connections come from connect_raw()."""
+
+
+database = Pool(None, autoconnect=True)
 _bound_url: str | None = None
+_bind_lock = threading.Lock()
 
 
-def init(url: str | None = None) -> PooledPostgresqlExtDatabase:
-    """Point the shared peewee database at DATABASE_URL (idempotent)."""
+def init(url: str | None = None) -> Pool:
+    """Point the pool at `url` (default DATABASE_URL); idempotent. A different URL closes the
+    old pool's connections first."""
     global _bound_url
     settings = config.get()
     url = url or settings.database_url
     if _bound_url == url:
         return database
-    if _bound_url is not None:
-        database.close_all()
-    params = parse_db_url(url)
-    name = params.pop("database")
-    database.connect_params.clear()   # peewee's init() merges: a port from the old URL would stick
-    # timeout: a burst of threadpool requests waits for a free connection instead of failing.
-    database.init(name, max_connections=settings.db_pool_size, stale_timeout=300,
-                  timeout=settings.db_pool_timeout_seconds, **params)
-    _bound_url = url
+    with _bind_lock:
+        if _bound_url != url:
+            if _bound_url is not None:
+                database.close_all()
+            # timeout: a burst of threadpool requests waits for a free connection instead of failing.
+            database.init(url, max_connections=settings.db_pool_size, stale_timeout=300,
+                          timeout=settings.db_pool_timeout_seconds)
+            _bound_url = url
     return database
 
 
-def connect_raw(url: str | None = None, autocommit: bool = False):
-    """A plain psycopg2 connection, for bulk writers that must own their transaction."""
-    conn = psycopg2.connect(url or config.get().database_url)
-    conn.autocommit = autocommit
-    return conn
+def _pool() -> Pool:
+    return database if _bound_url is not None else init()
 
 
-class ThreadConnections:
-    """One raw psycopg2 connection per thread, kept open across calls (opening one per message
-    would cost more than the work it serves); reopened when closed or DATABASE_URL changed."""
+@contextlib.contextmanager
+def transaction(conn):
+    """The one transaction helper: a cursor whose work commits on success and rolls back on error.
 
-    def __init__(self, autocommit: bool = False):
-        self.autocommit = autocommit
+    Works on the pool's and the worker threads' connections (autocommit, as peewee keeps them: BEGIN
+    and COMMIT are sent here) and on owned ones without autocommit. Inside a transaction already
+    open on `conn` it is a savepoint: the inner work rolls back alone, the outer one commits it.
+    A transaction that an error aborted is never reported as committed. A connection that cannot
+    even roll back (the server went away) is closed: the pool discards it, its owner reopens it."""
+    if conn.get_transaction_status() in (_IN_TRANSACTION, _IN_ERROR):
+        with _savepoint(conn) as cur:
+            yield cur
+        return
+    explicit = conn.autocommit
+    try:
+        with conn.cursor() as cur:
+            if explicit:
+                cur.execute("BEGIN")
+            yield cur
+            _refuse_aborted(conn)
+            if explicit:
+                cur.execute("COMMIT")
+        if not explicit:
+            conn.commit()
+    except BaseException:
+        _rollback(conn, "ROLLBACK")
+        raise
+
+
+@contextlib.contextmanager
+def _savepoint(conn):
+    with conn.cursor() as cur:
+        cur.execute("SAVEPOINT db_transaction")
+        try:
+            yield cur
+            _refuse_aborted(conn)
+        except BaseException:
+            _rollback(conn, "ROLLBACK TO SAVEPOINT db_transaction", "RELEASE SAVEPOINT db_transaction")
+            raise
+        cur.execute("RELEASE SAVEPOINT db_transaction")
+
+
+def _refuse_aborted(conn) -> None:
+    # Postgres answers COMMIT in an aborted transaction with ROLLBACK, and psycopg2 does not raise:
+    # work whose error was caught inside the block would silently vanish.
+    if conn.get_transaction_status() == _IN_ERROR:
+        raise psycopg2.errors.InFailedSqlTransaction("an error inside the transaction aborted it; nothing committed")
+
+
+def _rollback(conn, *statements: str) -> None:
+    """Send the statements (conn.rollback() is a no-op in autocommit); close a connection that
+    cannot take them."""
+    try:
+        if conn.autocommit or statements[0] != "ROLLBACK":
+            with conn.cursor() as cur:
+                for statement in statements:
+                    cur.execute(statement)
+        else:
+            conn.rollback()
+    except psycopg2.Error:
+        conn.close()
+
+
+@contextlib.contextmanager
+def raw_cursor():
+    """A transaction (`transaction()`) on a pooled connection, for one short unit of work."""
+    pool = _pool()
+    with pool.connection_context():
+        with transaction(pool.connection()) as cur:
+            yield cur
+
+
+def query(sql: str, params=None) -> list[tuple]:
+    """One statement on a pooled connection (autocommit); returns rows if any."""
+    pool = _pool()
+    with pool.connection_context():
+        cursor = pool.execute_sql(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+class ThreadConnection:
+    """A worker thread's kept connection (see the module docstring): one per thread, reopened when
+    closed or when DATABASE_URL changed. A thread that ends takes its connection with it."""
+
+    def __init__(self):
         self._local = threading.local()
 
     def get(self):
@@ -77,7 +215,7 @@ class ThreadConnections:
             self.reset()
             conn = None
         if conn is None:
-            conn = connect_raw(url, autocommit=self.autocommit)
+            conn = connect_raw(url, autocommit=True)
             self._local.conn, self._local.url = conn, url
         return conn
 
@@ -104,31 +242,7 @@ class ThreadConnections:
                 log.warning("database connection lost; reconnecting")
 
 
-@contextlib.contextmanager
-def transaction(conn):
-    """A cursor whose work commits on success and rolls back on error. A connection that cannot
-    even roll back (the server went away) is closed, so its owner reopens it next time."""
-    try:
-        with conn.cursor() as cur:
-            yield cur
-        conn.commit()
-    except BaseException:
-        try:
-            conn.rollback()
-        except psycopg2.Error:
-            conn.close()
-        raise
-
-
-@contextlib.contextmanager
-def raw_cursor(url: str | None = None):
-    """Short-lived connection + cursor, committed on success, rolled back on error."""
-    conn = connect_raw(url)
-    try:
-        with transaction(conn) as cur:
-            yield cur
-    finally:
-        conn.close()
+thread_connection = ThreadConnection()
 
 
 def write_deadline(claimed_at: float, timeout_seconds: float) -> float:
@@ -165,9 +279,3 @@ ALL_TABLES = [
     "mail_event_counts",
 ]
 
-
-def query(sql: str, params=None) -> list[tuple]:
-    """One statement on a pooled connection (autocommit); returns rows if any."""
-    with database.connection_context():
-        cursor = database.execute_sql(sql, params)
-        return cursor.fetchall() if cursor.description else []

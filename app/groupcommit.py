@@ -56,7 +56,7 @@ class GroupCommitWriter:
         return fut
 
     def _connection(self):
-        url = self._url or config.get().database_url    # follows DATABASE_URL, like ThreadConnections
+        url = self._url or config.get().database_url    # follows DATABASE_URL, like db.thread_connection
         if self._conn is not None and not self._conn.closed and url != self._conn_url:
             self._conn.close()
         if self._conn is None or self._conn.closed:

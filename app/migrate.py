@@ -90,14 +90,12 @@ def ensure_database(url: str) -> bool:
     name = db.database_name(url)
     admin_url = url.rsplit("/", 1)[0] + "/postgres"
     try:
-        conn = psycopg2.connect(url)
-        conn.close()
+        db.connect_raw(url).close()
         return False
     except psycopg2.OperationalError as exc:
         if "does not exist" not in str(exc):
             raise
-    conn = psycopg2.connect(admin_url)
-    conn.autocommit = True
+    conn = db.connect_raw(admin_url, autocommit=True)
     try:
         with conn.cursor() as cur:
             cur.execute(f'CREATE DATABASE "{name}"')
@@ -223,7 +221,7 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
     url = url or config.get().database_url
     if create_db:
         ensure_database(url)
-    conn = db.connect_raw(url, autocommit=True)
+    conn = db.connect_raw(url, autocommit=True)   # owned, not pooled: the advisory lock is this session's
     applied = []
     try:
         _take_migrator_lock(conn)

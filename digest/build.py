@@ -81,7 +81,6 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
             return None
         digest = digest_group.build(events, settings.digest_max_items)
         payloads = digest_load.load_payloads(cur, [g.latest_event_id for g in digest.groups])
-        cur.connection.rollback()
     ctx = digest_context.build(digest, payloads, cadence=cadence if cadence != "off" else "daily", name=name,
                                unsubscribe_url=tokens.unsubscribe_url(sid, token_version),
                                preferences_url=tokens.preferences_url(sid, token_version))

@@ -35,10 +35,6 @@ from digest.claim import ClaimedRun, claim
 log = logging.getLogger("digest.send")
 
 
-# One connection per worker thread, kept open; dropped after any error (it may be in an unknown state).
-connections = db.ThreadConnections()
-
-
 @dataclass
 class Outcome:
     sent: list = field(default_factory=list)        # (run_id, event_ids, message_id)
@@ -92,7 +88,7 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         run_ids = [int(i) for i in run_ids]
         limit = max(limit, len(run_ids))
     started = time.monotonic()
-    conn = connections.get()
+    conn = db.thread_connection.get()   # this worker thread's, kept across batches
     claimed: list[ClaimedRun] = []
     try:
         with db.transaction(conn) as cur:
@@ -105,7 +101,7 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
             log.info("digest batch: %s in %.0f ms", counts, (time.monotonic() - started) * 1e3)
         return counts
     except BaseException:
-        connections.reset()
+        db.thread_connection.reset()    # after any error it may be in an unknown state
         _release_after_crash([r.id for r in claimed])
         raise
 
@@ -134,14 +130,14 @@ def _record_until_written(outcome: Outcome, settings, started: float) -> None:
     """What the provider accepted is written once Postgres answers again — never thrown away and
     sent a second time. While it is down, the runs stay `processing`, so nothing else claims them."""
     def write():
-        with db.transaction(connections.get()) as cur:
+        with db.transaction(db.thread_connection.get()) as cur:
             record(cur, outcome, settings)
 
     def reconnecting():
         try:
             write()
         except db.UNAVAILABLE:
-            connections.reset()
+            db.thread_connection.reset()
             raise
 
     deadline = db.write_deadline(started, settings.digest_processing_timeout_seconds)

@@ -34,10 +34,6 @@ _TAG_RE = re.compile(r"<(?:a|area)\b[^>]*>", re.IGNORECASE)
 _HREF_RE = re.compile(r"""(\bhref\s*=\s*)(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE)
 _BODY_END_RE = re.compile(r"</body\s*>", re.IGNORECASE)
 
-# Autocommit: link rows are committed on their own, so a link that a sent mail points to can
-# never vanish with a rolled-back caller transaction.
-_connections = db.ThreadConnections(autocommit=True)
-
 
 def url_hash(url: str) -> bytes:
     return hashlib.sha256(url.encode()).digest()
@@ -59,7 +55,10 @@ def ensure_links(mail_kind: str, mail_id: int, urls: list[str]) -> dict[str, int
     values = [(mail_kind, mail_id, u, psycopg2.Binary(h)) for h, u in by_hash.items()]
 
     def insert(conn) -> dict[str, int]:
-        with conn.cursor() as cur:
+        # On the worker thread's kept connection. Outside a transaction the rows commit at once;
+        # inside one (digest build) they are a savepoint of it, and that transaction commits
+        # before the mail is handed to the provider: a sent mail's links are always committed.
+        with db.transaction(conn) as cur:
             rows = psycopg2.extras.execute_values(
                 cur,
                 "INSERT INTO email_links (mail_kind, mail_id, url, url_hash) VALUES %s "
@@ -75,7 +74,7 @@ def ensure_links(mail_kind: str, mail_id: int, urls: list[str]) -> dict[str, int
                 found.update({bytes(h): i for i, h in cur.fetchall()})
         return {by_hash[h]: i for h, i in found.items()}
 
-    return _connections.retry_once(insert)   # idempotent: ON CONFLICT DO NOTHING
+    return db.thread_connection.retry_once(insert)   # idempotent: ON CONFLICT DO NOTHING
 
 
 class LinkRewriter:

@@ -53,8 +53,6 @@ import psycopg2.extras
 
 from app import config, db, queue
 
-_connections = db.ThreadConnections()   # one per worker thread, kept across messages
-
 log = logging.getLogger("tracking.webhook_apply")
 
 APPLY_CHUNK = 500
@@ -189,10 +187,10 @@ def apply_events(ids: list[int]) -> int:
 
 def _apply_chunk(ids: list[int]) -> int:
     try:
-        with db.transaction(_connections.get()) as cur:
+        with db.transaction(db.thread_connection.get()) as cur:   # kept across messages
             return _apply_rows(cur, ids)
     except db.UNAVAILABLE:
-        _connections.reset()    # the actor retries the chunk on a fresh connection
+        db.thread_connection.reset()    # the actor retries the chunk on a fresh connection
         raise
 
 

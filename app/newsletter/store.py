@@ -1,15 +1,12 @@
-"""Database access for the newsletter hot path: one raw psycopg2 connection per thread.
-
-Claims and marks are single statements in autocommit (each statement is its own transaction), and
-execute_values needs a psycopg2 cursor, so the pooled peewee connection is not used here.
+"""Database access for the newsletter hot path, on the worker thread's kept connection
+(db.thread_connection): claims and marks are single statements in autocommit (each statement is its
+own transaction), several per message, so no pool check-out per statement.
 """
 from __future__ import annotations
 
 import psycopg2.extras
 
 from app import db
-
-_connections = db.ThreadConnections(autocommit=True)
 
 
 def run(sql: str, params=None, fetch: bool = True):
@@ -20,7 +17,7 @@ def run(sql: str, params=None, fetch: bool = True):
             if fetch and cur.description:
                 return cur.fetchall()
             return cur.rowcount
-    return _connections.retry_once(work)
+    return db.thread_connection.retry_once(work)
 
 
 def execute_values(sql: str, rows, template: str, page_size: int = 1000):
@@ -30,4 +27,4 @@ def execute_values(sql: str, rows, template: str, page_size: int = 1000):
         with conn.cursor() as cur:
             psycopg2.extras.execute_values(cur, sql, rows, template=template, page_size=page_size)
             return cur.rowcount
-    return _connections.retry_once(work)
+    return db.thread_connection.retry_once(work)

@@ -16,13 +16,12 @@ import chevron
 import dramatiq
 
 import actors  # noqa: F401  (broker first, then this module's actor binds to it)
-from app import config, mail, tokens
+from app import config, db, mail, tokens
 from digest import claim as digest_claim
 from digest import context as digest_context
 from digest import group as digest_group
 from digest import load as digest_load
 from digest import render as digest_render
-from digest import send as digest_send
 
 
 def _naive_render(ctx: dict) -> tuple[str, str, str]:
@@ -38,18 +37,16 @@ def _naive_render(ctx: dict) -> tuple[str, str, str]:
 @dramatiq.actor(queue_name="digest_naive", max_retries=0)
 def naive_send_digest(run_id: int) -> None:
     settings = config.get()
-    conn = digest_send.connections.get()
-    with conn.cursor() as cur:
+    conn = db.thread_connection.get()
+    with db.transaction(conn) as cur:
         runs, _ = digest_claim.claim(cur, [run_id], 1, settings.digest_max_attempts)
-    conn.commit()
     if not runs:
         return
     run = runs[0]
-    with conn.cursor() as cur:
+    with db.transaction(conn) as cur:
         events = digest_load.load_unsent(cur, [run.subscriber_id])[run.subscriber_id]
         digest = digest_group.build(events, settings.digest_max_items)
         payloads = digest_load.load_payloads(cur, [g.latest_event_id for g in digest.groups])
-    conn.commit()
     unsubscribe_url = tokens.unsubscribe_url(run.subscriber_id, run.token_version)
     ctx = digest_context.build(digest, payloads, cadence=run.cadence, name=run.name, unsubscribe_url=unsubscribe_url,
                                preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version))
@@ -64,9 +61,8 @@ def naive_send_digest(run_id: int) -> None:
     url = urlparse(settings.smtp_url)
     with smtplib.SMTP(url.hostname, url.port, timeout=30) as smtp:   # new connection per mail
         smtp.send_message(msg)
-    with conn.cursor() as cur:
+    with db.transaction(conn) as cur:
         cur.execute("UPDATE digest_events SET digest_run_id = %s WHERE id = ANY (%s) AND digest_run_id IS NULL",
                     (run.id, digest.event_ids))
         cur.execute("UPDATE digest_runs SET status = 'sent', event_count = %s, completed_at = now() WHERE id = %s",
                     (len(digest.event_ids), run.id))
-    conn.commit()
