@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from app import config, mail
 from app.providers.base import OutgoingMail, PermanentError, Provider, SendResult, TransientError
-from app.providers.smtp_async import BATCH_OUT_OF_TIME, LANE_TARGET_SECONDS, AsyncSender
+from app.providers.smtp_async import LANE_TARGET_SECONDS, AsyncSender, out_of_time
 
 log = logging.getLogger("app.providers.smtp")
 
@@ -145,8 +145,8 @@ class SMTPProvider(Provider):
         started = time.perf_counter()
         try:
             for pos, (index, m, raw) in enumerate(items):
-                if time.monotonic() > deadline:      # a slow relay: the rest retries later, counted
-                    out.extend((i, SendResult(ok=False, error=BATCH_OUT_OF_TIME)) for i, _, _ in items[pos:])
+                if time.monotonic() > deadline:
+                    out.extend(out_of_time(items[pos:]))
                     break
                 for attempt in (1, 2):
                     try:

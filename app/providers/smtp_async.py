@@ -33,6 +33,11 @@ LANE_TARGET_SECONDS = 0.025   # lanes enough that a batch's share per connection
 BATCH_OUT_OF_TIME = "not attempted: the batch ran out of time (slow SMTP relay); retried later"
 
 
+def out_of_time(items) -> list:
+    """A slow relay used up the batch's time: the mails not started retry later, counted."""
+    return [(index, SendResult(ok=False, error=BATCH_OUT_OF_TIME)) for index, _, _ in items]
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop   # installed with uvicorn[standard]; about a third less CPU per mail here
@@ -99,7 +104,7 @@ class AsyncSender:
 
     def __init__(self, options: dict, pool_size: int, pool_max: int, timeout: float, tls_context_factory):
         self.options, self.pool_size, self.pool_max, self.timeout = options, pool_size, max(pool_size, pool_max), timeout
-        self.latency = 0.0      # seconds per mail on one connection (EWMA), measured as lanes finish
+        self.latency = 0.0      # seconds per mail transaction (EWMA of the relay's round trips)
         self._tls = tls_context_factory
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="smtp-async", daemon=True)
@@ -200,18 +205,19 @@ class AsyncSender:
         out = []
         await self._slots.acquire()
         conn = self._idle.pop() if self._idle else None
-        started = time.perf_counter()
         try:
             for pos, (index, m, raw) in enumerate(items):
-                if time.monotonic() > deadline:      # a slow relay: the rest retries later, counted
-                    out.extend((i, SendResult(ok=False, error=BATCH_OUT_OF_TIME)) for i, _, _ in items[pos:])
+                if time.monotonic() > deadline:
+                    out.extend(out_of_time(items[pos:]))
                     break
                 sender = mail.envelope_from(m.from_addr)
                 for attempt in (1, 2):
                     try:
                         if conn is None or conn.broken:
                             conn = await self._connect()
+                        began = time.perf_counter()
                         await asyncio.wait_for(self._transaction(conn, sender, m.to, raw), self.timeout)
+                        self.latency += 0.05 * (time.perf_counter() - began - self.latency)   # EWMA, one thread
                         out.append((index, SendResult(ok=True, message_id=mail.message_id_of(m))))
                         break
                     except ReplyError as exc:
@@ -244,9 +250,6 @@ class AsyncSender:
             if conn is not None and not conn.broken:
                 self._idle.append(conn)
             self._slots.release()
-            if out:
-                per_mail = (time.perf_counter() - started) / len(out)
-                self.latency += 0.2 * (per_mail - self.latency)   # one loop thread: no race
         return out
 
     async def _send_all(self, ready, deadline: float) -> list:
