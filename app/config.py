@@ -99,9 +99,11 @@ class Settings:
     digest_reenqueue_seconds: int = setting(300, "a pending run enqueued this long ago is enqueued again")
     digest_retry_base_seconds: int = setting(60, "backoff after a retryable failure: base x 2^attempts")
     smtp_pool_size: int = setting(8, "SMTP connections a batch always gets (per worker process)")
-    smtp_pool_max: int = setting(24, "most SMTP connections per worker process: the async pool grows towards it "
-                                     "by Little's law when the relay is slow; keep processes x this under the "
-                                     "relay's per-client limit (Postfix: 50)")
+    smtp_pool_max: int = setting(64, "most SMTP connections per worker process: the async pool grows towards it "
+                                     "by Little's law only when the relay is slow (64: within 10 % of the best "
+                                     "hand-tuned pool at 50 ms, scripts/bench/digest.py). Keep processes x this "
+                                     "under the relay's per-client limit (a default Postfix allows 50: use 24 "
+                                     "with two processes); refused connections are retried, never lost")
     smtp_timeout_seconds: float = setting(30.0, "per SMTP step; a batch starts no mail after twice this")
     smtp_async: bool = setting(True, "drive the pool from one asyncio loop (off: a thread per connection)")
     # -- newsletters
