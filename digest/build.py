@@ -14,7 +14,7 @@ from digest import group as digest_group
 from digest import load as digest_load
 from digest import render as digest_render
 from digest.claim import ClaimedRun
-from tracking.links import LinkRewriter
+from tracking.links import LinkRewriter, rewrite_many
 
 log = logging.getLogger("digest.build")
 
@@ -31,36 +31,39 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
         run.digest = digest_group.build(evs, settings.digest_max_items) if evs else None
     shown = [g.latest_event_id for r in runs if r.digest for g in r.digest.groups]
     payloads = digest_load.load_payloads(cur, shown)
-    ready, errors = [], []
+    rendered, errors = [], []
     for run in runs:
         if run.digest is None:
             continue
         try:
-            run.mail = render_mail(run, payloads, settings)
+            rendered.append((run, render_mail(run, payloads)))
         except digest_render.TemplateError:
             raise
         except Exception as exc:  # noqa: BLE001 - one odd subscriber or payload must not hold up the batch
             log.exception("rendering digest run %s failed", run.id)
             errors.append((run.id, f"render failed: {exc!r}"))
-            continue
-        ready.append(run)
-    return ready, errors
+    # Every run's links in one round trip (one email_links statement per batch, not per run).
+    htmls = rewrite_many("digest", [(LinkRewriter("digest", run.id), r.html, run.subscriber_id,
+                                     settings.tracking and not run.tracking_opt_out) for run, r in rendered])
+    for (run, r), html in zip(rendered, htmls):
+        run.mail = outgoing_mail(run, r, html)
+    return [run for run, _ in rendered], errors
 
 
-def render_mail(run: ClaimedRun, payloads: dict, settings) -> OutgoingMail:
-    unsubscribe_url = tokens.unsubscribe_url(run.subscriber_id, run.token_version)
+def render_mail(run: ClaimedRun, payloads: dict) -> digest_render.Rendered:
     ctx = digest_context.build(
         run.digest, payloads, cadence=run.cadence, name=run.name,
-        unsubscribe_url=unsubscribe_url,
+        unsubscribe_url=tokens.unsubscribe_url(run.subscriber_id, run.token_version),
         preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
     )
-    rendered = digest_render.render(ctx)
-    html = LinkRewriter("digest", run.id).rewrite(
-        rendered.html, run.subscriber_id, enabled=settings.tracking and not run.tracking_opt_out)
+    return digest_render.render(ctx)
+
+
+def outgoing_mail(run: ClaimedRun, rendered: digest_render.Rendered, html: str) -> OutgoingMail:
     return OutgoingMail(
         to=run.email, to_name=run.name, subject=mail.one_line(rendered.subject), html=html, text=rendered.text,
         idempotency_key=f"digest-run-{run.id}",
-        headers=mail.unsubscribe_headers(unsubscribe_url),
+        headers=mail.unsubscribe_headers(tokens.unsubscribe_url(run.subscriber_id, run.token_version)),
         custom_args={"mail_kind": "digest", "mail_id": str(run.id), "row_id": str(run.id),
                      "subscriber_id": str(run.subscriber_id)},
     )

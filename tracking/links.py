@@ -49,12 +49,18 @@ def click_url(link_id: int, subscriber_id: int | None) -> str:
 
 def ensure_links(mail_kind: str, mail_id: int, urls: list[str]) -> dict[str, int]:
     """url → email_links.id for every url, creating missing rows (idempotent, race-safe)."""
-    if not urls:
-        return {}
-    by_hash = {url_hash(u): u for u in dict.fromkeys(urls)}
-    values = [(mail_kind, mail_id, u, psycopg2.Binary(h)) for h, u in by_hash.items()]
+    return ensure_links_many(mail_kind, {mail_id: urls}).get(int(mail_id), {})
 
-    def insert(conn) -> dict[str, int]:
+
+def ensure_links_many(mail_kind: str, urls_by_mail: dict[int, list[str]]) -> dict[int, dict[str, int]]:
+    """{mail_id: {url: email_links.id}} for several mails of one kind in one round trip (a digest
+    batch: one statement for a hundred runs instead of one each)."""
+    wanted = {(int(mail_id), url_hash(u)): u for mail_id, urls in urls_by_mail.items() for u in urls}
+    if not wanted:
+        return {}
+    values = [(mail_kind, mail_id, u, psycopg2.Binary(h)) for (mail_id, h), u in wanted.items()]
+
+    def insert(conn) -> dict[tuple[int, bytes], int]:
         # On the worker thread's kept connection. Outside a transaction the rows commit at once;
         # inside one (digest build) they are a savepoint of it, and that transaction commits
         # before the mail is handed to the provider: a sent mail's links are always committed.
@@ -62,19 +68,25 @@ def ensure_links(mail_kind: str, mail_id: int, urls: list[str]) -> dict[str, int
             rows = psycopg2.extras.execute_values(
                 cur,
                 "INSERT INTO email_links (mail_kind, mail_id, url, url_hash) VALUES %s "
-                "ON CONFLICT (mail_kind, mail_id, url_hash) DO NOTHING RETURNING id, url_hash",
+                "ON CONFLICT (mail_kind, mail_id, url_hash) DO NOTHING RETURNING mail_id, url_hash, id",
                 values, page_size=len(values), fetch=True,
             )
-            found = {bytes(h): i for i, h in rows}
-            missing = [psycopg2.Binary(h) for h in by_hash if h not in found]
+            found = {(m, bytes(h)): i for m, h, i in rows}
+            missing = [key for key in wanted if key not in found]
             if missing:  # created earlier (another recipient's batch, another worker)
                 cur.execute(
-                    "SELECT id, url_hash FROM email_links WHERE mail_kind = %s AND mail_id = %s "
-                    "AND url_hash = ANY(%s)", (mail_kind, mail_id, missing))
-                found.update({bytes(h): i for i, h in cur.fetchall()})
-        return {by_hash[h]: i for h, i in found.items()}
+                    "SELECT l.mail_id, l.url_hash, l.id FROM email_links l "
+                    "JOIN unnest(%s::bigint[], %s::bytea[]) AS w(mail_id, url_hash) USING (mail_id, url_hash) "
+                    "WHERE l.mail_kind = %s",
+                    ([m for m, _ in missing], [psycopg2.Binary(h) for _, h in missing], mail_kind))
+                found.update({(m, bytes(h)): i for m, h, i in cur.fetchall()})
+        return found
 
-    return db.thread_connection.retry_once(insert)   # idempotent: ON CONFLICT DO NOTHING
+    found = db.thread_connection.retry_once(insert)   # idempotent: ON CONFLICT DO NOTHING
+    out: dict[int, dict[str, int]] = {}
+    for (mail_id, h), link_id in found.items():
+        out.setdefault(mail_id, {})[wanted[(mail_id, h)]] = link_id
+    return out
 
 
 class LinkRewriter:
@@ -97,8 +109,9 @@ class LinkRewriter:
         return not url.startswith(self._untracked_prefixes)
 
     def rewrite(self, html: str, subscriber_id: int | None, enabled: bool = True) -> str:
-        if not enabled or not config.get().tracking:
-            return html
+        return rewrite_many(self.mail_kind, [(self, html, subscriber_id, enabled)])[0]
+
+    def _scan(self, html: str) -> list:
         tags = []  # (tag match, href match, url)
         for tag in _TAG_RE.finditer(html):
             href = _HREF_RE.search(tag.group(0))
@@ -108,9 +121,9 @@ class LinkRewriter:
             url = html_lib.unescape(raw).strip()
             if self._trackable(url):
                 tags.append((tag, href, url))
-        new_urls = [u for _, _, u in tags if u not in self._link_ids]
-        if new_urls:
-            self._link_ids.update(ensure_links(self.mail_kind, self.mail_id, new_urls))
+        return tags
+
+    def _apply(self, html: str, tags: list, subscriber_id: int | None) -> str:
         out, pos = [], 0
         for tag, href, url in tags:
             start = tag.start() + href.start()
@@ -127,3 +140,21 @@ class LinkRewriter:
             at = ends[-1].start()
             return result[:at] + pixel + result[at:]
         return result + pixel
+
+
+def rewrite_many(mail_kind: str, jobs: list[tuple[LinkRewriter, str, int | None, bool]]) -> list[str]:
+    """Each job's HTML rewritten (job: rewriter, html, subscriber_id, enabled), with the links of
+    every mail not seen yet created in one round trip."""
+    tracking_on = config.get().tracking
+    scanned = [rewriter._scan(html) if enabled and tracking_on else None for rewriter, html, _, enabled in jobs]
+    new: dict[int, list[str]] = {}
+    for (rewriter, _, _, _), tags in zip(jobs, scanned):
+        for _, _, url in tags or ():
+            if url not in rewriter._link_ids:
+                new.setdefault(rewriter.mail_id, []).append(url)
+    if new:
+        created = ensure_links_many(mail_kind, new)
+        for rewriter, _, _, _ in jobs:
+            rewriter._link_ids.update(created.get(rewriter.mail_id, {}))
+    return [html if tags is None else rewriter._apply(html, tags, subscriber_id)
+            for (rewriter, html, subscriber_id, _), tags in zip(jobs, scanned)]

@@ -89,6 +89,7 @@ import psycopg2.extras  # noqa: E402
 import redis  # noqa: E402
 
 from app import config, db, migrate  # noqa: E402
+from scripts.bench import shared  # noqa: E402
 
 config.reload()
 BIN = Path(sys.executable).parent
@@ -100,30 +101,7 @@ def ensure_database() -> None:
 
 
 def load_data(n: int, events: int, now: datetime) -> None:
-    """n subscribers in a few time zones, all due at the same local-hour slot ~1 h after `now`."""
-    with db.raw_cursor() as cur:
-        cur.execute("TRUNCATE " + ", ".join(db.ALL_TABLES) + " RESTART IDENTITY CASCADE")
-        hour = (now + timedelta(hours=1)).hour
-        rows = [(f"bench-{i}", f"bench-{i}@example.test", f"Bench User {i}", "UTC", "daily", hour) for i in range(n)]
-        psycopg2.extras.execute_values(
-            cur, "INSERT INTO subscribers (user_id, email, name, timezone, digest_cadence, digest_hour) VALUES %s",
-            rows, page_size=5000)
-        actors = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal"]
-        ev_rows = []
-        for i in range(n):
-            for j in range(events):
-                post = j % 6
-                ev_rows.append(("bench", f"{i}-{j}", f"bench-{i}", ("like", "comment", "follow")[j % 3], "post",
-                                f"post-{post}", f"actor-{(i + j) % 8}", actors[(i + j) % 8],
-                                '{"title": "Post %d", "url": "https://example.test/p/%d"}' % (post, post),
-                                now - timedelta(minutes=j)))
-        psycopg2.extras.execute_values(
-            cur, "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, actor_id, "
-                 "actor_name, payload, occurred_at) VALUES %s", ev_rows, page_size=10000)
-    # Events wait hours for their digest, long enough for autovacuum to have visited them: vacuum
-    # now so the measured window does not pay the first-touch work (hint bits) of freshly loaded rows.
-    db.query("VACUUM ANALYZE digest_events")
-    db.query("VACUUM ANALYZE subscribers")
+    shared.seed_digest_data(n, events, now)
 
 
 def start(cmd: list[str]) -> subprocess.Popen:

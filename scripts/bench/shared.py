@@ -1,5 +1,5 @@
-"""Helpers shared by the newsletter benchmarks (newsletter.py, peer_postoffice.py): the ~1 KB
-newsletter body, seeding the subscribers, Dramatiq worker process groups, and CPU accounting from
+"""Helpers shared by the benchmarks (newsletter.py, peer_postoffice.py, digest.py, profile_digest.py):
+the ~1 KB newsletter body, seeding the subscribers (and their digest events), Dramatiq worker process groups, and CPU accounting from
 /proc (worker processes, the Postgres server's processes, single processes such as the sink).
 
 Nothing here imports app/ at module level: the benchmarks set DATABASE_URL and friends first.
@@ -70,6 +70,38 @@ def seed_subscribers(n: int, log=print) -> None:
 
 
 # -- processes
+
+
+def seed_digest_data(n: int, events: int, now) -> None:
+    """n subscribers (bench-0..), all due at the local-hour slot ~1 h after `now`, with `events`
+    events each over 6 posts and 8 actors; vacuumed, as events waiting hours for their digest are."""
+    from datetime import timedelta
+
+    import psycopg2.extras
+
+    from app import db
+
+    with db.raw_cursor() as cur:
+        cur.execute("TRUNCATE " + ", ".join(db.ALL_TABLES) + " RESTART IDENTITY CASCADE")
+        hour = (now + timedelta(hours=1)).hour
+        rows = [(f"bench-{i}", f"bench-{i}@example.test", f"Bench User {i}", "UTC", "daily", hour) for i in range(n)]
+        psycopg2.extras.execute_values(
+            cur, "INSERT INTO subscribers (user_id, email, name, timezone, digest_cadence, digest_hour) VALUES %s",
+            rows, page_size=5000)
+        actors = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal"]
+        ev_rows = []
+        for i in range(n):
+            for j in range(events):
+                post = j % 6
+                ev_rows.append(("bench", f"{i}-{j}", f"bench-{i}", ("like", "comment", "follow")[j % 3], "post",
+                                f"post-{post}", f"actor-{(i + j) % 8}", actors[(i + j) % 8],
+                                '{"title": "Post %d", "url": "https://example.test/p/%d"}' % (post, post),
+                                now - timedelta(minutes=j)))
+        psycopg2.extras.execute_values(
+            cur, "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, actor_id, "
+                 "actor_name, payload, occurred_at) VALUES %s", ev_rows, page_size=10000)
+    db.query("VACUUM ANALYZE digest_events")
+    db.query("VACUUM ANALYZE subscribers")
 
 
 def cpu_seconds(pid: int, children: bool = False) -> float:

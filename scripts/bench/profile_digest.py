@@ -1,0 +1,121 @@
+"""Where a digest's CPU goes: the worker's code path (digest.send.process: claim, load, group,
+render, rewrite links, build MIME, SMTP, record) under cProfile in one process, and the Postgres
+server's CPU for the same batches, measured from /proc.
+
+    .venv/bin/python scripts/bench/profile_digest.py [--subscribers 3000] [--tracking/--no-tracking]
+
+Prints CPU per digest (worker vs Postgres), the worker's time by area, and the top functions by
+own time. The SMTP sink is scripts/bench/smtp_sink.py at 0 ms on a spare port. cProfile slows
+Python down by about 1.5-2x: the split by area is what to read, not the absolute figure (the
+end-to-end figure is scripts/bench/digest.py's). Its own database (notify_bench_profile).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--subscribers", type=int, default=3000)
+p.add_argument("--events", type=int, default=20)
+p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=True)
+p.add_argument("--database-url", default="postgresql://127.0.0.1/notify_bench_profile")
+p.add_argument("--top", type=int, default=25)
+args = p.parse_args()
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    PORT = s.getsockname()[1]
+os.environ.update({"APP_ENV": "development", "DATABASE_URL": args.database_url, "MAIL_PROVIDER": "smtp",
+                   "SMTP_URL": f"smtp://127.0.0.1:{PORT}", "TRACKING": "1" if args.tracking else "0",
+                   "LOG_LEVEL": "WARNING"})
+
+import psycopg2  # noqa: E402
+
+from app import config, db, migrate, providers  # noqa: E402
+from digest import plan as digest_plan  # noqa: E402
+from digest import send as digest_send  # noqa: E402
+from scripts.bench import shared  # noqa: E402
+
+config.reload()
+
+# Areas by where a function lives (the profile's file paths).
+AREAS = [
+    ("psycopg2 (waiting on Postgres, adapting)", ("psycopg2", "<method 'execute'", "<method 'fetch")),
+    ("SMTP client + socket", ("providers/smtp", "asyncio", "selectors", "socket", "ssl")),
+    ("MIME building (email package, app/mail.py)", ("email/", "app/mail.py", "dkim")),
+    ("tracking: links and codes", ("tracking/",)),
+    ("render (digest templates)", ("digest/render.py", "digest/mustache.py", "digest/context.py")),
+    ("load + group", ("digest/load.py", "digest/group.py", "orjson", "json/")),
+    ("claim / build / send / record glue", ("digest/",)),
+    ("threads, queues, locks", ("threading", "concurrent/", "queue.py")),
+]
+
+
+def area_of(filename: str, name: str) -> str:
+    where = f"{filename} {name}"
+    for area, needles in AREAS:
+        if any(n in where for n in needles):
+            return area
+    return "other"
+
+
+def main() -> None:
+    migrate.migrate(args.database_url)
+    db.init(args.database_url)
+    now = datetime.now(timezone.utc)
+    shared.seed_digest_data(args.subscribers, args.events, now)
+    digest_plan.plan(now)
+    ids = [r[0] for r in db.query("SELECT id FROM digest_runs ORDER BY id")]
+    sink = subprocess.Popen([sys.executable, str(ROOT / "scripts/bench/smtp_sink.py"), "--port", str(PORT)],
+                            stdout=subprocess.PIPE, text=True)
+    sink.stdout.readline()
+    provider = providers.get_provider()
+    digest_send.process(run_ids=ids[:100], provider=provider)          # warm-up: templates, connections
+    conn = psycopg2.connect(args.database_url)
+    conn.autocommit = True
+    pg = shared.PostgresCPU(conn, config.get().database_url.rsplit("/", 1)[-1])
+    profiler = cProfile.Profile()
+    pg.start()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    profiler.enable()
+    for k in range(100, len(ids), 100):
+        digest_send.process(run_ids=ids[k:k + 100], provider=provider)
+    profiler.disable()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    pg_cpu = pg.stop()["seconds"]
+    n = len(ids) - 100
+    sent = db.query("SELECT count(*) FROM digest_runs WHERE status = 'sent'")[0][0]
+    providers.close_all()
+    sink.terminate()
+
+    stats = pstats.Stats(profiler)
+    by_area: dict[str, float] = defaultdict(float)
+    total = 0.0
+    for (filename, _, name), (_, _, tottime, _, _) in stats.stats.items():
+        by_area[area_of(filename, name)] += tottime
+        total += tottime
+    print(f"profile_digest: {n} digests ({sent} sent incl. warm-up), {args.events} events each, tracking "
+          f"{'on' if args.tracking else 'off'}, under cProfile")
+    print(f"  wall {wall:.1f} s; worker CPU {cpu / n * 1e6:.0f} us/digest (profiled); "
+          f"Postgres CPU {pg_cpu / n * 1e6:.0f} us/digest")
+    print("  worker time by area (own time, share of the profiled total):")
+    for area, seconds in sorted(by_area.items(), key=lambda kv: -kv[1]):
+        print(f"    {area:<46s} {seconds / n * 1e6:7.0f} us/digest  {seconds / total:6.1%}")
+    print(f"  top {args.top} functions by own time:")
+    stats.sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
