@@ -8,6 +8,13 @@ Prints CPU per digest (worker vs Postgres), the worker's time by area, and the t
 own time. The SMTP sink is scripts/bench/smtp_sink.py at 0 ms on a spare port. cProfile slows
 Python down by about 1.5-2x: the split by area is what to read, not the absolute figure (the
 end-to-end figure is scripts/bench/digest.py's). Its own database (notify_bench_profile).
+
+What it showed (2,000 subscribers x 20 events, tracking on): the biggest item was one email_links
+round trip per digest (SAVEPOINT, INSERT … RETURNING, RELEASE: 3 of the ~3.1 statements per
+digest); batching them per claimed batch took the worker from 855 to 679 µs and Postgres from 463
+to 337 µs per digest (profiled), and scripts/bench/digest.py at 50 ms from 1,158 to 1,592
+digests/s (CPU per digest 1.43 → 0.96 ms). What is left, by size: waiting on Postgres (claim,
+load, record), the Mustache render, link scanning and codes, grouping, MIME quoted-printable.
 """
 from __future__ import annotations
 
