@@ -8,7 +8,7 @@ import signal
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
-from app import db, observability, queue, shutdown
+from app import db, metrics, observability, queue, shutdown
 
 log = logging.getLogger("actors.broker")
 
@@ -40,8 +40,19 @@ class GracefulStop(Middleware):
         shutdown.requested.set()    # send loops stop claiming; their batches in hand still finish
 
 
+class Metrics(Middleware):
+    """Each worker process (Dramatiq forks them) clears the live gauges of processes that are gone
+    when it starts, and its own when it stops (app/metrics.py, multiprocess mode)."""
+
+    def after_process_boot(self, broker):
+        metrics.setup()
+
+    def after_worker_shutdown(self, broker, worker):
+        metrics.process_stopped()
+
+
 def setup(url: str | None = None) -> RedisBroker:
     observability.setup_logging()
     observability.init_sentry("worker")
     db.init()
-    return queue.install(queue.make_broker(url, extra_middleware=[GracefulStop()]))
+    return queue.install(queue.make_broker(url, extra_middleware=[GracefulStop(), Metrics()]))

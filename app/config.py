@@ -44,6 +44,14 @@ class Settings:
     sentry_dsn: str = setting("", "when set, web and workers report errors (Starlette + Dramatiq integrations)")
     db_pool_size: int = setting(10, "peewee pool per process")
     db_pool_timeout_seconds: float = setting(10.0, "how long a request waits for a pooled connection")
+    # -- metrics
+    prometheus_multiproc_dir: str = setting(".var/metrics", "where every process of a deployment writes its Prometheus "
+                                            "values (prometheus-client multiprocess mode; relative paths are "
+                                            "under the checkout); created at start-up, read by `GET /metrics`. "
+                                            "One directory per deployment: empty it when the deployment starts "
+                                            "from scratch (README \"Metrics\")")
+    metrics_token: str = setting("", "a Bearer token that may read `GET /metrics` besides admin API keys "
+                                     "(compared in constant time; unset: admin keys only)")
     # -- ingestion
     max_body_bytes: int = setting(1024 * 1024, "largest request body", shown="1 MiB")
     max_batch_events: int = setting(1000, "events per POST /v1/events")

@@ -1,13 +1,16 @@
-"""GET /healthz: 200 when Postgres and Redis both answer, 503 naming the one that does not."""
+"""Operations endpoints. GET /healthz: 200 when Postgres and Redis both answer, 503 naming the one
+that does not. GET /metrics: Prometheus exposition (app/metrics.py) for an admin API key or
+METRICS_TOKEN, as a Bearer token."""
 from __future__ import annotations
 
 import redis
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
-from app import config, db
-from app.http import FastJSONResponse
+from app import config, db, metrics
+from app.http import FastJSONResponse, require_key
 
 
 def check() -> dict:
@@ -33,7 +36,19 @@ async def healthz(request: Request):
     return FastJSONResponse({"status": "ok" if ok else "degraded", **result}, status_code=200 if ok else 503)
 
 
-routes = [Route("/healthz", healthz, methods=["GET"])]
+async def metrics_endpoint(request: Request):
+    kind, _, token = request.headers.get("authorization", "").partition(" ")
+    if not (kind.lower() == "bearer" and metrics.token_matches(token.strip())):
+        await require_key(request, "admin")     # 401 without a valid key, 403 for another scope
+    return Response(await run_in_threadpool(metrics.scrape), media_type=metrics.CONTENT_TYPE)
+
+
+routes = [Route("/healthz", healthz, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
 OPENAPI_PATHS = {"/healthz": {"get": {"summary": "Postgres and Redis reachability",
                                       "responses": {"200": {"description": "both answer"},
-                                                    "503": {"description": "one does not"}}}}}
+                                                    "503": {"description": "one does not"}}}},
+                 "/metrics": {"get": {"summary": "Prometheus metrics of every process (admin key or METRICS_TOKEN)",
+                                      "security": [{"bearer": []}],
+                                      "responses": {"200": {"description": "text exposition format"},
+                                                    "401": {"$ref": "#/components/responses/Error"},
+                                                    "403": {"$ref": "#/components/responses/Error"}}}}}

@@ -9,7 +9,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from app import config, db, forwarded, openapi, observability
+from app import config, db, forwarded, metrics, openapi, observability
 from app.http import ApiError, api_error_handler, database_unavailable_handler
 
 log = logging.getLogger("app.web")
@@ -31,6 +31,7 @@ def create_app() -> Starlette:
     observability.setup_logging()
     observability.init_sentry("web")
     db.init()
+    metrics.setup()   # PROMETHEUS_MULTIPROC_DIR exists; dead processes' live gauges are gone
     forwarded.trusted_proxies()  # a malformed FORWARDED_ALLOW_IPS is a start-up error, not a 500 per click
     modules = [importlib.import_module(name) for name in ROUTE_MODULES]
     for module in modules:  # e.g. the webhook refuses a malformed public key now, not per request
@@ -51,6 +52,7 @@ def create_app() -> Starlette:
             if hasattr(module, "on_shutdown"):
                 module.on_shutdown()
         db.database.close_all()
+        metrics.process_stopped()
 
     handlers = {ApiError: api_error_handler}
     handlers.update({error: database_unavailable_handler for error in db.UNAVAILABLE})

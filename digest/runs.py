@@ -182,6 +182,7 @@ UPDATE digest_runs r SET status = 'sent', event_count = v.n, completed_at = now(
        provider_message_id = v.mid, last_error = NULL, next_attempt_at = NULL
 FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS v(id, n, mid)
 WHERE r.id = v.id AND r.status IN ('processing', 'pending')
+RETURNING extract(epoch FROM r.completed_at - r.scheduled_for)
 """
 
 # One statement for every way claimed work goes back: a retryable send failure, a run released
@@ -224,13 +225,15 @@ def mark_skipped(cur, skipped: list[tuple[int, str]]) -> None:
         cur.execute(MARK_SKIPPED, ([i for i, _ in skipped], [reason for _, reason in skipped]))
 
 
-def mark_sent(cur, sent: list[tuple[int, list[int], str | None]]) -> None:
-    """[(run_id, event_ids, provider message id)]: the events and the runs in one transaction."""
+def mark_sent(cur, sent: list[tuple[int, list[int], str | None]]) -> list[float]:
+    """[(run_id, event_ids, provider message id)]: the events and the runs in one transaction.
+    Returns each marked run's lateness: seconds from scheduled_for to now."""
     if not sent:
-        return
+        return []
     pairs = sorted((eid, run_id) for run_id, ids, _ in sent for eid in ids)
     cur.execute(MARK_EVENTS, (_pg_array(p[0] for p in pairs), _pg_array(p[1] for p in pairs)))
     cur.execute(MARK_SENT, ([r for r, _, _ in sent], [len(ids) for _, ids, _ in sent], [m for _, _, m in sent]))
+    return [float(row[0]) for row in cur.fetchall()]
 
 
 def retry(cur, failures: list[tuple[int, str]], max_attempts: int, base_seconds: float) -> tuple[int, int]:

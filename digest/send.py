@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import psycopg2
 
-from app import config, db
+from app import config, db, metrics
 from app.providers import get_provider
 from app.providers.base import PermanentError, Provider, ProviderError, SendResult
 from digest import runs as run_rows
@@ -41,6 +41,8 @@ class Outcome:
     skipped: list = field(default_factory=list)     # (run_id, reason)
     retry: list = field(default_factory=list)       # (run_id, error)
     failed: list = field(default_factory=list)      # (run_id, error)
+    lateness: list = field(default_factory=list)    # seconds from scheduled_for to sent, per sent run
+    exhausted: int = 0                              # retries that used the last attempt (now failed)
 
     def counts(self) -> dict:
         return {"sent": len(self.sent), "skipped": len(self.skipped), "retry": len(self.retry),
@@ -70,10 +72,11 @@ def record(cur, outcome: Outcome, settings=None) -> None:
     """ONE transaction (the caller commits): mark exactly the loaded events of every sent run, and
     move every run to its final or retry state."""
     settings = settings or config.get()
-    run_rows.mark_sent(cur, outcome.sent)
+    outcome.lateness = run_rows.mark_sent(cur, outcome.sent)
     run_rows.mark_skipped(cur, outcome.skipped)
     pending, failed = run_rows.retry(cur, outcome.retry, settings.digest_max_attempts,
                                      settings.digest_retry_base_seconds)
+    outcome.exhausted = failed
     if failed:
         log.warning("%d digest run(s) failed for good after %d attempts", failed, settings.digest_max_attempts)
     run_rows.fail(cur, outcome.failed)
@@ -97,6 +100,7 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         _record_until_written(outcome, settings, started)
         counts = outcome.counts()
         counts["skipped"] += len(skipped)
+        metrics.digest_batch(counts, outcome.exhausted, outcome.lateness)   # committed: counted once
         if claimed or skipped:
             log.info("digest batch: %s in %.0f ms", counts, (time.monotonic() - started) * 1e3)
         return counts

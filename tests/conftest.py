@@ -6,6 +6,7 @@ parallel checkouts can each use their own.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 
 os.environ["APP_ENV"] = "test"
@@ -13,6 +14,8 @@ os.environ["DATABASE_URL"] = os.environ.get("TEST_DATABASE_URL", "postgresql://l
 os.environ["REDIS_URL"] = os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/15")
 os.environ.setdefault("API_KEY_CACHE_SECONDS", "0")
 os.environ.setdefault("MAIL_PROVIDER", "file")
+# Prometheus values of this run (app/metrics.py): its own directory, not the checkout's .var/metrics.
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="notify-test-metrics-"))
 
 import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402

@@ -51,7 +51,7 @@ from collections import Counter
 import psycopg2
 import psycopg2.extras
 
-from app import config, db, queue
+from app import config, db, metrics, queue
 
 log = logging.getLogger("tracking.webhook_apply")
 
@@ -230,6 +230,7 @@ def _apply_rows(cur, ids: list[int]) -> int:
                     "WHERE id = ANY(%s)", (psycopg2.extras.Json({str(k): v for k, v in errors.items()}),
                                            [r[0] for r in rows]))
         _forget_erased(cur, [r[0] for r in rows])
+        metrics.webhook_events(event for _, event, _, _ in rows)
     return len(rows)
 
 

@@ -7,7 +7,7 @@ import logging
 from starlette.requests import Request
 from starlette.routing import Route
 
-from app import ingest
+from app import ingest, metrics
 from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
 
 log = logging.getLogger("app.api.events")
@@ -18,6 +18,8 @@ async def post_events(request: Request):
     body = await read_json(request)
     rows, errors = ingest.validate_body(body, principal.name)
     if errors:
+        batch = body.get("events") if isinstance(body, dict) else None
+        metrics.EVENTS.labels("rejected").inc(len(batch) if isinstance(batch, list) else 1)
         raise validation_error(errors)
     try:
         result = await asyncio.wrap_future(ingest.submit(rows))
@@ -25,6 +27,8 @@ async def post_events(request: Request):
         log.error("events from %s not stored: %s", principal.name, exc)
         raise ApiError(503, "unavailable", "events could not be stored; nothing was committed, retry later",
                        headers={"Retry-After": "5"}) from None
+    metrics.EVENTS.labels("accepted").inc(result.accepted)
+    metrics.EVENTS.labels("duplicate").inc(result.duplicates)
     return FastJSONResponse({"accepted": result.accepted, "duplicates": result.duplicates}, status_code=202)
 
 

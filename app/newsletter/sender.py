@@ -16,7 +16,7 @@ import random
 import time
 from datetime import datetime, timedelta, timezone
 
-from app import config, db, mail, shutdown, tokens
+from app import config, db, mail, metrics, shutdown, tokens
 from app.newsletter import kick, ratelimit, rows, store, template
 from app.providers import get_provider
 from app.providers.base import OutgoingMail, PermanentError, SendResult, ThrottledError, TransientError
@@ -96,6 +96,7 @@ def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provide
     for row_id, status, attempts, sub_id, email, name, user_id, token_version, tracking_opt_out in claimed:
         if status == "suppressed":
             stats["suppressed"] += 1
+            metrics.NEWSLETTER_RECIPIENTS.labels("suppressed").inc()
             continue
         try:
             mails.append(_render(newsletter_id, row_id, sub_id, email, name, user_id, token_version,
@@ -138,6 +139,7 @@ def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provide
         deadline = db.write_deadline(claimed_at, settings.reclaim_after_seconds)
         db.until_written(lambda: store.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE), deadline,
                          f"newsletter {newsletter_id}: recording {len(marks)} outcomes")
+        metrics.newsletter_marks(marks)   # committed: sent / retry / failed
     return retry_after
 
 

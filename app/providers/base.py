@@ -18,7 +18,10 @@ Failure isolation is part of the interface, not left to each provider:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
+
+from app import metrics
 
 log = logging.getLogger("app.providers")
 
@@ -63,6 +66,12 @@ class SendResult:
     permanent: bool = False              # with ok=False: retrying will not help
 
 
+def _result(exc: ProviderError) -> str:
+    """A failed provider call's `result` label in notify_provider_calls_total."""
+    return "throttled" if isinstance(exc, ThrottledError) else "transient" if isinstance(exc, TransientError) \
+        else "permanent"
+
+
 class Provider:
     name = "base"
     max_batch = 1
@@ -88,13 +97,18 @@ class Provider:
                 log.warning("%s: mail %s cannot be built: %s", self.name, m.idempotency_key, exc)
                 results[i] = SendResult(ok=False, error=f"cannot build mail: {exc}"[:1000], permanent=True)
         if ready:
+            metrics.PROVIDER_IN_FLIGHT.labels(self.name).inc()
+            started = time.perf_counter()
             try:
                 delivered = self.deliver(ready)
-            except ProviderError:
+            except ProviderError as exc:
+                metrics.provider_call(self.name, _result(exc), started)
                 raise
             except Exception as exc:  # noqa: BLE001 - a bug or library surprise: the caller retries the batch
+                metrics.provider_call(self.name, "unexpected", started)
                 log.exception("%s: unexpected error delivering %d mail(s)", self.name, len(ready))
                 raise TransientError(f"unexpected {self.name} error: {exc!r}"[:1000]) from exc
+            metrics.provider_call(self.name, "ok", started)
             if len(delivered) != len(ready):   # never leave a row claimed because a provider miscounted
                 raise TransientError(f"{self.name} returned {len(delivered)} results for {len(ready)} mails")
             for i, result in zip(positions, delivered):

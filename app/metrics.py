@@ -1,0 +1,205 @@
+"""Prometheus metrics: every metric object of the service is declared here, and the code where a
+thing happens increments it with one line. README "Metrics" lists them.
+
+Multiprocess mode: uvicorn workers and Dramatiq worker processes each write their values to
+memory-mapped files in PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode), and
+GET /metrics on any web process sums every process's files. The directory is chosen, exported and
+created when this module is imported — before the first metric exists, which is when
+prometheus-client picks its storage — so every process of a deployment (and the children it forks
+or spawns) agrees on it. `setup()` (each process at start-up) removes the live-gauge files of
+processes that are gone (`mark_process_dead`); `process_stopped()` does it for the process itself
+at a clean exit. Counter and histogram files of dead processes stay, so totals never go backwards
+while a deployment lives; empty the directory when a deployment starts from scratch.
+
+Gauges read from Postgres and Redis (age of the oldest due digest, queue depths) are computed at
+scrape time by StateCollector: one SQL statement under a short statement_timeout, and one LLEN per
+queue. A failed read leaves those gauges out and sets notify_scrape_source_up to 0.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import re
+import time
+from collections import Counter as Tally
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess, values
+from prometheus_client.core import GaugeMetricFamily
+
+from app import config, db, queue
+
+log = logging.getLogger("app.metrics")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _directory() -> Path:
+    raw = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or config.Settings.prometheus_multiproc_dir
+    path = Path(raw)
+    return path if path.is_absolute() else ROOT / path
+
+
+DIRECTORY = _directory()
+DIRECTORY.mkdir(parents=True, exist_ok=True)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(DIRECTORY)   # children (Dramatiq, uvicorn workers) inherit it
+values.ValueClass = values.MultiProcessValue()            # also if a library imported prometheus_client first
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+SCRAPE_STATEMENT_TIMEOUT_MS = 500
+COUNT_CAP = 100_000   # the scrape-time counts stop here: a partial-index scan that stays cheap
+
+# -- ingestion
+EVENTS = Counter("notify_events", "Events by result: accepted, duplicate (id already stored), rejected "
+                                  "(in a 422 request)", ["result"])
+# -- digests
+DIGEST_RUNS = Counter("notify_digest_runs", "Digest runs leaving a worker batch, by state: sent, skipped, "
+                                            "retry (back to pending), failed", ["state"])
+DIGEST_LATENESS = Histogram("notify_digest_lateness_seconds", "Seconds from a run's scheduled_for to its send",
+                            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400))
+# -- newsletters
+NEWSLETTER_RECIPIENTS = Counter("notify_newsletter_recipients", "Newsletter outbox rows by outcome of a send "
+                                                                 "attempt: sent, retry, failed, suppressed",
+                                ["state"])
+# -- providers
+PROVIDER_CALLS = Counter("notify_provider_calls", "Provider deliver calls by provider and result: ok, throttled, "
+                                                  "transient, permanent, unexpected", ["provider", "result"])
+PROVIDER_LATENCY = Histogram("notify_provider_call_seconds", "Provider deliver call latency", ["provider"],
+                             buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+PROVIDER_IN_FLIGHT = Gauge("notify_provider_calls_in_flight", "Provider deliver calls under way", ["provider"],
+                           multiprocess_mode="livesum")
+# -- tracking
+WEBHOOK_EVENTS = Counter("notify_webhook_events", "SendGrid webhook events applied, by type", ["type"])
+TRACKING_HITS = Counter("notify_tracking_hits", "Clicks and opens by kind and by who: human or machine "
+                                                "(as classified at request time)", ["kind", "who"])
+
+# Webhook event types are untrusted input: anything else is counted as `other`.
+WEBHOOK_TYPES = frozenset({"processed", "dropped", "delivered", "deferred", "bounce", "open", "click", "spamreport",
+                           "unsubscribe", "group_unsubscribe", "group_resubscribe"})
+_NEWSLETTER_STATES = {"pending": "retry"}
+_PID_FILE = re.compile(r"_(\d+)\.db$")
+
+
+def count(metric: Counter, labels) -> None:
+    """One increment per label value, e.g. the states of a batch's marks."""
+    for label, n in Tally(labels).items():
+        metric.labels(label).inc(n)
+
+
+def newsletter_marks(marks) -> None:
+    count(NEWSLETTER_RECIPIENTS, (_NEWSLETTER_STATES.get(m[1], m[1]) for m in marks))
+
+
+def webhook_events(types) -> None:
+    count(WEBHOOK_EVENTS, (t if t in WEBHOOK_TYPES else "other" for t in types))
+
+
+def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:
+    """A committed digest batch: runs by state (retries that used their last attempt are failed)."""
+    for state, n in {**counts, "retry": counts["retry"] - exhausted,
+                     "failed": counts["failed"] + exhausted}.items():
+        if n:
+            DIGEST_RUNS.labels(state).inc(n)
+    for seconds in lateness:
+        DIGEST_LATENESS.observe(max(0.0, seconds))
+
+
+def provider_call(provider: str, result: str, started: float) -> None:
+    """A deliver call ended (PROVIDER_IN_FLIGHT was raised before it)."""
+    PROVIDER_LATENCY.labels(provider).observe(time.perf_counter() - started)
+    PROVIDER_CALLS.labels(provider, result).inc()
+    PROVIDER_IN_FLIGHT.labels(provider).dec()
+
+
+
+# -- process lifecycle --------------------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def setup() -> None:
+    """At a process's start-up: the directory exists, and live gauges of dead processes are gone."""
+    DIRECTORY.mkdir(parents=True, exist_ok=True)
+    pids = {int(m.group(1)) for name in os.listdir(DIRECTORY) if (m := _PID_FILE.search(name))}
+    for pid in pids:
+        if pid != os.getpid() and not _alive(pid):
+            multiprocess.mark_process_dead(pid, str(DIRECTORY))
+
+
+def process_stopped() -> None:
+    """At a clean exit: this process's live gauges no longer count."""
+    multiprocess.mark_process_dead(os.getpid(), str(DIRECTORY))
+
+
+# -- scrape ---------------------------------------------------------------------------------------
+
+STATE_SQL = f"""
+SELECT (SELECT extract(epoch FROM now() - min(scheduled_for)) FROM digest_runs
+        WHERE status = 'pending' AND scheduled_for <= now()),
+       (SELECT count(*) FROM (SELECT 1 FROM digest_runs WHERE status = 'pending' AND scheduled_for <= now()
+                              LIMIT {COUNT_CAP}) due),
+       (SELECT count(*) FROM (SELECT 1 FROM digest_runs WHERE status = 'processing' LIMIT {COUNT_CAP}) busy),
+       (SELECT count(*) FROM (SELECT 1 FROM webhook_events WHERE processed_at IS NULL LIMIT {COUNT_CAP}) hooks)
+"""
+
+
+class StateCollector:
+    """Gauges read at scrape time from Postgres (one statement) and Redis (LLEN per queue)."""
+
+    def collect(self):
+        up = GaugeMetricFamily("notify_scrape_source_up", "Whether the scrape-time read of a source worked",
+                               labels=["source"])
+        try:
+            with db.raw_cursor() as cur:
+                cur.execute(f"SET LOCAL statement_timeout = {SCRAPE_STATEMENT_TIMEOUT_MS}")
+                cur.execute(STATE_SQL)
+                oldest, due, processing, unapplied = cur.fetchone()
+        except Exception as exc:  # noqa: BLE001 - a scrape never fails because Postgres is slow or down
+            log.warning("metrics: database read failed: %s", str(exc).strip().splitlines()[:1])
+            up.add_metric(["postgres"], 0)
+        else:
+            up.add_metric(["postgres"], 1)
+            yield GaugeMetricFamily("notify_digest_oldest_due_seconds", "Age of the oldest due, unsent digest run "
+                                    "(0 when none is due)", value=float(oldest or 0))
+            yield GaugeMetricFamily("notify_digest_runs_due", f"Pending digest runs already due (capped at "
+                                    f"{COUNT_CAP})", value=due)
+            yield GaugeMetricFamily("notify_digest_runs_processing", "Digest runs claimed by a worker",
+                                    value=processing)
+            yield GaugeMetricFamily("notify_webhook_events_unapplied", f"Stored SendGrid events not applied yet "
+                                    f"(capped at {COUNT_CAP})", value=unapplied)
+        try:
+            depths = {name: queue.depth(name) for name in queue.QUEUES}
+        except Exception as exc:  # noqa: BLE001
+            log.warning("metrics: redis read failed: %s", exc)
+            up.add_metric(["redis"], 0)
+        else:
+            up.add_metric(["redis"], 1)
+            family = GaugeMetricFamily("notify_queue_depth", "Messages waiting in a Dramatiq queue (ready + delayed)",
+                                       labels=["queue"])
+            for name, depth in depths.items():
+                family.add_metric([name], depth)
+            yield family
+        yield up
+
+
+def scrape() -> bytes:
+    """The exposition text: every process's values summed, plus the scrape-time gauges. Blocking."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(DIRECTORY))
+    registry.register(StateCollector())
+    return generate_latest(registry)
+
+
+def token_matches(presented: str) -> bool:
+    """METRICS_TOKEN, compared in constant time; never matches while it is unset."""
+    expected = config.get().metrics_token
+    return bool(expected) and hmac.compare_digest(presented.encode(), expected.encode())

@@ -1,0 +1,175 @@
+"""GET /metrics: credentials, and the numbers moving when events, digests, newsletters, webhook
+events and clicks/opens go through the real code paths (real Postgres, Redis, SMTP sink, fake SendGrid)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app import apikeys, metrics, providers
+from app.newsletter import sender
+from digest import send as digest_send
+from tests import factories
+from tests.conftest import auth
+from tests.newsletter_support import counts, drain, start
+from tests.test_digest_support import SmtpSink
+from tests.test_webhook_apply import store
+from tracking import codes, webhook_apply
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def scrape(client, key: str) -> dict:
+    response = client.get("/metrics", headers=auth(key))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+
+def value(sample: dict, name: str, **labels) -> float:
+    return sample.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+def sink(settings):
+    s = SmtpSink().start()
+    settings(mail_provider="smtp", smtp_url=s.url, smtp_pool_size=2, tracking=False)
+    yield s
+    providers.close_all()
+    s.stop()
+
+
+def test_metrics_need_an_admin_key_or_the_metrics_token(client, settings, admin_key, events_key):
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=auth("not-a-key")).status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Basic abc"}).status_code == 401
+    assert client.get("/metrics", headers=auth(events_key)).status_code == 403
+    assert client.get("/metrics", headers=auth(admin_key)).status_code == 200
+    apikeys.revoke("admin-test")
+    assert client.get("/metrics", headers=auth(admin_key)).status_code == 401
+    assert client.get("/metrics", headers=auth("")).status_code == 401          # unset token matches nothing
+    settings(metrics_token="s3cret-scrape-token")
+    assert client.get("/metrics", headers=auth("s3cret-scrape-token")).status_code == 200
+    assert client.get("/metrics", headers=auth("s3cret-scrape-token-x")).status_code == 401
+
+
+def test_events_accepted_duplicate_rejected(client, admin_key, events_key):
+    before = scrape(client, admin_key)
+    event = {"id": "e1", "user_id": "u1", "category": "like", "entity_type": "post", "entity_id": "p1"}
+    assert client.post("/v1/events", json={"events": [event, {**event, "id": "e2"}]},
+                       headers=auth(events_key)).status_code == 202
+    assert client.post("/v1/events", json=event, headers=auth(events_key)).status_code == 202   # duplicate
+    assert client.post("/v1/events", json={"events": [{**event, "id": "e3"}, {"id": "bad"}]},
+                       headers=auth(events_key)).status_code == 422
+    after = scrape(client, admin_key)
+    for result, n in {"accepted": 2, "duplicate": 1, "rejected": 2}.items():
+        assert value(after, "notify_events_total", result=result) - \
+            value(before, "notify_events_total", result=result) == n, result
+
+
+def test_digest_send_counts_runs_lateness_and_provider_calls(client, admin_key, sink):
+    sid = factories.subscriber("u1")
+    factories.events("u1", 2)
+    late = factories.digest_run(sid, scheduled_for=datetime.now(timezone.utc) - timedelta(minutes=10))
+    empty = factories.digest_run(factories.subscriber("u2"))
+    before = scrape(client, admin_key)
+    assert value(before, "notify_digest_oldest_due_seconds") >= 600
+    assert value(before, "notify_digest_runs_due") == 2
+    assert value(before, "notify_scrape_source_up", source="postgres") == 1
+    assert value(before, "notify_scrape_source_up", source="redis") == 1
+    assert value(before, "notify_queue_depth", queue="digest") == 0
+
+    assert digest_send.process([late, empty]) == {"sent": 1, "skipped": 1, "retry": 0, "failed": 0}
+
+    after = scrape(client, admin_key)
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    assert value(delta, "notify_digest_runs_total", state="sent") == 1
+    assert value(delta, "notify_digest_runs_total", state="skipped") == 1
+    assert value(delta, "notify_digest_lateness_seconds_count") == 1
+    assert 600 <= value(delta, "notify_digest_lateness_seconds_sum") < 700
+    assert value(delta, "notify_digest_lateness_seconds_bucket", le="300.0") == 0
+    assert value(delta, "notify_digest_lateness_seconds_bucket", le="1800.0") == 1
+    assert value(delta, "notify_provider_calls_total", provider="smtp", result="ok") == 1
+    assert value(delta, "notify_provider_call_seconds_count", provider="smtp") == 1
+    assert value(after, "notify_provider_calls_in_flight", provider="smtp") == 0
+    assert value(after, "notify_digest_oldest_due_seconds") == 0 and value(after, "notify_digest_runs_due") == 0
+
+
+def test_newsletter_send_counts_recipients_and_provider_calls(client, admin_key, fake, provider, settings):
+    settings(send_batch_size=10)
+    factories.seed_subscribers(25)
+    nl = factories.newsletter()
+    start(nl)
+    factories.suppression("user3@example.com", "bounce")   # after the outbox: caught at claim time
+    before = scrape(client, admin_key)
+    drain(nl, provider)
+    assert counts(nl) == {"sent": 24, "suppressed": 1}
+    after = scrape(client, admin_key)
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    assert value(delta, "notify_newsletter_recipients_total", state="sent") == 24
+    assert value(delta, "notify_newsletter_recipients_total", state="suppressed") == 1
+    assert value(delta, "notify_provider_calls_total", provider="sendgrid", result="ok") == fake.calls == 3
+
+
+def test_newsletter_provider_failures_count_as_retries(client, admin_key, fake, provider):
+    factories.seed_subscribers(3)
+    nl = factories.newsletter()
+    start(nl)
+    before = scrape(client, admin_key)
+    fake.fail_next(1, status=500)
+    stats = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=60)
+    after = scrape(client, admin_key)
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    assert value(delta, "notify_newsletter_recipients_total", state="retry") == stats["retry"] == 3
+    assert value(delta, "notify_provider_calls_total", provider="sendgrid", result="transient") == 1
+
+
+def test_webhook_events_by_type(client, admin_key):
+    ids = store({"event": "delivered", "email": "a@example.com"}, {"event": "open", "email": "a@example.com"},
+                {"event": "open", "email": "b@example.com"}, {"event": "made-up", "email": "b@example.com"})
+    before = scrape(client, admin_key)
+    assert value(before, "notify_webhook_events_unapplied") == 4
+    assert webhook_apply.apply_events(ids) == 4
+    after = scrape(client, admin_key)
+    for kind, n in {"delivered": 1, "open": 2, "other": 1}.items():
+        assert value(after, "notify_webhook_events_total", type=kind) - \
+            value(before, "notify_webhook_events_total", type=kind) == n, kind
+    assert value(after, "notify_webhook_events_unapplied") == 0
+
+
+def test_opens_human_and_machine(client, admin_key):
+    code = codes.open_code("newsletter", 1, 1)
+    before = scrape(client, admin_key)
+    browser = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 Chrome/120 Safari/537.36"
+    assert client.get(f"/o/{code}.gif", headers={"User-Agent": browser}).status_code == 200
+    assert client.head(f"/o/{code}.gif", headers={"User-Agent": browser}).status_code == 200   # HEAD: machine
+    after = scrape(client, admin_key)
+    for who in ("human", "machine"):
+        assert value(after, "notify_tracking_hits_total", kind="open", who=who) - \
+            value(before, "notify_tracking_hits_total", kind="open", who=who) == 1, who
+
+
+def test_setup_clears_live_gauges_of_dead_processes_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics, "DIRECTORY", tmp_path)
+    dead, alive = 2 ** 22 + 12345, os.getpid()   # above any pid_max: never alive
+    for name in (f"gauge_livesum_{dead}.db", f"counter_{dead}.db", f"gauge_livesum_{alive}.db"):
+        (tmp_path / name).write_bytes(b"")
+    metrics.setup()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"counter_{dead}.db", f"gauge_livesum_{alive}.db"]
+
+
+def test_values_of_other_processes_are_summed(client, admin_key):
+    """Multiprocess mode: what a worker process counted shows in the web process's scrape, also
+    after that process has exited."""
+    before = scrape(client, admin_key)
+    subprocess.run([sys.executable, "-c", "from app import metrics; metrics.EVENTS.labels('duplicate').inc(5)"],
+                   check=True, cwd=ROOT, env={**os.environ, "APP_ENV": "test"})
+    after = scrape(client, admin_key)
+    assert value(after, "notify_events_total", result="duplicate") - \
+        value(before, "notify_events_total", result="duplicate") == 5
