@@ -31,8 +31,9 @@ class Settings:
     # -- platform
     env: str = setting("production", "`development` or `test` allow the built-in key, unsigned webhooks and "
                                      "the dev mail viewer; anything else (or unset) is production: start-up fails "
-                                     "without a SECRET_KEY of 32+ characters other than the built-in one, and "
-                                     "without SENDGRID_WEBHOOK_PUBLIC_KEY or the opt-out. `make run`/`demo`/"
+                                     "without a SECRET_KEY of 32+ characters other than the built-in one, "
+                                     "without SENDGRID_WEBHOOK_PUBLIC_KEY or the opt-out, and without "
+                                     "MAIL_POSTAL_ADDRESS. `make run`/`demo`/"
                                      "`migrate`/`bench` and `Procfile.dev` set `development`; run "
                                      "`python -m app …` by hand with `APP_ENV=development` locally")
     database_url: str = setting("postgresql://localhost/notify", "Postgres; created if missing by `migrate`")
@@ -70,6 +71,9 @@ class Settings:
     smtp_url: str = setting("smtp://localhost:1025", "`smtp://user:pass@host:port`, `?starttls=1`, or `smtps://`")
     mail_file_dir: str = setting("mail-out", "where the `file` provider writes .eml files")
     unsubscribe_mailto: str = setting("", "adds a mailto: target to List-Unsubscribe")
+    mail_postal_address: str = setting("", "the sender's postal address, shown in the footer of every newsletter "
+                                           "and digest (HTML and text; line breaks become \", \"); required "
+                                           "outside development/test, where empty means no address line")
     sendgrid_api_key: str = setting("", "SendGrid API key")
     sendgrid_api_url: str = setting("https://api.sendgrid.com/v3/mail/send", "SendGrid v3 mail/send endpoint")
     sendgrid_webhook_public_key: str = setting("", "verifies signed SendGrid event webhooks (base64 DER); "
@@ -200,8 +204,21 @@ def _webhook_allow_unsigned(env: str, public_key: str) -> bool:
     return allowed
 
 
+def _postal_address(env: str, raw: str) -> str:
+    """Anti-spam law (CAN-SPAM, and what Gmail/Yahoo expect of bulk senders) wants the sender's
+    postal address in every commercial mail: production does not start without one."""
+    address = ", ".join(line.strip() for line in raw.splitlines() if line.strip())
+    if not address and env not in DEVELOPMENT_ENVS:
+        raise ConfigError(
+            f"MAIL_POSTAL_ADDRESS is not set (APP_ENV={env}): every newsletter and digest must show the "
+            "sender's postal address. Set MAIL_POSTAL_ADDRESS, e.g. \"Example Ltd, 1 Main St, Springfield\" "
+            "(for local development set APP_ENV=development)."
+        )
+    return address
+
+
 # Read by load() itself: their rules depend on APP_ENV and on each other.
-_SPECIAL = {"env", "secret_key", "secret_key_fallbacks", "sendgrid_webhook_allow_unsigned"}
+_SPECIAL = {"env", "secret_key", "secret_key_fallbacks", "sendgrid_webhook_allow_unsigned", "mail_postal_address"}
 
 
 def load() -> Settings:
@@ -217,6 +234,7 @@ def load() -> Settings:
     values["secret_key"], values["secret_key_fallbacks"] = _secret_keys(env)
     values["sendgrid_webhook_allow_unsigned"] = _webhook_allow_unsigned(
         env, values.get("sendgrid_webhook_public_key", ""))
+    values["mail_postal_address"] = _postal_address(env, os.environ.get("MAIL_POSTAL_ADDRESS", ""))
     values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
     return Settings(**values)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from app import config
 from digest.group import Digest, Group, actors_text
 
 MAX_TITLE = 200
@@ -53,7 +54,10 @@ def group_item(group: Group, payload: dict) -> dict:
 
 
 def build(digest: Digest, payloads: dict[int, dict], *, cadence: str, name: str,
-          unsubscribe_url: str, preferences_url: str) -> dict:
+          unsubscribe_url: str, preferences_url: str, postal_address: str | None = None) -> dict:
+    """`postal_address`: MAIL_POSTAL_ADDRESS by default (empty in development/test: no line)."""
+    if postal_address is None:
+        postal_address = config.get().mail_postal_address
     items = [group_item(g, payloads.get(g.latest_event_id) or {}) for g in digest.groups]
     top = items[0] if items else None
     updates = f"{digest.total_events} update{'s' if digest.total_events != 1 else ''}"
@@ -78,4 +82,6 @@ def build(digest: Digest, payloads: dict[int, dict], *, cadence: str, name: str,
         "total_events": digest.total_events,
         "unsubscribe_url": unsubscribe_url,
         "preferences_url": preferences_url,
+        "postal_address": postal_address,
+        "has_postal_address": bool(postal_address),
     }

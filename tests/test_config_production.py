@@ -12,17 +12,18 @@ from app import config
 
 GOOD_KEY = "k" * 48
 PRODUCTION_VARS = ("APP_ENV", "SECRET_KEY", "SECRET_KEY_FALLBACKS", "SENDGRID_WEBHOOK_PUBLIC_KEY",
-                   "SENDGRID_WEBHOOK_ALLOW_UNSIGNED")
+                   "SENDGRID_WEBHOOK_ALLOW_UNSIGNED", "MAIL_POSTAL_ADDRESS")
 
 
 @pytest.fixture
 def prod(monkeypatch):
-    """A production environment that loads: long key, explicit unsigned-webhook opt-out."""
+    """A production environment that loads: long key, explicit unsigned-webhook opt-out, postal address."""
     for name in PRODUCTION_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("APP_ENV", "production")
     monkeypatch.setenv("SECRET_KEY", GOOD_KEY)
     monkeypatch.setenv("SENDGRID_WEBHOOK_ALLOW_UNSIGNED", config.ALLOW_UNSIGNED_WEBHOOK)
+    monkeypatch.setenv("MAIL_POSTAL_ADDRESS", "Example Ltd, 1 Main St, Springfield")
     return monkeypatch
 
 

@@ -3,6 +3,13 @@
 Compilation = premailer (CSS inlined once, before Mustache: it is far too slow per mail) + chevron
 tokenizing (cached token lists render about 2x faster than template strings). Templates see only
 the recipient variables below; partials are refused (no file system access from user input).
+
+Compliance by construction, decided once per newsletter from the tokens (never per recipient): a
+part (HTML, text, independently) whose template has no `unsubscribe_url` tag that always renders
+(any of {{x}}, {{{x}}}, {{&x}} outside every {{#section}}/{{^section}} and, in HTML, outside
+<!-- comments -->) gets the standard footer: unsubscribe link, preferences link and
+MAIL_POSTAL_ADDRESS. A part that has the link but not the address (as literal text) gets the
+address alone. The HTML footer goes before the last top-level </body>, else at the end.
 """
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from dataclasses import dataclass
 
 import chevron
 from chevron.tokenizer import ChevronError
+
+from app import config
 
 log = logging.getLogger("app.newsletter.template")
 
@@ -90,13 +99,102 @@ class Rendered:
     text: str
 
 
-class Compiled:
-    """One newsletter's templates, ready to render many recipients (thread-safe, read-only)."""
+def always_renders(tokens: list, name: str, html: bool) -> bool:
+    """Whether a {{name}} tag (escaped or not) renders for every recipient: outside every section
+    (a section's condition may be false for someone) and, in HTML, outside <!-- comments -->."""
+    depth, in_comment = 0, False
+    for kind, key in tokens:
+        if kind == "literal":
+            pos = 0
+            while html:
+                marker = "-->" if in_comment else "<!--"
+                found = key.find(marker, pos)
+                if found < 0:
+                    break
+                in_comment, pos = not in_comment, found + len(marker)
+        elif kind in ("section", "inverted section"):
+            depth += 1
+        elif kind == "end":
+            depth -= 1
+        elif kind in ("variable", "no escape") and key == name and depth == 0 and not in_comment:
+            return True
+    return False
 
-    def __init__(self, subject: str, html: str, text: str | None):
+
+def _shows(tokens: list, address: str, html: bool) -> bool:
+    """Whether the template's own text already carries the postal address."""
+    literal = "".join(key for kind, key in tokens if kind == "literal")
+    return address in literal or (html and html_lib.escape(address, quote=False) in literal)
+
+
+_FOOTER_STYLE = "font-size:12px;color:#7b8794;text-align:center;padding:16px 8px;line-height:18px"
+_FOOTER_LINK_STYLE = "color:#7b8794"
+
+
+def html_footer(address: str, links: bool) -> list:
+    """Footer tokens for the HTML part (the address is literal text, escaped here once)."""
+    tokens = [("literal", f'\n<div class="notify-footer" style="{_FOOTER_STYLE}">\n')]
+    if links:
+        tokens += [("literal", '<a href="'), ("variable", "unsubscribe_url"),
+                   ("literal", f'" style="{_FOOTER_LINK_STYLE}">Unsubscribe</a> &middot; <a href="'),
+                   ("variable", "preferences_url"),
+                   ("literal", f'" style="{_FOOTER_LINK_STYLE}">Email preferences</a>' + ("<br>\n" if address else "\n"))]
+    if address:
+        tokens.append(("literal", html_lib.escape(address, quote=False) + "\n"))
+    tokens.append(("literal", "</div>\n"))
+    return tokens
+
+
+def text_footer(address: str, links: bool, after_newline: bool = False) -> list:
+    tokens = [("literal", ("\n" if after_newline else "\n\n") + "--\n")]
+    if links:
+        tokens += [("literal", "Unsubscribe: "), ("no escape", "unsubscribe_url"),
+                   ("literal", "\nEmail preferences: "), ("no escape", "preferences_url"), ("literal", "\n")]
+    if address:
+        tokens.append(("literal", address + "\n"))
+    return tokens
+
+
+def _before_body_end(tokens: list, footer: list) -> list:
+    """Footer inserted before the last top-level </body> (case-insensitive), else appended."""
+    depth, at = 0, None
+    for i, (kind, key) in enumerate(tokens):
+        if kind in ("section", "inverted section"):
+            depth += 1
+        elif kind == "end":
+            depth -= 1
+        elif kind == "literal" and depth == 0 and "</body" in key.lower():
+            at = i
+    if at is None:
+        return [*tokens, *footer]
+    key = tokens[at][1]
+    cut = key.lower().rfind("</body")
+    return [*tokens[:at], ("literal", key[:cut]), *footer, ("literal", key[cut:]), *tokens[at + 1:]]
+
+
+def with_footer(tokens: list, address: str, html: bool) -> list:
+    """The part's tokens with whatever of the standard footer it lacks (see the module docstring)."""
+    links = not always_renders(tokens, "unsubscribe_url", html)
+    address = address if address and not _shows(tokens, address, html) else ""
+    if not links and not address:
+        return tokens
+    if html:
+        return _before_body_end(tokens, html_footer(address, links))
+    after_newline = bool(tokens) and tokens[-1][0] == "literal" and tokens[-1][1].endswith("\n")
+    return [*tokens, *text_footer(address, links, after_newline)]
+
+
+class Compiled:
+    """One newsletter's templates, ready to render many recipients (thread-safe, read-only).
+    `postal_address`: MAIL_POSTAL_ADDRESS by default."""
+
+    def __init__(self, subject: str, html: str, text: str | None, postal_address: str | None = None):
+        if postal_address is None:
+            postal_address = config.get().mail_postal_address
         self.subject_tokens = _unescaped(tokenize(subject))
-        self.html_tokens = tokenize(inline_css(html))
-        self.text_tokens = _unescaped(tokenize(text if text else text_from_html(html)))
+        self.html_tokens = with_footer(tokenize(inline_css(html)), postal_address, html=True)
+        self.text_tokens = with_footer(_unescaped(tokenize(text if text else text_from_html(html))),
+                                       postal_address, html=False)
 
     def render(self, context: dict) -> Rendered:
         subject = chevron.render(self.subject_tokens, context, partials_path=None)
@@ -116,11 +214,12 @@ def compiled_for(newsletter_id: int, subject: str, html: str, text: str | None) 
     """Per-process cache, keyed by id AND content (a content hash costs microseconds; premailer
     costs milliseconds to seconds), so a reused id (a restored or test database) never renders
     another newsletter's template."""
-    key = (newsletter_id, hash((subject, html, text)))
+    postal_address = config.get().mail_postal_address
+    key = (newsletter_id, hash((subject, html, text, postal_address)))
     found = _cache.get(key)
     if found is not None:
         return found
-    compiled = Compiled(subject, html, text)
+    compiled = Compiled(subject, html, text, postal_address)
     with _cache_lock:
         if len(_cache) >= _CACHE_MAX:
             _cache.pop(next(iter(_cache)))
