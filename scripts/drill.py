@@ -319,11 +319,28 @@ def progress(system: System) -> float:
 KILL_EVERY_SECONDS = 5.0
 KILL_WINDOW_SECONDS = 180.0
 
-def drill_kill_worker(system: System, scale: float) -> Report:
+
+def start_load(system: System, scale: float) -> None:
+    """The web process, 5,000 x scale digest subscribers and a newsletter to everyone."""
     system.start("web")
     system.wait_web()
     system.seed_digests(int(5000 * scale))
     system.start_newsletter(int(20000 * scale))
+
+
+def once_past(system: System, share: float, fault) -> tuple:
+    """(a hook for run_until_settled that calls fault() once delivery passed `share`, done flag)."""
+    done = [False]
+
+    def hook():
+        if not done[0] and progress(system) > share:
+            fault()
+            done[0] = True
+    return hook, done
+
+
+def drill_kill_worker(system: System, scale: float) -> Report:
+    start_load(system, scale)
     system.start("scheduler")
     worker = system.start("worker")
     started, last_kill, kills = time.monotonic(), time.monotonic(), [0]
@@ -348,34 +365,31 @@ def drill_kill_worker(system: System, scale: float) -> Report:
     return report
 
 
-def drill_redis_flush(system: System, scale: float) -> Report:
-    system.start("web")
-    system.wait_web()
-    system.seed_digests(int(5000 * scale))
-    system.start_newsletter(int(20000 * scale))
+def one_fault(system: System, scale: float, name: str, share: float, fault) -> Report:
+    """The load, one scheduler and one worker pool; fault() once delivery passed `share`."""
+    start_load(system, scale)
     system.start("scheduler")
     system.start("worker")
-    started, done = time.monotonic(), [False]
-
-    def flush_and_restart_once():
-        if not done[0] and progress(system) > 0.3:
-            redis_lib.Redis.from_url(system.redis.url).flushall()
-            system.redis.stop()
-            time.sleep(1)
-            system.redis.start()
-            done[0] = True
-
-    run_until_settled(system, 600, flush_and_restart_once)
-    report = tally(system, "redis flush+restart", started)
+    started = time.monotonic()
+    hook, done = once_past(system, share, fault)
+    run_until_settled(system, 600, hook)
+    report = tally(system, name, started)
     report.faults = int(done[0])
     return report
 
 
+def drill_redis_flush(system: System, scale: float) -> Report:
+    def flush_and_restart():
+        redis_lib.Redis.from_url(system.redis.url).flushall()
+        system.redis.stop()
+        time.sleep(1)
+        system.redis.start()
+
+    return one_fault(system, scale, "redis flush+restart", 0.3, flush_and_restart)
+
+
 def drill_postgres_restart(system: System, scale: float) -> Report:
-    system.start("web")
-    system.wait_web()
-    system.seed_digests(int(5000 * scale))
-    system.start_newsletter(int(20000 * scale))
+    start_load(system, scale)
     key = subprocess.run([PY, "-m", "app", "create-api-key", "drill-events", "--scope", "events"], env=system.env,
                          cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
     accepted, statuses, stop = [], {}, threading.Event()
@@ -399,16 +413,15 @@ def drill_postgres_restart(system: System, scale: float) -> Report:
     feeder.start()
     system.start("scheduler")
     system.start("worker")
-    started, done = time.monotonic(), [False]
+    started = time.monotonic()
 
-    def restart_once():
-        if not done[0] and progress(system) > 0.3:
-            system.pg.stop("fast")
-            time.sleep(3)
-            system.pg.start()
-            done[0] = True
+    def restart():
+        system.pg.stop("fast")
+        time.sleep(3)
+        system.pg.start()
 
-    run_until_settled(system, 600, restart_once)
+    hook, done = once_past(system, 0.3, restart)
+    run_until_settled(system, 600, hook)
     stop.set()
     feeder.join(15)
     stored = {r[0] for r in system.sql("SELECT producer_id FROM digest_events WHERE user_id = 'ingest'")}
@@ -422,34 +435,18 @@ def drill_postgres_restart(system: System, scale: float) -> Report:
 
 
 def drill_smtp_faults(system: System, scale: float) -> Report:
-    system.start("web")
-    system.wait_web()
-    system.seed_digests(int(5000 * scale))
-    system.start_newsletter(int(20000 * scale))
-    system.start("scheduler")
-    system.start("worker")
-    started, done = time.monotonic(), [False]
-
-    def faults_once():
+    def bad_relay():
         # 451 to everything for 10 s, then every other connection cut mid-DATA for 10 s: bounded
         # windows, as a relay's bad minute is. Retries with backoff must outlast them: with the
         # drill's DIGEST_RETRY_BASE_SECONDS=3 five attempts span 45 s (production: 60 s base, 15 min).
-        if not done[0] and progress(system) > 0.2:
-            system.sink.tempfail_until = time.monotonic() + 10
-            system.sink.drop_until = time.monotonic() + 20
-            done[0] = True
+        system.sink.tempfail_until = time.monotonic() + 10
+        system.sink.drop_until = time.monotonic() + 20
 
-    run_until_settled(system, 600, faults_once)
-    report = tally(system, "smtp 451 + drops", started)
-    report.faults = int(done[0])
-    return report
+    return one_fault(system, scale, "smtp 451 + drops", 0.2, bad_relay)
 
 
 def drill_two_of_each(system: System, scale: float) -> Report:
-    system.start("web")
-    system.wait_web()
-    system.seed_digests(int(5000 * scale))
-    system.start_newsletter(int(20000 * scale))
+    start_load(system, scale)
     for name in ("scheduler", "scheduler", "worker", "worker"):
         system.start(name)
     started = time.monotonic()

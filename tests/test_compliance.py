@@ -9,13 +9,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from app import config, db, providers, tokens
+from app import config, db, tokens
 from app.newsletter import template
 from digest import send as digest_send
 from tests import factories
 from tests.newsletter_support import counts, drain, start
 from tests.test_config_production import GOOD_KEY, PRODUCTION_VARS
-from tests.test_digest_support import SmtpSink
+from tests.test_digest_support import sink_as_provider
 
 ADDRESS = "Example & Co Ltd, 1 Main St, Springfield"
 ESCAPED = "Example &amp; Co Ltd, 1 Main St, Springfield"
@@ -104,11 +104,8 @@ def test_a_newsletter_with_the_link_gets_no_second_one(fake, provider, settings)
 
 @pytest.fixture
 def sink(settings):
-    s = SmtpSink().start()
-    settings(mail_provider="smtp", smtp_url=s.url, smtp_pool_size=4, tracking=False, mail_postal_address=ADDRESS)
-    yield s
-    providers.close_all()
-    s.stop()
+    with sink_as_provider(settings, mail_postal_address=ADDRESS) as s:
+        yield s
 
 
 def test_every_digest_shows_the_link_and_the_postal_address(sink):

@@ -16,18 +16,15 @@ from digest import build as digest_build
 from digest import plan as digest_plan
 from digest import send as digest_send
 from tests import factories
-from tests.test_digest_support import SmtpSink, marked, run_row
+from tests.test_digest_support import marked, run_row, sink_as_provider
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def sink(settings):
-    s = SmtpSink().start()
-    settings(mail_provider="smtp", smtp_url=s.url, smtp_pool_size=4, tracking=False)
-    yield s
-    providers.close_all()
-    s.stop()
+    with sink_as_provider(settings) as s:
+        yield s
 
 
 def test_sends_one_digest_and_marks_exactly_its_events(sink):

@@ -7,6 +7,7 @@ one recipient (`reject_rcpt` at RCPT, `reject_data` at the end of DATA).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email
 import email.policy
 import socket
@@ -14,7 +15,7 @@ import threading
 
 from aiosmtpd.controller import Controller
 
-from app import db
+from app import db, providers
 
 
 def free_port() -> int:
@@ -91,3 +92,17 @@ def run_row(run_id) -> dict:
 
 def marked(event_ids) -> dict:
     return dict(db.query("SELECT id, digest_run_id FROM digest_events WHERE id = ANY (%s)", (list(event_ids),)))
+
+
+@contextlib.contextmanager
+def sink_as_provider(settings, **overrides):
+    """A recording SMTP sink that the service sends to (MAIL_PROVIDER=smtp, tracking off), closed
+    with the pooled provider connections afterwards. For the tests' `sink` fixtures."""
+    s = SmtpSink().start()
+    settings(**{"mail_provider": "smtp", "smtp_url": s.url, "smtp_pool_size": 4, "tracking": False, **overrides})
+    try:
+        yield s
+    finally:
+        providers.close_all()
+        s.stop()
+

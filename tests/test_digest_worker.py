@@ -5,19 +5,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app import db, providers, scheduler
+from app import db, scheduler
 from tests import factories
 from tests.conftest import wait_for
-from tests.test_digest_support import SmtpSink, marked
+from tests.test_digest_support import marked, sink_as_provider
 
 
 @pytest.fixture
 def sink(settings):
-    s = SmtpSink().start()
-    settings(mail_provider="smtp", smtp_url=s.url, smtp_pool_size=4, tracking=False, digest_claim_batch=3)
-    yield s
-    providers.close_all()
-    s.stop()
+    with sink_as_provider(settings, digest_claim_batch=3) as s:
+        yield s
 
 
 @pytest.fixture

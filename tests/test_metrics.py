@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import apikeys, metrics, providers
+from app import apikeys, metrics
 from app.newsletter import sender
 from digest import send as digest_send
 from tests import factories
 from tests.conftest import auth
 from tests.newsletter_support import counts, drain, start
-from tests.test_digest_support import SmtpSink
+from tests.test_digest_support import sink_as_provider
 from tests.test_webhook_apply import store
 from tracking import codes, webhook_apply
 
@@ -38,11 +38,8 @@ def value(sample: dict, name: str, **labels) -> float:
 
 @pytest.fixture
 def sink(settings):
-    s = SmtpSink().start()
-    settings(mail_provider="smtp", smtp_url=s.url, smtp_pool_size=2, tracking=False)
-    yield s
-    providers.close_all()
-    s.stop()
+    with sink_as_provider(settings, smtp_pool_size=2) as s:
+        yield s
 
 
 def test_metrics_need_an_admin_key_or_the_metrics_token(client, settings, admin_key, events_key):

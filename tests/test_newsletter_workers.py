@@ -74,6 +74,15 @@ def redeliver_dead_workers_messages(queue: str = "newsletter"):
     return broker, consumer, messages
 
 
+def send_to_the_end(fake, nl: int, what: str) -> None:
+    """A fresh worker until the newsletter is done."""
+    worker = start_worker(fake.url)
+    try:
+        wait_for(lambda: newsletter_status(nl) == "done", what=what)
+    finally:
+        stop_worker(worker)
+
+
 @pytest.mark.slow
 def test_actors_send_a_newsletter_end_to_end(fake):
     factories.seed_subscribers(95)
@@ -110,11 +119,7 @@ def test_worker_killed_mid_batch_rows_reclaimed_each_recipient_once(fake, settin
     settings(reclaim_after_seconds=0)
     assert reclaim.reclaim_stale()["reclaimed_rows"] == 10
     assert counts(nl) == {"pending": 45}
-    worker = start_worker(fake.url)
-    try:
-        wait_for(lambda: newsletter_status(nl) == "done", what="newsletter done after reclaim")
-    finally:
-        stop_worker(worker)
+    send_to_the_end(fake, nl, "newsletter done after reclaim")
     assert counts(nl) == {"sent": 45}
     # Every recipient was delivered once; the killed batch was re-sent with the SAME keys, which is
     # what lets an idempotent provider drop the copies.
@@ -212,10 +217,6 @@ def test_sigterm_mid_batch_finishes_and_records_the_batch_then_exits(fake):
             kill_worker(worker)
     assert "sending" not in counts(nl)                    # the in-flight batch was recorded
     assert counts(nl).get("sent") == 10
-    worker = start_worker(fake.url)
-    try:
-        wait_for(lambda: newsletter_status(nl) == "done", what="newsletter done after the deploy")
-    finally:
-        stop_worker(worker)
+    send_to_the_end(fake, nl, "newsletter done after the deploy")
     assert counts(nl) == {"sent": 45}
     assert set(fake.accepted_keys.values()) == {1} and fake.delivered_count == 45
