@@ -75,6 +75,15 @@ WEBHOOK_EVENTS = Counter("notify_webhook_events", "SendGrid webhook events appli
 TRACKING_HITS = Counter("notify_tracking_hits", "Clicks and opens by kind and by who: human or machine "
                                                 "(as classified at request time)", ["kind", "who"])
 
+# Bound once: a click or open pays only the increment (labels() costs as much again on the hot path).
+_TRACKING_HIT = {(kind, machine): TRACKING_HITS.labels(kind, "machine" if machine else "human")
+                 for kind in ("click", "open") for machine in (False, True)}
+
+
+def tracking_hit(kind: str, machine: bool) -> None:
+    _TRACKING_HIT[kind, machine].inc()
+
+
 # Webhook event types are untrusted input: anything else is counted as `other`.
 WEBHOOK_TYPES = frozenset({"processed", "dropped", "delivered", "deferred", "bounce", "open", "click", "spamreport",
                            "unsubscribe", "group_unsubscribe", "group_resubscribe"})

@@ -88,7 +88,7 @@ async def click(scope, receive, send) -> None:
     link = target.link
     recorder.record_click(link.id, link.mail_kind, link.mail_id, target.subscriber_id, ip, ua,
                           reason is not None, reason)
-    metrics.TRACKING_HITS.labels("click", "human" if reason is None else "machine").inc()
+    metrics.tracking_hit("click", reason is not None)
     await send({"type": "http.response.start", "status": 302, "headers": [
         (b"location", link.location), (b"content-length", b"0"), (b"cache-control", _NO_STORE),
         (b"referrer-policy", b"no-referrer")]})
@@ -102,7 +102,7 @@ async def open_pixel(scope, receive, send) -> None:
         reason = machines.classify_open(scope["method"], ua, ip)
         recorder.record_open(decoded.mail_kind, decoded.mail_id, decoded.subscriber_id, ip, ua,
                              reason is not None, reason)
-        metrics.TRACKING_HITS.labels("open", "human" if reason is None else "machine").inc()
+        metrics.tracking_hit("open", reason is not None)
     # A broken image would show in the mail: answer with the pixel even for a bad code (but 404).
     await _send(send, {"type": "http.response.start", "status": 200 if decoded else 404, "headers": _PIXEL_HEADERS},
                 b"" if scope["method"] == "HEAD" else PIXEL_GIF)
