@@ -54,7 +54,7 @@ os.environ.update(APP_ENV="test", DATABASE_URL=ARGS.database_url, REDIS_URL=ARGS
 import redis  # noqa: E402
 
 from app import db, migrate  # noqa: E402
-from scripts.bench.shared import HTML, group_pids, seed_subscribers, stop_group, wait_heartbeats  # noqa: E402
+from scripts.bench.shared import HTML, peak_rss_mb, seed_subscribers, stop_group, wait_heartbeats  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -95,20 +95,6 @@ def start_worker(sink_url: str, modules=("actors",)) -> subprocess.Popen:
                              "--threads", str(ARGS.threads), "--queues", "newsletter"],
                             cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(WORKER_LOG, "a"))
-
-
-def peak_rss_mb(pgid: int) -> tuple[float, float]:
-    """(max VmHWM over the worker processes, VmHWM of the dramatiq parent) in MB."""
-    peaks = {}
-    for pid in group_pids(pgid):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peaks[pid] = int(line.split()[1]) / 1024
-        except FileNotFoundError:
-            pass
-    workers = [v for pid, v in peaks.items() if pid != pgid]
-    return (max(workers) if workers else 0.0), peaks.get(pgid, 0.0)
 
 
 def wait_ready(worker) -> None:
