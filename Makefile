@@ -56,23 +56,11 @@ test-pure: install
 	TEST_DATABASE_URL=postgresql://127.0.0.1:9/unreachable TEST_REDIS_URL=redis://127.0.0.1:9/0 \
 		$(BIN)/python -m pytest -m pure $(PYTEST_ARGS)
 
-# Every benchmark once, each beside its naive baseline (minutes; see README "Tests and benchmarks").
+# Every benchmark once, each beside its naive baseline or peer, into one report: BENCHMARKS.md,
+# docs/benchmarks.json and docs/benchmarks.png (about an hour; see README "Tests and benchmarks").
 bench: migrate
 	@sh scripts/dev/apt-install.sh wrk /usr/bin/wrk "the click benchmark uses its own asyncio client"
-	$(BIN)/python scripts/bench/ingest.py
-	$(BIN)/python scripts/bench/digest.py
-	$(BIN)/python scripts/bench/planner.py
-	$(BIN)/python scripts/bench/render.py
-	$(BIN)/python scripts/bench/validation.py
-	$(BIN)/python scripts/bench/tokens.py
-	$(BIN)/python scripts/bench/migrations.py
-	$(BIN)/python scripts/bench/groupcommit.py
-	$(BIN)/python scripts/bench/ratelimit.py
-	$(BIN)/python scripts/bench/smtp_client.py
-	$(BIN)/python scripts/bench/newsletter.py
-	$(BIN)/python scripts/bench/peer_postoffice.py
-	$(BIN)/python scripts/bench/click.py
-	$(BIN)/python scripts/bench/webhook.py
+	$(BIN)/python scripts/bench/report.py $(BENCH_ARGS)
 
 # Fault drills at full scale against their own Postgres and Redis (minutes; small versions run in make test).
 drill: install

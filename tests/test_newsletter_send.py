@@ -6,7 +6,7 @@ import collections
 import pytest
 
 from app import db
-from app.newsletter import outbox, ratelimit, sender, service
+from app.newsletter import outbox, ratelimit, rows, sender, service
 from tests import factories
 from tests.newsletter_support import counts, drain, newsletter_status, start
 
@@ -90,6 +90,22 @@ def test_outbox_rerun_creates_no_duplicates(fake, provider):
     db.query("UPDATE newsletters SET outbox_completed_at = NULL WHERE id = %s", (nl,))
     assert outbox.create_outbox(nl, chunk_ids=7) == 0     # a redelivered message: every row exists
     assert counts(nl) == {"pending": 120}
+
+
+def test_outbox_builder_refreshes_statistics_so_claims_walk_the_pending_index(fake, provider):
+    """Stale statistics made every claim sort all pending rows (0.8 s per claim at a million): after the
+    outbox is built the claim walks an index in id order and stops at its limit."""
+    factories.seed_subscribers(3000)
+    nl = factories.newsletter()
+    service.request_send(nl, {"kind": "all"})
+    analyzed = "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'email_log'"
+    before = db.query(analyzed)[0][0]
+    outbox.create_outbox(nl, chunk_ids=500)
+    assert db.query(analyzed)[0][0] >= before + 2          # after the first chunk, as it grew, at the end
+    db.query("UPDATE newsletters SET status = 'sending' WHERE id = %s", (nl,))
+    plan = "\n".join(r[0] for r in db.query("EXPLAIN " + rows.CLAIM, {"nl": nl, "limit": 100}))
+    picked = plan.split("CTE picked")[1].split("->  Nested Loop")[0]   # walks an index in id order, stops at 100
+    assert "Sort" not in picked and "Bitmap" not in picked and "Index Scan using email_log_" in picked, plan
 
 
 def test_pause_stops_claims_and_resume_continues_exactly(fake, provider, settings):
