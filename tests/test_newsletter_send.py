@@ -103,9 +103,34 @@ def test_outbox_builder_refreshes_statistics_so_claims_walk_the_pending_index(fa
     outbox.create_outbox(nl, chunk_ids=500)
     assert db.query(analyzed)[0][0] >= before + 2          # after the first chunk, as it grew, at the end
     db.query("UPDATE newsletters SET status = 'sending' WHERE id = %s", (nl,))
-    plan = "\n".join(r[0] for r in db.query("EXPLAIN " + rows.CLAIM, {"nl": nl, "limit": 100}))
+    plan = "\n".join(r[0] for r in db.query("EXPLAIN " + rows.CLAIM, {"nl": nl, "limit": 100, "after": 0}))
     picked = plan.split("CTE picked")[1].split("->  Nested Loop")[0]   # walks an index in id order, stops at 100
     assert "Sort" not in picked and "Bitmap" not in picked and "Index Scan using email_log_" in picked, plan
+
+
+def test_claims_move_forward_but_a_row_left_behind_is_still_sent_in_the_same_pass(fake, provider, settings):
+    """The send loop's claim cursor skips what it already passed; a row that becomes pending behind
+    it (a peer released it, its backoff came due) is found by the closing claim from the start."""
+    settings(send_batch_size=10)
+    factories.seed_subscribers(40)
+    nl = factories.newsletter()
+    start(nl)
+    first_row = db.query("SELECT min(id) FROM email_log WHERE newsletter_id = %s", (nl,))[0][0]
+
+    class LeavesOneBehind:
+        name, max_batch = provider.name, provider.max_batch
+        calls = 0
+
+        def send_batch(self, mails):
+            self.calls += 1
+            if self.calls == 1:   # while the first batch is out, its first row goes back to pending
+                db.query("UPDATE email_log SET status = 'pending' WHERE id = %s", (first_row,))
+            return provider.send_batch(mails)
+
+    wrapped = LeavesOneBehind()
+    stats = sender.send_batch(nl, provider=wrapped, reenqueue=False, budget_seconds=60)
+    assert counts(nl) == {"sent": 40}
+    assert stats["claimed"] == 41 and wrapped.calls == 5      # 4 batches forward, then the one left behind
 
 
 def test_pause_stops_claims_and_resume_continues_exactly(fake, provider, settings):
@@ -217,7 +242,7 @@ def test_reclaim_moves_stale_sending_rows_back_and_rekicks(fake, provider, setti
     nl = factories.newsletter()
     start(nl)
     # A worker claimed a batch and died: rows stuck in `sending`.
-    claimed = sender.store.run(sender.rows.CLAIM, {"nl": nl, "limit": 10})
+    claimed = sender.store.run(sender.rows.CLAIM, {"nl": nl, "limit": 10, "after": 0})
     assert len(claimed) == 10
     from app.newsletter import reclaim
 

@@ -22,7 +22,7 @@ def naive_send_one(newsletter_id: int, row_id: int) -> None:
     subject, html, text, from_addr = store.run(
         "SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,))[0]
     compiled = template.compiled_for(newsletter_id, subject, html, text)
-    rows = store.run(CLAIM_ONE, {"nl": newsletter_id, "limit": 1, "row": row_id})
+    rows = store.run(CLAIM_ONE, {"nl": newsletter_id, "limit": 1, "row": row_id, "after": 0})
     if not rows:
         return
     row_id, status, attempts, sub_id, email, name, user_id, token_version, opt_out = rows[0]
