@@ -111,19 +111,26 @@ class Settings:
     digest_reenqueue_seconds: int = setting(300, "a pending run enqueued this long ago is enqueued again")
     digest_retry_base_seconds: int = setting(60, "backoff after a retryable failure: base x 2^attempts")
     smtp_pool_size: int = setting(8, "SMTP connections a batch always gets (per worker process)")
-    smtp_pool_max: int = setting(64, "most SMTP connections per worker process: the async pool grows towards it "
-                                     "by Little's law only when the relay is slow (64: within 10 % of the best "
-                                     "hand-tuned pool at 50 ms, scripts/bench/digest.py). Keep processes x this "
-                                     "under the relay's per-client limit (a default Postfix allows 50: use 24 "
-                                     "with two processes); refused connections are retried, never lost")
+    smtp_pool_max: int = setting(256, "most SMTP connections per worker process: the async pool grows towards it "
+                                      "by Little's law only when the relay is slow (a relay 50 ms away needs about "
+                                      "100 per batch in flight; 256 measured within 10 % of the best hand-tuned "
+                                      "setting at 0 and 50 ms, scripts/bench/knobs.py). A relay next door never "
+                                      "grows it past SMTP_POOL_SIZE. Keep processes x this under the relay's "
+                                      "per-client limit (a default Postfix allows 50: use 24 with two processes); "
+                                      "refused connections are retried, never lost")
     smtp_timeout_seconds: float = setting(30.0, "per SMTP step; a batch starts no mail after twice this")
     smtp_async: bool = setting(True, "drive the pool from one asyncio loop (off: a thread per connection)")
     # -- newsletters
-    send_batch_size: int = setting(100, "rows per claim and per provider call")
+    send_batch_size: int = setting(0, "rows per claim and per provider call; 0: the provider's own size "
+                                      "(SendGrid 1,000 recipients per API call; SMTP 100, the best measured by "
+                                      "scripts/bench/knobs.py), capped by what the provider accepts",
+                                   shown="0 (provider's own)")
     reclaim_after_seconds: int = setting(300, "a `sending` row is presumed lost after this")
     provider_rate_per_second: float = setting(0.0, "shared send ceiling (0: none); 429s lower it adaptively")
     soft_bounce_limit: int = setting(3, "deferrals before an address is suppressed")
-    newsletter_send_chains: int = setting(4, "concurrent send loops per newsletter")
+    newsletter_send_chains: int = setting(8, "concurrent send loops per newsletter (each holds a worker thread "
+                                             "for at most a few seconds at a time; 8 measured within 10 % of the "
+                                             "best at 0 and 50 ms relay delay, scripts/bench/knobs.py)")
     newsletter_max_attempts: int = setting(8, "retryable failures before a row is `failed`")
 
     @property

@@ -50,6 +50,15 @@ def test_each_recipient_gets_own_mail_once_in_batched_calls(fake, provider, sett
     assert db.query("SELECT count(*) FROM email_log WHERE provider_message_id IS NULL OR sent_at IS NULL")[0][0] == 0
 
 
+def test_default_batch_is_the_providers_own(fake, provider):
+    """SEND_BATCH_SIZE 0 (the default): SendGrid gets up to 1,000 recipients per API call."""
+    factories.seed_subscribers(250)
+    nl = factories.newsletter()
+    start(nl)
+    first = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
+    assert first["claimed"] == 250 and fake.calls == 1
+
+
 def test_suppressed_and_unsubscribed_are_never_sent(fake, provider):
     factories.seed_subscribers(20)
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id IN (1, 2)")

@@ -52,7 +52,8 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
         provider = get_provider()
     compiled = template.compiled_for(newsletter_id, subject, html, text)
     limiter = ratelimit.for_provider(provider.name)
-    batch_size = max(1, min(settings.send_batch_size, provider.max_batch))
+    preferred = getattr(provider, "preferred_batch", provider.max_batch)
+    batch_size = max(1, min(settings.send_batch_size or preferred, provider.max_batch))
     if limiter.ceiling > 0:   # at most one second's worth per call, so a low limit paces smoothly
         batch_size = max(1, min(batch_size, int(limiter.ceiling)))
     rewriter = LinkRewriter("newsletter", newsletter_id)

@@ -32,9 +32,10 @@ def parse_args():
     p.add_argument("--recipients", type=int, default=50_000)
     p.add_argument("--delays-ms", default="0,50", help="per-call delays of the fake SendGrid")
     p.add_argument("--processes", type=int, default=2)
-    p.add_argument("--threads", type=int, default=4)
-    p.add_argument("--chains", type=int, default=None, help="NEWSLETTER_SEND_CHAINS (default processes*threads)")
-    p.add_argument("--batch-size", type=int, default=1000, help="SEND_BATCH_SIZE (SendGrid max 1000)")
+    p.add_argument("--threads", type=int, default=8, help="worker threads per process (the Procfile's default)")
+    p.add_argument("--chains", type=int, default=None, help="NEWSLETTER_SEND_CHAINS (default: the service's)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="SEND_BATCH_SIZE (default: the service's, which is the provider's own: 1,000 for SendGrid)")
     p.add_argument("--baseline-sample", type=int, default=2000)
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per run")
@@ -88,9 +89,11 @@ def stop(proc) -> None:
 
 
 def start_worker(sink_url: str, modules=("actors",)) -> subprocess.Popen:
-    env = {**os.environ, "SENDGRID_API_URL": sink_url, "SEND_BATCH_SIZE": str(ARGS.batch_size),
-           "NEWSLETTER_SEND_CHAINS": str(ARGS.chains or ARGS.processes * ARGS.threads),
-           "PROVIDER_RATE_PER_SECOND": "0", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "SENDGRID_API_URL": sink_url, "PROVIDER_RATE_PER_SECOND": "0", "PYTHONPATH": str(ROOT)}
+    if ARGS.batch_size:
+        env["SEND_BATCH_SIZE"] = str(ARGS.batch_size)
+    if ARGS.chains:
+        env["NEWSLETTER_SEND_CHAINS"] = str(ARGS.chains)
     return subprocess.Popen([sys.executable, "-m", "dramatiq", *modules, "--processes", str(ARGS.processes),
                              "--threads", str(ARGS.threads), "--queues", "newsletter"],
                             cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -195,7 +198,7 @@ def run_naive(delay_ms: float) -> dict:
 def main() -> int:
     delays = [float(d) for d in ARGS.delays_ms.split(",") if d.strip()]
     log(f"newsletter benchmark: {ARGS.recipients:,} recipients, workers {ARGS.processes}x{ARGS.threads} threads, "
-        f"batch {ARGS.batch_size}, delays {delays} ms, cores {os.cpu_count()}")
+        f"batch {ARGS.batch_size or 'default'}, delays {delays} ms, cores {os.cpu_count()}")
     prepare_database(ARGS.recipients)
     results, naive = [], []
     for delay in delays:
@@ -210,7 +213,8 @@ def main() -> int:
                 f"-> {ARGS.recipients:,} in ~{b['extrapolated_s']:,.0f}s (extrapolated)")
     print()
     print(f"Newsletter send, {ARGS.recipients:,} recipients, {ARGS.processes} worker processes x {ARGS.threads} "
-          f"threads, batches of {ARGS.batch_size}, {os.cpu_count()} cores")
+          f"threads, batches of {ARGS.batch_size or 'the default (1,000 for SendGrid)'}, chains "
+          f"{ARGS.chains or 'default'}, {os.cpu_count()} cores")
     print(f"{'sink delay':>10} | {'recipients/s':>12} | {'wall':>9} | {'peak RSS':>8} | {'calls':>7} | once | "
           f"{'naive rec/s':>11} | naive wall (extrapolated)")
     for i, r in enumerate(results):
