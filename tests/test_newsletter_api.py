@@ -5,6 +5,7 @@ import pytest
 
 from app import db
 from app.api import newsletters
+from app.newsletter import service
 from tests import factories
 from tests.conftest import auth
 from tracking import webhook_apply
@@ -73,7 +74,8 @@ def test_send_flow_and_transitions(client, admin_key):
     assert client.post(f"/v1/newsletters/{nl}/pause", headers=h).status_code == 409      # draft
     assert client.post(f"/v1/newsletters/{nl}/retry-failed", headers=h).status_code == 409
     r = client.post(f"/v1/newsletters/{nl}/send", json={"audience": "all"}, headers=h)
-    assert r.status_code == 202 and r.json() == {"id": nl, "status": "queued"}
+    assert r.status_code == 202 and r.json() == {"id": nl, "status": "queued", "unknown_user_ids": [],
+                                                 "unknown_user_ids_count": 0}
     # Same request again (client retry): accepted, nothing changes.
     assert client.post(f"/v1/newsletters/{nl}/send", json={"audience": "all"}, headers=h).status_code == 202
     r = client.post(f"/v1/newsletters/{nl}/send", json={"audience": {"user_ids": ["u1"]}}, headers=h)
@@ -87,6 +89,20 @@ def test_send_flow_and_transitions(client, admin_key):
     assert client.post(f"/v1/newsletters/{nl}/resume", headers=h).status_code == 409
     assert client.post(f"/v1/newsletters/{nl}/send", json={"audience": "all"}, headers=h).status_code == 409
     assert db.query("SELECT audience FROM newsletters")[0][0] == {"kind": "all"}
+
+
+def test_send_answer_names_the_user_ids_that_are_no_subscriber(client, admin_key):
+    factories.seed_subscribers(3)
+    nl = create(client, admin_key).json()["id"]
+    audience = {"user_ids": ["u2", "nobody", "u1", "ghost", "u2", "ünï\u200bcode"]}
+    r = client.post(f"/v1/newsletters/{nl}/send", json={"audience": audience}, headers=auth(admin_key))
+    assert r.status_code == 202, r.text
+    assert r.json()["unknown_user_ids"] == ["ghost", "nobody", "ünï\u200bcode"]
+    assert r.json()["unknown_user_ids_count"] == 3
+    many = {"user_ids": [f"x{i:05d}" for i in range(service.UNKNOWN_SHOWN + 5)]}
+    nl2 = create(client, admin_key).json()["id"]
+    r = client.post(f"/v1/newsletters/{nl2}/send", json={"audience": many}, headers=auth(admin_key))
+    assert len(r.json()["unknown_user_ids"]) == service.UNKNOWN_SHOWN and r.json()["unknown_user_ids_count"] == 1005
 
 
 @pytest.mark.parametrize("body", [

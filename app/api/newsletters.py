@@ -65,7 +65,9 @@ async def send_newsletter(request: Request):
     if errors:
         raise validation_error(errors)
     status = await _call(service.request_send, newsletter_id, audience)
-    return FastJSONResponse({"id": newsletter_id, "status": status}, status_code=202)
+    unknown, unknown_count = await run_in_threadpool(service.unknown_user_ids, audience)
+    return FastJSONResponse({"id": newsletter_id, "status": status, "unknown_user_ids": unknown,
+                             "unknown_user_ids_count": unknown_count}, status_code=202)
 
 
 async def pause_newsletter(request: Request):
@@ -187,7 +189,11 @@ OPENAPI_PATHS = {
         "security": [{"bearer": []}], "parameters": _id_param,
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/NewsletterAudience"}}}},
-        "responses": {"202": _state("send requested"), **_errors(*_all_errors)},
+        "responses": {"202": _state(
+            "send requested; user_ids that are no subscriber get no mail and are listed (the first "
+            f"{service.UNKNOWN_SHOWN}, sorted) and counted",
+            unknown_user_ids={"type": "array", "items": {"type": "string"}, "maxItems": service.UNKNOWN_SHOWN},
+            unknown_user_ids_count=_count), **_errors(*_all_errors)},
     }},
     "/v1/newsletters/{newsletter_id}/pause": _action("Stop claiming new recipients (within a second)", "200",
                                                      _state("paused (or already paused)")),

@@ -153,6 +153,21 @@ def request_send(newsletter_id: int, audience: dict) -> str:
     return rows[0][0] if rows else status
 
 
+UNKNOWN_SHOWN = 1000   # unknown user_ids listed in a send answer (the count is always whole)
+
+
+def unknown_user_ids(audience: dict) -> tuple[list[str], int]:
+    """The audience's user_ids that are no subscriber: they get no outbox row, so the send answer
+    names them (the first UNKNOWN_SHOWN, sorted) and counts them all rather than dropping them
+    silently."""
+    if audience.get("kind") != "user_ids":
+        return [], 0
+    wanted = audience.get("user_ids", [])
+    known = {r[0] for r in db.query("SELECT user_id FROM subscribers WHERE user_id = ANY(%s)", (wanted,))}
+    unknown = [u for u in wanted if u not in known]   # wanted is sorted (validate_audience)
+    return unknown[:UNKNOWN_SHOWN], len(unknown)
+
+
 def _kick_safely(fn, newsletter_id: int, *args) -> None:
     """The row is the truth: if Redis is down now, the scheduler tick's reclaim_stale re-kicks."""
     try:

@@ -114,6 +114,7 @@ def run_step(step: Step, quick: bool) -> dict:
     seconds = time.monotonic() - started
     print(f"    exit {rc}, {len(figures)} figures, {seconds:.0f} s", flush=True)
     return {"step": step.name, "group": step.group, "argv": argv[1:], "exit": rc, "seconds": seconds,
+            "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "load_before": load_before, "load_after": os.getloadavg()[0], "figures": figures}
 
 
@@ -219,11 +220,12 @@ def markdown(run: dict) -> str:
         cpu = curve["digest_cpu"].get(p)
         cpu_text = f"{cpu['workers']:.2f} / {cpu['postgres']:.2f}" if cpu else "–"
         lines.append(f"| {p} | {fmt(d, '')} | {cpu_text} | {fmt(n, '')} |")
-    lines += ["", "## Steps", "", "| step | command | exit | minutes | load before → after |", "|---|---|---|---|---|"]
+    lines += ["", "## Steps", "", "| step | command | exit | minutes | load before → after | finished (UTC) |",
+              "|---|---|---|---|---|---|"]
     for step in run["steps"]:
         command = " ".join(Path(a).name if a.endswith(".py") else a for a in step["argv"])
         lines.append(f"| {step['step']} | `{command}` | {step['exit']} | {step['seconds'] / 60:.1f} | "
-                     f"{step['load_before']:.1f} → {step['load_after']:.1f} |")
+                     f"{step['load_before']:.1f} → {step['load_after']:.1f} | {step.get('finished', '')} |")
     lines += ["", "Logs of each step: `.var/bench/logs/<step>.log` (not committed).", ""]
     return "\n".join(lines)
 
@@ -278,6 +280,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="small sizes: checks the report, figures not for quoting")
     p.add_argument("--only", default="", help="comma-separated step names (see the list in --list)")
     p.add_argument("--list", action="store_true", help="print the steps and exit")
+    p.add_argument("--keep", action="store_true",
+                   help="with --only: keep the other steps' results from the last report (each step says when it ran)")
     args = p.parse_args()
     all_steps = steps()
     if args.list:
@@ -294,6 +298,13 @@ def main() -> int:
            "machine": machine_facts(), "load_before": os.getloadavg()[0]}
     started = time.monotonic()
     run["steps"] = [run_step(step, args.quick) for step in chosen]
+    if args.keep and JSON_OUT.exists():
+        previous = json.loads(JSON_OUT.read_text())
+        fresh = {s["step"]: s for s in run["steps"]}
+        order = [s.name for s in all_steps]
+        kept = [s for s in previous.get("steps", []) if s["step"] not in fresh]
+        run["steps"] = sorted([*kept, *fresh.values()], key=lambda s: order.index(s["step"])
+                              if s["step"] in order else len(order))
     run.update(finished=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_after=os.getloadavg()[0],
                seconds=time.monotonic() - started)
     JSON_OUT.parent.mkdir(parents=True, exist_ok=True)
