@@ -214,10 +214,14 @@ def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, 
     drain(nl, provider)
     assert newsletter_status(nl) == "done"
     assert fake.delivered_count == 0
+    final = "SELECT final_counts FROM newsletters WHERE id = %s"
+    assert db.query(final, (nl,))[0][0] == {"failed": 5}
     result = service.retry_failed(nl)
     assert result == {"status": "sending", "requeued": 5}
+    assert db.query(final, (nl,))[0][0] is None            # reopened: counted live again
     drain(nl, provider)
     assert counts(nl) == {"sent": 5} and newsletter_status(nl) == "done"
+    assert db.query(final, (nl,))[0][0] == {"sent": 5}
     assert len(assert_each_once(fake, nl)) == 5
 
 

@@ -77,10 +77,13 @@ PAUSE = ("UPDATE newsletters SET status = 'paused' WHERE id = %s AND status IN (
 RESUME = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'paused' RETURNING outbox_completed_at"
 CANCEL = ("UPDATE newsletters SET status = 'cancelled', completed_at = now() "
           "WHERE id = %s AND status NOT IN ('done', 'cancelled') RETURNING id")
-REOPEN = "UPDATE newsletters SET status = 'sending', completed_at = NULL WHERE id = %s AND status = 'done'"
+REOPEN = ("UPDATE newsletters SET status = 'sending', completed_at = NULL, final_counts = NULL "
+          "WHERE id = %s AND status = 'done'")
 # One newsletter (%(nl)s) or, with NULL, every one whose last rows a dead worker finished.
 DONE = """
-UPDATE newsletters n SET status = 'done', completed_at = now()
+UPDATE newsletters n SET status = 'done', completed_at = now(),
+    final_counts = (SELECT jsonb_object_agg(c.status, c.n) FROM (
+        SELECT status, count(*) AS n FROM email_log WHERE newsletter_id = n.id GROUP BY status) c)
 WHERE n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
   AND (%(nl)s::bigint IS NULL OR n.id = %(nl)s::bigint)
   AND NOT EXISTS (SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status IN ('pending', 'sending'))

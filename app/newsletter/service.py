@@ -230,6 +230,48 @@ def retry_failed(newsletter_id: int) -> dict:
     return {"status": status, "requeued": requeued}
 
 
+LIST_MAX = 100
+
+
+class NewsletterListQuery(Body):
+    """GET /v1/newsletters query: newest first, keyset-paginated by id."""
+    model_config = {**Body.model_config, "strict": False}   # query values arrive as text
+    limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="newsletters per page")] = 20
+    before: Annotated[int | None, Field(ge=1, le=2 ** 63 - 1,
+                                        description="only ids below this (the previous page's `next_before`)")] = None
+    status: Literal[tuple(statements.NewsletterStatus)] | None = None
+
+
+def validate_list_query(params: dict) -> tuple[NewsletterListQuery | None, list[dict]]:
+    return check(NewsletterListQuery, params, root="query")
+
+
+def list_newsletters(query: NewsletterListQuery) -> dict:
+    """One page, newest first, with row counts: a finished newsletter's were stored when it finished;
+    the others (few at any time) are counted now."""
+    found = db.query(
+        "SELECT id, subject, status, audience, created_at, send_requested_at, completed_at, final_counts "
+        "FROM newsletters WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) "
+        "AND (%(status)s::text IS NULL OR status = %(status)s::text) ORDER BY id DESC LIMIT %(limit)s",
+        {"before": query.before, "status": query.status, "limit": query.limit + 1})
+    page, more = found[:query.limit], len(found) > query.limit
+    live = [r[0] for r in page if r[7] is None and r[2] != "draft"]
+    counted: dict[int, dict] = {}
+    if live:
+        for nid, row_status, n in db.query("SELECT newsletter_id, status, count(*) FROM email_log "
+                                           "WHERE newsletter_id = ANY(%s) GROUP BY 1, 2", (live,)):
+            counted.setdefault(nid, {})[row_status] = n
+    items = []
+    for nid, subject, state, audience, created, requested, completed, final in page:
+        counts = dict.fromkeys(ROW_STATUSES, 0)
+        counts.update(final if final is not None else counted.get(nid, {}))
+        counts["total"] = sum(counts[s] for s in ROW_STATUSES)
+        items.append({"id": nid, "subject": subject, "status": state, "audience": _audience_summary(audience),
+                      "created_at": _iso(created), "send_requested_at": _iso(requested),
+                      "completed_at": _iso(completed), "counts": counts})
+    return {"newsletters": items, "next_before": page[-1][0] if more else None}
+
+
 def status(newsletter_id: int) -> dict:
     rows = db.query(
         "SELECT id, subject, from_addr, status, audience, created_at, send_requested_at, "
