@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -104,11 +105,24 @@ def run_step(step: Step, quick: bool) -> dict:
     print(f"[{time.strftime('%H:%M:%S')}] {step.name}: {' '.join(Path(a).name if a.endswith('.py') else a for a in argv[1:])}",
           flush=True)
     with open(LOGS / f"{step.name}.log", "w") as log:
+        # Its own process group: on a timeout the bench gets SIGINT (its cleanup stops the workers
+        # and sinks it started), then the whole group SIGKILL, so nothing is left consuming Redis.
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=step.timeout).returncode
+            rc = proc.wait(timeout=step.timeout)
         except subprocess.TimeoutExpired:
             rc = "timeout"
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
     figures = [json.loads(line) for line in results.read_text().splitlines() if line.strip()] \
         if results.exists() else []
     seconds = time.monotonic() - started
@@ -144,7 +158,14 @@ def machine_facts() -> dict:
             pass
     from app import config
 
-    postgres = command_output(["psql", config.get().database_url, "-Atc", "SHOW server_version"])
+    try:
+        import psycopg2
+
+        with psycopg2.connect(config.get().database_url, connect_timeout=5) as conn, conn.cursor() as cur:
+            cur.execute("SHOW server_version")
+            postgres = cur.fetchone()[0]
+    except Exception as exc:   # the report still says what it could find
+        postgres = f"unknown ({exc.__class__.__name__})"
     redis_info = command_output(["redis-cli", "-u", config.get().redis_url, "INFO", "server"])
     redis_version = next((line.split(":", 1)[1] for line in redis_info.splitlines()
                           if line.startswith("redis_version:")), "")
@@ -162,8 +183,10 @@ def fmt(value, unit: str) -> str:
     if value is None:
         return "–"
     if unit in ("s", "ms", "us", "MB") or abs(value) < 100:
-        return f"{value:,.2f} {unit}" if abs(value) < 10 else f"{value:,.1f} {unit}"
-    return f"{value:,.0f} {unit}"
+        text = f"{value:,.2f}" if abs(value) < 10 else f"{value:,.1f}"
+    else:
+        text = f"{value:,.0f}"
+    return f"{text} {unit}".strip()
 
 
 def verdict(figure: dict) -> str:
@@ -239,8 +262,9 @@ def scaling_curve(run: dict) -> dict:
             p = f["details"].get("processes")
             if f["figure"] == "digests/s" and p:
                 curve["digest"][p] = f["value"]
-                if "cpu_ms" in f["details"]:
-                    curve["digest_cpu"][p] = f["details"]["cpu_ms"]
+            elif f["figure"].startswith("CPU per digest") and p:
+                curve["digest_cpu"][p] = {"workers": f["details"].get("workers_ms", 0.0),
+                                          "postgres": f["details"].get("postgres_ms", 0.0)}
             elif f["figure"] == "mails/s" and p:
                 curve["newsletter"][p] = f["value"]
     return curve
