@@ -5,8 +5,8 @@ parallel checkouts can each use their own.
 
 The PgBouncer pass (`make test`, scripts/dev/pgbouncer.py) points TEST_DATABASE_URL at a
 transaction-pooling PgBouncer and TEST_DIRECT_DATABASE_URL at Postgres itself: migrations use the
-direct one (MIGRATION_DATABASE_URL, as in production), and tests marked `direct_db` — they kill
-backends or cut the connection to Postgres itself — are skipped in that pass.
+direct one (what MIGRATION_DATABASE_URL is for in production), and tests marked `direct_db` (they
+tell connections apart by backend pid) are skipped in that pass, with their reason.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ os.environ["DATABASE_URL"] = os.environ.get("TEST_DATABASE_URL", "postgresql://l
 os.environ["REDIS_URL"] = os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/15")
 THROUGH_PGBOUNCER = os.environ.get("TEST_THROUGH_PGBOUNCER") == "1"
 DIRECT_DATABASE_URL = os.environ.get("TEST_DIRECT_DATABASE_URL") or os.environ["DATABASE_URL"]
-os.environ["MIGRATION_DATABASE_URL"] = DIRECT_DATABASE_URL
 os.environ.setdefault("API_KEY_CACHE_SECONDS", "0")
 os.environ.setdefault("MAIL_PROVIDER", "file")
 # Prometheus values of this run (app/metrics.py): its own directory, not the checkout's .var/metrics.
@@ -46,7 +45,7 @@ def direct_database_url() -> str:
 
 @pytest.fixture(scope="session")
 def schema(database_url):
-    migrate.migrate()   # MIGRATION_DATABASE_URL: the direct connection
+    migrate.migrate(DIRECT_DATABASE_URL)   # as MIGRATION_DATABASE_URL would in production
     db.init(database_url)
     yield
 

@@ -55,6 +55,10 @@ def config_text(port: int, upstream_host: str, upstream_port: int, pool_size: in
 
 [pgbouncer]
 pool_mode = transaction
+; hand out idle server connections oldest first (production's default is LIFO), so that consecutive
+; transactions of one client land in different server sessions as often as possible: session state
+; the service wrongly relied on would show up here, not only under production load
+server_round_robin = 1
 listen_addr = 127.0.0.1
 listen_port = {port}
 unix_socket_dir =
