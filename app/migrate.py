@@ -231,7 +231,8 @@ def _take_migrator_lock(conn) -> int:
             if waited - reported >= 10:
                 reported = waited
                 cur.execute("SELECT array_agg(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                            "AND classid = %s AND objid = %s", (ADVISORY_LOCK_KEY >> 32, ADVISORY_LOCK_KEY & 0xFFFFFFFF))
+                            "AND classid = %s AND objid = %s AND objsubid = 1",   # a bigint key: high, low half
+                            (ADVISORY_LOCK_KEY >> 32, ADVISORY_LOCK_KEY & 0xFFFFFFFF))
                 log.warning("waiting %.0f s for another migrator (backend %s holds the migration lock)",
                             waited, cur.fetchone()[0])
         time.sleep(0.1)
