@@ -8,7 +8,7 @@ configuration in a temporary directory — pool_mode = transaction, listen 127.0
 Postgres of TEST_DATABASE_URL — then runs COMMAND with:
 
     TEST_DATABASE_URL         the same database, through PgBouncer
-    TEST_DIRECT_DATABASE_URL  the original URL (migrations, and tests that kill backends)
+    TEST_DIRECT_DATABASE_URL  the original URL (the tests' migrations run there)
     TEST_THROUGH_PGBOUNCER    1 (tests/conftest.py skips the `direct_db` tests and says why)
 
 and stops PgBouncer afterwards; the exit status is the command's. `make test` runs the
