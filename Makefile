@@ -9,7 +9,7 @@ export TEST_DATABASE_URL ?= postgresql://localhost/notify_test
 export TEST_REDIS_URL ?= redis://localhost:6379/15
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test test-fast test-pure install services migrate demo bench drill clean browser
+.PHONY: run test test-fast test-pure test-pgbouncer install services migrate demo bench drill clean browser pgbouncer
 
 # Unset APP_ENV means production (app/config.py): the local targets say development explicitly,
 # and reach their prerequisites too (run -> demo -> migrate). Tests set APP_ENV=test themselves.
@@ -44,8 +44,22 @@ run: demo
 browser:
 	@sh scripts/dev/apt-install.sh chromium /usr/bin/chromium "browser tests will be skipped"
 
-test: install services browser
+# PgBouncer (Debian's package) for the PgBouncer pass of `make test`; install it once, as root.
+pgbouncer:
+	@sh scripts/dev/apt-install.sh pgbouncer /usr/sbin/pgbouncer "the PgBouncer pass of make test is skipped"
+
+# The integration tests (not slow, browser or pure) through a private PgBouncer in transaction
+# pooling mode on a free port (PGBOUNCER_PORT to choose one): scripts/dev/pgbouncer.py.
+PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
+	$(BIN)/python -m pytest -m "not slow and not browser and not pure" $(PYTEST_ARGS)
+
+# Everything, then the integration tests once more through PgBouncer.
+test: install services browser pgbouncer
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PGBOUNCER_PASS)
+
+test-pgbouncer: install services pgbouncer
+	$(PGBOUNCER_PASS)
 
 # Everything but the slow (killed processes, timeouts) and browser tests: the inner loop.
 test-fast: install services

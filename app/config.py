@@ -37,6 +37,11 @@ class Settings:
                                      "`migrate`/`bench` and `Procfile.dev` set `development`; run "
                                      "`python -m app …` by hand with `APP_ENV=development` locally")
     database_url: str = setting("postgresql://localhost/notify", "Postgres; created if missing by `migrate`")
+    migration_database_url: str = setting("", "Postgres for `migrate` alone. Behind PgBouncer in transaction "
+                                              "pooling mode, point it at Postgres itself (or a session-mode pool): "
+                                              "the migrator needs one session for its advisory lock and for "
+                                              "`lock_timeout` around CREATE INDEX CONCURRENTLY (README \"Running "
+                                              "behind PgBouncer\")", shown="DATABASE_URL")
     redis_url: str = setting("redis://localhost:6379/0", "Dramatiq's broker")
     secret_key: str = setting(DEV_SECRET_KEY, "signs tokens and tracking codes (`openssl rand -hex 32`)",
                               shown="dev key (development/test only)")

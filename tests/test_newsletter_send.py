@@ -142,6 +142,44 @@ def test_claims_move_forward_but_a_row_left_behind_is_still_sent_in_the_same_pas
     assert stats["claimed"] == 41 and wrapped.calls == 5      # 4 batches forward, then the one left behind
 
 
+def test_one_outbox_builder_at_a_time_and_a_dead_ones_lease_runs_out(monkeypatch, redis_client):
+    """The builder holds a lease (a row: it works behind PgBouncer). While a living builder renews
+    it, a duplicate message gives up; a builder that died leaves its lease to run out, and the
+    redelivered message waits for that, then builds."""
+    from app import lease
+
+    monkeypatch.setattr(outbox, "LEASE_SECONDS", 1.0)
+    factories.seed_subscribers(30)
+    nl = factories.newsletter()
+    service.request_send(nl, {"kind": "all"})
+    living = lease.Lease(outbox.lease_name(nl), 1.0)
+    try:
+        assert living.try_acquire()
+        living.keep()
+        assert outbox.create_outbox(nl) == 0                        # another worker is building it
+        assert counts(nl) == {}
+        living.stop_renewing()                                      # that worker was SIGKILLed
+        assert outbox.create_outbox(nl) == 30                       # the redelivered message builds
+    finally:
+        living.release()
+    assert db.query("SELECT count(*) FROM leases")[0][0] == 0      # released when done
+
+
+def test_reclaim_leaves_an_outbox_alone_while_its_builder_lives(redis_client):
+    from app import lease
+    from app.newsletter import reclaim
+
+    factories.seed_subscribers(5)
+    nl = factories.newsletter()
+    service.request_send(nl, {"kind": "all"})
+    db.query("UPDATE newsletters SET send_requested_at = now() - interval '5 minutes'")
+    builder = lease.Lease(outbox.lease_name(nl), 30)
+    assert builder.try_acquire()
+    assert reclaim.reclaim_stale()["outbox_kicked"] == []
+    db.query("UPDATE leases SET expires_at = now() - interval '1 second'")   # it died; the lease ran out
+    assert reclaim.reclaim_stale()["outbox_kicked"] == [nl]
+
+
 def test_pause_stops_claims_and_resume_continues_exactly(fake, provider, settings):
     settings(send_batch_size=10)
     factories.seed_subscribers(55)

@@ -14,7 +14,7 @@ import time
 
 import psycopg2.errors
 
-from app import db
+from app import db, lease
 from app.newsletter import kick, rows, store
 
 log = logging.getLogger("app.newsletter.outbox")
@@ -22,7 +22,10 @@ log = logging.getLogger("app.newsletter.outbox")
 CHUNK_IDS = 10_000          # subscriber id range per INSERT … SELECT (one short transaction each)
 CHUNK_USER_IDS = 1_000
 CANCEL_CHUNK = 10_000        # pending rows cancelled per short transaction
-LOCK_NAMESPACE = 0x4E4C     # pg advisory lock (namespace, newsletter id): one builder per newsletter
+# One builder per newsletter: a lease (app/lease.py), renewed while the builder lives. A builder
+# that died leaves it to run out within LEASE_SECONDS; a redelivered message waits that long for it.
+LEASE_SECONDS = 10.0
+LEASE_PREFIX = "newsletter-outbox:"
 # The claim's plan depends on how many pending rows the planner thinks this newsletter has. Until
 # autovacuum next analyzes email_log it thinks "a handful" (a new newsletter_id, a table of mostly
 # `sent` rows), picks a bitmap scan plus a sort of every pending row, and each claim of 100 took
@@ -31,6 +34,11 @@ LOCK_NAMESPACE = 0x4E4C     # pg advisory lock (namespace, newsletter id): one b
 # outbox has grown this many times over, and at the end.
 ANALYZE_GROWTH = 4
 ANALYZE_LOCK_TIMEOUT = "2s"  # a concurrent ANALYZE (autovacuum, another builder) refreshes them too
+
+
+def lease_name(newsletter_id: int) -> str:
+    return f"{LEASE_PREFIX}{newsletter_id}"
+
 
 def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None) -> int:
     """Build (or finish building) the outbox. Returns rows inserted by this run. `on_chunk(n)` is
@@ -47,14 +55,14 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
     if done_at is not None:
         _start_sending(newsletter_id)   # a duplicate message after completion: make sure chains run
         return 0
-    if not store.run("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, newsletter_id))[0][0]:
+    builder = lease.Lease(lease_name(newsletter_id), LEASE_SECONDS)
+    # Longer than a lease: a dead builder's lease runs out meanwhile, a live one's never does.
+    if not builder.acquire(wait=LEASE_SECONDS * 1.5):
         log.info("outbox: newsletter %s is being built by another worker", newsletter_id)
         return 0
-    try:
-        inserted = _build(newsletter_id, audience, chunk_ids, on_chunk)
-    finally:
-        store.run("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, newsletter_id))
-    return inserted
+    with builder:
+        builder.keep()
+        return _build(newsletter_id, audience, chunk_ids, on_chunk)
 
 
 def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk) -> int:

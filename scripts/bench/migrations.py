@@ -156,7 +156,8 @@ def cli(tool: str, url: str, directory: Path) -> list[str]:
 
 
 def cli_env(url: str) -> dict:
-    return {**os.environ, "APP_ENV": "development", "DATABASE_URL": url, "LOG_LEVEL": "WARNING"}
+    return {**os.environ, "APP_ENV": "development", "DATABASE_URL": url, "MIGRATION_DATABASE_URL": url,
+            "LOG_LEVEL": "WARNING"}
 
 
 def applied_count(tool: str, url: str) -> int:
