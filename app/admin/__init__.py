@@ -3,13 +3,13 @@
 
 Modules: session (sign-in cookie + server-side session), throttle (failed sign-ins), stats (the
 figures, cached), charts (matplotlib SVG), newsletters and suppressions (the tables), render
-(templates in app/templates/admin, admin.css), routes (the endpoints).
+(templates in app/templates/admin, admin.css), views (the endpoints; `routes` below maps them).
 """
 from __future__ import annotations
 
 from starlette.routing import Route
 
-from app.admin import routes as _views
+from app.admin import views as _views
 
 routes = [
     Route("/admin", _views.dashboard, methods=["GET"]),
