@@ -51,7 +51,7 @@ def main() -> int:
     for scope, key in summary["keys"].items():
         print(f"demo {scope} API key (shown once): {key}")
     if "admin" in summary["keys"]:
-        print("operator dashboard: http://127.0.0.1:8000/admin (sign in with the admin key)")
+        print("operator dashboard: /admin on the web port (sign in with the admin key)")
     return 0
 
 

@@ -398,3 +398,55 @@ def test_the_confirmation_warns_by_reason(admin, reason, warning):
     assert "reach this address again from the next send on. " in text
     assert (warning in text) if warning else ("It was suppressed" not in text)
     assert " Your API key, the time and your note go into the audit log." in text
+
+
+def test_a_failed_sign_in_is_answered_after_a_pause(client, monkeypatch):
+    pauses = []
+
+    async def recorded(seconds):
+        pauses.append(seconds)
+
+    monkeypatch.setattr(views, "FAILED_LOGIN_DELAY_SECONDS", 1.0)
+    monkeypatch.setattr(views.asyncio, "sleep", recorded)
+    assert sign_in(client, "nk_" + "b" * 43).status_code == 401
+    assert pauses == [1.0]
+
+
+def test_throttle_counts_in_process_while_redis_is_down(client, admin_key, settings, monkeypatch):
+    import redis as redis_lib
+
+    from app.admin import throttle
+
+    down = redis_lib.Redis(host="127.0.0.1", port=9, socket_connect_timeout=0.2)
+    monkeypatch.setattr(throttle, "_client", lambda: down)
+    monkeypatch.setattr(throttle, "_local", {})
+    settings(admin_login_max_failures=2)
+    for _ in range(2):
+        assert sign_in(client, "nk_" + "b" * 43).status_code == 401
+    assert sign_in(client, admin_key).status_code == 429
+
+
+def test_a_key_that_is_no_longer_admin_ends_its_sessions(admin):
+    db.query("UPDATE api_keys SET scope = 'events' WHERE name = 'admin-test'")
+    assert admin.get("/admin", follow_redirects=False).status_code == 303
+
+
+def test_audit_rows_outlive_the_erasure_of_the_subscriber(admin):
+    from app import subscribers
+
+    factories.subscriber("ana", email="ana@x.test")
+    sid = factories.suppression("ana@x.test")
+    token = csrf_of(admin.get(f"/admin/suppressions/{sid}/remove").text)
+    admin.post(f"/admin/suppressions/{sid}/remove", data={"csrf_token": token})
+    subscribers.erase("ana")
+    assert db.query("SELECT target FROM admin_audit") == [("ana@x.test",)]
+
+
+def test_the_web_process_does_not_import_matplotlib_until_a_chart_is_drawn():
+    import subprocess
+    import sys
+
+    code = "import sys, app.web; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "APP_ENV": "test"})
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
