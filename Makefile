@@ -73,6 +73,7 @@ bench: migrate
 	$(BIN)/python scripts/bench/peer_postoffice.py
 	$(BIN)/python scripts/bench/click.py
 	$(BIN)/python scripts/bench/webhook.py
+	$(BIN)/python scripts/bench/admin_dashboard.py
 
 # Fault drills at full scale against their own Postgres and Redis (minutes; small versions run in make test).
 drill: install

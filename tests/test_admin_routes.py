@@ -450,3 +450,22 @@ def test_the_web_process_does_not_import_matplotlib_until_a_chart_is_drawn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**__import__("os").environ, "APP_ENV": "test"})
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_figure_that_times_out_is_shown_as_unavailable(admin, monkeypatch):
+    monkeypatch.setattr(stats, "STATEMENT_TIMEOUT", "50ms")
+    monkeypatch.setattr(stats, "_SENT_SQL", "SELECT now(), 'digest', 1 FROM pg_sleep(2)")
+    page = admin.get("/admin")
+    assert page.status_code == 200
+    assert "Some figures are unavailable" in page.text and re.search(r"Digests sent</dt><dd>—<", page.text)
+    assert admin.get("/admin/charts/sent.svg").status_code == 200
+    assert admin.get("/admin/charts/rates.svg").status_code == 200
+
+
+def test_an_odd_user_agent_is_stored_printable(client, admin_key):
+    form = client.get("/admin/login")
+    r = client.post("/admin/login", data={"csrf_token": csrf_of(form.text), "api_key": admin_key},
+                    headers={"user-agent": ("Mozilla\t/5.0 " + "é" * 500).encode()}, follow_redirects=False)
+    assert r.status_code == 303
+    (agent,), = db.query("SELECT user_agent FROM admin_sessions")
+    assert agent.startswith("Mozilla/5.0 ") and "\t" not in agent and len(agent) <= session.MAX_USER_AGENT_CHARS

@@ -58,6 +58,11 @@ def cookie_secure(request: Request) -> bool:
     return not (config.get().is_development and request.url.scheme == "http")
 
 
+def _printable(text: str | None) -> str:
+    """A client-sent header fit for a text column: printable characters only, bounded."""
+    return "".join(ch for ch in (text or "")[:MAX_USER_AGENT_CHARS] if ch.isprintable())
+
+
 def start(key_id: int, ip: str | None, user_agent: str | None) -> str:
     """A new session for this admin key; the signed cookie value. Long-expired sessions are swept."""
     token = secrets.token_urlsafe(32)
@@ -65,7 +70,7 @@ def start(key_id: int, ip: str | None, user_agent: str | None) -> str:
         cur.execute("DELETE FROM admin_sessions WHERE expires_at < now() - interval '7 days'")
         cur.execute("INSERT INTO admin_sessions (token_hash, api_key_id, expires_at, ip, user_agent) "
                     "VALUES (%s, %s, now() + make_interval(secs => %s), %s, %s)",
-                    (_hash(token), key_id, lifetime_seconds(), ip, (user_agent or "")[:MAX_USER_AGENT_CHARS]))
+                    (_hash(token), key_id, lifetime_seconds(), ip, _printable(user_agent)))
     return _signer().sign(token).decode()
 
 
