@@ -37,7 +37,7 @@ run: export MAIL_PROVIDER ?= smtp
 run: export SMTP_URL ?= smtp://127.0.0.1:1025
 run: demo
 	$(BIN)/python -m app digest-now --all
-	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail"
+	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  dashboard: http://127.0.0.1:$${DEV_PORT:-8000}/admin  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail"
 	$(BIN)/honcho -f Procfile.dev start
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.

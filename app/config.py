@@ -58,6 +58,14 @@ class Settings:
                                             "from scratch (README \"Metrics\")")
     metrics_token: str = setting("", "a Bearer token that may read `GET /metrics` besides admin API keys "
                                      "(compared in constant time; unset: admin keys only)")
+    # -- operator dashboard (/admin)
+    admin_session_hours: float = setting(8.0, "how long an /admin sign-in lasts: the signed cookie and the server-side "
+                                              "session expire together (signing out or revoking the key ends it at once)")
+    admin_login_max_failures: int = setting(10, "failed /admin sign-ins allowed per client address in 15 minutes; "
+                                                "then sign-in answers 429 until the window ends (each failure is "
+                                                "also answered only after a 1 s pause)")
+    admin_cache_seconds: float = setting(60.0, "the dashboard's figures and charts are computed at most this often "
+                                               "per web process and range")
     # -- ingestion
     max_body_bytes: int = setting(1024 * 1024, "largest request body", shown="1 MiB")
     max_batch_events: int = setting(1000, "events per POST /v1/events")

@@ -1,4 +1,4 @@
-"""The web process: JSON API, tracking endpoints, subscriber pages. `app.web:app` for uvicorn."""
+"""The web process: JSON API, tracking endpoints, subscriber pages, operator dashboard. `app.web:app` for uvicorn."""
 from __future__ import annotations
 
 import contextlib
@@ -22,6 +22,7 @@ ROUTE_MODULES = (
     "app.api.subscribers",
     "app.api.newsletters",
     "app.pages",
+    "app.admin",
     "tracking.webhooks",
 )
 

@@ -1,4 +1,5 @@
-"""`python -m scripts.demo_data`: a few subscribers and events so a newcomer sees digests arrive
+"""`python -m scripts.demo_data`: a few subscribers and events so a newcomer sees digests arrive,
+and a week of mail history for the /admin dashboard (scripts/demo_history.py)
 (development only: `make demo`, `make run`)."""
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 from app import apikeys, db, ingest, subscribers
+from scripts import demo_history
 
 DEMO_USERS = [
     ("demo-ana", "ana@example.test", "Ana Lima", "Europe/Lisbon"),
@@ -36,14 +38,20 @@ def load() -> dict:
     if not any(name == "demo-producer" and revoked is None for _, name, _, _, _, revoked in apikeys.list_keys()):
         keys["events"] = apikeys.create("demo-producer", "events")
         keys["admin"] = apikeys.create("demo-admin", "admin")
-    return {"subscribers": len(DEMO_USERS), "events_new": result.accepted, "keys": keys}
+    return {"subscribers": len(DEMO_USERS), "events_new": result.accepted, "keys": keys,
+            "history": demo_history.load()}
 
 
 def main() -> int:
     summary = load()
     print(f"demo data: {summary['subscribers']} subscribers, {summary['events_new']} new events")
+    history = summary["history"]
+    print(f"demo history for /admin: {history['mails']} mails over 7 days, {history['opens_clicks']} opens/clicks, "
+          f"{history['bounces_complaints']} bounces/complaints")
     for scope, key in summary["keys"].items():
         print(f"demo {scope} API key (shown once): {key}")
+    if "admin" in summary["keys"]:
+        print("operator dashboard: /admin on the web port (sign in with the admin key)")
     return 0
 
 

@@ -71,6 +71,7 @@ def steps() -> list[Step]:
         Step("knobs", bench("knobs.py"), ["--recipients", "2000", "--only", "SMTP_POOL_SIZE=50"], timeout=3600),
         Step("click", bench("click.py"), ["--seconds", "3", "--baseline-seconds", "2"]),
         Step("webhook", bench("webhook.py")),
+        Step("admin-dashboard", bench("admin_dashboard.py"), ["--per-day", "5000", "--days", "7"]),
     ]
     for p in SCALING_PROCESSES:
         out.append(Step(f"scaling-digest-{p}p", bench("digest.py", "--no-baseline", "--delays", "0",
