@@ -19,6 +19,7 @@ from pydantic import AfterValidator, Field
 
 from app import config
 from app.groupcommit import GroupCommitWriter, OnFirstUse
+from app.openapi import free_form_values
 from app.validation import NOT_BLANK, Body, Text, check, documented, fail
 
 log = logging.getLogger("app.ingest")
@@ -69,7 +70,8 @@ class Event(Body):
     entity_id: _required(200)
     actor_id: _optional(200) = None
     actor_name: _optional(200) = None
-    payload: Annotated[dict[str, Any] | None, Field(description="at most 16 KiB as JSON"),
+    payload: Annotated[dict[str, Any] | None, Field(description="at most 16 KiB as JSON; integers within 64 bits",
+                                                    json_schema_extra=free_form_values),
                        AfterValidator(_payload_json)] = None
     occurred_at: Annotated[str | None, *documented({"format": "date-time", "description":
                                                     "RFC 3339 with offset; default: now"}, _parse_time)] = None

@@ -136,6 +136,10 @@ def test_integers_past_64_bits_are_refused_by_name_never_rounded(client, events_
                     b'"entity_id": "p1", "payload": {"n": 123456789012345678901234567890}}',
                     headers={**auth(events_key), "Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "payload" and count_events() == 0
+    r = client.post("/v1/events", content=b'{"id": "e1", "user_id": "u1", "category": "likes", "entity_type": "post", '
+                    b'"entity_id": "p1", "payload": {"n": -9223372036854775809}}',     # -2**63 - 1: 19 digits
+                    headers={**auth(events_key), "Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "payload" and count_events() == 0
     big = 2 ** 64 - 1     # the largest that fits: stored exactly
     r = client.post("/v1/events", json=event(id="e12345678901234567890", payload={"n": big}), headers=auth(events_key))
     assert r.status_code == 202
