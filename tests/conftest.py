@@ -20,7 +20,7 @@ os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="notif
 import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402
 
-from app import apikeys, config, db, migrate  # noqa: E402
+from app import apikeys, categories, config, db, migrate  # noqa: E402
 
 config.reload()
 
@@ -37,9 +37,11 @@ def schema(database_url):
     yield
 
 
+# The tables tests write: the app's, and the category registry (migration 0510).
+TABLES = [*db.ALL_TABLES, *(t for t in ("categories",) if t not in db.ALL_TABLES)]
 # Tables with rows, and tables whose id sequence moved (rows inserted, maybe deleted again).
 _DIRTY_SQL = " UNION ".join(
-    [f"SELECT '{t}' WHERE EXISTS (SELECT 1 FROM {t})" for t in db.ALL_TABLES]
+    [f"SELECT '{t}' WHERE EXISTS (SELECT 1 FROM {t})" for t in TABLES]
     + ["SELECT split_part(sequencename, '_id_seq', 1) FROM pg_sequences "
        "WHERE schemaname = 'public' AND last_value IS NOT NULL"])
 
@@ -57,10 +59,11 @@ def clean_db(request):
     request.getfixturevalue("schema")
     with db.raw_cursor() as cur:
         cur.execute(_DIRTY_SQL)
-        dirty = sorted({row[0] for row in cur.fetchall()} & set(db.ALL_TABLES))
+        dirty = sorted({row[0] for row in cur.fetchall()} & set(TABLES))
         if dirty:
             cur.execute("TRUNCATE " + ", ".join(dirty) + " RESTART IDENTITY CASCADE")
     apikeys.cache.clear()
+    categories.cache.clear()
     yield
 
 
