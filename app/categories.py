@@ -11,6 +11,7 @@ seen at once by the process that made it and by every other process within CACHE
 """
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -77,7 +78,9 @@ def humanise(key: str) -> str:
     return words[:1].upper() + words[1:]
 
 
+@functools.lru_cache(maxsize=4096)
 def unknown(key: str) -> Category:
+    """An unregistered category, labelled by its humanised key (cached: digests ask per line)."""
     return Category(key, humanise(key))
 
 

@@ -25,6 +25,9 @@ _CONTROL = dict.fromkeys([*range(0, 32), 127])
 
 
 def clip(text: str, limit: int = MAX_TITLE) -> str:
+    """One line of at most `limit` characters, blanks collapsed, control characters dropped."""
+    if len(text) <= limit and text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " ":
+        return text     # the usual case, without splitting and joining
     text = " ".join(str(text).split())
     if not text.isprintable():
         text = text.translate(_CONTROL)
@@ -48,7 +51,7 @@ def group_item(group: Group, digest: Digest, categories: dict[str, Category], no
     for line in group.ranked_lines():
         category = lookup(line.category, categories)
         keys = line.actor_keys()
-        names = [clip(line.actors[k][1], 80) for k in keys]
+        names = [line.actors[k][1] for k in keys]
         avatar = digest.avatars.get(keys[0], "") if keys else ""
         lines.append({
             "summary": clip(wording.line_text(category, names, line.count), MAX_LINE),
@@ -79,7 +82,7 @@ def headline(digest: Digest, items: list[dict], categories: dict[str, Category])
     """The top entity's top line, naming it ("Eli and 5 others followed Launch notes")."""
     group, item = digest.groups[0], items[0]
     line = group.ranked_lines()[0]
-    names = [clip(line.actors[k][1], 80) for k in line.actor_keys()]
+    names = [line.actors[k][1] for k in line.actor_keys()]
     return clip(wording.headline(lookup(line.category, categories), names, line.count, item["title"]), 150)
 
 

@@ -35,7 +35,7 @@ class Event(NamedTuple):
 
 class Line:
     """One category of one entity."""
-    __slots__ = ("category", "count", "latest_at", "latest_event_id", "actors", "anonymous")
+    __slots__ = ("category", "count", "latest_at", "latest_event_id", "actors", "anonymous", "_keys")
 
     def __init__(self, category: str):
         self.category = category
@@ -44,14 +44,18 @@ class Line:
         self.latest_at: datetime | None = None
         self.latest_event_id = 0
         self.actors: dict = {}             # actor key -> (last seen, display name)
+        self._keys: list[str] | None = None
 
     @property
     def score(self) -> int:
         return len(self.actors) + self.anonymous
 
     def actor_keys(self) -> list[str]:
-        """Distinct actors, most recent first."""
-        return sorted(self.actors, key=lambda k: self.actors[k][0], reverse=True)
+        """Distinct actors, most recent first (computed once: call after grouping)."""
+        if self._keys is None:
+            actors = self.actors
+            self._keys = sorted(actors, key=lambda k: actors[k][0], reverse=True) if len(actors) > 1 else list(actors)
+        return self._keys
 
     def actor_names(self) -> list[str]:
         return [self.actors[k][1] for k in self.actor_keys()]
@@ -59,7 +63,7 @@ class Line:
 
 class Group:
     """One entity: its lines, its events (for titles and links) and its rank."""
-    __slots__ = ("key", "count", "latest_at", "latest_event_id", "lines", "events", "title", "url")
+    __slots__ = ("key", "count", "latest_at", "latest_event_id", "lines", "events", "title", "url", "_ranked")
 
     def __init__(self, key: tuple):
         self.key = key                     # (entity_type, entity_id)
@@ -70,6 +74,7 @@ class Group:
         self.events: list[tuple] = []      # (occurred_at, id)
         self.title: str | None = None      # from its events (digest/details.py)
         self.url = ""
+        self._ranked: list[Line] | None = None
 
     @property
     def entity_type(self) -> str:
@@ -84,7 +89,11 @@ class Group:
         return sum(line.score for line in self.lines.values())
 
     def ranked_lines(self) -> list[Line]:
-        return sorted(self.lines.values(), key=_line_rank, reverse=True)
+        """Computed once: call after grouping."""
+        if self._ranked is None:
+            lines = self.lines
+            self._ranked = sorted(lines.values(), key=_line_rank, reverse=True) if len(lines) > 1 else list(lines.values())
+        return self._ranked
 
     def newest_event_ids(self) -> list[int]:
         return [i for _, i in sorted(self.events, reverse=True)]
