@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 from typing import NamedTuple
 
 
@@ -33,22 +34,21 @@ class Event(NamedTuple):
     occurred_at: datetime
 
 
+_NEWEST = attrgetter("occurred_at", "id")
+
+
 class Line:
     """One category of one entity."""
-    __slots__ = ("category", "count", "latest_at", "latest_event_id", "actors", "anonymous", "_keys")
+    __slots__ = ("category", "count", "score", "latest_at", "latest_event_id", "actors", "_keys")
 
     def __init__(self, category: str):
         self.category = category
         self.count = 0
-        self.anonymous = 0                 # events without an actor
+        self.score = 0                     # distinct actors + events without an actor
         self.latest_at: datetime | None = None
         self.latest_event_id = 0
         self.actors: dict = {}             # actor key -> (last seen, display name)
         self._keys: list[str] | None = None
-
-    @property
-    def score(self) -> int:
-        return len(self.actors) + self.anonymous
 
     def actor_keys(self) -> list[str]:
         """Distinct actors, most recent first (computed once: call after grouping)."""
@@ -63,15 +63,17 @@ class Line:
 
 class Group:
     """One entity: its lines, its events (for titles and links) and its rank."""
-    __slots__ = ("key", "count", "latest_at", "latest_event_id", "lines", "events", "title", "url", "_ranked")
+    __slots__ = ("key", "count", "score", "latest_at", "latest_event_id", "lines", "events", "title", "url",
+                 "_ranked")
 
     def __init__(self, key: tuple):
         self.key = key                     # (entity_type, entity_id)
         self.count = 0
+        self.score = 0                     # the sum of its lines' scores
         self.latest_at: datetime | None = None
         self.latest_event_id = 0
         self.lines: dict[str, Line] = {}
-        self.events: list[tuple] = []      # (occurred_at, id)
+        self.events: list[Event] = []      # for its title and link (digest/details.py)
         self.title: str | None = None      # from its events (digest/details.py)
         self.url = ""
         self._ranked: list[Line] | None = None
@@ -84,27 +86,24 @@ class Group:
     def entity_id(self) -> str:
         return self.key[1]
 
-    @property
-    def score(self) -> int:
-        return sum(line.score for line in self.lines.values())
-
     def ranked_lines(self) -> list[Line]:
         """Computed once: call after grouping."""
         if self._ranked is None:
             lines = self.lines
-            self._ranked = sorted(lines.values(), key=_line_rank, reverse=True) if len(lines) > 1 else list(lines.values())
+            self._ranked = sorted(lines.values(), key=_rank, reverse=True) if len(lines) > 1 else list(lines.values())
         return self._ranked
 
     def newest_event_ids(self) -> list[int]:
-        return [i for _, i in sorted(self.events, reverse=True)]
+        return newest_ids(self.events)
 
 
-def _line_rank(line: Line) -> tuple:
-    return (line.score, line.latest_at, line.latest_event_id)
+def newest_ids(events: list[Event]) -> list[int]:
+    """Ids newest first: by occurred_at, then id."""
+    return [ev.id for ev in sorted(events, key=_NEWEST, reverse=True)]
 
 
-def _group_rank(group: Group) -> tuple:
-    return (group.score, group.latest_at, group.latest_event_id)
+def _rank(item) -> tuple:
+    return (item.score, item.latest_at, item.latest_event_id)
 
 
 @dataclass
@@ -115,7 +114,7 @@ class Digest:
     total_events: int                  # events shown or summarised (not the recipient's own)
     event_ids: list[int]               # every loaded event, own ones included: all get marked
     own_events: int = 0                # the recipient's own activity: handled, never shown
-    # actor key -> [(occurred_at, id)] of their events here (whose avatar: digest/details.py)
+    # actor key -> their events here (whose avatar: digest/details.py)
     actor_events: dict = field(default_factory=dict)
     avatars: dict = field(default_factory=dict)   # actor key -> avatar URL (digest/details.py)
 
@@ -140,7 +139,7 @@ def group_events(events, recipient: str | None = None) -> tuple[list[Group], dic
         if g is None:
             g = groups[key] = Group(key)
         g.count += 1
-        g.events.append((when, ev.id))
+        g.events.append(ev)
         if g.latest_at is None or when > g.latest_at or (when == g.latest_at and ev.id > g.latest_event_id):
             g.latest_at, g.latest_event_id = when, ev.id
         line = g.lines.get(ev.category)
@@ -152,24 +151,29 @@ def group_events(events, recipient: str | None = None) -> tuple[list[Group], dic
         actor_key = actor_id or ev.actor_name
         if actor_key:
             seen = line.actors.get(actor_key)
-            if seen is None or when >= seen[0]:
+            if seen is None:
+                line.score += 1
+                g.score += 1
+                line.actors[actor_key] = (when, ev.actor_name or actor_id)
+            elif when >= seen[0]:
                 line.actors[actor_key] = (when, ev.actor_name or actor_id)
             mine = actor_events.get(actor_key)
             if mine is None:
-                actor_events[actor_key] = [(when, ev.id)]
+                actor_events[actor_key] = [ev]
             else:
-                mine.append((when, ev.id))
+                mine.append(ev)
         else:
-            line.anonymous += 1
+            line.score += 1
+            g.score += 1
     for ev in own:   # not shown, but what they say about an entity shown anyway counts (its title, link)
         g = groups.get((ev.entity_type, ev.entity_id))
         if g is not None:
-            g.events.append((ev.occurred_at, ev.id))
+            g.events.append(ev)
     return list(groups.values()), actor_events, len(own)
 
 
 def rank(groups: list[Group]) -> list[Group]:
-    return sorted(groups, key=_group_rank, reverse=True)
+    return sorted(groups, key=_rank, reverse=True)
 
 
 def build(events, max_items: int, recipient: str | None = None) -> Digest:

@@ -58,9 +58,9 @@ def load_unsent(cur, subscriber_ids: list[int], page_size: int = 1000,
 _FIELD_KEY = re.compile(r"^[a-z_]{1,40}$")
 
 
-def load_fields(cur, event_ids, keys: list[str]) -> dict[int, dict[str, str | None]]:
-    """{event id: {key: string value or None}} for the events whose payload has any of `keys`
-    (string values only: a number or object under a title key is not a title)."""
+def load_fields(cur, event_ids, keys: list[str]) -> dict[int, tuple]:
+    """{event id: (value of each of `keys`: a string or None)} for the events whose payload has any
+    of `keys` (string values only: a number or object under a title key is not a title)."""
     ids = sorted(set(event_ids))
     if not ids or not keys:
         return {}
@@ -69,4 +69,4 @@ def load_fields(cur, event_ids, keys: list[str]) -> dict[int, dict[str, str | No
                         for k in keys)
     cur.execute(f"SELECT id, {columns} FROM digest_events WHERE id = ANY (%s::bigint[]) AND payload ?| %s",
                 (pg_array(ids), list(keys)))
-    return {row[0]: dict(zip(keys, row[1:])) for row in cur.fetchall()}
+    return {row[0]: row[1:] for row in cur.fetchall()}

@@ -78,7 +78,7 @@ def test_own_activity_is_never_shown_but_handled():
     assert d.own_events == 3 and d.total_events == 1
     assert sorted(d.event_ids) == [1, 2, 3, 4]   # all marked with the run
     # their events still tell the shown entity's title and link (e.g. "Ana published Launch notes")
-    assert sorted(i for _, i in d.groups[0].events) == [1, 2] and d.groups[0].count == 1
+    assert sorted(e.id for e in d.groups[0].events) == [1, 2] and d.groups[0].count == 1
     only_own = group.build([ev(1, actor="u-ana")], 10, recipient="u-ana")
     assert only_own.empty and only_own.event_ids == [1]
 
@@ -96,16 +96,19 @@ def test_cap_counts_entities_and_keeps_every_event_id():
 # ---------------------------------------------------------------- titles, links, avatars
 
 def test_newest_event_carrying_a_value_wins_per_field():
+    position = {"entity_title": 0, "title": 1, "entity_url": 2, "url": 3}
     want = details._Want([9, 7, 5, 3], details.ENTITY_FIELDS)   # newest first
     values = {
-        9: {"entity_title": None, "title": None, "entity_url": "javascript:alert(1)", "url": None},   # no usable value
-        7: {"entity_title": None, "title": "Older title key", "entity_url": None, "url": "https://ok.test/7"},
-        5: {"entity_title": "Launch notes", "title": None, "entity_url": "https://ok.test/5", "url": None},
+        9: (None, " ", "javascript:alert(1)", None),                     # no usable value
+        7: (None, "Older title key", None, "https://ok.test/7"),
+        5: ("Launch notes", None, "https://ok.test/5", None),
     }
-    want.take(values, 0, None)
+    want.take(values, position, 0, 1)                                  # the first pass: the newest only
+    assert want.found == {} and set(want.fields) == {"title", "url"}
+    want.take(values, position, 1, None)
     assert want.found == {"title": "Older title key", "url": "https://ok.test/7"} and not want.fields
     both = details._Want([5], details.ENTITY_FIELDS)
-    both.take({5: {"entity_title": "Documented", "title": "Legacy", "entity_url": None, "url": None}}, 0, None)
+    both.take({5: ("Documented", "Legacy", None, None)}, position, 0, None)
     assert both.found == {"title": "Documented"} and list(both.fields) == ["url"]
 
 
