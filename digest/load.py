@@ -58,9 +58,10 @@ def load_unsent(cur, subscriber_ids: list[int], page_size: int = 1000,
 _FIELD_KEY = re.compile(r"^[a-z_]{1,40}$")
 
 
-def load_fields(cur, event_ids, keys: list[str]) -> dict[int, tuple]:
+def load_fields(cur, event_ids, keys, any_of=None) -> dict[int, tuple]:
     """{event id: (value of each of `keys`: a string or None)} for the events whose payload has any
-    of `keys` (string values only: a number or object under a title key is not a title)."""
+    of `any_of` (default: `keys`). String values only: a number or object under a title key is not
+    a title."""
     ids = sorted(set(event_ids))
     if not ids or not keys:
         return {}
@@ -68,5 +69,5 @@ def load_fields(cur, event_ids, keys: list[str]) -> dict[int, tuple]:
     columns = ", ".join(f"CASE WHEN jsonb_typeof(payload -> '{k}') = 'string' THEN payload ->> '{k}' END"
                         for k in keys)
     cur.execute(f"SELECT id, {columns} FROM digest_events WHERE id = ANY (%s::bigint[]) AND payload ?| %s",
-                (pg_array(ids), list(keys)))
+                (pg_array(ids), list(any_of or keys)))
     return {row[0]: row[1:] for row in cur.fetchall()}

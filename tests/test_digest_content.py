@@ -10,9 +10,9 @@ import pytest
 
 from app import categories, db
 from digest import build as digest_build
-from digest import details
 from digest import send as digest_send
 from digest import wording
+from scripts import demo_data
 from tests import factories
 from tests.test_digest_support import marked, run_row, sink_as_provider
 
@@ -47,7 +47,7 @@ def test_title_link_and_avatar_come_from_the_newest_event_carrying_each(sink):
 def test_a_title_sent_only_with_the_oldest_of_many_events_is_still_found(sink):
     sid = factories.subscriber("u1")
     factories.events("u1", 1, entity_id="p1", payload={"entity_title": "Old but gold"})
-    factories.events("u1", details.FIRST_PASS + 5, entity_id="p1", payload={"other": 1})
+    factories.events("u1", 12, entity_id="p1", payload={"other": 1})
     digest_send.process([factories.digest_run(sid)])
     assert "* Old but gold\n" in parts(sink.messages()[0])[1]
 
@@ -135,3 +135,36 @@ def test_preview_uses_the_same_wording(sink):
     factories.events("u1", 1, actor="bo", actor_name="Bo", payload={"entity_title": "Hello"})
     rendered = digest_build.preview("u1")
     assert rendered.subject == "Like from Bo on Hello" and "Your first digest: 1 update." in rendered.text
+
+
+def test_immediate_categories_still_go_into_the_digest_until_a_send_now_path_exists(sink):
+    categories.upsert("alert", {"label": "Alerts", "description": "", "verb": "", "delivery": "immediate"})
+    sid = factories.subscriber("u1")
+    ids = factories.events("u1", 1, category="alert", actor="bo", actor_name="Bo")
+    rid = factories.digest_run(sid)
+    digest_send.process([rid])
+    assert "Alerts from Bo" in parts(sink.messages()[0])[1] and set(marked(ids).values()) == {rid}
+
+
+def test_other_processes_see_a_registry_change_within_the_cache_time(monkeypatch):
+    assert categories.registry() == {}
+    # another process registers a category: this one's snapshot is still fresh ...
+    db.query("INSERT INTO categories (key, label) VALUES ('comment', 'Comments')")
+    assert categories.registry() == {}
+    # ... until CACHE_SECONDS have passed
+    monkeypatch.setattr(categories, "CACHE_SECONDS", 0)
+    assert categories.registry()["comment"].label == "Comments"
+
+
+def test_the_demo_shows_titles_links_and_labels_and_nobody_their_own_activity(sink):
+    demo_data.load()
+    for user_id, *_ in demo_data.DEMO_USERS:
+        rendered = digest_build.preview(user_id)
+        titles = [title for _, title in demo_data.POSTS]
+        assert any(f"* {title}\n  https://example.test/posts/" in rendered.text for title in titles)
+        assert "Post post-" not in rendered.text                       # every block has its title
+        assert any(verb in rendered.text for verb in (" liked", " followed", " commented"))
+        assert "Like from" not in rendered.text and "Follow from" not in rendered.text  # registered labels
+        own_name = dict(demo_data.ACTORS)[user_id]
+        assert f" {own_name} " not in rendered.text.split("\n", 1)[1].replace(",", " ")
+        assert rendered.subject.split(" — ")[0].endswith(tuple(titles))

@@ -96,20 +96,25 @@ def test_cap_counts_entities_and_keeps_every_event_id():
 # ---------------------------------------------------------------- titles, links, avatars
 
 def test_newest_event_carrying_a_value_wins_per_field():
-    position = {"entity_title": 0, "title": 1, "entity_url": 2, "url": 3}
-    want = details._Want([9, 7, 5, 3], details.ENTITY_FIELDS)   # newest first
-    values = {
-        9: (None, " ", "javascript:alert(1)", None),                     # no usable value
-        7: (None, "Older title key", None, "https://ok.test/7"),
-        5: ("Launch notes", None, "https://ok.test/5", None),
-    }
-    want.take(values, position, 0, 1)                                  # the first pass: the newest only
-    assert want.found == {} and set(want.fields) == {"title", "url"}
-    want.take(values, position, 1, None)
-    assert want.found == {"title": "Older title key", "url": "https://ok.test/7"} and not want.fields
-    both = details._Want([5], details.ENTITY_FIELDS)
-    both.take({5: ("Documented", "Legacy", None, None)}, position, 0, None)
-    assert both.found == {"title": "Documented"} and list(both.fields) == ["url"]
+    # rows in details.KEYS order: entity_title, title, entity_url, url, actor_avatar_url; newest first
+    rows = [(None, " ", "javascript:alert(1)", None, "ftp://x/a.png"),         # no usable value
+            (None, "Older title key", None, "https://ok.test/7", "https://ok.test/a.png"),
+            ("Launch notes", None, "https://ok.test/5", None, None)]
+    assert details.entity_fields(rows[:1]) == (None, "")
+    assert details.entity_fields(rows) == ("Older title key", "https://ok.test/7")
+    assert details.entity_fields(rows[2:], title="Found before") == ("Found before", "https://ok.test/5")
+    # within one event the documented key wins
+    assert details.entity_fields([("Documented", "Legacy", "https://a.test/", "https://b.test/", None)]) \
+        == ("Documented", "https://a.test/")
+    assert details.avatar(rows) == "https://ok.test/a.png" and details.avatar(rows[2:]) == ""
+
+
+def test_newest_means_latest_occurred_at_then_id():
+    events = [ev(1, "p1", "bo", minutes=5), ev(2, "p1", "cy", minutes=1), ev(3, "p1", "u-ana", minutes=9),
+              ev(4, "p1", "dee", minutes=5)]
+    d = group.build(events, 10, recipient="u-ana")
+    assert group.newest_ids(d.groups[0].events) == [3, 4, 1, 2]   # the subscriber's own events included
+    assert details._newest(d.groups[0].events) == 3
 
 
 def test_only_http_urls_are_links():
