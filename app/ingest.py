@@ -61,15 +61,9 @@ def _optional(max_length: int):
     return Annotated[Text(max_length) | None, Field(description="null means absent")]
 
 
-def _http_url(value: str | None) -> str | None:
-    if value is not None and not urls.http_url(value):
-        raise fail("url", "must be an absolute http(s) URL (at most 2000 characters, no spaces or quotes)")
-    return value.strip() if value is not None else None
-
-
 def _url_field(description: str):
-    return Annotated[Text(urls.MAX_URL) | None, Field(description=description, json_schema_extra={"format": "uri"}),
-                     AfterValidator(_http_url)]
+    return Annotated[Text(urls.MAX_URL, urls.PATTERN, message=urls.RULE) | None,
+                     Field(description=description)]
 
 
 # What a digest shows about an entity and an actor. Stored in `payload` under the same keys (a
@@ -92,7 +86,7 @@ class Event(Body):
     entity_id: _required(200)
     actor_id: _optional(200) = None
     actor_name: _optional(200) = None
-    payload: Annotated[dict[str, Any] | None, Field(description="at most 16 KiB as JSON"),
+    payload: Annotated[dict[str, Any] | None, Field(description="at most 16 KiB as JSON; integers within 64 bits"),
                        AfterValidator(_payload_json)] = None
     occurred_at: Annotated[str | None, *documented({"format": "date-time", "description":
                                                     "RFC 3339 with offset; default: now"}, _parse_time)] = None
