@@ -21,6 +21,7 @@ ROUTE_MODULES = (
     "app.api.events",
     "app.api.subscribers",
     "app.api.newsletters",
+    "app.api.categories",
     "app.pages",
     "app.admin",
     "tracking.webhooks",

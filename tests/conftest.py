@@ -27,7 +27,7 @@ os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="notif
 import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402
 
-from app import apikeys, config, db, migrate  # noqa: E402
+from app import apikeys, categories, config, db, migrate  # noqa: E402
 
 config.reload()
 
@@ -84,6 +84,7 @@ def clean_db(request):
         if dirty:
             cur.execute("TRUNCATE " + ", ".join(dirty) + " RESTART IDENTITY CASCADE")
     apikeys.cache.clear()
+    categories.cache.clear()
     yield
 
 

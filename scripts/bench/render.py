@@ -36,10 +36,11 @@ def digest_context() -> dict:
     events = [group.Event(j, ("like", "comment", "follow")[j % 3], "post", f"post-{j % 6}", f"actor-{j % 8}",
                           actors[j % 8], now - timedelta(minutes=j)) for j in range(20)]
     d = group.build(events, 50)
-    payloads = {g.latest_event_id: {"title": f"Post {g.entity_id}", "url": "https://example.test/p/1"}
-                for g in d.groups}
-    ctx = context.build(d, payloads, cadence="daily", name="Bench User",
-                        unsubscribe_url="https://example.test/u/T", preferences_url="https://example.test/p/T")
+    for g in d.groups:
+        g.title, g.url = f"Post {g.entity_id}", "https://example.test/p/1"
+    ctx = context.build(d, categories={}, cadence="daily", name="Bench User", timezone="UTC", now=now,
+                        last_digest_at=now - timedelta(days=1), unsubscribe_url="https://example.test/u/T",
+                        preferences_url="https://example.test/p/T")
     return {**ctx, "subject": "Your daily digest"}
 
 
