@@ -146,6 +146,22 @@ def test_dot_stuffing_keeps_lines_that_start_with_a_dot(sink, use_async):
     p.close()
 
 
+def test_first_batch_to_a_slow_relay_probes_its_round_trip_before_choosing_lanes(settings):
+    """A fresh pool does not know the relay's round trip: one mail goes alone first, then the rest
+    of the same batch gets the lanes that round trip asks for (not SMTP_POOL_SIZE in turns)."""
+    settings(smtp_pool_size=2, smtp_pool_max=6)
+    slow = SmtpSink().start()
+    slow.delay = 0.05
+    p = SMTPProvider(slow.url, use_async=True)
+    try:
+        assert all(r.ok for r in p.send_batch(_mails(30, prefix="first")))
+        assert len(slow.raw) == 30 and len(slow.sessions) == 6
+        assert 0.04 < p._async.latency < 0.5
+    finally:
+        p.close()
+        slow.stop()
+
+
 def test_lanes_follow_the_measured_latency():
     p = SMTPProvider("smtp://127.0.0.1:25", pool_size=40, use_async=False)
     p._latency = 0.0002          # a fast local relay: one connection is plenty
