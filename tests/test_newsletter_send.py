@@ -51,7 +51,7 @@ def test_each_recipient_gets_own_mail_once_in_batched_calls(fake, provider, sett
 
 
 def test_default_batch_is_the_providers_own(fake, provider):
-    """SEND_BATCH_SIZE 0 (the default): SendGrid gets up to 1,000 recipients per API call."""
+    """SEND_BATCH_SIZE 0 (the default): SendGrid gets up to 500 recipients per API call."""
     factories.seed_subscribers(250)
     nl = factories.newsletter()
     start(nl)

@@ -61,7 +61,9 @@ HTML_SLOTS = re.compile(r'("[^"<>]*"|>[^<>]*<)')
 class SendGridProvider(Provider):
     name = "sendgrid"
     max_batch = MAX_PERSONALIZATIONS
-    preferred_batch = MAX_PERSONALIZATIONS   # one API call per 1,000 recipients: fewer calls, fewer 429s
+    # 500 recipients per API call: as fast as 1,000 (7,750/s either way, scripts/bench/newsletter.py)
+    # with a fifth less worker memory at peak (150 MB instead of 188), and still few calls and 429s.
+    preferred_batch = MAX_PERSONALIZATIONS // 2
 
     def __init__(self, api_key: str | None = None, api_url: str | None = None, timeout: float = 30.0,
                  client: httpx.Client | None = None):

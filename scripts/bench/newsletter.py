@@ -35,7 +35,7 @@ def parse_args():
     p.add_argument("--threads", type=int, default=8, help="worker threads per process (the Procfile's default)")
     p.add_argument("--chains", type=int, default=None, help="NEWSLETTER_SEND_CHAINS (default: the service's)")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="SEND_BATCH_SIZE (default: the service's, which is the provider's own: 1,000 for SendGrid)")
+                   help="SEND_BATCH_SIZE (default: the service's, which is the provider's own: 500 for SendGrid)")
     p.add_argument("--baseline-sample", type=int, default=2000)
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per run")
@@ -234,7 +234,7 @@ def main() -> int:
                 f"-> {ARGS.recipients:,} in ~{b['extrapolated_s']:,.0f}s (extrapolated)")
     print()
     print(f"Newsletter send, {ARGS.recipients:,} recipients, {ARGS.processes} worker processes x {ARGS.threads} "
-          f"threads, batches of {ARGS.batch_size or 'the default (1,000 for SendGrid)'}, chains "
+          f"threads, batches of {ARGS.batch_size or 'the default (500 for SendGrid)'}, chains "
           f"{ARGS.chains or 'default'}, {os.cpu_count()} cores")
     print(f"{'sink delay':>10} | {'recipients/s':>12} | {'wall':>9} | {'peak RSS':>8} | {'calls':>7} | once | "
           f"{'naive rec/s':>11} | naive wall (extrapolated)")
