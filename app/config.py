@@ -135,7 +135,7 @@ class Settings:
     smtp_async: bool = setting(True, "drive the pool from one asyncio loop (off: a thread per connection)")
     # -- newsletters
     send_batch_size: int = setting(0, "rows per claim and per provider call; 0: the provider's own size "
-                                      "(SendGrid 500 recipients per API call; SMTP 100, the best measured by "
+                                      "(SendGrid 500 recipients per API call; SMTP 1,000, the best measured by "
                                       "scripts/bench/knobs.py), capped by what the provider accepts",
                                    shown="0 (provider's own)")
     reclaim_after_seconds: int = setting(300, "a `sending` row is presumed lost after this")
