@@ -111,10 +111,13 @@ class Result:
     duplicates: int
 
 
+# A row whose (source, producer_id) is taken is skipped by the table's trigger (the key lives in
+# digest_event_keys, migration 0520), so RETURNING lists the stored rows only. The conflict clause
+# has no target: it only mattered for the old unique key while 0520 was filling the key table.
 INSERT_SQL = (
     "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
     "actor_id, actor_name, payload, occurred_at) VALUES %s "
-    "ON CONFLICT (source, producer_id) DO NOTHING RETURNING source, producer_id"
+    "ON CONFLICT DO NOTHING RETURNING source, producer_id"
 )
 INSERT_TEMPLATE = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s::timestamptz, now()))"
 

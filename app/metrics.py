@@ -74,6 +74,12 @@ PROVIDER_IN_FLIGHT = Gauge("notify_provider_calls_in_flight", "Provider deliver 
 WEBHOOK_EVENTS = Counter("notify_webhook_events", "SendGrid webhook events applied, by type", ["type"])
 TRACKING_HITS = Counter("notify_tracking_hits", "Clicks and opens by kind and by who: human or machine "
                                                 "(as classified at request time)", ["kind", "who"])
+# -- retention
+RETENTION_NEVER_USED = Counter("notify_retention_never_used", "Rows dropped by retention (RETENTION_DAYS) that were "
+                                                               "never used: digest_events never included in a digest, "
+                                                               "webhook_events never applied", ["table"])
+RETENTION_PARTITIONS = Counter("notify_retention_partitions_dropped", "Monthly partitions dropped by retention",
+                               ["table"])
 
 # Bound once: a click or open pays only the increment (labels() costs as much again on the hot path).
 _TRACKING_HIT = {(kind, machine): TRACKING_HITS.labels(kind, "machine" if machine else "human")
@@ -113,6 +119,15 @@ def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:
             DIGEST_RUNS.labels(state).inc(n)
     for seconds in lateness:
         DIGEST_LATENESS.observe(max(0.0, seconds))
+
+
+def retention_never_used(table: str, n: int) -> None:
+    """A detached partition's never-used rows, counted once before it is dropped (app/retention.py)."""
+    RETENTION_NEVER_USED.labels(table).inc(n)
+
+
+def retention_dropped(table: str) -> None:
+    RETENTION_PARTITIONS.labels(table).inc()
 
 
 def provider_call(provider: str, result: str, started: float) -> None:
