@@ -246,7 +246,8 @@ def load() -> Settings:
     values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
     retention = values.get("retention_days", Settings.retention_days)
     if retention < 0 or 0 < retention < MIN_RETENTION_DAYS:
-        raise ConfigError(f"RETENTION_DAYS must be 0 (keep everything) or at least {MIN_RETENTION_DAYS}, got {retention}")
+        raise ConfigError(f"RETENTION_DAYS must be 0 (keep everything) or at least {MIN_RETENTION_DAYS}, "
+                          f"got {retention}")
     return Settings(**values)
 
 

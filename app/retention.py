@@ -108,6 +108,8 @@ def _retire(conn, table: partitions.Table, cutoff: datetime, deadline: float) ->
             dropped.append(drop.partition)
         if time.monotonic() >= deadline:
             break
+    if dropped:
+        _analyze(conn, table)
     return dropped, len(drops) - len(dropped)
 
 
@@ -132,7 +134,10 @@ def _detach(conn, table: partitions.Table, drop: Drop) -> None:
         never_used = rows = None
         if exists:
             cur.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", (drop.partition,))
-            rows = max(0, cur.fetchone()[0])
+            rows = cur.fetchone()[0]
+            if rows < 0:   # never analyzed, so small: count it
+                cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(drop.partition)))
+                rows = cur.fetchone()[0]
             if table.never_used:
                 cur.execute(sql.SQL("SELECT count(*) FROM {} WHERE " + table.never_used).format(
                     sql.Identifier(drop.partition)))
@@ -189,7 +194,10 @@ def _drop(conn, table: partitions.Table, drop: Drop) -> None:
     drop.state = "dropped"
     log.info("retention: dropped %s (about %d rows)", drop.partition, rows or 0)
     metrics.retention_dropped(table.name)
-    # Autovacuum never analyzes a partitioned parent; its statistics just lost a month.
+
+
+def _analyze(conn, table: partitions.Table) -> None:
+    """Autovacuum never analyzes a partitioned parent; its statistics just lost a month."""
     with conn.cursor() as cur:
         cur.execute("SET lock_timeout = %s", (config.get().migration_lock_timeout,))
         try:

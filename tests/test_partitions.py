@@ -7,6 +7,7 @@ import threading
 from datetime import timedelta
 
 import peewee
+import psycopg2.errors
 import pytest
 
 from app import db, partitions, subscribers
@@ -83,7 +84,8 @@ def test_a_duplicate_webhook_event_is_refused_across_a_partition_boundary():
     assert (first.stored, first.duplicates, second.stored, second.duplicates) == (1, 1, 0, 1)
     assert db.query("INSERT INTO webhook_events (sg_event_id, event, payload, received_at) "
                     "VALUES ('sg-2', 'open', '{}', %s) RETURNING id", (later,)) == []
-    assert db.query("SELECT sg_event_id, count(*) FROM webhook_events GROUP BY 1 ORDER BY 1") == [("sg-1", 1), ("sg-2", 1)]
+    assert db.query("SELECT sg_event_id, count(*) FROM webhook_events GROUP BY 1 ORDER BY 1") == \
+        [("sg-1", 1), ("sg-2", 1)]
 
 
 @pytest.mark.parametrize("first_commits", [True, False])
@@ -151,3 +153,22 @@ def test_erasure_and_truncate_free_the_keys(client, events_key, admin_key):
     db.query("TRUNCATE digest_events")
     assert db.query("SELECT count(*) FROM digest_event_keys") == [(0,)]
     assert post(client, events_key, "gone-1") == {"accepted": 1, "duplicates": 0}
+
+
+def test_the_previous_releases_inserts_fail_whole_after_the_swap():
+    """During a rolling deploy an old web process names the unique keys that are gone: its insert
+    fails as a whole (503 / 5xx, retried by the producer or SendGrid), nothing half-written."""
+    old_event = ("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id) "
+                 "VALUES ('p', 'x', 'u1', 'likes', 'post', 'p1') ON CONFLICT (source, producer_id) DO NOTHING")
+    old_webhook = ("INSERT INTO webhook_events (sg_event_id, event, payload) VALUES ('x', 'open', '{}') "
+                   "ON CONFLICT (sg_event_id) DO NOTHING")
+    conn = db.connect_raw()
+    try:
+        for statement in (old_event, old_webhook):
+            with pytest.raises(psycopg2.errors.InvalidColumnReference):
+                with db.transaction(conn) as cur:
+                    cur.execute(statement)
+    finally:
+        conn.close()
+    assert db.query("SELECT (SELECT count(*) FROM digest_events) + (SELECT count(*) FROM webhook_events) "
+                    "+ (SELECT count(*) FROM digest_event_keys) + (SELECT count(*) FROM webhook_event_keys)") == [(0,)]

@@ -63,15 +63,17 @@ def test_expired_months_go_whole_and_never_used_rows_are_counted_first(scratch, 
     rows(conn, "UPDATE digest_events SET digest_run_id = %s WHERE producer_id IN ('old-0','old-1','old-2','old-3',"
                "'old-4')", (run,))
     # Received 10 days before "now": kept.
-    rows(conn, "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, received_at) "
-               "SELECT 'producer', 'new-' || i, 'u1', 'likes', 'post', 'p1', %s FROM generate_series(1, 2) i", (kept_at,))
+    rows(conn, "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
+               "received_at) SELECT 'producer', 'new-' || i, 'u1', 'likes', 'post', 'p1', %s "
+               "FROM generate_series(1, 2) i", (kept_at,))
     with db.transaction(conn) as cur:
         webhook_store.insert_jobs(cur, [[(f"sg-{i}", "open", None, "{}") for i in range(5)]])
     rows(conn, "UPDATE webhook_events SET processed_at = now() WHERE sg_event_id <> 'sg-4'")
-    rows(conn, "INSERT INTO webhook_events (sg_event_id, event, payload, received_at) VALUES ('sg-new', 'open', '{}', %s)",
-         (kept_at,))
+    rows(conn, "INSERT INTO webhook_events (sg_event_id, event, payload, received_at) "
+               "VALUES ('sg-new', 'open', '{}', %s)", (kept_at,))
     rows(conn, "INSERT INTO email_link_history (kind, mail_kind, mail_id, occurred_at) "
-               "VALUES ('open', 'digest', 1, now()), ('open', 'digest', 1, now()), ('click', 'digest', 1, %s)", (kept_at,))
+               "VALUES ('open', 'digest', 1, now()), ('open', 'digest', 1, now()), ('click', 'digest', 1, %s)",
+         (kept_at,))
     cutoff = future - timedelta(days=config.get().retention_days)
     expired = {t.name: [p.name for p in partitions.list_partitions(conn.cursor(), t.name) if p.range_to <= cutoff]
                for t in partitions.TABLES}
@@ -183,3 +185,22 @@ def test_retention_days_is_zero_or_at_least_a_week(monkeypatch, days, ok):
     else:
         with pytest.raises(config.ConfigError, match="RETENTION_DAYS"):
             config.load()
+
+
+def test_a_missing_month_is_added_by_the_scheduler_job_and_by_migrate(scratch):
+    url, conn = scratch
+    newest = partitions.list_partitions(conn.cursor(), "digest_events")[-1]
+    rows(conn, f"ALTER TABLE digest_events DETACH PARTITION {newest.name}")
+    rows(conn, f"DROP TABLE {newest.name}")
+    # A row for a month without a partition is refused whole (the API answers 503).
+    insert = ("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, received_at) "
+              "VALUES ('producer', 'far', 'u1', 'likes', 'post', 'p1', %s) RETURNING id")
+    with pytest.raises(psycopg2.errors.CheckViolation, match="no partition"):
+        rows(conn, insert, (newest.range_from,))
+    assert rows(conn, "SELECT count(*) FROM digest_event_keys") == [(0,)]
+    assert retention.maintain(url=url)["created"] == [newest.name]        # the scheduler's job, each tick
+    assert len(rows(conn, insert, (newest.range_from,))) == 1
+    rows(conn, f"ALTER TABLE digest_events DETACH PARTITION {newest.name}")
+    rows(conn, f"DROP TABLE {newest.name}")
+    migrate.migrate(url)                                                  # every release
+    assert partitions.list_partitions(conn.cursor(), "digest_events")[-1] == newest

@@ -74,7 +74,7 @@ class StoreResult:
 
 
 INSERT_SQL = ("INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES %s "
-              "ON CONFLICT DO NOTHING RETURNING id, sg_event_id")
+              "RETURNING id, sg_event_id")
 
 
 def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:

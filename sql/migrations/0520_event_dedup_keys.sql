@@ -1,5 +1,5 @@
 -- migrate: no-transaction
--- Retention (issue 12.3), step 1 of 4: the dedup keys move out of the event tables.
+-- Retention (issue 12.3), step 1: the dedup keys move out of the event tables.
 --
 -- digest_events, webhook_events and email_link_history become tables partitioned by month
 -- (digest_events and webhook_events by received_at, email_link_history by occurred_at), so that
@@ -23,15 +23,18 @@
 -- bounded chunks after the partition is detached.
 -- Rejected: a partition key derived from the dedup key (e.g. hash partitions) keeps the unique
 -- index local, but then no partition ever becomes entirely old and retention could drop nothing.
--- Cost: one more index insert and a PL/pgSQL call per stored row (measured on a 5,000-event
--- group commit: about 5 us per event, scripts/bench/ingest.py for the end-to-end figure).
+-- Cost, measured on 5,000-event group commits: the trigger adds about 4 us per stored event; the
+-- application's INSERTs lose their ON CONFLICT clause, which on a partitioned table costs as much
+-- again (a speculative insertion per row), so ingestion pays about what it paid before.
 --
--- This file: create the key tables and triggers on the live tables, then fill the key tables
--- from the rows already stored, in committed batches (no lock held across batches; the old unique
--- constraints still hold meanwhile, which is why the application's INSERTs say ON CONFLICT DO
--- NOTHING without a target: a re-sent key not yet backfilled is stopped by the old constraint).
--- Steps 2-4: 0521 (bounds and indexes, built online), 0522-0524 (the swap, one short transaction
--- per table). The README ("Retention") has the whole procedure.
+-- This file (expand, milliseconds): the key tables and the triggers on the live tables. Until
+-- 0521 has copied the keys of the rows stored before, the claim also asks the old unique index
+-- (still there until the swap), so a re-sent old key is a duplicate from the first moment on;
+-- 0523/0524 replace the claim functions with the final ones. Then 0522 (bounds and indexes,
+-- built online) and 0523-0525 (the swap, one short transaction per table); README "Retention".
+--
+-- The code of this release needs this file applied (its INSERTs rely on the triggers): the
+-- release phase applies the migrations before the new processes start.
 
 CREATE TABLE IF NOT EXISTS digest_event_keys (
     source      text NOT NULL,
@@ -62,11 +65,16 @@ CREATE TABLE IF NOT EXISTS retention_drops (
 
 -- digest_events -------------------------------------------------------------------------------
 
+-- Until the swap (0523): a key not copied yet may belong to a row stored before 0520, which the
+-- old unique index knows; 0521 then gives the key to that row.
 CREATE OR REPLACE FUNCTION digest_events_claim_key() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO digest_event_keys (source, producer_id, event_id) VALUES (NEW.source, NEW.producer_id, NEW.id)
     ON CONFLICT DO NOTHING;
     IF FOUND THEN
+        IF EXISTS (SELECT 1 FROM digest_events WHERE source = NEW.source AND producer_id = NEW.producer_id) THEN
+            RETURN NULL;
+        END IF;
         RETURN NEW;
     END IF;
     -- Taken. By this very row when an UPDATE moves it to another partition.
@@ -123,6 +131,9 @@ BEGIN
     INSERT INTO webhook_event_keys (sg_event_id, event_id) VALUES (NEW.sg_event_id, NEW.id)
     ON CONFLICT DO NOTHING;
     IF FOUND THEN
+        IF EXISTS (SELECT 1 FROM webhook_events WHERE sg_event_id = NEW.sg_event_id) THEN
+            RETURN NULL;   -- stored before 0520, its key not copied yet (see digest_events_claim_key)
+        END IF;
         RETURN NEW;
     END IF;
     PERFORM 1 FROM webhook_event_keys WHERE sg_event_id = NEW.sg_event_id AND event_id = NEW.id;
@@ -167,60 +178,3 @@ CREATE OR REPLACE TRIGGER webhook_events_forget_keys AFTER DELETE ON webhook_eve
     REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION webhook_events_forget_keys();
 CREATE OR REPLACE TRIGGER webhook_events_truncate_keys AFTER TRUNCATE ON webhook_events
     FOR EACH STATEMENT EXECUTE FUNCTION webhook_events_truncate_keys();
-
--- Backfill ------------------------------------------------------------------------------------
--- Every row stored before the triggers existed gets its key, 20,000 rows per committed batch.
--- CREATE TRIGGER waited for the inserts in flight, so rows above max(id) all have their key.
--- DO UPDATE: a re-sent old key that arrived before its batch claimed the key for a row the old
--- unique constraint then refused; the stored row is the key's owner.
-DO $$
-DECLARE
-    done bigint := 0;
-    top  bigint;
-    last bigint;
-BEGIN
-    SELECT coalesce(max(id), 0) INTO top FROM digest_events;
-    LOOP
-        WITH batch AS (
-            SELECT source, producer_id, id FROM digest_events WHERE id > done AND id <= top ORDER BY id LIMIT 20000
-        ), stored AS (
-            INSERT INTO digest_event_keys (source, producer_id, event_id) SELECT source, producer_id, id FROM batch
-            ON CONFLICT (source, producer_id) DO UPDATE SET event_id = EXCLUDED.event_id
-                WHERE digest_event_keys.event_id <> EXCLUDED.event_id
-        )
-        SELECT max(id) INTO last FROM batch;
-        EXIT WHEN last IS NULL;
-        done := last;
-        COMMIT;
-    END LOOP;
-END
-$$;
-
-DO $$
-DECLARE
-    done bigint := 0;
-    top  bigint;
-    last bigint;
-BEGIN
-    SELECT coalesce(max(id), 0) INTO top FROM webhook_events;
-    LOOP
-        WITH batch AS (
-            SELECT sg_event_id, id FROM webhook_events WHERE id > done AND id <= top ORDER BY id LIMIT 20000
-        ), stored AS (
-            INSERT INTO webhook_event_keys (sg_event_id, event_id) SELECT sg_event_id, id FROM batch
-            ON CONFLICT (sg_event_id) DO UPDATE SET event_id = EXCLUDED.event_id
-                WHERE webhook_event_keys.event_id <> EXCLUDED.event_id
-        )
-        SELECT max(id) INTO last FROM batch;
-        EXIT WHEN last IS NULL;
-        done := last;
-        COMMIT;
-    END LOOP;
-END
-$$;
-
--- A row deleted (erasure) after a batch read it but before that batch committed left its key
--- behind: the DELETE trigger could not see the uncommitted key. Every key is committed now, so
--- one pass finds those; later deletes find their keys themselves.
-DELETE FROM digest_event_keys k WHERE NOT EXISTS (SELECT 1 FROM digest_events e WHERE e.id = k.event_id);
-DELETE FROM webhook_event_keys k WHERE NOT EXISTS (SELECT 1 FROM webhook_events e WHERE e.id = k.event_id);

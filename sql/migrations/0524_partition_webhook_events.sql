@@ -1,6 +1,6 @@
 -- Retention, step 3b: webhook_events becomes partitioned by month on received_at, exactly as
--- digest_events in 0522 (one short transaction of catalog changes; the old table becomes the
--- partition FROM (MINVALUE) TO (cutover); webhook_event_keys dedups on sg_event_id, 0520).
+-- digest_events in 0523 (one short transaction of catalog changes; the old table becomes the
+-- partition FROM (MINVALUE) TO (cutover); webhook_event_keys dedups on sg_event_id, 0520-0521).
 -- Nothing references webhook_events by foreign key.
 
 ALTER TABLE webhook_events RENAME TO webhook_events_legacy;
@@ -12,6 +12,21 @@ DROP TRIGGER webhook_events_claim_key ON webhook_events_legacy;
 DROP TRIGGER webhook_events_rename_key ON webhook_events_legacy;
 DROP TRIGGER webhook_events_forget_keys ON webhook_events_legacy;
 DROP TRIGGER webhook_events_truncate_keys ON webhook_events_legacy;
+
+CREATE OR REPLACE FUNCTION webhook_events_claim_key() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO webhook_event_keys (sg_event_id, event_id) VALUES (NEW.sg_event_id, NEW.id)
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        RETURN NEW;
+    END IF;
+    PERFORM 1 FROM webhook_event_keys WHERE sg_event_id = NEW.sg_event_id AND event_id = NEW.id;
+    IF FOUND THEN
+        RETURN NEW;   -- this row, moved to another partition by an UPDATE
+    END IF;
+    RETURN NULL;
+END
+$$;
 
 CREATE TABLE webhook_events (
     id           bigint NOT NULL DEFAULT nextval('webhook_events_id_seq'),

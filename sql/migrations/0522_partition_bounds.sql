@@ -1,6 +1,6 @@
 -- migrate: no-transaction
--- Retention, step 2 of 4: prepare each live table to become the first partition of its new
--- partitioned self, without a long lock (the swap itself is 0522-0524).
+-- Retention, step 2: prepare each live table to become the first partition of its new
+-- partitioned self, without a long lock (the swap itself is 0523-0525).
 --
 -- ATTACH PARTITION scans the whole table to prove its rows fit the partition's range, holding an
 -- ACCESS EXCLUSIVE lock on it, unless a valid CHECK constraint already proves it. So:

@@ -1,5 +1,5 @@
 -- Retention, step 3c: email_link_history becomes partitioned by month on occurred_at (the time
--- of the click or open), as digest_events in 0522. It has no dedup key. Its foreign key to
+-- of the click or open), as digest_events in 0523. It has no dedup key. Its foreign key to
 -- email_links (ON DELETE CASCADE) is declared on the parent and cloned onto every partition.
 
 ALTER TABLE email_link_history RENAME TO email_link_history_legacy;

@@ -1,11 +1,12 @@
 -- Retention, step 3a: digest_events becomes partitioned by month on received_at, in one short
 -- transaction (catalog changes only: no row is read or moved). The runner holds it under
 -- MIGRATION_LOCK_TIMEOUT and retries, so it never queues writers behind a long query.
---   * the live table is renamed digest_events_legacy; its (id, received_at) index from 0521
---     becomes its primary key, its old unique key goes (digest_event_keys dedups now, 0520);
+--   * the live table is renamed digest_events_legacy; its (id, received_at) index from 0522
+--     becomes its primary key, its old unique key goes (digest_event_keys dedups now, 0520-0521)
+--     and so does the claim's look-up in it;
 --   * a partitioned digest_events with the same columns, indexes, foreign key and triggers is
 --     created, owns the id sequence (ids continue), and takes the old table as the partition
---     FROM (MINVALUE) TO (cutover): the validated CHECK from 0521 lets ATTACH skip its scan;
+--     FROM (MINVALUE) TO (cutover): the validated CHECK from 0522 lets ATTACH skip its scan;
 --   * monthly partitions from the cutover to 3 months ahead are added (the scheduler keeps
 --     adding them: app/partitions.py).
 -- Writers blocked on the old table during the swap resolve the name again once it commits and
@@ -23,6 +24,24 @@ DROP TRIGGER digest_events_claim_key ON digest_events_legacy;
 DROP TRIGGER digest_events_rename_key ON digest_events_legacy;
 DROP TRIGGER digest_events_forget_keys ON digest_events_legacy;
 DROP TRIGGER digest_events_truncate_keys ON digest_events_legacy;
+
+-- The key table has every key now (0521): the claim no longer asks the old unique index.
+CREATE OR REPLACE FUNCTION digest_events_claim_key() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO digest_event_keys (source, producer_id, event_id) VALUES (NEW.source, NEW.producer_id, NEW.id)
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        RETURN NEW;
+    END IF;
+    -- Taken. By this very row when an UPDATE moves it to another partition.
+    PERFORM 1 FROM digest_event_keys
+    WHERE source = NEW.source AND producer_id = NEW.producer_id AND event_id = NEW.id;
+    IF FOUND THEN
+        RETURN NEW;
+    END IF;
+    RETURN NULL;   -- a duplicate: not stored
+END
+$$;
 
 CREATE TABLE digest_events (
     id            bigint NOT NULL DEFAULT nextval('digest_events_id_seq'),
