@@ -66,6 +66,8 @@ bench: migrate
 	$(BIN)/python scripts/bench/validation.py
 	$(BIN)/python scripts/bench/tokens.py
 	$(BIN)/python scripts/bench/migrations.py
+	$(BIN)/python scripts/bench/partition_migration.py
+	$(BIN)/python scripts/bench/event_insert.py
 	$(BIN)/python scripts/bench/groupcommit.py
 	$(BIN)/python scripts/bench/ratelimit.py
 	$(BIN)/python scripts/bench/smtp_client.py

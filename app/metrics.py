@@ -172,7 +172,9 @@ SELECT (SELECT extract(epoch FROM now() - min(scheduled_for)) FROM digest_runs
        (SELECT count(*) FROM (SELECT 1 FROM digest_runs WHERE status = 'pending' AND scheduled_for <= now()
                               LIMIT {COUNT_CAP}) due),
        (SELECT count(*) FROM (SELECT 1 FROM digest_runs WHERE status = 'processing' LIMIT {COUNT_CAP}) busy),
-       (SELECT count(*) FROM (SELECT 1 FROM webhook_events WHERE processed_at IS NULL LIMIT {COUNT_CAP}) hooks)
+       (SELECT count(*) FROM (SELECT 1 FROM webhook_events WHERE processed_at IS NULL LIMIT {COUNT_CAP}) hooks),
+       (SELECT extract(epoch FROM min((SELECT max(range_to) FROM time_partitions(t::regclass))) - now())
+        FROM unnest(ARRAY['digest_events', 'webhook_events', 'email_link_history']) t)
 """
 
 
@@ -186,7 +188,7 @@ class StateCollector:
             with db.raw_cursor() as cur:
                 cur.execute(f"SET LOCAL statement_timeout = {SCRAPE_STATEMENT_TIMEOUT_MS}")
                 cur.execute(STATE_SQL)
-                oldest, due, processing, unapplied = cur.fetchone()
+                oldest, due, processing, unapplied, ahead = cur.fetchone()
         except Exception as exc:  # noqa: BLE001 - a scrape never fails because Postgres is slow or down
             log.warning("metrics: database read failed: %s", str(exc).strip().splitlines()[:1])
             up.add_metric(["postgres"], 0)
@@ -200,6 +202,9 @@ class StateCollector:
                                     value=processing)
             yield GaugeMetricFamily("notify_webhook_events_unapplied", f"Stored SendGrid events not applied yet "
                                     f"(capped at {COUNT_CAP})", value=unapplied)
+            yield GaugeMetricFamily("notify_partitions_ahead_seconds", "How far ahead the monthly partitions of the "
+                                    "event tables reach (the least of the three): a row past it is refused. The "
+                                    "scheduler keeps it above two months", value=float(ahead or 0))
         try:
             depths = {name: queue.depth(name) for name in queue.QUEUES}
         except Exception as exc:  # noqa: BLE001

@@ -10,7 +10,7 @@ import peewee
 import psycopg2.errors
 import pytest
 
-from app import db, partitions, subscribers
+from app import db, metrics, partitions, subscribers
 from tests import factories
 from tests.conftest import auth, wait_for
 from tracking import webhook_store
@@ -172,3 +172,11 @@ def test_the_previous_releases_inserts_fail_whole_after_the_swap():
         conn.close()
     assert db.query("SELECT (SELECT count(*) FROM digest_events) + (SELECT count(*) FROM webhook_events) "
                     "+ (SELECT count(*) FROM digest_event_keys) + (SELECT count(*) FROM webhook_event_keys)") == [(0,)]
+
+
+def test_how_far_the_months_reach_is_exported():
+    (ahead,), = db.query("SELECT extract(epoch FROM (SELECT max(range_to) FROM time_partitions('digest_events')) "
+                         "- now())")
+    families = {f.name: f for f in metrics.StateCollector().collect()}
+    value = families["notify_partitions_ahead_seconds"].samples[0].value
+    assert 60 * 86400 < value <= float(ahead)
