@@ -9,7 +9,7 @@ export TEST_DATABASE_URL ?= postgresql://localhost/notify_test
 export TEST_REDIS_URL ?= redis://localhost:6379/15
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test test-fast test-pure install services migrate demo bench drill clean browser
+.PHONY: run test test-fast test-pure test-pgbouncer install services migrate demo bench drill clean browser pgbouncer
 
 # Unset APP_ENV means production (app/config.py): the local targets say development explicitly,
 # and reach their prerequisites too (run -> demo -> migrate). Tests set APP_ENV=test themselves.
@@ -37,15 +37,29 @@ run: export MAIL_PROVIDER ?= smtp
 run: export SMTP_URL ?= smtp://127.0.0.1:1025
 run: demo
 	$(BIN)/python -m app digest-now --all
-	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail"
+	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  dashboard: http://127.0.0.1:$${DEV_PORT:-8000}/admin  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail"
 	$(BIN)/honcho -f Procfile.dev start
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.
 browser:
 	@sh scripts/dev/apt-install.sh chromium /usr/bin/chromium "browser tests will be skipped"
 
-test: install services browser
+# PgBouncer (Debian's package) for the PgBouncer pass of `make test`; install it once, as root.
+pgbouncer:
+	@sh scripts/dev/apt-install.sh pgbouncer /usr/sbin/pgbouncer "the PgBouncer pass of make test is skipped"
+
+# The integration tests (not slow, browser or pure) through a private PgBouncer in transaction
+# pooling mode on a free port (PGBOUNCER_PORT to choose one): scripts/dev/pgbouncer.py.
+PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
+	$(BIN)/python -m pytest -m "not slow and not browser and not pure" $(PYTEST_ARGS)
+
+# Everything, then the integration tests once more through PgBouncer.
+test: install services browser pgbouncer
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PGBOUNCER_PASS)
+
+test-pgbouncer: install services pgbouncer
+	$(PGBOUNCER_PASS)
 
 # Everything but the slow (killed processes, timeouts) and browser tests: the inner loop.
 test-fast: install services
@@ -56,25 +70,11 @@ test-pure: install
 	TEST_DATABASE_URL=postgresql://127.0.0.1:9/unreachable TEST_REDIS_URL=redis://127.0.0.1:9/0 \
 		$(BIN)/python -m pytest -m pure $(PYTEST_ARGS)
 
-# Every benchmark once, each beside its naive baseline (minutes; see README "Tests and benchmarks").
+# Every benchmark once, each beside its naive baseline or peer, into one report: BENCHMARKS.md,
+# docs/benchmarks.json and docs/benchmarks.png (about an hour; see README "Tests and benchmarks").
 bench: migrate
 	@sh scripts/dev/apt-install.sh wrk /usr/bin/wrk "the click benchmark uses its own asyncio client"
-	$(BIN)/python scripts/bench/ingest.py
-	$(BIN)/python scripts/bench/digest.py
-	$(BIN)/python scripts/bench/planner.py
-	$(BIN)/python scripts/bench/render.py
-	$(BIN)/python scripts/bench/validation.py
-	$(BIN)/python scripts/bench/tokens.py
-	$(BIN)/python scripts/bench/migrations.py
-	$(BIN)/python scripts/bench/partition_migration.py
-	$(BIN)/python scripts/bench/event_insert.py
-	$(BIN)/python scripts/bench/groupcommit.py
-	$(BIN)/python scripts/bench/ratelimit.py
-	$(BIN)/python scripts/bench/smtp_client.py
-	$(BIN)/python scripts/bench/newsletter.py
-	$(BIN)/python scripts/bench/peer_postoffice.py
-	$(BIN)/python scripts/bench/click.py
-	$(BIN)/python scripts/bench/webhook.py
+	$(BIN)/python scripts/bench/report.py $(BENCH_ARGS)
 
 # Fault drills at full scale against their own Postgres and Redis (minutes; small versions run in make test).
 drill: install

@@ -38,6 +38,11 @@ class Settings:
                                      "`migrate`/`bench` and `Procfile.dev` set `development`; run "
                                      "`python -m app …` by hand with `APP_ENV=development` locally")
     database_url: str = setting("postgresql://localhost/notify", "Postgres; created if missing by `migrate`")
+    migration_database_url: str = setting("", "Postgres for `migrate` alone. Behind PgBouncer in transaction "
+                                              "pooling mode, point it at Postgres itself (or a session-mode pool): "
+                                              "the migrator needs one session for its advisory lock and for "
+                                              "`lock_timeout` around CREATE INDEX CONCURRENTLY (README \"Running "
+                                              "behind PgBouncer\")", shown="DATABASE_URL")
     redis_url: str = setting("redis://localhost:6379/0", "Dramatiq's broker")
     secret_key: str = setting(DEV_SECRET_KEY, "signs tokens and tracking codes (`openssl rand -hex 32`)",
                               shown="dev key (development/test only)")
@@ -54,6 +59,14 @@ class Settings:
                                             "from scratch (README \"Metrics\")")
     metrics_token: str = setting("", "a Bearer token that may read `GET /metrics` besides admin API keys "
                                      "(compared in constant time; unset: admin keys only)")
+    # -- operator dashboard (/admin)
+    admin_session_hours: float = setting(8.0, "how long an /admin sign-in lasts: the signed cookie and the server-side "
+                                              "session expire together (signing out or revoking the key ends it at once)")
+    admin_login_max_failures: int = setting(10, "failed /admin sign-ins allowed per client address in 15 minutes; "
+                                                "then sign-in answers 429 until the window ends (each failure is "
+                                                "also answered only after a 1 s pause)")
+    admin_cache_seconds: float = setting(60.0, "the dashboard's figures and charts are computed at most this often "
+                                               "per web process and range")
     # -- ingestion
     max_body_bytes: int = setting(1024 * 1024, "largest request body", shown="1 MiB")
     max_batch_events: int = setting(1000, "events per POST /v1/events")
@@ -119,19 +132,27 @@ class Settings:
     digest_reenqueue_seconds: int = setting(300, "a pending run enqueued this long ago is enqueued again")
     digest_retry_base_seconds: int = setting(60, "backoff after a retryable failure: base x 2^attempts")
     smtp_pool_size: int = setting(8, "SMTP connections a batch always gets (per worker process)")
-    smtp_pool_max: int = setting(64, "most SMTP connections per worker process: the async pool grows towards it "
-                                     "by Little's law only when the relay is slow (64: within 10 % of the best "
-                                     "hand-tuned pool at 50 ms, scripts/bench/digest.py). Keep processes x this "
-                                     "under the relay's per-client limit (a default Postfix allows 50: use 24 "
-                                     "with two processes); refused connections are retried, never lost")
+    smtp_pool_max: int = setting(256, "most SMTP connections per worker process: the async pool grows towards it "
+                                      "by Little's law only when the relay is slow (a relay 50 ms away needs about "
+                                      "100 per batch in flight; 256 measured within 10 % of the best hand-tuned "
+                                      "setting at 0 and 50 ms, scripts/bench/knobs.py). A relay next door never "
+                                      "grows it past SMTP_POOL_SIZE. Keep processes x this under the relay's "
+                                      "per-client limit (a default Postfix allows 50: use 24 with two processes); "
+                                      "refused connections are retried, never lost")
     smtp_timeout_seconds: float = setting(30.0, "per SMTP step; a batch starts no mail after twice this")
     smtp_async: bool = setting(True, "drive the pool from one asyncio loop (off: a thread per connection)")
     # -- newsletters
-    send_batch_size: int = setting(100, "rows per claim and per provider call")
+    send_batch_size: int = setting(0, "rows per claim and per provider call; 0: the provider's own size "
+                                      "(SendGrid 1,000 recipients per API call; SMTP 100, the best measured by "
+                                      "scripts/bench/knobs.py), capped by what the provider accepts",
+                                   shown="0 (provider's own)")
     reclaim_after_seconds: int = setting(300, "a `sending` row is presumed lost after this")
     provider_rate_per_second: float = setting(0.0, "shared send ceiling (0: none); 429s lower it adaptively")
     soft_bounce_limit: int = setting(3, "deferrals before an address is suppressed")
-    newsletter_send_chains: int = setting(4, "concurrent send loops per newsletter")
+    newsletter_send_chains: int = setting(4, "concurrent send loops per newsletter (each holds a worker thread "
+                                             "for at most a few seconds at a time; 4 was the fastest at 0 and 50 ms "
+                                             "relay delay once SMTP_POOL_MAX let a slow relay's batches fly "
+                                             "whole, 8 was 11 % slower, scripts/bench/knobs.py)")
     newsletter_max_attempts: int = setting(8, "retryable failures before a row is `failed`")
 
     @property

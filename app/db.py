@@ -23,11 +23,19 @@ and had drifted from the schema). Every connection comes from `connect_raw()`, t
    already open); `retry_once(work)` reopens it once when the server went away, `reset()` drops it
    after an error that may have left it in an unknown state. It follows DATABASE_URL.
 
-3. Owned connections, `connect_raw()` kept by one owner, only where the session itself matters
-   and must never go back to a pool: the group-commit writer threads (app/groupcommit.py, one
-   long transaction stream each), the click-history writer (tracking/recorder.py: a session temp
-   table), the migrator (app/migrate.py: a session advisory lock, autocommit for CREATE INDEX
-   CONCURRENTLY) and the scheduler's leadership (app/scheduler.py: a session advisory lock).
+3. Owned connections, `connect_raw()` kept by one owner, where a thread writes a stream of
+   transactions of its own: the group-commit writer threads (app/groupcommit.py) and the
+   click-history writer (tracking/recorder.py). The migrator (app/migrate.py) is the one user
+   whose *session* matters (an advisory lock, a session lock_timeout around CREATE INDEX
+   CONCURRENTLY), and it connects to MIGRATION_DATABASE_URL when that is set.
+
+Nothing else keeps state in a session, so everything but the migrator works behind PgBouncer in
+transaction pooling mode (README "Running behind PgBouncer"; `make test` runs the integration tests
+through one): settings that must hold for a unit of work are `SET LOCAL` inside its transaction,
+temp tables are created in the transaction that uses them, roles held across transactions (the
+scheduler's leadership, a newsletter's outbox builder) are lease rows (app/lease.py), not advisory
+locks, and there are no LISTEN/NOTIFY, WITH HOLD cursors or named prepared statements (psycopg2
+sends every query as plain text).
 
 Why the hot paths (claims, marks, group commits, click history, webhook apply) are plain SQL on
 psycopg2 cursors rather than peewee queries: they are `FOR UPDATE SKIP LOCKED` claims, `INSERT …
@@ -276,6 +284,7 @@ def database_name(url: str) -> str:
 ALL_TABLES = [
     "api_keys", "subscribers", "digest_runs", "digest_events", "newsletters", "email_log",
     "email_links", "email_link_history", "legacy_link_codes", "webhook_events", "suppressions",
-    "mail_event_counts", "digest_event_keys", "webhook_event_keys", "retention_drops",
+    "mail_event_counts", "leases", "admin_sessions", "admin_audit", "categories",
+    "digest_event_keys", "webhook_event_keys", "retention_drops",
 ]
 

@@ -106,7 +106,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-_LONG_DIGITS = re.compile(rb"\d{20}")   # 2**64 has 20 digits
+_LONG_DIGITS = re.compile(rb"\d{19}")   # -2**63 - 1 has 19 digits, 2**64 has 20
 # Nothing we accept nests deeper than a few levels (SendGrid events are flat, event payloads are
 # small objects). The bound keeps every later recursive step safe: orjson.dumps stops at 255
 # levels, the standard library's parser at the interpreter's recursion limit.

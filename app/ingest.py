@@ -17,8 +17,9 @@ import orjson
 import psycopg2.extras
 from pydantic import AfterValidator, Field
 
-from app import config
+from app import config, urls
 from app.groupcommit import GroupCommitWriter, OnFirstUse
+from app.openapi import free_form_values
 from app.validation import NOT_BLANK, Body, Text, check, documented, fail
 
 log = logging.getLogger("app.ingest")
@@ -61,6 +62,23 @@ def _optional(max_length: int):
     return Annotated[Text(max_length) | None, Field(description="null means absent")]
 
 
+def _url_field(description: str):
+    return Annotated[Text(urls.MAX_URL, urls.PATTERN, message=urls.RULE) | None,
+                     Field(description=description)]
+
+
+# What a digest shows about an entity and an actor. Stored in `payload` under the same keys (a
+# producer may put them there instead); per field, the newest event of a digest that carries a
+# value wins (digest/details.py).
+DISPLAY_FIELDS = ("entity_title", "entity_url", "actor_avatar_url")
+
+
+def _with_display_fields(payload_json: str, fields: dict) -> str:
+    payload = orjson.loads(payload_json)
+    payload.update(fields)   # the documented field wins over the same key in payload
+    return orjson.dumps(payload).decode()
+
+
 class Event(Body):
     id: _required(200, description="producer's idempotency key")
     user_id: _required(200)
@@ -69,14 +87,23 @@ class Event(Body):
     entity_id: _required(200)
     actor_id: _optional(200) = None
     actor_name: _optional(200) = None
-    payload: Annotated[dict[str, Any] | None, Field(description="at most 16 KiB as JSON"),
+    payload: Annotated[dict[str, Any] | None, Field(description="at most 16 KiB as JSON; integers within 64 bits",
+                                                    json_schema_extra=free_form_values),
                        AfterValidator(_payload_json)] = None
     occurred_at: Annotated[str | None, *documented({"format": "date-time", "description":
                                                     "RFC 3339 with offset; default: now"}, _parse_time)] = None
+    entity_title: Annotated[Text(300) | None, Field(description="the entity's title in digests "
+                                                                "(default: its type and id)")] = None
+    entity_url: _url_field("where the digest links the entity (through click tracking when on)") = None
+    actor_avatar_url: _url_field("the actor's picture, shown beside their name") = None
 
     def row(self, source: str) -> tuple:
+        payload = self.payload or "{}"
+        if self.entity_title is not None or self.entity_url is not None or self.actor_avatar_url is not None:
+            payload = _with_display_fields(payload, {k: v for k in DISPLAY_FIELDS
+                                                     if (v := getattr(self, k)) is not None})
         return (source, self.id, self.user_id, self.category, self.entity_type, self.entity_id, self.actor_id,
-                self.actor_name, self.payload or "{}", self.occurred_at)
+                self.actor_name, payload, self.occurred_at)
 
 
 def _batch_limit(schema: dict) -> None:

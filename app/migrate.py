@@ -11,7 +11,8 @@ no-transaction ones) for what an operator meets, not for speed: `scripts/bench/m
 measured the full set in 87 ms against 154 ms and a no-op release in 5 ms against 14 ms in process
 (131 ms against 133 ms as a process: immaterial). A migrator killed while waiting (deploy timeout)
 leaves yoyo's lock row behind, so the next release fails after 10 s until `yoyo break-lock`; ours
-reran in 0.4 s (the advisory lock ends with the connection). A failed CREATE UNIQUE INDEX
+reran in 0.4 s (the advisory lock ends with the connection; MIGRATION_DATABASE_URL keeps it on
+a direct connection when the application goes through PgBouncer). A failed CREATE UNIQUE INDEX
 CONCURRENTLY stays INVALID under yoyo and is recorded applied (unique not enforced); rebuilt here.
 Behind a 10 s transaction a writer stalled 10 s under yoyo (no retry: a lock_timeout in its URL
 fails the release) and 0.2 s at most here with MIGRATION_LOCK_TIMEOUT=200ms, hence that default
@@ -114,8 +115,15 @@ def applied_versions(conn) -> dict[str, tuple]:
         return {row[0]: row for row in cur.fetchall()}
 
 
+def target_url(url: str | None = None) -> str:
+    """Where migrations run: `url`, else MIGRATION_DATABASE_URL, else DATABASE_URL. The migrator's
+    session matters (see migrate()), so behind a transaction-pooling PgBouncer it needs a direct URL."""
+    settings = config.get()
+    return url or settings.migration_database_url or settings.database_url
+
+
 def status(url: str | None = None) -> list[dict]:
-    conn = db.connect_raw(url, autocommit=True)
+    conn = db.connect_raw(target_url(url), autocommit=True)
     try:
         done = applied_versions(conn)
         rows = []
@@ -170,11 +178,12 @@ def _with_lock_retry(conn, statement: str) -> None:
     raise MigrationError(f"gave up after {settings.migration_retries} lock timeouts: {statement[:80]}")
 
 
-def _apply_transactional(conn, m: Migration) -> None:
+def _apply_transactional(conn, m: Migration, pid: int) -> None:
     settings = config.get()
     for attempt in range(1, settings.migration_retries + 1):
         conn.autocommit = False
         try:
+            _same_session(conn, pid)   # inside the migration's own transaction
             with conn.cursor() as cur:
                 cur.execute("SET LOCAL lock_timeout = %s", (settings.migration_lock_timeout,))
                 cur.execute(m.sql)
@@ -191,7 +200,7 @@ def _apply_transactional(conn, m: Migration) -> None:
     raise MigrationError(f"{m.path.name}: gave up after {settings.migration_retries} lock timeouts")
 
 
-def _apply_autocommit(conn, m: Migration) -> None:
+def _apply_autocommit(conn, m: Migration, pid: int) -> None:
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute("SET lock_timeout = %s", (config.get().migration_lock_timeout,))
@@ -199,32 +208,65 @@ def _apply_autocommit(conn, m: Migration) -> None:
         body = sqlparse.format(statement, strip_comments=True).strip().rstrip(";").strip()
         if not body:
             continue
+        _same_session(conn, pid)
         _drop_invalid_index(conn, body)
         _with_lock_retry(conn, body)
     with conn.cursor() as cur:
         cur.execute("RESET lock_timeout")
 
 
-def _take_migrator_lock(conn) -> None:
+def _take_migrator_lock(conn) -> int:
     """Poll rather than block: a backend blocked in pg_advisory_lock is an open transaction, and
-    CREATE INDEX CONCURRENTLY in the lock holder would wait for it forever (deadlock)."""
+    CREATE INDEX CONCURRENTLY in the lock holder would wait for it forever (deadlock). Returns this
+    session's backend pid (the lock is that backend's)."""
+    waiting_since = time.monotonic()
+    reported = 0.0
     while True:
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
-            if cur.fetchone()[0]:
-                return
+            cur.execute("SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (ADVISORY_LOCK_KEY,))
+            taken, pid = cur.fetchone()
+            if taken:
+                return pid
+            waited = time.monotonic() - waiting_since
+            if waited - reported >= 10:
+                reported = waited
+                cur.execute("SELECT array_agg(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                            "AND classid = %s AND objid = %s AND objsubid = 1",   # a bigint key: high, low half
+                            (ADVISORY_LOCK_KEY >> 32, ADVISORY_LOCK_KEY & 0xFFFFFFFF))
+                log.warning("waiting %.0f s for another migrator (backend %s holds the migration lock)",
+                            waited, cur.fetchone()[0])
         time.sleep(0.1)
 
 
+def _same_session(conn, pid: int) -> None:
+    """The migrator's lock and lock_timeout live in one server session. Behind a transaction-pooling
+    PgBouncer consecutive transactions may run in different ones: refuse to go on (best effort: it
+    catches the change whenever it happens at a checked point)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        now = cur.fetchone()[0]
+    if now != pid:
+        raise MigrationError(
+            f"the migrator's server session changed (backend {pid}, then {now}): the connection goes "
+            "through a transaction-pooling proxy such as PgBouncer. Set MIGRATION_DATABASE_URL to "
+            "Postgres itself (or a session-mode pool) and run the migration again.")
+
+
 def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
-    """Apply every pending migration; returns the versions applied. Safe to run concurrently."""
-    url = url or config.get().database_url
+    """Apply every pending migration; returns the versions applied. Safe to run concurrently.
+
+    Runs on one owned session (MIGRATION_DATABASE_URL, else DATABASE_URL) because it holds session
+    state across transactions: the advisory lock that serialises migrators, and a session
+    lock_timeout for no-transaction files (CREATE INDEX CONCURRENTLY cannot run inside a
+    transaction, so SET LOCAL cannot reach it). Through a transaction-pooling PgBouncer both would
+    land on whichever server connection each statement got — hence a direct URL there."""
+    url = target_url(url)
     if create_db:
         ensure_database(url)
     conn = db.connect_raw(url, autocommit=True)   # owned, not pooled: the advisory lock is this session's
     applied = []
     try:
-        _take_migrator_lock(conn)
+        pid = _take_migrator_lock(conn)
         try:
             done = applied_versions(conn)
             for m in discover():
@@ -234,9 +276,9 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
                 log.info("applying %s_%s (%s)", m.version, m.name,
                          "transaction" if m.transactional else "no transaction")
                 if m.transactional:
-                    _apply_transactional(conn, m)  # leaves the transaction open
+                    _apply_transactional(conn, m, pid)  # leaves the transaction open
                 else:
-                    _apply_autocommit(conn, m)
+                    _apply_autocommit(conn, m, pid)
                     conn.autocommit = False
                 duration_ms = int((time.monotonic() - started) * 1000)
                 with conn.cursor() as cur:
@@ -257,6 +299,7 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
         finally:
             conn.autocommit = True
             with conn.cursor() as cur:
+                cur.execute("RESET lock_timeout")   # if a no-transaction file stopped half-way
                 cur.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK_KEY,))
     finally:
         conn.close()

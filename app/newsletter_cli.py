@@ -7,7 +7,7 @@ import time
 from app import db
 from app.newsletter import service
 
-FINAL = ("done", "cancelled", "draft")
+FINAL = ("done", "cancelled")
 BAR_WIDTH = 40
 
 
@@ -15,10 +15,12 @@ def progress_line(s: dict, elapsed: float | None = None, rate: float | None = No
     c = s["counts"]
     finished = c["sent"] + c["failed"] + c["suppressed"] + c["cancelled"]
     total = c["total"]
-    fraction = finished / total if total else (1.0 if s["status"] in FINAL else 0.0)
+    fraction = finished / total if total else (1.0 if s["status"] == "done" else 0.0)
     filled = int(BAR_WIDTH * fraction)
     bar = "#" * filled + "-" * (BAR_WIDTH - filled)
     extra = f"  {rate:,.0f}/s" if rate else ""
+    if s["status"] == "draft":
+        return f"[{'-' * BAR_WIDTH}]   0.0%  draft: not sent yet (waiting for POST /v1/newsletters/{s['id']}/send)"
     outbox = "" if s["outbox_completed_at"] or s["status"] in FINAL else " (outbox building)"
     return (f"[{bar}] {fraction * 100:5.1f}%  {s['status']}{outbox}  sent {c['sent']:,}  failed {c['failed']:,}  "
             f"suppressed {c['suppressed']:,}  pending {c['pending']:,}  sending {c['sending']:,}  "

@@ -21,6 +21,26 @@ class Error(BaseModel):
     errors: list[Problem] | None = None
 
 
+# Any JSON value as a payload keeps it: integers within 64 bits (signed or unsigned, what the JSON
+# encoder and jsonb store exactly; a larger one is refused by name, never rounded), other numbers,
+# strings, and arrays and objects of the same.
+_VALUE_REF = {"$ref": "#/components/schemas/JsonValue"}
+JSON_VALUE = {"anyOf": [
+    {"type": "null"}, {"type": "boolean"}, {"type": "string"},
+    {"type": "integer", "minimum": -2 ** 63, "maximum": 2 ** 64 - 1},
+    {"type": "number", "not": {"type": "integer"}},
+    {"type": "array", "items": _VALUE_REF},
+    {"type": "object", "additionalProperties": _VALUE_REF},
+]}
+
+
+def free_form_values(schema: dict) -> None:
+    """json_schema_extra for a `dict[str, Any] | None` field: its values are JsonValue."""
+    for option in schema.get("anyOf", [schema]):
+        if option.get("type") == "object":
+            option["additionalProperties"] = _VALUE_REF
+
+
 def build(modules) -> dict:
     paths, models = {}, [Error]
     for module in modules:
@@ -33,7 +53,7 @@ def build(modules) -> dict:
         "paths": dict(sorted(paths.items())),
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": schema_components(models),
+            "schemas": {**schema_components(models), "JsonValue": JSON_VALUE},
             "responses": {"Error": {"description": "error", "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Error"}}}}},
         },

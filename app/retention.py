@@ -35,7 +35,7 @@ from datetime import datetime
 import psycopg2.errors
 from psycopg2 import sql
 
-from app import config, db, metrics, partitions
+from app import config, db, metrics, migrate, partitions
 
 log = logging.getLogger("app.retention")
 
@@ -53,9 +53,10 @@ class Drop:
 
 def maintain(now: datetime | None = None, url: str | None = None) -> dict:
     """The scheduler's job, every tick: partitions ahead, then retention. `now` defaults to the
-    database's clock. Its own connection: DETACH ... CONCURRENTLY cannot run in a transaction
-    block, and a session's lock_timeout must never go back to a pool."""
-    with contextlib.closing(db.connect_raw(url, autocommit=True)) as conn:
+    database's clock. Its own connection, to where migrations run (MIGRATION_DATABASE_URL, else
+    DATABASE_URL): DETACH ... CONCURRENTLY cannot run in a transaction block, so its lock_timeout is
+    a session setting, which must never reach a pool or a transaction-pooling PgBouncer."""
+    with contextlib.closing(db.connect_raw(migrate.target_url(url), autocommit=True)) as conn:
         created = []
         try:
             created = partitions.ensure_ahead(conn, now)

@@ -1,8 +1,10 @@
 """`python -m app scheduler`: the clock of the system. Safe to run twice.
 
-Leadership: a Postgres session advisory lock. Only the process holding it ticks; a second
-scheduler waits and takes over within one interval when the leader's connection drops. Every job
-is idempotent anyway (unique keys, SKIP LOCKED), so a brief overlap could not double-send.
+Leadership: a lease row (app/lease.py), renewed in the background every few seconds. Only the
+process holding it ticks; a second scheduler stands by and takes over within one interval when the
+leader dies (at once when it stops cleanly). A row and not a session advisory lock: it works behind
+PgBouncer in transaction pooling mode. Every job is idempotent anyway (unique keys, SKIP LOCKED), so
+a brief overlap could not double-send.
 
 Each tick (every SCHEDULER_INTERVAL_SECONDS):
   1. plan digest runs (app/digest_plan.plan)
@@ -24,7 +26,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from app import config, db, observability, queue, retention
+from app import config, db, lease, observability, queue, retention
 from app.cli import print_json
 from app.newsletter.reclaim import reclaim_stale
 from digest import build as digest_build
@@ -33,49 +35,37 @@ from tracking.webhook_apply import requeue_unprocessed
 
 log = logging.getLogger("app.scheduler")
 
-LOCK_KEY = 0x6E6F746966790001  # "notify" + 1: the scheduler leader lock
+LEASE_NAME = "scheduler"
+
+
+def lease_seconds(interval: float) -> float:
+    """Half an interval, at least 2 s. A standby tries every third of that, so it takes over within
+    two thirds of an interval after the leader died (one interval at most for intervals of 4 s and
+    more), while a leader renews twice before its lease could run out."""
+    return max(2.0, interval / 2)
 
 
 class Leadership:
-    """Holds pg_try_advisory_lock on a dedicated connection for as long as this process leads."""
+    """The scheduler's lease (app/lease.py, row `scheduler` in `leases`): a row rather than a
+    session advisory lock, so leadership holds behind PgBouncer in transaction pooling mode."""
 
-    def __init__(self, url: str | None = None):
-        self.url = url
-        self.conn = None
-        self.conn_is_leader = False
+    def __init__(self, interval: float | None = None):
+        interval = interval if interval is not None else config.get().scheduler_interval_seconds
+        self.lease = lease.Lease(LEASE_NAME, lease_seconds(max(0.5, interval)))
 
     def acquire(self) -> bool:
-        try:
-            if self.conn is None or self.conn.closed:
-                self.conn = db.connect_raw(self.url, autocommit=True)
-                self.conn_is_leader = False
-            with self.conn.cursor() as cur:
-                if self.conn_is_leader:
-                    cur.execute("SELECT 1")   # still alive: the lock lives as long as the session
-                    return True
-                cur.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,))
-                self.conn_is_leader = bool(cur.fetchone()[0])
-                return self.conn_is_leader
-        except Exception:
-            log.exception("leadership check failed; not leading this tick")
-            self.release()
-            return False
+        """Take or renew leadership now (one statement)."""
+        return self.lease.try_acquire()
+
+    def keep(self) -> None:
+        """Renew in the background while leading; while standing by, try to take over."""
+        self.lease.keep()
+
+    def is_leader(self) -> bool:
+        return self.lease.held()
 
     def release(self) -> None:
-        if self.conn is not None:
-            try:
-                if self.conn_is_leader:
-                    # explicit unlock: closing alone frees it only once the backend has exited
-                    with self.conn.cursor() as cur:
-                        cur.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
-            except Exception:
-                pass
-            try:
-                self.conn.close()  # closing the session releases the advisory lock
-            except Exception:
-                pass
-        self.conn = None
-        self.conn_is_leader = False
+        self.lease.release()
 
 
 def _digest_sender():
@@ -155,11 +145,13 @@ def cmd_scheduler(args) -> int:
             return datetime.now(timezone.utc)
         return pinned + timedelta(seconds=time.monotonic() - started)
 
-    leadership = Leadership()
+    interval = max(0.5, config.get().scheduler_interval_seconds)
+    leadership = Leadership(interval)
     if args.once:
         if not leadership.acquire():
-            print("another scheduler holds the lock; nothing done", file=sys.stderr)
+            print("another scheduler holds the lease; nothing done", file=sys.stderr)
             return 0
+        leadership.keep()   # a first tick after a large import outlasts the lease
         try:
             print_json(tick(pinned or clock()))
         finally:
@@ -168,23 +160,23 @@ def cmd_scheduler(args) -> int:
 
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    interval = max(0.5, config.get().scheduler_interval_seconds)
     log.info("scheduler up (interval %.1f s)", interval)
-    was_leader = None
+    was_leader, last_tick = None, None
     try:
+        leadership.acquire()
+        leadership.keep()
         while not stopping:
-            began = time.monotonic()
-            leader = leadership.acquire()
+            leader = leadership.is_leader()
             if leader != was_leader:
                 log.info("scheduler is %s", "the leader" if leader else "standing by (another scheduler leads)")
-                was_leader = leader
-            if leader:
+                was_leader, last_tick = leader, None   # a new leader ticks at once
+            if leader and (last_tick is None or time.monotonic() - last_tick >= interval):
+                last_tick = time.monotonic()
                 try:
                     tick(clock())
                 except Exception:
                     log.exception("tick failed; retrying next interval")
-            while not stopping and time.monotonic() - began < interval:
-                time.sleep(min(0.5, interval))
+            time.sleep(min(0.5, interval))
     except KeyboardInterrupt:
         pass
     finally:

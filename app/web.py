@@ -1,4 +1,4 @@
-"""The web process: JSON API, tracking endpoints, subscriber pages. `app.web:app` for uvicorn."""
+"""The web process: JSON API, tracking endpoints, subscriber pages, operator dashboard. `app.web:app` for uvicorn."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +21,9 @@ ROUTE_MODULES = (
     "app.api.events",
     "app.api.subscribers",
     "app.api.newsletters",
+    "app.api.categories",
     "app.pages",
+    "app.admin",
     "tracking.webhooks",
 )
 

@@ -1,4 +1,6 @@
-"""Build each claimed run's mail: load its unsent events, group, rank, cap, render, rewrite links.
+"""Build each claimed run's mail: load its unsent events, group by entity, rank, cap, read the shown
+entities' titles/links/avatars (one statement per batch), render subject + HTML, rewrite the links
+of the whole batch in one round trip, then render the text part with the same tracked links.
 
 One recipient's problem stays that recipient's: a payload that breaks rendering or link rewriting
 fails only that run (retried with backoff, then `failed`), and the rest of the batch is sent.
@@ -6,62 +8,89 @@ fails only that run (retried with backoff, then `failed`), and the rest of the b
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 
-from app import config, db, mail, tokens
+from app import categories, config, db, mail, tokens
 from app.providers.base import OutgoingMail
 from digest import context as digest_context
+from digest import details as digest_details
 from digest import group as digest_group
 from digest import load as digest_load
 from digest import render as digest_render
+from digest import runs as run_rows
 from digest.claim import ClaimedRun
-from tracking.links import LinkRewriter, rewrite_many
+from tracking.links import LinkRewriter, rewrite_many_with_clicks
 
 log = logging.getLogger("digest.build")
 
 
 def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[ClaimedRun], list[tuple[int, str]]]:
     """Load events and render each run's mail. Returns (runs with a mail to send, [(run_id, error)]
-    for runs whose own data could not be rendered); run.digest is None for the empty ones.
+    for runs whose own data could not be rendered); run.digest is None for runs without events, and
+    empty (no groups) for runs with only the subscriber's own activity.
     A broken template (TemplateError) raises: every run would fail the same way."""
     settings = settings or config.get()
     events = digest_load.load_unsent(cur, [r.subscriber_id for r in runs], settings.digest_event_page,
                                      settings.digest_max_events)
     for run in runs:
         evs = events.get(run.subscriber_id) or []
-        run.digest = digest_group.build(evs, settings.digest_max_items) if evs else None
-    shown = [g.latest_event_id for r in runs if r.digest for g in r.digest.groups]
-    payloads = digest_load.load_payloads(cur, shown)
+        run.digest = digest_group.build(evs, settings.digest_max_items, recipient=run.user_id) if evs else None
+    digest_details.resolve(cur, [r.digest for r in runs if r.digest and not r.digest.empty])
+    registry = categories.registry(cur)    # cached in process: at most one query per batch
+    now = datetime.now(timezone.utc)
     rendered, errors = [], []
     for run in runs:
-        if run.digest is None:
+        if run.digest is None or run.digest.empty:
             continue
         try:
-            rendered.append((run, render_mail(run, payloads)))
+            rendered.append((run, render_mail(run, registry, now)))
         except digest_render.TemplateError:
             raise
         except Exception as exc:  # noqa: BLE001 - one odd subscriber or payload must not hold up the batch
             log.exception("rendering digest run %s failed", run.id)
             errors.append((run.id, f"render failed: {exc!r}"))
     # Every run's links in one round trip (one email_links statement per batch, not per run).
-    htmls = rewrite_many("digest", [(LinkRewriter("digest", run.id), r.html, run.subscriber_id,
-                                     settings.tracking and not run.tracking_opt_out) for run, r in rendered])
-    for (run, r), html in zip(rendered, htmls):
-        run.mail = outgoing_mail(run, r, html)
-    return [run for run, _ in rendered], errors
+    tracked = rewrite_many_with_clicks("digest", [
+        (LinkRewriter("digest", run.id), html, run.subscriber_id, settings.tracking and not run.tracking_opt_out)
+        for run, (_, html, _) in rendered])
+    ready = []
+    for (run, (subject, _, ctx)), (html, clicks) in zip(rendered, tracked):
+        try:
+            run.mail = outgoing_mail(run, subject, html, render_text(ctx, clicks))
+            ready.append(run)
+        except digest_render.TemplateError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as above
+            log.exception("rendering digest run %s failed", run.id)
+            errors.append((run.id, f"render failed: {exc!r}"))
+    return ready, errors
 
 
-def render_mail(run: ClaimedRun, payloads: dict) -> digest_render.Rendered:
-    ctx = digest_context.build(
-        run.digest, payloads, cadence=run.cadence, name=run.name,
+def render_mail(run: ClaimedRun, registry: dict, now: datetime) -> tuple[str, str, dict]:
+    """(subject, HTML before link tracking, context) of one run's digest."""
+    return digest_render.templates().render_html(context_for(run, registry, now))
+
+
+def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
+    return digest_context.build(
+        run.digest, categories=registry, cadence=run.cadence, name=run.name, timezone=run.timezone, now=now,
+        last_digest_at=run.last_digest_at,
         unsubscribe_url=tokens.unsubscribe_url(run.subscriber_id, run.token_version),
         preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
     )
-    return digest_render.render(ctx)
 
 
-def outgoing_mail(run: ClaimedRun, rendered: digest_render.Rendered, html: str) -> OutgoingMail:
+def render_text(ctx: dict, clicks: dict[str, str]) -> str:
+    """The plain-text part, with the same click-tracking links as the HTML part when tracked."""
+    if clicks:
+        ctx = {**ctx, "groups": [{**g, "url": clicks.get(g["url"], g["url"])} if g["has_url"] else g
+                                 for g in ctx["groups"]]}
+    return digest_render.templates().render_text(ctx)
+
+
+def outgoing_mail(run: ClaimedRun, subject: str, html: str, text: str) -> OutgoingMail:
     return OutgoingMail(
-        to=run.email, to_name=run.name, subject=mail.one_line(rendered.subject), html=html, text=rendered.text,
+        to=run.email, to_name=run.name, subject=mail.one_line(subject), html=html, text=text,
         idempotency_key=f"digest-run-{run.id}",
         headers=mail.unsubscribe_headers(tokens.unsubscribe_url(run.subscriber_id, run.token_version)),
         custom_args={"mail_kind": "digest", "mail_id": str(run.id), "row_id": str(run.id),
@@ -70,21 +99,24 @@ def outgoing_mail(run: ClaimedRun, rendered: digest_render.Rendered, html: str) 
 
 
 def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
-    """What the subscriber would receive now: nothing claimed, sent or marked."""
+    """What the subscriber would receive now (links untracked): nothing claimed, sent or marked."""
     settings = settings or config.get()
     with db.raw_cursor() as cur:
-        cur.execute("SELECT id, email, name, digest_cadence, token_version, tracking_opt_out FROM subscribers "
-                    "WHERE user_id = %s", (user_id,))
+        cur.execute("SELECT s.id, s.email, s.name, s.digest_cadence, s.token_version, s.timezone, "
+                    f"{run_rows.LAST_SENT_AT} FROM subscribers s WHERE s.user_id = %s", (user_id,))
         row = cur.fetchone()
         if row is None:
             raise LookupError(f"no subscriber with user_id {user_id!r}")
-        sid, email, name, cadence, token_version, tracking_opt_out = row
+        sid, email, name, cadence, token_version, tz, last_digest_at = row
         events = digest_load.load_unsent(cur, [sid], settings.digest_event_page, settings.digest_max_events)[sid]
-        if not events:
+        digest = digest_group.build(events, settings.digest_max_items, recipient=user_id)
+        if digest.empty:
             return None
-        digest = digest_group.build(events, settings.digest_max_items)
-        payloads = digest_load.load_payloads(cur, [g.latest_event_id for g in digest.groups])
-    ctx = digest_context.build(digest, payloads, cadence=cadence if cadence != "off" else "daily", name=name,
+        digest_details.resolve(cur, [digest])
+        registry = categories.registry(cur)
+    ctx = digest_context.build(digest, categories=registry, cadence=cadence if cadence != "off" else "daily",
+                               name=name, timezone=tz, now=datetime.now(timezone.utc),
+                               last_digest_at=last_digest_at,
                                unsubscribe_url=tokens.unsubscribe_url(sid, token_version),
                                preferences_url=tokens.preferences_url(sid, token_version))
     return digest_render.render(ctx)

@@ -3,6 +3,7 @@ suppression or pause made a second ago counts)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from app.providers.base import OutgoingMail
 from digest import group as digest_group
@@ -24,6 +25,8 @@ class ClaimedRun:
     unsubscribed: bool
     paused: bool
     suppressed: bool
+    timezone: str = "UTC"
+    last_digest_at: datetime | None = None      # the previous digest's send time (None: first)
     digest: digest_group.Digest | None = None
     mail: OutgoingMail | None = None
 

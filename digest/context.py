@@ -1,79 +1,117 @@
 """The template context of one digest. Values are plain strings: chevron HTML-escapes {{tags}}, so
-hostile actor names or titles are harmless in the HTML part; URLs from payloads must be http(s)."""
+hostile actor names or titles are harmless in the HTML part; URLs are http(s) only (app/urls.py,
+digest/details.py).
+
+Per shown entity (`groups`): title, url/has_url, lines (one per category: summary, when, label,
+count, avatar_url/has_avatar), summary (the lines joined), count, count_label. Per digest: subject
+(filled from subject.txt), subject_line, headline, heading, lead, preheader, has_more/more_groups,
+total_groups, total_events, first_digest, the footer's links and postal address.
+"""
 from __future__ import annotations
 
-import re
+from datetime import datetime
+from functools import lru_cache
+from zoneinfo import ZoneInfo
 
 from app import config
-from digest.group import Digest, Group, actors_text
+from app.categories import Category, humanise, lookup
+from digest import wording
+from digest.group import Digest, Group
 
 MAX_TITLE = 200
-_UNSAFE_URL_CHARS = re.compile(r'[\s"<>]')
+MAX_LINE = 300
+# Whitespace runs become one space (str.split); other control characters are dropped.
+_CONTROL = dict.fromkeys([*range(0, 32), 127])
 
 
-def safe_url(value) -> str:
-    """Only absolute http(s) URLs become links (no javascript:, data:, relative paths)."""
-    if not isinstance(value, str) or len(value) > 2000:
-        return ""
-    value = value.strip()
-    lowered = value.lower()
-    if not (lowered.startswith("https://") or lowered.startswith("http://")) or _UNSAFE_URL_CHARS.search(value):
-        return ""
-    return value
-
-
-def _clip(text: str, limit: int = MAX_TITLE) -> str:
+def clip(text: str, limit: int = MAX_TITLE) -> str:
+    """One line of at most `limit` characters, blanks collapsed, control characters dropped."""
+    if len(text) <= limit and text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " ":
+        return text     # the usual case, without splitting and joining
     text = " ".join(str(text).split())
+    if not text.isprintable():
+        text = text.translate(_CONTROL)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def count_label(count: int, category: str) -> str:
-    word = category.replace("_", " ")
-    if count != 1 and not word.endswith("s"):
-        word += "s"
-    return f"{count} {word}"
+@lru_cache(maxsize=1024)
+def zone(name: str | None):
+    try:
+        return ZoneInfo(name or "UTC")
+    except (KeyError, ValueError):   # ZoneInfoNotFoundError is a KeyError
+        return ZoneInfo("UTC")
 
 
-def group_item(group: Group, payload: dict) -> dict:
-    title = payload.get("title") or payload.get("entity_title") or f"{group.entity_type} {group.entity_id}"
-    url, actors = safe_url(payload.get("url")), actors_text(group.actor_names())
+def entity_title(group: Group) -> str:
+    return clip(group.title or f"{humanise(group.entity_type)} {group.entity_id}")
+
+
+def group_item(group: Group, digest: Digest, categories: dict[str, Category], now: datetime, tz) -> dict:
+    lines = []
+    for line in group.ranked_lines():
+        category = lookup(line.category, categories)
+        keys = line.actor_keys()
+        names = [line.actors[k][1] for k in keys]
+        avatar = digest.avatars.get(keys[0], "") if keys else ""
+        lines.append({
+            "summary": clip(wording.line_text(category, names, line.count), MAX_LINE),
+            "when": wording.relative_time(line.latest_at, now, tz),
+            "category": line.category,
+            "label": category.label,
+            "count": line.count,
+            "avatar_url": avatar,
+            "has_avatar": bool(avatar),
+        })
+    url = group.url or ""
     # Sections test booleans, never the strings: inside {{#url}} chevron would resolve {{title}}
     # against the str (str.title) instead of the item.
     return {
-        "title": _clip(title),
+        "title": entity_title(group),
         "url": url,
         "has_url": bool(url),
-        "actors": actors,
-        "has_actors": bool(actors),
+        "lines": lines,
+        "summary": " · ".join(line["summary"] for line in lines),
         "count": group.count,
-        "count_label": count_label(group.count, group.category),
-        "category": group.category,
+        "count_label": f"{group.count} update{'s' if group.count != 1 else ''}",
         "entity_type": group.entity_type,
         "entity_id": group.entity_id,
     }
 
 
-def build(digest: Digest, payloads: dict[int, dict], *, cadence: str, name: str,
-          unsubscribe_url: str, preferences_url: str, postal_address: str | None = None) -> dict:
-    """`postal_address`: MAIL_POSTAL_ADDRESS by default (empty in development/test: no line)."""
+def headline(digest: Digest, items: list[dict], categories: dict[str, Category]) -> str:
+    """The top entity's top line, naming it ("Eli and 5 others followed Launch notes")."""
+    group, item = digest.groups[0], items[0]
+    line = group.ranked_lines()[0]
+    names = [line.actors[k][1] for k in line.actor_keys()]
+    return clip(wording.headline(lookup(line.category, categories), names, line.count, item["title"]), 150)
+
+
+def build(digest: Digest, *, categories: dict[str, Category], cadence: str, name: str, timezone: str | None,
+          now: datetime, last_digest_at: datetime | None, unsubscribe_url: str, preferences_url: str,
+          postal_address: str | None = None) -> dict:
+    """`last_digest_at`: when the previous digest was sent (None: this is the first one).
+    `postal_address`: MAIL_POSTAL_ADDRESS by default (empty in development/test: no line)."""
     if postal_address is None:
         postal_address = config.get().mail_postal_address
-    items = [group_item(g, payloads.get(g.latest_event_id) or {}) for g in digest.groups]
-    top = items[0] if items else None
-    updates = f"{digest.total_events} update{'s' if digest.total_events != 1 else ''}"
-    if top and top["actors"]:
-        headline = _clip(f"{top['actors']} on {top['title']}", 120)
-    elif top:
-        headline = _clip(f"{top['count_label']} on {top['title']}", 120)
+    tz = zone(timezone)
+    items = [group_item(g, digest, categories, now, tz) for g in digest.groups]
+    lead = wording.lead(digest.total_events, last_digest_at, now, tz)
+    if items:
+        top = headline(digest, items, categories)
+        subject_line = wording.subject(top, digest.total_groups - 1)
+        others = [item["title"] for item in items[1:3]]
+        preheader = clip(f"{lead} Also: {', '.join(others)}" if others else lead, 150)
     else:
-        headline = updates
-    first_name = _clip(name.split()[0], 60) if name and name.split() else ""
+        top = subject_line = preheader = lead
+    first_name = clip(name.split()[0], 60) if name and name.split() else ""
     return {
         "subject": "",  # filled after the subject template ran (the HTML <title>)
-        "headline": headline,
+        "subject_line": subject_line,
+        "headline": top,
         "heading": f"Hi {first_name}, here is your {cadence} digest" if first_name else f"Your {cadence} digest",
-        "lead": f"{updates} since your last digest.",
-        "preheader": headline,
+        "lead": lead,
+        "first_digest": last_digest_at is None,
+        "preheader": preheader,
         "cadence": cadence,
         "groups": items,
         "has_more": digest.more_groups > 0,

@@ -2,12 +2,16 @@
 
 Many subscribers are loaded with one query (a LATERAL join takes the first page of each); only
 subscribers with more than a page of events are paged further, one query per extra page. Payloads
-are not loaded here: grouping does not need them, and only the shown groups' newest event is read
-(load_payloads), so 100,000 unsent events with large payloads still make a small, fast digest.
+are not loaded here: grouping does not need them, and only the few display fields of the shown
+entities' events are read (load_fields, digest/details.py), so 100,000 unsent events with large
+payloads still make a small, fast digest.
 """
 from __future__ import annotations
 
+import re
+
 from digest.group import Event
+from digest.runs import pg_array
 
 _COLUMNS = "e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at"
 
@@ -51,9 +55,19 @@ def load_unsent(cur, subscriber_ids: list[int], page_size: int = 1000,
     return out
 
 
-def load_payloads(cur, event_ids) -> dict[int, dict]:
-    ids = list(set(event_ids))
-    if not ids:
+_FIELD_KEY = re.compile(r"^[a-z_]{1,40}$")
+
+
+def load_fields(cur, event_ids, keys, any_of=None) -> dict[int, tuple]:
+    """{event id: (value of each of `keys`: a string or None)} for the events whose payload has any
+    of `any_of` (default: `keys`). String values only: a number or object under a title key is not
+    a title."""
+    ids = sorted(set(event_ids))
+    if not ids or not keys:
         return {}
-    cur.execute("SELECT id, payload FROM digest_events WHERE id = ANY (%s)", (ids,))
-    return {eid: (payload if isinstance(payload, dict) else {}) for eid, payload in cur.fetchall()}
+    assert all(_FIELD_KEY.match(k) for k in keys), keys   # our own constants, inlined in the SQL
+    columns = ", ".join(f"CASE WHEN jsonb_typeof(payload -> '{k}') = 'string' THEN payload ->> '{k}' END"
+                        for k in keys)
+    cur.execute(f"SELECT id, {columns} FROM digest_events WHERE id = ANY (%s::bigint[]) AND payload ?| %s",
+                (pg_array(ids), list(any_of or keys)))
+    return {row[0]: row[1:] for row in cur.fetchall()}

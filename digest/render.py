@@ -119,13 +119,18 @@ class TemplateSet:
             return compiled
 
     def render(self, context: dict) -> Rendered:
+        subject, html, context = self.render_html(context)
+        return Rendered(subject=subject, html=html, text=self.render_text(context))
+
+    def render_html(self, context: dict) -> tuple[str, str, dict]:
+        """(subject, HTML, the context with its subject) — the text part can follow once the
+        HTML's links are known (digest/build.py puts the same click-tracking links in it)."""
         subject = " ".join(self.get("subject.txt").template.render(context).split())[:200]  # one line
         context = {**context, "subject": subject}
-        return Rendered(
-            subject=subject,
-            html=self.get("digest.html").template.render(context),
-            text=self.get("digest.txt").template.render(context),
-        )
+        return subject, self.get("digest.html").template.render(context), context
+
+    def render_text(self, context: dict) -> str:
+        return self.get("digest.txt").template.render(context)
 
 
 _sets: dict[Path, TemplateSet] = {}

@@ -47,7 +47,7 @@ TRANSITIONS = frozenset({
 })
 
 
-def _pg_array(values) -> str:
+def pg_array(values) -> str:
     """'{1,2,3}' for a ::bigint[] parameter. psycopg2 would send ARRAY[1,2,3], which Postgres parses
     element by element: for the ~1000 event ids of a batch that doubled the statement's cost."""
     return "{" + ",".join(map(str, values)) + "}"
@@ -119,6 +119,15 @@ def clear_enqueued(cur, run_ids: list[int]) -> None:
 
 
 # -- claim ------------------------------------------------------------------------------------
+# When the subscriber's previous digest was sent (NULL: never), for "since Tuesday" wording: the
+# newest sent run of each cadence, each found by a backward scan of digest_runs_once_per_period
+# (subscriber_id, cadence, period) that stops at the first sent row.
+LAST_SENT_AT = """(SELECT max(l.completed_at)
+    FROM unnest(ARRAY['daily', 'weekly']) AS c(cadence)
+    CROSS JOIN LATERAL (SELECT p.completed_at FROM digest_runs p
+                        WHERE p.subscriber_id = s.id AND p.cadence = c.cadence AND p.status = 'sent'
+                        ORDER BY p.period DESC LIMIT 1) l)"""
+
 CLAIM = """
 WITH picked AS (
     SELECT r.id FROM digest_runs r
@@ -133,8 +142,8 @@ WHERE r.id = picked.id AND s.id = r.subscriber_id
 RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.digest_cadence,
           s.token_version, s.tracking_opt_out, s.unsubscribed_at IS NOT NULL,
           coalesce(s.paused_until > now(), false),
-          EXISTS (SELECT 1 FROM suppressions x WHERE x.email = lower(s.email))
-"""
+          EXISTS (SELECT 1 FROM suppressions x WHERE x.email = lower(s.email)),
+          s.timezone, """ + LAST_SENT_AT
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.
 _BY_IDS = "r.id = ANY (%(ids)s) AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
@@ -225,13 +234,20 @@ def mark_skipped(cur, skipped: list[tuple[int, str]]) -> None:
         cur.execute(MARK_SKIPPED, ([i for i, _ in skipped], [reason for _, reason in skipped]))
 
 
+def mark_events(cur, handled: list[tuple[int, list[int]]]) -> None:
+    """[(run_id, event_ids)]: the events a run handled (sent, or never to be shown: the subscriber's
+    own activity in a run skipped for having nothing else) point at it and are never loaded again."""
+    pairs = sorted((eid, run_id) for run_id, ids in handled for eid in ids)
+    if pairs:
+        cur.execute(MARK_EVENTS, (pg_array(p[0] for p in pairs), pg_array(p[1] for p in pairs)))
+
+
 def mark_sent(cur, sent: list[tuple[int, list[int], str | None]]) -> list[float]:
     """[(run_id, event_ids, provider message id)]: the events and the runs in one transaction.
     Returns each marked run's lateness: seconds from scheduled_for to now."""
     if not sent:
         return []
-    pairs = sorted((eid, run_id) for run_id, ids, _ in sent for eid in ids)
-    cur.execute(MARK_EVENTS, (_pg_array(p[0] for p in pairs), _pg_array(p[1] for p in pairs)))
+    mark_events(cur, [(run_id, ids) for run_id, ids, _ in sent])
     cur.execute(MARK_SENT, ([r for r, _, _ in sent], [len(ids) for _, ids, _ in sent], [m for _, _, m in sent]))
     return [float(row[0]) for row in cur.fetchall()]
 

@@ -39,6 +39,7 @@ log = logging.getLogger("digest.send")
 class Outcome:
     sent: list = field(default_factory=list)        # (run_id, event_ids, message_id)
     skipped: list = field(default_factory=list)     # (run_id, reason)
+    handled: list = field(default_factory=list)     # (run_id, event_ids) of skipped runs: own activity only
     retry: list = field(default_factory=list)       # (run_id, error)
     failed: list = field(default_factory=list)      # (run_id, error)
     lateness: list = field(default_factory=list)    # seconds from scheduled_for to sent, per sent run
@@ -73,6 +74,7 @@ def record(cur, outcome: Outcome, settings=None) -> None:
     move every run to its final or retry state."""
     settings = settings or config.get()
     outcome.lateness = run_rows.mark_sent(cur, outcome.sent)
+    run_rows.mark_events(cur, outcome.handled)
     run_rows.mark_skipped(cur, outcome.skipped)
     pending, failed = run_rows.retry(cur, outcome.retry, settings.digest_max_attempts,
                                      settings.digest_retry_base_seconds)
@@ -123,7 +125,12 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
         log.exception("building %d digests failed", len(claimed))
         outcome.retry.extend((r.id, f"build failed: {exc!r}") for r in claimed)
         return outcome
-    outcome.skipped.extend((r.id, "no events") for r in claimed if r.digest is None)
+    for run in claimed:
+        if run.digest is None:
+            outcome.skipped.append((run.id, "no events"))
+        elif run.digest.empty:      # only the subscriber's own activity: handled, never shown
+            outcome.skipped.append((run.id, "only own activity"))
+            outcome.handled.append((run.id, run.digest.event_ids))
     outcome.retry.extend(errors)
     if ready:
         send(provider or get_provider(), ready, outcome)

@@ -1,49 +1,80 @@
-"""`python -m scripts.demo_data`: a few subscribers and events so a newcomer sees digests arrive
+"""`python -m scripts.demo_data`: a few subscribers and events so a newcomer sees digests arrive,
+and a week of mail history for the /admin dashboard (scripts/demo_history.py)
 (development only: `make demo`, `make run`)."""
 from __future__ import annotations
 
+import json
 import random
 import sys
 from datetime import datetime, timedelta, timezone
 
-from app import apikeys, db, ingest, subscribers
+from app import apikeys, categories, db, ingest, subscribers
+from scripts import demo_history
 
 DEMO_USERS = [
     ("demo-ana", "ana@example.test", "Ana Lima", "Europe/Lisbon"),
     ("demo-bo", "bo@example.test", "Bo Chen", "America/New_York"),
     ("demo-cy", "cy@example.test", "Cy Okafor", "Asia/Tokyo"),
 ]
-ACTORS = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus"]
+# (actor_id, name): the demo users act too — their own activity never shows in their own digest.
+ACTORS = [("demo-ana", "Ana"), ("demo-bo", "Bo"), ("demo-cy", "Cy"), ("dee", "Dee"), ("eli", "Eli"),
+          ("fay", "Fay"), ("gus", "Gus")]
+POSTS = [("post-1", "Launch notes"), ("post-2", "Roadmap for Q3"), ("post-3", "Design review: onboarding"),
+         ("post-4", "Hiring update")]
+# What PUT /v1/categories/{key} would register (README "Categories").
+CATEGORIES = {
+    "follow": {"label": "Follows", "description": "Someone follows a post of yours", "verb": "followed"},
+    "like": {"label": "Likes", "description": "Someone likes a post of yours", "verb": "liked"},
+    "comment": {"label": "Comments", "description": "Someone comments on a post of yours", "verb": "commented on"},
+}
 
 
 def load() -> dict:
     db.init()
     for user_id, email, name, tz in DEMO_USERS:
         subscribers.upsert(user_id, subscribers.validate({"email": email, "name": name, "timezone": tz})[0])
+    for key, values in CATEGORIES.items():
+        categories.upsert(key, categories.validate(values)[0])
     rng = random.Random(7)
     now = datetime.now(timezone.utc)
     rows = []
     for user_id, *_ in DEMO_USERS:
-        for i in range(20):
-            actor = rng.choice(ACTORS)
-            post = rng.randint(1, 4)
-            kind = rng.choice(["like", "comment", "follow"])
-            rows.append(("demo", f"{user_id}-{i}", user_id, kind, "post", f"post-{post}", actor.lower(), actor,
-                         '{"title": "Post %d"}' % post, now - timedelta(minutes=5 * i)))
+        titled, done = set(), set()
+        for i in range(24, 0, -1):          # oldest first, over the last day and a bit
+            actor_id, actor = rng.choice(ACTORS)
+            post, title = POSTS[min(rng.randint(0, 4), 3)]
+            kind = rng.choice(["like", "comment", "follow", "follow"])
+            if (actor_id, kind, post) in done and kind != "comment":   # one follow or like per person
+                continue
+            done.add((actor_id, kind, post))
+            # Only a post's first event carries its title and link, as a "created" event would:
+            # the digest keeps them although later events say nothing.
+            payload = {}
+            if post not in titled:
+                titled.add(post)
+                payload = {"entity_title": title, "entity_url": f"https://example.test/posts/{post}"}
+            rows.append(("demo", f"{user_id}-{i}", user_id, kind, "post", post, actor_id, actor, json.dumps(payload),
+                         now - timedelta(minutes=65 * i)))
     with db.raw_cursor() as cur:
         result = ingest.insert_rows(cur, [rows])[0]
     keys = {}
     if not any(name == "demo-producer" and revoked is None for _, name, _, _, _, revoked in apikeys.list_keys()):
         keys["events"] = apikeys.create("demo-producer", "events")
         keys["admin"] = apikeys.create("demo-admin", "admin")
-    return {"subscribers": len(DEMO_USERS), "events_new": result.accepted, "keys": keys}
+    return {"subscribers": len(DEMO_USERS), "events_new": result.accepted, "keys": keys,
+            "history": demo_history.load()}
 
 
 def main() -> int:
     summary = load()
     print(f"demo data: {summary['subscribers']} subscribers, {summary['events_new']} new events")
+    history = summary["history"]
+    print(f"demo history for /admin: {history['mails']} mails over 7 days, {history['opens_clicks']} opens/clicks, "
+          f"{history['bounces_complaints']} bounces/complaints")
     for scope, key in summary["keys"].items():
         print(f"demo {scope} API key (shown once): {key}")
+    if "admin" in summary["keys"]:
+        print("operator dashboard: /admin on the web port (sign in with the admin key)")
     return 0
 
 

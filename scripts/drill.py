@@ -150,8 +150,8 @@ class System:
         self.procs: dict[str, list[subprocess.Popen]] = {"worker": [], "scheduler": [], "web": []}
         self.env = {
             **os.environ, "APP_ENV": "development", "SECRET_KEY": "drill-" + "k" * 40,
-            "DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url, "MAIL_PROVIDER": "smtp",
-            "SMTP_URL": f"smtp://127.0.0.1:{self.smtp_port}", "SMTP_TIMEOUT_SECONDS": "5",
+            "DATABASE_URL": self.pg.url, "MIGRATION_DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url,
+            "MAIL_PROVIDER": "smtp", "SMTP_URL": f"smtp://127.0.0.1:{self.smtp_port}", "SMTP_TIMEOUT_SECONDS": "5",
             "SCHEDULER_INTERVAL_SECONDS": "1", "DIGEST_REENQUEUE_SECONDS": "5",
             "DIGEST_PROCESSING_TIMEOUT_SECONDS": "35", "RECLAIM_AFTER_SECONDS": "35",
             "DIGEST_RETRY_BASE_SECONDS": "3", "DIGEST_STAGGER_SECONDS": "0", "LOG_LEVEL": "WARNING",

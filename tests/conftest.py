@@ -2,6 +2,11 @@
 
 TEST_DATABASE_URL / TEST_REDIS_URL choose them (defaults: local notify_test, redis db 15), so
 parallel checkouts can each use their own.
+
+The PgBouncer pass (`make test`, scripts/dev/pgbouncer.py) points TEST_DATABASE_URL at a
+transaction-pooling PgBouncer and TEST_DIRECT_DATABASE_URL at Postgres itself: migrations use the
+direct one (what MIGRATION_DATABASE_URL is for in production), and tests marked `direct_db` (they
+tell connections apart by backend pid) are skipped in that pass, with their reason.
 """
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import time
 os.environ["APP_ENV"] = "test"
 os.environ["DATABASE_URL"] = os.environ.get("TEST_DATABASE_URL", "postgresql://localhost/notify_test")
 os.environ["REDIS_URL"] = os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/15")
+THROUGH_PGBOUNCER = os.environ.get("TEST_THROUGH_PGBOUNCER") == "1"
+DIRECT_DATABASE_URL = os.environ.get("TEST_DIRECT_DATABASE_URL") or os.environ["DATABASE_URL"]
 os.environ.setdefault("API_KEY_CACHE_SECONDS", "0")
 os.environ.setdefault("MAIL_PROVIDER", "file")
 # Prometheus values of this run (app/metrics.py): its own directory, not the checkout's .var/metrics.
@@ -20,7 +27,7 @@ os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="notif
 import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402
 
-from app import apikeys, config, db, migrate  # noqa: E402
+from app import apikeys, categories, config, db, migrate  # noqa: E402
 
 config.reload()
 
@@ -31,10 +38,26 @@ def database_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def direct_database_url() -> str:
+    """Postgres itself, even in the PgBouncer pass (what MIGRATION_DATABASE_URL points at)."""
+    return DIRECT_DATABASE_URL
+
+
+@pytest.fixture(scope="session")
 def schema(database_url):
-    migrate.migrate(database_url)
+    migrate.migrate(DIRECT_DATABASE_URL)   # as MIGRATION_DATABASE_URL would in production
     db.init(database_url)
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if not THROUGH_PGBOUNCER:
+        return
+    for item in items:
+        marker = item.get_closest_marker("direct_db")
+        if marker:
+            why = marker.args[0] if marker.args else "needs a direct Postgres connection"
+            item.add_marker(pytest.mark.skip(reason=f"PgBouncer pass: {why}"))
 
 
 # Tables with rows, and tables whose id sequence moved (rows inserted, maybe deleted again).
@@ -61,6 +84,7 @@ def clean_db(request):
         if dirty:
             cur.execute("TRUNCATE " + ", ".join(dirty) + " RESTART IDENTITY CASCADE")
     apikeys.cache.clear()
+    categories.cache.clear()
     yield
 
 

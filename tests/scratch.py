@@ -7,13 +7,12 @@ import uuid
 import psycopg2
 import pytest
 
-from app import config
-
 
 @pytest.fixture
-def scratch_url():
-    """The URL of an empty database, dropped afterwards."""
-    base = config.get().database_url.rsplit("/", 1)[0]
+def scratch_url(direct_database_url):
+    """The URL of an empty database on Postgres itself (also in the PgBouncer pass, as
+    MIGRATION_DATABASE_URL would be), dropped afterwards."""
+    base = direct_database_url.rsplit("/", 1)[0]
     name = f"notify_scratch_{uuid.uuid4().hex[:8]}"
     yield f"{base}/{name}"
     admin = psycopg2.connect(f"{base}/postgres")

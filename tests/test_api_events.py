@@ -136,6 +136,10 @@ def test_integers_past_64_bits_are_refused_by_name_never_rounded(client, events_
                     b'"entity_id": "p1", "payload": {"n": 123456789012345678901234567890}}',
                     headers={**auth(events_key), "Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "payload" and count_events() == 0
+    r = client.post("/v1/events", content=b'{"id": "e1", "user_id": "u1", "category": "likes", "entity_type": "post", '
+                    b'"entity_id": "p1", "payload": {"n": -9223372036854775809}}',     # -2**63 - 1: 19 digits
+                    headers={**auth(events_key), "Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "payload" and count_events() == 0
     big = 2 ** 64 - 1     # the largest that fits: stored exactly
     r = client.post("/v1/events", json=event(id="e12345678901234567890", payload={"n": big}), headers=auth(events_key))
     assert r.status_code == 202
@@ -233,3 +237,33 @@ def test_burst_on_a_cold_key_cache_never_exhausts_the_pool(live_server, events_k
     statuses = [r.status_code for r in asyncio.run(burst())]
     assert statuses == [202] * 120
     assert count_events() == 120
+
+
+def test_display_fields_are_stored_in_the_payload(client, events_key):
+    r = client.post("/v1/events", json=event(entity_title="Launch notes", entity_url="https://app.test/p/1",
+                                              actor_avatar_url="https://cdn.test/ana.png",
+                                              payload={"title": "Hello", "entity_url": "https://old.test/"}),
+                    headers=auth(events_key))
+    assert r.status_code == 202
+    # the documented fields win over the same keys in payload; the rest of payload is kept
+    assert db.query("SELECT payload FROM digest_events")[0][0] == {
+        "title": "Hello", "entity_title": "Launch notes", "entity_url": "https://app.test/p/1",
+        "actor_avatar_url": "https://cdn.test/ana.png"}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("entity_url", "javascript:alert(1)"),
+    ("entity_url", "/relative/path"),
+    ("entity_url", "https://x.test/a b"),
+    ("entity_url", 'https://x.test/"><script>'),
+    ("entity_url", "https://x.test/" + "a" * 2000),
+    ("actor_avatar_url", "data:image/png;base64,AAAA"),
+    ("actor_avatar_url", "//cdn.test/a.png"),
+    ("entity_title", "x" * 301),
+    ("entity_title", 5),
+])
+def test_bad_display_fields_are_422_naming_the_field(client, events_key, field, value):
+    r = client.post("/v1/events", json={"events": [event(1), event(2, **{field: value})]}, headers=auth(events_key))
+    assert r.status_code == 422
+    assert r.json()["errors"] == [{"index": 1, "field": field, "message": r.json()["errors"][0]["message"]}]
+    assert count_events() == 0

@@ -40,6 +40,12 @@ def backends() -> int:
     return db.query("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")[0][0]
 
 
+# Through PgBouncer a backend pid names the server connection a transaction happened to get, not
+# the client connection these tests are about.
+BY_PID = pytest.mark.direct_db("tells connections apart by backend pid, which behind PgBouncer is the pooled "
+                               "server connection, not the application's")
+
+
 def pid(cur) -> int:
     cur.execute("SELECT pg_backend_pid()")
     return cur.fetchone()[0]
@@ -61,6 +67,7 @@ def terminate(backend_pid: int) -> None:
 
 # -- reuse ----------------------------------------------------------------------------------------
 
+@BY_PID
 def test_raw_cursor_units_on_one_thread_reuse_one_pooled_connection():
     def work():
         opened = db.connections_opened()
@@ -75,6 +82,7 @@ def test_raw_cursor_units_on_one_thread_reuse_one_pooled_connection():
     assert opened <= 1          # at most one, when the pool had no idle connection to lend
 
 
+@BY_PID
 def test_webhook_apply_keeps_one_connection_across_messages():
     ids = store_events(40)
     before = backends()
@@ -95,6 +103,7 @@ def test_webhook_apply_keeps_one_connection_across_messages():
     assert db.query("SELECT count(*) FROM webhook_events WHERE processed_at IS NULL")[0][0] == 0
 
 
+@BY_PID
 def test_the_worker_paths_on_one_thread_share_its_kept_connection():
     ids = store_events(3)
 
@@ -171,6 +180,7 @@ def pool_through_proxy(settings, database_url):
     db.init(database_url)
 
 
+@BY_PID
 def test_pooled_connections_whose_server_went_away_are_never_lent_again(pool_through_proxy):
     proxy = pool_through_proxy
     with db.raw_cursor() as cur:
@@ -190,6 +200,7 @@ def test_pooled_connections_whose_server_went_away_are_never_lent_again(pool_thr
         pid(cur)
 
 
+@BY_PID
 def test_a_kept_connection_whose_server_went_away_is_reopened():
     ids = store_events(2)
 

@@ -45,7 +45,10 @@ def test_sends_one_digest_and_marks_exactly_its_events(sink):
     html = msg.get_body(("html",)).get_content()
     text = msg.get_body(("plain",)).get_content()
     assert "/u/" in html and "/preferences/" in html and "Unsubscribe" in html
-    assert "3 likes" in text and "2 comments" in text
+    # one block per entity, one line per category: its actors, most recent first
+    assert "* Post p1\n  - Like from Actor a2, Actor a1 and Actor a0 (" in text.replace("\r\n", "\n")
+    assert "* Post p2\n  - Comment from Actor a1 and Actor a0 (" in text.replace("\r\n", "\n")
+    assert "Your first digest: 5 updates." in text
     # a second call (redelivered message) sends nothing
     assert digest_send.process([rid]) == {"sent": 0, "skipped": 0, "retry": 0, "failed": 0}
     assert len(sink.messages()) == 1
@@ -297,7 +300,7 @@ def test_preview_renders_without_sending_or_marking(sink):
     factories.subscriber("u1")
     ids = factories.events("u1", 3)
     rendered = digest_build.preview("u1")
-    assert "3 likes" in rendered.text and "<html" in rendered.html
+    assert "Like from Actor a2, Actor a1 and Actor a0" in rendered.text and "<html" in rendered.html
     assert set(marked(ids).values()) == {None} and sink.messages() == []
     assert db.query("SELECT count(*) FROM digest_runs")[0][0] == 0
     factories.subscriber("quiet")

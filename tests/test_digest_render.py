@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import shutil
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import chevron
 import pytest
 
+from app.categories import Category
 from digest import context, group, mustache, render
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
@@ -14,12 +15,18 @@ pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 HOSTILE = '<script>alert("x")</script> & <img src=x onerror=y>'
 
 
-def _ctx(name=HOSTILE, title="Post <b>1</b>", url="https://example.test/p?a=1&b=2"):
+def _ctx(name=HOSTILE, title="Post <b>1</b>", url="https://example.test/p?a=1&b=2", avatar="https://example.test/a.png",
+         label=HOSTILE):
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    events = [group.Event(i, "like", "post", "p1", f"a{i}", name, now) for i in range(3)]
-    d = group.build(events, 10)
-    return context.build(d, {d.groups[0].latest_event_id: {"title": title, "url": url}}, cadence="daily",
-                         name="Ana", unsubscribe_url="https://x.test/u/TOKEN", preferences_url="https://x.test/preferences/T")
+    events = [group.Event(i, "like", "post", "p1", f"a{i}", name, now + timedelta(minutes=i)) for i in range(3)]
+    events.append(group.Event(3, "comment", "post", "p2", "a0", name, now))
+    d = group.build(events, 1)
+    d.groups[0].title, d.groups[0].url = title, url
+    d.avatars["a2"] = avatar
+    registry = {"like": Category("like", label, verb="liked")}
+    return context.build(d, categories=registry, cadence="daily", name="Ana", timezone="Europe/Lisbon",
+                         now=now + timedelta(hours=3), last_digest_at=now - timedelta(days=1),
+                         unsubscribe_url="https://x.test/u/TOKEN", preferences_url="https://x.test/preferences/T")
 
 
 def test_compiled_html_keeps_every_mustache_tag_and_inlines_css():
@@ -41,6 +48,20 @@ def test_hostile_actor_names_are_escaped_in_html():
     assert 'href="https://example.test/p?a=1&amp;b=2"' in out.html
     assert HOSTILE in out.text  # plain text is not HTML
     assert "\n" not in out.subject
+    assert out.subject.startswith(HOSTILE)   # the subject is a header, not HTML: never entity-escaped
+    assert "&amp;" not in out.subject
+
+
+def test_entity_block_with_link_lines_time_avatar_and_more():
+    out = render.render(_ctx(name="Eli", title="Launch notes", label="Likes"))
+    assert out.subject == "Eli, Eli and Eli liked Launch notes — and 1 more update"
+    assert '<a href="https://example.test/p?a=1&amp;b=2"' in out.html and ">Launch notes</a>" in out.html
+    assert 'src="https://example.test/a.png"' in out.html and "Eli, Eli and Eli liked" in out.html
+    assert "2 h ago" in out.html and "4 updates since yesterday." in out.html
+    assert "and 1 more (4 updates in total)" in out.text
+    assert "* Launch notes\n  https://example.test/p?a=1&b=2\n  - Eli, Eli and Eli liked (2 h ago)" in out.text
+    no_link = render.render(_ctx(url="", avatar=""))
+    assert "<a href=\"https://example.test" not in no_link.html and "<img" not in no_link.html.split("<body")[1]
 
 
 def test_compiled_renderer_equals_chevron():

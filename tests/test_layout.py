@@ -16,7 +16,9 @@ LAZY_ALLOWED = {("app/mail.py", "dkim"), ("app/observability.py", "sentry_sdk"),
                 ("app/observability.py", "sentry_sdk.integrations.dramatiq"),
                 ("app/observability.py", "sentry_sdk.integrations.starlette"),
                 ("app/newsletter/template.py", "premailer"), ("digest/render.py", "premailer"),
-                ("app/providers/smtp_async.py", "uvloop")}
+                ("app/providers/smtp_async.py", "uvloop"),
+                ("app/admin/charts.py", "matplotlib"), ("app/admin/charts.py", "matplotlib.figure"),
+                ("app/admin/charts.py", "matplotlib.dates")}
 
 
 def _modules() -> dict[str, Path]:

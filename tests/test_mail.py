@@ -7,6 +7,9 @@ import email.policy
 
 import dkim
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -111,3 +114,33 @@ def test_dkim_key_can_be_a_file_path(dkim_key, settings, tmp_path):
 
 def test_no_dkim_without_configuration():
     assert not mail.build(_mail()).startswith(b"DKIM-Signature")
+
+
+@pytest.mark.parametrize("subject", [
+    "Short and plain",
+    "Eli, Bo and 4 others followed Launch notes - and 8 more updates about things you follow",
+    "Eli, Bo and 4 others followed Launch notes — and 8 more updates",
+    "Ána, Bø and 3 others liked «Grüße aus Köln» — and 1 more update " * 3,
+    "😀" * 60 + " emoji " + "中文标题" * 20,
+    "x" * 90 + " then a very long word",
+    "two  spaces and a trailing one ",
+    "looks like =?utf-8?q?an_encoded_word?= but is not",
+    "A" * 76,
+    "",
+    " ",
+])
+def test_subjects_of_any_length_and_script_parse_back_exactly(subject):
+    raw = mail.build(_mail(subject=subject))
+    head = raw.split(b"\r\n\r\n", 1)[0]
+    assert all(len(line) <= 998 for line in head.split(b"\r\n"))
+    lines = b"Subject: " + raw.split(b"\r\nSubject: ", 1)[1].split(b"\r\nDate:", 1)[0]
+    assert all(len(line) <= 78 for line in lines.split(b"\r\n"))
+    msg = parse(raw)
+    assert msg["Subject"] == subject and not msg.defects
+
+
+@hypothesis_settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=300))
+def test_any_subject_text_parses_back_exactly(subject):
+    msg = parse(mail.build(_mail(subject=subject)))
+    assert msg["Subject"] == subject

@@ -9,12 +9,14 @@ import pytest
 
 from app import config, db, migrate
 from app.cli import main as cli_main
+from tests.conftest import THROUGH_PGBOUNCER
 
 
 @pytest.fixture
-def scratch_url():
-    """A brand-new empty database, dropped afterwards."""
-    base = config.get().database_url.rsplit("/", 1)[0]
+def scratch_url(direct_database_url):
+    """A brand-new empty database, dropped afterwards. Its URL is Postgres itself even in the
+    PgBouncer pass: the migrator's session matters (MIGRATION_DATABASE_URL)."""
+    base = direct_database_url.rsplit("/", 1)[0]
     name = f"notify_mig_{uuid.uuid4().hex[:8]}"
     url = f"{base}/{name}"
     yield url
@@ -143,6 +145,47 @@ def test_lock_timeout_is_retried_until_the_lock_frees(scratch_url, migrations_di
     releaser.join()
     reader.close()
     assert "lock not granted" in caplog.text  # it backed off and retried instead of queueing
+
+
+def test_migrate_and_status_use_the_migration_database_url(scratch_url, settings, capsys):
+    settings(migration_database_url=scratch_url)      # DATABASE_URL stays the test database
+    assert cli_main(["migrate"]) == 0
+    assert set(db.ALL_TABLES) <= tables(scratch_url)
+    assert all(r["state"] == "applied" for r in migrate.status())
+    assert migrate.target_url("postgresql://elsewhere/x") == "postgresql://elsewhere/x"   # an explicit URL wins
+    settings(migration_database_url="")
+    assert migrate.target_url() == config.get().database_url
+
+
+@pytest.mark.skipif(not THROUGH_PGBOUNCER, reason="needs the PgBouncer pass (make test): a transaction-pooling proxy")
+def test_through_a_transaction_pooler_the_migrator_stops_with_a_clear_error(scratch_url, monkeypatch):
+    """The mistake MIGRATION_DATABASE_URL exists for: migrating through PgBouncer in transaction
+    mode. Right after the migrator took its lock, another client takes the server connection it
+    ran on (PgBouncer lends the most recently used one), so its next transaction runs in another
+    session — without its lock. It must stop, say why, and apply nothing."""
+    migrate.ensure_database(scratch_url)
+    pooled = config.get().database_url.rsplit("/", 1)[0] + "/" + scratch_url.rsplit("/", 1)[1]
+    other = psycopg2.connect(pooled)
+    real_take = migrate._take_migrator_lock
+
+    def take_then_lose_the_session(conn):
+        pid = real_take(conn)
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")     # an open transaction keeps that server connection
+            assert cur.fetchone()[0] == pid
+        return pid
+
+    monkeypatch.setattr(migrate, "_take_migrator_lock", take_then_lose_the_session)
+    try:
+        with pytest.raises(migrate.MigrationError, match="MIGRATION_DATABASE_URL"):
+            migrate.migrate(pooled)
+    finally:
+        other.close()
+    conn = psycopg2.connect(scratch_url)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM schema_migrations")
+        assert cur.fetchone()[0] == 0
+    conn.close()
 
 
 def test_bad_file_name_is_a_clear_error(tmp_path):

@@ -5,6 +5,7 @@ import pytest
 
 from app import db
 from app.api import newsletters
+from app.newsletter import service
 from tests import factories
 from tests.conftest import auth
 from tracking import webhook_apply
@@ -73,7 +74,8 @@ def test_send_flow_and_transitions(client, admin_key):
     assert client.post(f"/v1/newsletters/{nl}/pause", headers=h).status_code == 409      # draft
     assert client.post(f"/v1/newsletters/{nl}/retry-failed", headers=h).status_code == 409
     r = client.post(f"/v1/newsletters/{nl}/send", json={"audience": "all"}, headers=h)
-    assert r.status_code == 202 and r.json() == {"id": nl, "status": "queued"}
+    assert r.status_code == 202 and r.json() == {"id": nl, "status": "queued", "unknown_user_ids": [],
+                                                 "unknown_user_ids_count": 0}
     # Same request again (client retry): accepted, nothing changes.
     assert client.post(f"/v1/newsletters/{nl}/send", json={"audience": "all"}, headers=h).status_code == 202
     r = client.post(f"/v1/newsletters/{nl}/send", json={"audience": {"user_ids": ["u1"]}}, headers=h)
@@ -87,6 +89,62 @@ def test_send_flow_and_transitions(client, admin_key):
     assert client.post(f"/v1/newsletters/{nl}/resume", headers=h).status_code == 409
     assert client.post(f"/v1/newsletters/{nl}/send", json={"audience": "all"}, headers=h).status_code == 409
     assert db.query("SELECT audience FROM newsletters")[0][0] == {"kind": "all"}
+
+
+def test_send_answer_names_the_user_ids_that_are_no_subscriber(client, admin_key):
+    factories.seed_subscribers(3)
+    nl = create(client, admin_key).json()["id"]
+    audience = {"user_ids": ["u2", "nobody", "u1", "ghost", "u2", "ünï\u200bcode"]}
+    r = client.post(f"/v1/newsletters/{nl}/send", json={"audience": audience}, headers=auth(admin_key))
+    assert r.status_code == 202, r.text
+    assert r.json()["unknown_user_ids"] == ["ghost", "nobody", "ünï\u200bcode"]
+    assert r.json()["unknown_user_ids_count"] == 3
+    many = {"user_ids": [f"x{i:05d}" for i in range(service.UNKNOWN_SHOWN + 5)]}
+    nl2 = create(client, admin_key).json()["id"]
+    r = client.post(f"/v1/newsletters/{nl2}/send", json={"audience": many}, headers=auth(admin_key))
+    assert len(r.json()["unknown_user_ids"]) == service.UNKNOWN_SHOWN and r.json()["unknown_user_ids_count"] == 1005
+
+
+def test_list_newsletters_newest_first_in_keyset_pages_with_counts(client, admin_key, fake, provider):
+    from tests.newsletter_support import drain, start
+
+    factories.seed_subscribers(4)
+    h = auth(admin_key)
+    ids = [create(client, admin_key).json()["id"] for _ in range(5)]
+    start(ids[0])
+    drain(ids[0], provider)                                  # done: counts stored when it finished
+    start(ids[1])                                            # sending: counted now
+    r = client.get("/v1/newsletters?limit=2", headers=h)
+    assert r.status_code == 200, r.text
+    page = r.json()
+    assert [n["id"] for n in page["newsletters"]] == [ids[4], ids[3]] and page["next_before"] == ids[3]
+    assert page["newsletters"][0]["status"] == "draft" and page["newsletters"][0]["counts"]["total"] == 0
+    rest = client.get(f"/v1/newsletters?limit=2&before={page['next_before']}", headers=h).json()
+    assert [n["id"] for n in rest["newsletters"]] == [ids[2], ids[1]]
+    last = client.get(f"/v1/newsletters?limit=2&before={rest['next_before']}", headers=h).json()
+    assert [n["id"] for n in last["newsletters"]] == [ids[0]] and last["next_before"] is None
+    done = last["newsletters"][0]
+    assert done["status"] == "done" and done["counts"] == {"pending": 0, "sending": 0, "sent": 4, "failed": 0,
+                                                           "suppressed": 0, "cancelled": 0, "total": 4}
+    assert db.query("SELECT final_counts FROM newsletters WHERE id = %s", (ids[0],))[0][0] == {"sent": 4}
+    assert rest["newsletters"][1]["counts"]["pending"] == 4 and rest["newsletters"][1]["counts"]["total"] == 4
+    only_done = client.get("/v1/newsletters?status=done", headers=h).json()["newsletters"]
+    assert [n["id"] for n in only_done] == [ids[0]]
+
+
+@pytest.mark.parametrize("query, field", [
+    ("limit=0", "limit"), ("limit=101", "limit"), ("limit=abc", "limit"), ("before=-1", "before"),
+    ("before=99999999999999999999", "before"), ("status=sent", "status"), ("colour=red", "colour"),
+    ("limit=%F0%9F%98%80", "limit"), ("status=%00", "status"),
+])
+def test_list_query_problems_name_the_parameter(client, admin_key, query, field):
+    r = client.get(f"/v1/newsletters?{query}", headers=auth(admin_key))
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["field"] == field
+
+
+def test_list_needs_an_admin_key(client):
+    assert client.get("/v1/newsletters").status_code == 401
 
 
 @pytest.mark.parametrize("body", [

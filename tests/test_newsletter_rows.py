@@ -56,7 +56,7 @@ NEWSLETTER_OPS = {
 ROW_OPS = {
     "insert_range": lambda nid, sid, rid: _execute(rows.INSERT_RANGE, {"nl": _newsletter(NewsletterStatus.SENDING),
                                                                        "lo": sid - 1, "hi": sid}),
-    "claim": lambda nid, sid, rid: _execute(rows.CLAIM, {"nl": nid, "limit": 10}),
+    "claim": lambda nid, sid, rid: _execute(rows.CLAIM, {"nl": nid, "limit": 10, "after": 0}),
     "mark_sent": _mark("sent"),
     "mark_failed": _mark("failed"),
     "mark_pending": _mark("pending"),
@@ -107,7 +107,7 @@ def test_row_statements_make_only_documented_transitions_and_all_of_them():
                                                           (nid,)))
     nid, sid, rid = _row(RowStatus.PENDING)
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
-    _execute(rows.CLAIM, {"nl": nid, "limit": 10})
+    _execute(rows.CLAIM, {"nl": nid, "limit": 10, "after": 0})
     (now,), = db.query("SELECT status FROM email_log WHERE id = %s", (rid,))
     seen.add((RowStatus.PENDING, RowStatus(now)))
     for pair in seen:

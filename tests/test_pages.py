@@ -7,7 +7,7 @@ from datetime import date, datetime, timedelta, timezone
 import pytest
 from starlette.testclient import TestClient
 
-from app import db, subscribers, tokens
+from app import categories, db, subscribers, tokens
 from tests import factories
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -61,9 +61,9 @@ def test_preferences_page_shows_current_settings_accessibly(client, sub):
     assert '<option value="7" selected>07:00</option>' in html
     assert 'value="Europe/Lisbon"' in html and '<datalist id="timezone-list">' in html
     assert '<option value="America/New_York"></option>' in html
-    # topics: event categories ticked, the opt-out shown unticked
-    for i, category in enumerate(["comments", "likes", "mentions"], start=1):
-        assert f'<label for="category-{i}">{category}</label>' in html
+    # topics: event categories ticked, the opt-out shown unticked; unregistered ones by their humanised key
+    for i, label in enumerate(["Comments", "Likes", "Mentions"], start=1):
+        assert f'<label for="category-{i}">{label}</label>' in html
     assert 'value="comments" checked' in html and 'value="likes" checked' in html
     assert 'value="mentions">' in html
     # accessibility basics: every control has a label, groups have legends
@@ -100,7 +100,21 @@ def test_categories_include_already_sent_events(client, sub):
     factories.category_events("u1", "old-topic", run_id=run_id)
     factories.category_events("someone-else", "not-mine")
     html = client.get(pref_path(sub)).text
-    assert "old-topic" in html and "not-mine" not in html
+    assert 'value="old-topic"' in html and "not-mine" not in html and "Not mine" not in html
+
+
+def test_topics_show_registered_labels_and_descriptions(client, sub):
+    categories.upsert("comment", {"label": "Replies to you", "description": "When someone answers your post",
+                                  "verb": "replied to", "delivery": "digest"})
+    categories.upsert("zz_news", {"label": "Announcements", "description": "", "verb": "", "delivery": "immediate"})
+    factories.category_events("u1", "comment", "new_follower")
+    html = client.get(pref_path(sub)).text
+    # ordered by label; a registered category is offered before the subscriber has any of its events
+    labels = re.findall(r'<label for="category-\d+">([^<]*)</label>', html)
+    assert labels == ["Announcements", "New follower", "Replies to you"]
+    assert 'value="comment" checked aria-describedby="category-3-hint"' in html
+    assert '<p class="hint" id="category-3-hint">When someone answers your post</p>' in html
+    assert ">comment<" not in html and ">new_follower<" not in html   # never the raw key
 
 
 def test_static_stylesheet_is_served(client, sub):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import date, datetime, timedelta, timezone
@@ -13,6 +14,7 @@ import pytest
 from app import config, db, scheduler, subscribers
 from digest import plan as digest_plan
 from tests import factories
+from tests.conftest import wait_for
 from tests.test_digest_support import run_row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,6 +251,56 @@ def test_only_one_scheduler_leads():
         b.release()
 
 
+def _scheduler_process(log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "APP_ENV": "test", "DATABASE_URL": config.get().database_url,
+           "REDIS_URL": config.get().redis_url, "PYTHONPATH": str(ROOT), "LOG_LEVEL": "INFO",
+           "SCHEDULER_INTERVAL_SECONDS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "app", "scheduler"], env=env, cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
+
+
+def _leader_pid() -> int | None:
+    rows = db.query("SELECT holder FROM leases WHERE name = %s AND expires_at > now()", (scheduler.LEASE_NAME,))
+    return int(rows[0][0].split(":")[1]) if rows else None
+
+
+@pytest.mark.slow
+def test_two_scheduler_processes_one_leads_the_other_takes_over_when_it_is_killed(redis_client, tmp_path):
+    first = _scheduler_process(tmp_path / "first.log")
+    second = None
+    try:
+        wait_for(lambda: _leader_pid() == first.pid, 60, "the first scheduler to lead")
+        second = _scheduler_process(tmp_path / "second.log")
+        wait_for(lambda: "standing by" in (tmp_path / "second.log").read_text(), 60, "the second to stand by")
+        factories.subscriber("a")
+        wait_for(lambda: db.query("SELECT 1 FROM digest_runs"), 60, "the leader to plan")
+        assert _leader_pid() == first.pid
+
+        os.killpg(first.pid, signal.SIGKILL)             # no clean-up: its lease row stays behind
+        first.wait(10)
+        wait_for(lambda: _leader_pid() == second.pid, 60, "the standby to take over")
+        b = factories.subscriber("b")
+        wait_for(lambda: db.query("SELECT 1 FROM digest_runs WHERE subscriber_id = %s", (b,)), 60,
+                 "the new leader to plan")
+        assert "the leader" in (tmp_path / "second.log").read_text()
+
+        os.killpg(second.pid, signal.SIGTERM)            # a clean stop gives the lease up at once
+        assert second.wait(30) == 0
+        assert db.query("SELECT count(*) FROM leases")[0][0] == 0
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def test_the_lease_lets_a_standby_take_over_within_an_interval():
+    """A standby tries every third of the lease: a dead leader is replaced within 4/3 of it."""
+    for interval in (4.0, 30.0, 300.0):
+        assert scheduler.lease_seconds(interval) * 4 / 3 <= interval
+    assert scheduler.lease_seconds(0.5) == 2.0           # never shorter than 2 s: no flapping on a hiccup
+
+
 def test_a_failing_hook_does_not_stop_the_others(caplog):
     calls = []
 
@@ -298,7 +350,7 @@ def test_cli_preview_digest_writes_html_without_marking(tmp_path):
     target = tmp_path / "preview.html"
     out = _cli("preview-digest", "a", "-o", str(target))
     assert out.returncode == 0, out.stderr
-    assert "<html" in target.read_text() and "2 likes" in target.read_text()
+    assert "<html" in target.read_text() and "Like from Actor a1 and Actor a0" in target.read_text()
     assert db.query("SELECT count(*) FROM digest_events WHERE digest_run_id IS NOT NULL") == [(0,)]
     assert _cli("preview-digest", "nobody").returncode == 1
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 import pytest
 from starlette.testclient import TestClient
@@ -210,6 +211,27 @@ def test_history_survives_a_database_outage(monkeypatch):
     rec._url = None
     assert rec.flush() == 1
     assert len(history("open")) == 1
+
+
+def test_every_flush_finds_its_staging_table_whatever_server_session_it_gets():
+    """Behind PgBouncer (transaction pooling) consecutive flushes of one writer may run in different
+    server sessions, and a temp table lives in one session only. In the PgBouncer pass another
+    client keeps the session of the first flush (PgBouncer lends the most recently used one), so
+    the second flush runs in another."""
+    rec = recorder.HistoryRecorder()
+    rec._pid = os.getpid()                     # no background thread: flush by hand
+    other = db.connect_raw()
+    try:
+        rec.add(recorder.copy_line("open", None, "digest", 1, 1, None, "ua", False, None, 0.0))
+        assert rec.flush() == 1
+        with other.cursor() as cur:
+            cur.execute("SELECT 1")            # an open transaction keeps its server session
+        rec.add(recorder.copy_line("open", None, "digest", 1, 1, None, "ua", False, None, 1.0))
+        assert rec.flush() == 1
+    finally:
+        other.close()
+        rec._conn.close()
+    assert len(history("open")) == 2
 
 
 def test_a_link_deleted_before_the_flush_does_not_lose_the_other_clicks(client):

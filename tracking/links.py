@@ -123,13 +123,16 @@ class LinkRewriter:
                 tags.append((tag, href, url))
         return tags
 
-    def _apply(self, html: str, tags: list, subscriber_id: int | None) -> str:
-        out, pos = [], 0
+    def _apply(self, html: str, tags: list, subscriber_id: int | None) -> tuple[str, dict[str, str]]:
+        out, pos, clicks = [], 0, {}
         for tag, href, url in tags:
             start = tag.start() + href.start()
             out.append(html[pos:start])
+            click = clicks.get(url)
+            if click is None:   # a URL linked twice in one mail is signed once
+                click = clicks[url] = click_url(self._link_ids[url], subscriber_id)
             # Click URLs are base64url + our base URL: nothing to escape inside the quotes.
-            out.append(f'{href.group(1)}"{click_url(self._link_ids[url], subscriber_id)}"')
+            out.append(f'{href.group(1)}"{click}"')
             pos = tag.start() + href.end()
         out.append(html[pos:])
         result = "".join(out)
@@ -138,13 +141,20 @@ class LinkRewriter:
         ends = list(_BODY_END_RE.finditer(result))
         if ends:
             at = ends[-1].start()
-            return result[:at] + pixel + result[at:]
-        return result + pixel
+            return result[:at] + pixel + result[at:], clicks
+        return result + pixel, clicks
 
 
 def rewrite_many(mail_kind: str, jobs: list[tuple[LinkRewriter, str, int | None, bool]]) -> list[str]:
     """Each job's HTML rewritten (job: rewriter, html, subscriber_id, enabled), with the links of
     every mail not seen yet created in one round trip."""
+    return [html for html, _ in rewrite_many_with_clicks(mail_kind, jobs)]
+
+
+def rewrite_many_with_clicks(mail_kind: str, jobs: list[tuple[LinkRewriter, str, int | None, bool]]
+                             ) -> list[tuple[str, dict[str, str]]]:
+    """rewrite_many, each HTML with its {original URL: click URL} (empty when not tracked), so a
+    plain-text part can carry the same tracked links."""
     tracking_on = config.get().tracking
     scanned = [rewriter._scan(html) if enabled and tracking_on else None for rewriter, html, _, enabled in jobs]
     new: dict[int, list[str]] = {}
@@ -156,5 +166,5 @@ def rewrite_many(mail_kind: str, jobs: list[tuple[LinkRewriter, str, int | None,
         created = ensure_links_many(mail_kind, new)
         for rewriter, _, _, _ in jobs:
             rewriter._link_ids.update(created.get(rewriter.mail_id, {}))
-    return [html if tags is None else rewriter._apply(html, tags, subscriber_id)
+    return [(html, {}) if tags is None else rewriter._apply(html, tags, subscriber_id)
             for (rewriter, html, subscriber_id, _), tags in zip(jobs, scanned)]

@@ -147,13 +147,15 @@ class HistoryRecorder:
     def _connection(self):
         if self._conn is None or self._conn.closed:
             self._conn = db.connect_raw(self._url)
-            with self._conn.cursor() as cur:
-                cur.execute(STAGE_DDL)
-            self._conn.commit()
         return self._conn
 
     def _write(self, rows: list[str]) -> None:
         with db.transaction(self._connection()) as cur:
+            # In the flush's own transaction: behind PgBouncer (transaction pooling) each flush may
+            # run in a different server session, and a temp table exists only in the one that made
+            # it. Where it exists already (a direct connection, a reused server session) this is a
+            # catalog lookup; ON COMMIT DELETE ROWS leaves it empty for whoever comes next.
+            cur.execute(STAGE_DDL)
             cur.copy_expert(f"COPY history_stage ({', '.join(STAGE_COLUMNS)}) FROM STDIN",
                             io.StringIO("".join(rows)))
             cur.execute(INSERT_FROM_STAGE, {"window": config.get().tracking_scanner_seconds})

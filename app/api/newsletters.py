@@ -52,6 +52,19 @@ async def create_newsletter(request: Request):
     return FastJSONResponse({"id": newsletter_id, "status": "draft"}, status_code=201)
 
 
+async def list_newsletters(request: Request):
+    await require_key(request, "admin")
+    query, errors = service.validate_list_query(dict(request.query_params))
+    if errors:
+        raise validation_error(errors)
+    return FastJSONResponse(await run_in_threadpool(service.list_newsletters, query))
+
+
+async def newsletters_collection(request: Request):
+    # One route for both methods, so a 405 on the path names both in its Allow header.
+    return await (list_newsletters if request.method in ("GET", "HEAD") else create_newsletter)(request)
+
+
 async def get_newsletter(request: Request):
     await require_key(request, "admin")
     return FastJSONResponse(await _call(service.status, _id(request)))
@@ -65,7 +78,9 @@ async def send_newsletter(request: Request):
     if errors:
         raise validation_error(errors)
     status = await _call(service.request_send, newsletter_id, audience)
-    return FastJSONResponse({"id": newsletter_id, "status": status}, status_code=202)
+    unknown, unknown_count = await run_in_threadpool(service.unknown_user_ids, audience)
+    return FastJSONResponse({"id": newsletter_id, "status": status, "unknown_user_ids": unknown,
+                             "unknown_user_ids_count": unknown_count}, status_code=202)
 
 
 async def pause_newsletter(request: Request):
@@ -94,7 +109,7 @@ async def retry_failed(request: Request):
 
 
 routes = [
-    Route("/v1/newsletters", create_newsletter, methods=["POST"]),
+    Route("/v1/newsletters", newsletters_collection, methods=["GET", "POST"]),
     Route("/v1/newsletters/{newsletter_id}", get_newsletter, methods=["GET"]),
     Route("/v1/newsletters/{newsletter_id}/send", send_newsletter, methods=["POST"]),
     Route("/v1/newsletters/{newsletter_id}/pause", pause_newsletter, methods=["POST"]),
@@ -145,6 +160,24 @@ class AudienceSummary(BaseModel):
 RowCounts = create_model("RowCounts", **{k: (Count, ...) for k in (*service.ROW_STATUSES, "total")})
 
 
+class NewsletterSummary(BaseModel):
+    """One item of GET /v1/newsletters."""
+    id: int
+    subject: str
+    status: Literal[STATUSES]
+    audience: AudienceSummary | None
+    created_at: datetime
+    send_requested_at: datetime | None
+    completed_at: datetime | None
+    counts: RowCounts
+
+
+class NewsletterPage(BaseModel):
+    """GET /v1/newsletters: newest first; pass `next_before` as `before` for the next page (null: last page)."""
+    newsletters: list[NewsletterSummary]
+    next_before: int | None
+
+
 class NewsletterStatus(BaseModel):
     """GET /v1/newsletters/{id} (service.status), declared for the document."""
     id: int
@@ -163,7 +196,14 @@ class NewsletterStatus(BaseModel):
     unsubscribes: Count
 
 
-OPENAPI_MODELS = [service.NewsletterInput, service.NewsletterAudience, NewsletterStatus]
+OPENAPI_MODELS = [service.NewsletterInput, service.NewsletterAudience, NewsletterStatus, NewsletterPage]
+_list_params = [
+    {"name": "limit", "in": "query", "required": False,
+     "schema": {"type": "integer", "minimum": 1, "maximum": service.LIST_MAX, "default": 20}},
+    {"name": "before", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1,
+                                                                     "maximum": 2 ** 63 - 1}},
+    {"name": "status", "in": "query", "required": False, "schema": _status},
+]
 OPENAPI_PATHS = {
     "/v1/newsletters": {"post": {
         "summary": "Create a newsletter (draft)", "security": [{"bearer": []}],
@@ -173,6 +213,12 @@ OPENAPI_PATHS = {
                           "type": "object", "required": ["id", "status"],
                           "properties": {"id": {"type": "integer"}, "status": _status}}}}},
                       **_errors("400", "401", "403", "413", "422")},
+    }, "get": {
+        "summary": "List newsletters, newest first, with status and row counts (keyset pages)",
+        "security": [{"bearer": []}], "parameters": _list_params,
+        "responses": {"200": {"description": "one page", "content": {"application/json": {
+                          "schema": {"$ref": "#/components/schemas/NewsletterPage"}}}},
+                      **_errors("401", "403", "422")},
     }},
     "/v1/newsletters/{newsletter_id}": {"get": {
         "summary": "Status, per-row counts (total, pending, sending, sent, failed, suppressed, cancelled), "
@@ -187,7 +233,11 @@ OPENAPI_PATHS = {
         "security": [{"bearer": []}], "parameters": _id_param,
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/NewsletterAudience"}}}},
-        "responses": {"202": _state("send requested"), **_errors(*_all_errors)},
+        "responses": {"202": _state(
+            "send requested; user_ids that are no subscriber get no mail and are listed (the first "
+            f"{service.UNKNOWN_SHOWN}, sorted) and counted",
+            unknown_user_ids={"type": "array", "items": {"type": "string"}, "maxItems": service.UNKNOWN_SHOWN},
+            unknown_user_ids_count=_count), **_errors(*_all_errors)},
     }},
     "/v1/newsletters/{newsletter_id}/pause": _action("Stop claiming new recipients (within a second)", "200",
                                                      _state("paused (or already paused)")),

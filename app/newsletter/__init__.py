@@ -10,7 +10,7 @@ Life of an outbox row (email_log.status):
   pending --unsubscribed/suppressed at creation or at claim--> suppressed
   pending --cancel--> cancelled;  sending --stuck past RECLAIM_AFTER_SECONDS--> pending (reclaim)
 
-Settings: SEND_BATCH_SIZE (rows per claim and per provider call, capped by the provider's
+Settings: SEND_BATCH_SIZE (rows per claim and per provider call; 0 = the provider's preferred size, capped by its
 max_batch: 1000 for SendGrid), NEWSLETTER_SEND_CHAINS (concurrent send loops per newsletter),
 NEWSLETTER_MAX_ATTEMPTS (transient failures before `failed`), PROVIDER_RATE_PER_SECOND (shared
 ceiling; 429s lower it adaptively), RECLAIM_AFTER_SECONDS (when a `sending` row is presumed lost).

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import time
 
-from app import db
+import psycopg2.errors
+
+from app import db, lease
 from app.newsletter import kick, rows, store
 
 log = logging.getLogger("app.newsletter.outbox")
@@ -20,7 +22,23 @@ log = logging.getLogger("app.newsletter.outbox")
 CHUNK_IDS = 10_000          # subscriber id range per INSERT … SELECT (one short transaction each)
 CHUNK_USER_IDS = 1_000
 CANCEL_CHUNK = 10_000        # pending rows cancelled per short transaction
-LOCK_NAMESPACE = 0x4E4C     # pg advisory lock (namespace, newsletter id): one builder per newsletter
+# One builder per newsletter: a lease (app/lease.py), renewed while the builder lives. A builder
+# that died leaves it to run out within LEASE_SECONDS; a redelivered message waits that long for it.
+LEASE_SECONDS = 10.0
+LEASE_PREFIX = "newsletter-outbox:"
+# The claim's plan depends on how many pending rows the planner thinks this newsletter has. Until
+# autovacuum next analyzes email_log it thinks "a handful" (a new newsletter_id, a table of mostly
+# `sent` rows), picks a bitmap scan plus a sort of every pending row, and each claim of 100 took
+# 0.8 s at a million rows (scripts/bench/peer_postoffice.py --recipients 1000000) instead of a few
+# ms down the pending index. So the builder analyzes after its first chunk and each time the
+# outbox has grown this many times over, and at the end.
+ANALYZE_GROWTH = 4
+ANALYZE_LOCK_TIMEOUT = "2s"  # a concurrent ANALYZE (autovacuum, another builder) refreshes them too
+
+
+def lease_name(newsletter_id: int) -> str:
+    return f"{LEASE_PREFIX}{newsletter_id}"
+
 
 def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None) -> int:
     """Build (or finish building) the outbox. Returns rows inserted by this run. `on_chunk(n)` is
@@ -37,21 +55,21 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
     if done_at is not None:
         _start_sending(newsletter_id)   # a duplicate message after completion: make sure chains run
         return 0
-    if not store.run("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, newsletter_id))[0][0]:
+    builder = lease.Lease(lease_name(newsletter_id), LEASE_SECONDS)
+    # Longer than a lease: a dead builder's lease runs out meanwhile, a live one's never does.
+    if not builder.acquire(wait=LEASE_SECONDS * 1.5):
         log.info("outbox: newsletter %s is being built by another worker", newsletter_id)
         return 0
-    try:
-        inserted = _build(newsletter_id, audience, chunk_ids, on_chunk)
-    finally:
-        store.run("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, newsletter_id))
-    return inserted
+    with builder:
+        builder.keep()
+        return _build(newsletter_id, audience, chunk_ids, on_chunk)
 
 
 def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk) -> int:
     started = time.monotonic()
     # Sending starts with the first chunk; chains idle-wait while the rest is written.
     store.run(rows.START_SENDING, (newsletter_id,))
-    inserted, kicked = 0, False
+    inserted, kicked, analyzed_at = 0, False, 0
     for params in _chunks(newsletter_id, audience, chunk_ids):
         state = store.run("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))
         if not state or state[0][0] == "cancelled":
@@ -61,17 +79,37 @@ def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk) -> int:
             return inserted
         sql = rows.INSERT_USER_IDS if "user_ids" in params else rows.INSERT_RANGE
         inserted += store.run(sql, params, fetch=False)
+        if inserted and inserted >= analyzed_at * ANALYZE_GROWTH:
+            refresh_planner_statistics()
+            analyzed_at = inserted
         if not kicked and inserted:
             _start_sending(newsletter_id)
             kicked = True
         if on_chunk:
             on_chunk(inserted)
+    if inserted > analyzed_at:
+        refresh_planner_statistics()
     store.run(rows.OUTBOX_COMPLETE, (newsletter_id,))
     if not kicked:
         _start_sending(newsletter_id)   # re-run that inserted nothing new: pending rows may remain
     log.info("outbox: newsletter %s complete, %d row(s) inserted by this run in %.1fs",
              newsletter_id, inserted, time.monotonic() - started)
     return inserted
+
+
+def refresh_planner_statistics() -> bool:
+    """ANALYZE email_log (a sample of 30,000 rows whatever the table's size: a fraction of a second).
+    Skipped, not waited for, when another ANALYZE or VACUUM holds the table."""
+    def work(conn):
+        with db.transaction(conn) as cur:
+            cur.execute(f"SET LOCAL lock_timeout = '{ANALYZE_LOCK_TIMEOUT}'")
+            cur.execute("ANALYZE email_log")
+    try:
+        db.thread_connection.retry_once(work)
+        return True
+    except psycopg2.errors.LockNotAvailable:
+        log.info("outbox: email_log is being analyzed or vacuumed already; statistics refresh skipped")
+        return False
 
 
 def _chunks(newsletter_id: int, audience: dict, chunk_ids: int):

@@ -4,10 +4,11 @@ flushed Redis leave behind. Postgres is the truth; this turns it back into work.
 1. `sending` rows claimed more than RECLAIM_AFTER_SECONDS ago (their worker died mid-batch) go
    back to `pending`; they are re-sent with the same idempotency keys.
 2. Newsletters that should be making progress get messages again: an unfinished outbox whose
-   builder is gone (no advisory lock held) gets create_outbox; a `sending` newsletter with due
-   pending rows and no live send chain (its Redis alive mark expired) gets send chains.
-Both are safe to repeat: the outbox builder takes an advisory lock and inserts ON CONFLICT DO
-NOTHING; extra send chains only claim rows nobody holds.
+   builder is gone (its lease in `leases` ran out or was released) gets create_outbox; a `sending`
+   newsletter with due pending rows and no live send chain (its Redis alive mark expired) gets
+   send chains.
+Both are safe to repeat: the outbox builder takes a lease and inserts ON CONFLICT DO NOTHING;
+extra send chains only claim rows nobody holds.
 """
 from __future__ import annotations
 
@@ -35,9 +36,8 @@ def reclaim_stale() -> dict:
     stalled_outboxes = store.run(
         "SELECT n.id FROM newsletters n WHERE n.status IN ('queued', 'sending', 'paused') "
         "AND n.outbox_completed_at IS NULL AND n.send_requested_at < now() - make_interval(secs => %s) "
-        "AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.classid = %s "
-        "                AND l.objid = n.id::oid AND l.objsubid = 2)",
-        (OUTBOX_GRACE_SECONDS, outbox.LOCK_NAMESPACE))
+        "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = %s || n.id AND l.expires_at >= now())",
+        (OUTBOX_GRACE_SECONDS, outbox.LEASE_PREFIX))
     for (newsletter_id,) in stalled_outboxes:
         try:
             kick.outbox(newsletter_id)

@@ -77,10 +77,13 @@ PAUSE = ("UPDATE newsletters SET status = 'paused' WHERE id = %s AND status IN (
 RESUME = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'paused' RETURNING outbox_completed_at"
 CANCEL = ("UPDATE newsletters SET status = 'cancelled', completed_at = now() "
           "WHERE id = %s AND status NOT IN ('done', 'cancelled') RETURNING id")
-REOPEN = "UPDATE newsletters SET status = 'sending', completed_at = NULL WHERE id = %s AND status = 'done'"
+REOPEN = ("UPDATE newsletters SET status = 'sending', completed_at = NULL, final_counts = NULL "
+          "WHERE id = %s AND status = 'done'")
 # One newsletter (%(nl)s) or, with NULL, every one whose last rows a dead worker finished.
 DONE = """
-UPDATE newsletters n SET status = 'done', completed_at = now()
+UPDATE newsletters n SET status = 'done', completed_at = now(),
+    final_counts = (SELECT jsonb_object_agg(c.status, c.n) FROM (
+        SELECT status, count(*) AS n FROM email_log WHERE newsletter_id = n.id GROUP BY status) c)
 WHERE n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
   AND (%(nl)s::bigint IS NULL OR n.id = %(nl)s::bigint)
   AND NOT EXISTS (SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status IN ('pending', 'sending'))
@@ -104,11 +107,15 @@ INSERT_USER_IDS = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, 
 # One statement = one transaction: pick due rows of a newsletter that is `sending` (so a pause
 # stops claims immediately), lock them without waiting for rows other workers hold, and move them
 # to `sending` — or straight to `suppressed` if the subscriber unsubscribed or got suppressed
-# since the outbox was built (I6: checked at claim time).
+# since the outbox was built (I6: checked at claim time). `after`: the send loop's cursor (the
+# largest id it claimed last), so a claim starts where the previous one ended instead of stepping
+# over every index entry already claimed or sent — thousands of dead entries at the front of the
+# pending index cost each claim 5-25 ms at a million recipients. A loop ends only when a claim from
+# 0 finds nothing, so rows left behind (locked by a peer, backoff now due) are never missed.
 CLAIM = """
 WITH picked AS (
     SELECT e.id FROM email_log e
-    WHERE e.newsletter_id = %(nl)s AND e.status = 'pending'
+    WHERE e.newsletter_id = %(nl)s AND e.status = 'pending' AND e.id > %(after)s
       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
       AND EXISTS (SELECT 1 FROM newsletters n WHERE n.id = %(nl)s AND n.status = 'sending')
     ORDER BY e.id

@@ -52,11 +52,13 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
         provider = get_provider()
     compiled = template.compiled_for(newsletter_id, subject, html, text)
     limiter = ratelimit.for_provider(provider.name)
-    batch_size = max(1, min(settings.send_batch_size, provider.max_batch))
+    preferred = getattr(provider, "preferred_batch", provider.max_batch)
+    batch_size = max(1, min(settings.send_batch_size or preferred, provider.max_batch))
     if limiter.ceiling > 0:   # at most one second's worth per call, so a low limit paces smoothly
         batch_size = max(1, min(batch_size, int(limiter.ceiling)))
     rewriter = LinkRewriter("newsletter", newsletter_id)
     deadline = time.monotonic() + budget_seconds
+    after = 0   # claim cursor (rows.CLAIM)
 
     while True:
         kick.mark_alive(newsletter_id)
@@ -67,9 +69,13 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + wait)
                 kick.continue_chain(newsletter_id, delay_ms=int(wait * 1000))
             return stats
-        claimed = store.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size})
+        claimed = store.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size, "after": after})
+        if not claimed and after:
+            after = 0
+            claimed = store.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size, "after": after})
         if not claimed:
             break
+        after = max(r[0] for r in claimed)
         claimed_at = time.monotonic()
         stats["claimed"] += len(claimed)
         retry_after = _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter,

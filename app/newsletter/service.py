@@ -153,6 +153,21 @@ def request_send(newsletter_id: int, audience: dict) -> str:
     return rows[0][0] if rows else status
 
 
+UNKNOWN_SHOWN = 1000   # unknown user_ids listed in a send answer (the count is always whole)
+
+
+def unknown_user_ids(audience: dict) -> tuple[list[str], int]:
+    """The audience's user_ids that are no subscriber: they get no outbox row, so the send answer
+    names them (the first UNKNOWN_SHOWN, sorted) and counts them all rather than dropping them
+    silently."""
+    if audience.get("kind") != "user_ids":
+        return [], 0
+    wanted = audience.get("user_ids", [])
+    known = {r[0] for r in db.query("SELECT user_id FROM subscribers WHERE user_id = ANY(%s)", (wanted,))}
+    unknown = [u for u in wanted if u not in known]   # wanted is sorted (validate_audience)
+    return unknown[:UNKNOWN_SHOWN], len(unknown)
+
+
 def _kick_safely(fn, newsletter_id: int, *args) -> None:
     """The row is the truth: if Redis is down now, the scheduler tick's reclaim_stale re-kicks."""
     try:
@@ -213,6 +228,48 @@ def retry_failed(newsletter_id: int) -> dict:
         _kick_safely(kick.send_chains, newsletter_id)
     log.info("newsletter %s: %d failed row(s) requeued", newsletter_id, requeued)
     return {"status": status, "requeued": requeued}
+
+
+LIST_MAX = 100
+
+
+class NewsletterListQuery(Body):
+    """GET /v1/newsletters query: newest first, keyset-paginated by id."""
+    model_config = {**Body.model_config, "strict": False}   # query values arrive as text
+    limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="newsletters per page")] = 20
+    before: Annotated[int | None, Field(ge=1, le=2 ** 63 - 1,
+                                        description="only ids below this (the previous page's `next_before`)")] = None
+    status: Literal[tuple(statements.NewsletterStatus)] | None = None
+
+
+def validate_list_query(params: dict) -> tuple[NewsletterListQuery | None, list[dict]]:
+    return check(NewsletterListQuery, params, root="query")
+
+
+def list_newsletters(query: NewsletterListQuery) -> dict:
+    """One page, newest first, with row counts: a finished newsletter's were stored when it finished;
+    the others (few at any time) are counted now."""
+    found = db.query(
+        "SELECT id, subject, status, audience, created_at, send_requested_at, completed_at, final_counts "
+        "FROM newsletters WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) "
+        "AND (%(status)s::text IS NULL OR status = %(status)s::text) ORDER BY id DESC LIMIT %(limit)s",
+        {"before": query.before, "status": query.status, "limit": query.limit + 1})
+    page, more = found[:query.limit], len(found) > query.limit
+    live = [r[0] for r in page if r[7] is None and r[2] != "draft"]
+    counted: dict[int, dict] = {}
+    if live:
+        for nid, row_status, n in db.query("SELECT newsletter_id, status, count(*) FROM email_log "
+                                           "WHERE newsletter_id = ANY(%s) GROUP BY 1, 2", (live,)):
+            counted.setdefault(nid, {})[row_status] = n
+    items = []
+    for nid, subject, state, audience, created, requested, completed, final in page:
+        counts = dict.fromkeys(ROW_STATUSES, 0)
+        counts.update(final if final is not None else counted.get(nid, {}))
+        counts["total"] = sum(counts[s] for s in ROW_STATUSES)
+        items.append({"id": nid, "subject": subject, "status": state, "audience": _audience_summary(audience),
+                      "created_at": _iso(created), "send_requested_at": _iso(requested),
+                      "completed_at": _iso(completed), "counts": counts})
+    return {"newsletters": items, "next_before": page[-1][0] if more else None}
 
 
 def status(newsletter_id: int) -> dict:

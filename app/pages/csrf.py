@@ -7,6 +7,9 @@ means a token minted on one subscriber's page is useless on another's. Verificat
 key in SECRET_KEY_FALLBACKS so a key rotation does not break forms already open in a tab.
 
 The RFC 8058 one-click POST never goes through here: mail clients send it without cookies.
+
+`purpose` keeps forms of different areas apart: the operator dashboard (app/admin) signs with its own
+purposes, so no token minted on a subscriber page is ever valid there, and the other way round.
 """
 from __future__ import annotations
 
@@ -26,9 +29,22 @@ FIELD = "csrf_token"
 _NONCE_RE = re.compile(r"^[A-Za-z0-9_-]{22,64}$")
 
 
-def _sign(secret: str, subscriber_id: int, nonce: str) -> str:
-    mac = hmac.new(secret.encode(), f"csrf\x00{int(subscriber_id)}\x00{nonce}".encode(), hashlib.sha256).digest()
+def _sign(secret: str, subscriber_id: int, nonce: str, purpose: str = "csrf") -> str:
+    mac = hmac.new(secret.encode(), f"{purpose}\x00{int(subscriber_id)}\x00{nonce}".encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def token(subscriber_id: int, nonce: str, purpose: str = "csrf") -> str:
+    """The form token for this binding and nonce (signed with SECRET_KEY)."""
+    return _sign(config.get().secret_key, subscriber_id, nonce, purpose)
+
+
+def matches(subscriber_id: int, nonce: str | None, submitted, purpose: str = "csrf") -> bool:
+    """Constant-time check of a submitted token against every current and fallback key."""
+    if nonce is None or not isinstance(submitted, str) or not submitted or len(submitted) > 100:
+        return False
+    return any(hmac.compare_digest(_sign(key, subscriber_id, nonce, purpose), submitted)
+               for key in config.get().secret_keys)
 
 
 def cookie_nonce(request: Request) -> str | None:
@@ -36,14 +52,14 @@ def cookie_nonce(request: Request) -> str | None:
     return nonce if nonce and _NONCE_RE.fullmatch(nonce) else None
 
 
-def issue(request: Request, subscriber_id: int) -> tuple[str, str | None]:
+def issue(request: Request, subscriber_id: int, purpose: str = "csrf") -> tuple[str, str | None]:
     """(form token, new nonce to set as cookie or None when the browser already has one).
     Reusing an existing nonce keeps pages open in several tabs valid."""
     nonce = cookie_nonce(request)
     fresh = None
     if nonce is None:
         nonce = fresh = secrets.token_urlsafe(24)
-    return _sign(config.get().secret_key, subscriber_id, nonce), fresh
+    return token(subscriber_id, nonce, purpose), fresh
 
 
 def set_cookie(response: Response, nonce: str | None) -> None:
@@ -55,9 +71,5 @@ def set_cookie(response: Response, nonce: str | None) -> None:
     )
 
 
-def valid(request: Request, subscriber_id: int, submitted) -> bool:
-    nonce = cookie_nonce(request)
-    if nonce is None or not isinstance(submitted, str) or not submitted or len(submitted) > 100:
-        return False
-    return any(hmac.compare_digest(_sign(key, subscriber_id, nonce), submitted)
-               for key in config.get().secret_keys)
+def valid(request: Request, subscriber_id: int, submitted, purpose: str = "csrf") -> bool:
+    return matches(subscriber_id, cookie_nonce(request), submitted, purpose)

@@ -50,6 +50,7 @@ def _form_values(subscriber: dict) -> dict:
     """The form's fields as strings, from the stored row (GET) — POST re-renders what was sent."""
     categories = store.categories(subscriber)
     return {
+        "topics": store.topics(categories),
         "digest_cadence": subscriber["digest_cadence"],
         "digest_hour": str(subscriber["digest_hour"]),
         "digest_weekday": str(subscriber["digest_weekday"]),
@@ -72,7 +73,7 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
         paused_label = local.strftime("%A %d %B %Y, %H:%M ") + (local.tzname() or "")
     return {
         "subscriber": subscriber,
-        "categories": form["categories"],
+        "topics": form["topics"],
         "form": form,
         "errors": errors,
         "error_list": [(field, FIELD_LABELS.get(field, field), message) for field, message in errors.items()],
@@ -172,6 +173,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         "categories": sorted(set(shown) | current) if shown else sorted(current),
         "pause_days": pause_raw[:12],
     }
+    sticky["topics"] = store.topics(sticky["categories"])
     return values, errors, sticky
 
 

@@ -5,6 +5,7 @@ page load and submit changes nothing there; preference saves go through subscrib
 """
 from __future__ import annotations
 
+from app import categories as category_registry
 from app import db, subscribers
 from digest import runs as digest_runs
 
@@ -39,12 +40,22 @@ _CATEGORIES_SQL = """
 
 
 def categories(subscriber: dict) -> list[str]:
-    """Sorted topics to show: known event categories plus current opt-outs (capped)."""
+    """Sorted topics to show: current opt-outs, registered categories (app/categories.py) and the
+    subscriber's event categories, capped in that order of precedence."""
     opt_outs = subscriber["category_opt_outs"]
     rows = db.query(_CATEGORIES_SQL, (subscriber["user_id"], subscriber["id"], MAX_SHOWN_CATEGORIES))
     seen = set(opt_outs)
-    extra = [r[0] for r in rows if r[0] not in seen][: max(0, MAX_SHOWN_CATEGORIES - len(opt_outs))]
+    candidates = [*sorted(category_registry.registry()), *(r[0] for r in rows)]
+    extra = [c for c in dict.fromkeys(candidates) if c not in seen][: max(0, MAX_SHOWN_CATEGORIES - len(opt_outs))]
     return sorted(seen.union(extra))
+
+
+def topics(keys: list[str]) -> list[dict]:
+    """Each category key with the label and description it is shown with, ordered by label."""
+    registry = category_registry.registry()
+    shown = [category_registry.lookup(key, registry) for key in keys]
+    return [{"key": c.key, "label": c.label, "description": c.description}
+            for c in sorted(shown, key=lambda c: (c.label.casefold(), c.key))]
 
 
 def save_preferences(subscriber_id: int, values: dict) -> None:

@@ -75,6 +75,7 @@ def _result(exc: ProviderError) -> str:
 class Provider:
     name = "base"
     max_batch = 1
+    preferred_batch = 1   # rows a newsletter claims per call when SEND_BATCH_SIZE is 0 (the default)
 
     def prepare(self, mail: OutgoingMail):
         """What deliver() needs for one mail. Raise anything to refuse this mail alone."""

@@ -23,6 +23,7 @@ def _file_name(key: str) -> str:
 class FileProvider(Provider):
     name = "file"
     max_batch = 1000
+    preferred_batch = 100
 
     def __init__(self, directory: str | None = None):
         self.directory = Path(directory or config.get().mail_file_dir)

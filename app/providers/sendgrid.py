@@ -61,6 +61,7 @@ HTML_SLOTS = re.compile(r'("[^"<>]*"|>[^<>]*<)')
 class SendGridProvider(Provider):
     name = "sendgrid"
     max_batch = MAX_PERSONALIZATIONS
+    preferred_batch = MAX_PERSONALIZATIONS   # one API call per 1,000 recipients: fewer calls, fewer 429s
 
     def __init__(self, api_key: str | None = None, api_url: str | None = None, timeout: float = 30.0,
                  client: httpx.Client | None = None):

@@ -62,6 +62,9 @@ def parse_url(url: str) -> dict:
 class SMTPProvider(Provider):
     name = "smtp"
     max_batch = 1000
+    # Every mail is its own SMTP transaction, so a bigger claim only holds rows longer and renders in
+    # longer bursts: 100 was fastest at 0 and 50 ms relay delay (scripts/bench/knobs.py).
+    preferred_batch = 100
 
     def __init__(self, url: str | None = None, pool_size: int | None = None, timeout: float | None = None,
                  use_async: bool | None = None):

@@ -2,6 +2,7 @@
 SMTP sink, at 0 ms and 50 ms per message, against a naive baseline measured in the same run.
 
     .venv/bin/python scripts/bench/digest.py [--subscribers 5000] [--delays 0,50] [--no-tracking]
+    .venv/bin/python scripts/bench/digest.py --no-baseline --processes 4    # one point of a scaling sweep
 
 Per delay:
   ours      the scheduler's tick plans the runs and its checker enqueues batches (bounded queue
@@ -10,6 +11,8 @@ Per delay:
   baseline  one task per subscriber (`dramatiq scripts.bench.digest_naive`), premailer and the
             email package per mail, a new SMTP connection per mail. Same worker processes/threads.
 Figure = digests/s from the first tick until every run is `sent` (time to plan included).
+Target: ours >= 10x the naive baseline, and >= 1,500 digests/s at 50 ms on 2 quiet cores.
+--no-baseline measures ours only (a sweep over --processes needs no baseline per point).
 
 Everything on 127.0.0.1; its own database (notify_bench_digest) and Redis db; bounded by --timeout.
 """
@@ -49,6 +52,9 @@ def parse_args():
     p.add_argument("--timeout", type=float, default=240.0, help="give up on one phase after this many seconds")
     p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=True,
                    help="rewrite links for click tracking, as production does (default on; --no-tracking)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the naive baseline phases (ours only)")
+    p.add_argument("--label", default="digest pipeline",
+                   help="names this run in the report (BENCH_RESULTS); tracking and the relay delay are appended")
     return p.parse_args()
 
 
@@ -240,44 +246,91 @@ def drive_baseline(now: datetime, started: float) -> tuple[bool, dict]:
     return wait_all_done(started + args.timeout), {}
 
 
+TARGET_SPEEDUP = 10.0     # ours against the naive baseline, at every delay
+TARGET_AT_50MS = 1500.0  # digests/s at a 50 ms relay on 2 quiet cores
+
+
+def cpu_per_digest_ms(cpu: dict, n: int) -> dict:
+    """CPU milliseconds per sent digest by part (workers, postgres, sink); empty when nothing was sent."""
+    return {k: v / n * 1000 for k, v in cpu.items() if k != "plan_seconds"} if n else {}
+
+
+def record_delay(delay: float, ours: dict, base: dict | None) -> None:
+    """The figures of one delay for BENCHMARKS.md (scripts/bench/report.py)."""
+    bench = f"{args.label}, tracking {'on' if args.tracking else 'off'}, relay {delay:g} ms"
+    details = {"delay_ms": delay, "subscribers": args.subscribers, "events": args.events,
+               "processes": args.processes, "threads": args.threads, "tracking": args.tracking,
+               "claim_batch": args.claim_batch, "smtp_pool": args.smtp_pool or "default",
+               "sent": ours["sent"], "seconds": round(ours["seconds"], 3),
+               "plan_seconds": round(ours["cpu"].get("plan_seconds", 0.0), 3)}
+    ours_ok = ours["sent"] == args.subscribers
+    goals, met = [], ours_ok
+    if base is not None:
+        goals.append(f">= {TARGET_SPEEDUP:g}x naive")
+        met = met and base["sent"] == base["n"] and ours["rate"] >= TARGET_SPEEDUP * base["rate"]
+        details.update(baseline_subscribers=base["n"], baseline_sent=base["sent"])
+    if delay == 50:
+        goals.append(f">= {TARGET_AT_50MS:,.0f}/s at 50 ms on 2 quiet cores")
+        met = met and ours["rate"] >= TARGET_AT_50MS
+    naive = "naive (task + SMTP connection per mail)" if base else ""
+    shared.record(bench, "digests/s", ours["rate"], "digests/s", baseline=base["rate"] if base else None,
+                  baseline_label=naive, target="; ".join(goals), met=met if goals else None, **details)
+    split = {f"{k}_ms": round(v, 4) for k, v in ours["per"].items()}
+    if base is not None:
+        split.update({f"baseline_{k}_ms": round(v, 4) for k, v in base["per"].items()})
+    shared.record(bench, "CPU per digest (workers + postgres + sink)", sum(ours["per"].values()), "ms",
+                  baseline=sum(base["per"].values()) if base else None,
+                  baseline_label=naive, higher_is_better=False,
+                  processes=args.processes, threads=args.threads, subscribers=args.subscribers,
+                  tracking=args.tracking, delay_ms=delay, **split)
+
+
 def main() -> int:
     ensure_database()
     rclient = redis.Redis.from_url(args.redis_url)
     delays = [float(d) for d in args.delays.split(",") if d.strip()]
     base_n = args.baseline_subscribers or min(args.subscribers, 1000)
-    print(f"digest bench: {args.subscribers} subscribers x {args.events} events (baseline {base_n}); "
+    print(f"digest bench: {args.subscribers} subscribers x {args.events} events "
+          f"({'no baseline' if args.no_baseline else f'baseline {base_n}'}); "
           f"{args.processes} worker processes x {args.threads} threads; SMTP pool {args.smtp_pool or 'default'}/process; "
           f"claim batch {args.claim_batch}; tracking {'on' if args.tracking else 'off'}; {os.cpu_count()} CPUs")
     print(f"  load average before: {os.getloadavg()[0]:.1f} (other work on the machine lowers the wall-clock figures)")
     summary = []
 
-    def cpu_text(cpu, n):
-        plan = cpu.pop("plan_seconds", None)
-        per = {k: v / n * 1e6 for k, v in cpu.items()} if n else {}
-        return (f"CPU per digest: workers {per.get('workers', 0):.0f} us, postgres {per.get('postgres', 0):.0f} us, "
-                f"sink {per.get('sink', 0):.0f} us" + (f"; planning tick {plan:.2f} s" if plan is not None else "")), \
-            sum(per.values())
+    def cpu_text(cpu, per):
+        plan = cpu.get("plan_seconds")
+        return (f"CPU per digest: workers {per.get('workers', 0) * 1000:.0f} us, "
+                f"postgres {per.get('postgres', 0) * 1000:.0f} us, sink {per.get('sink', 0) * 1000:.0f} us"
+                + (f"; planning tick {plan:.2f} s" if plan is not None else ""))
 
     for delay in delays:
         t, c, received, cpu = run_phase("ours", args.subscribers, delay, rclient, "actors", "digest", drive_ours)
         n = c.get("sent", 0)
-        ours = n / t
-        text, ours_cpu = cpu_text(cpu, n)
-        print(f"  delay {delay:>4.0f} ms  ours:     {n:>6} sent in {t:6.2f} s = {ours:8.0f} digests/s "
-              f"(sink got {received}); {text}")
-        bt, bc, breceived, bcpu = run_phase("baseline", base_n, delay, rclient, "scripts.bench.digest_naive",
-                                            "digest_naive", drive_baseline)
-        bn = bc.get("sent", 0)
-        base = bn / bt
-        text, base_cpu = cpu_text(bcpu, bn)
-        print(f"  delay {delay:>4.0f} ms  baseline: {bn:>6} sent in {bt:6.2f} s = {base:8.0f} digests/s "
-              f"(sink got {breceived}); {text}")
-        summary.append((delay, ours, base, ours_cpu, base_cpu))
+        ours = {"n": args.subscribers, "sent": n, "seconds": t, "rate": n / t, "cpu": cpu,
+                "per": cpu_per_digest_ms(cpu, n)}
+        print(f"  delay {delay:>4.0f} ms  ours:     {n:>6} sent in {t:6.2f} s = {ours['rate']:8.0f} digests/s "
+              f"(sink got {received}); {cpu_text(cpu, ours['per'])}")
+        base = None
+        if not args.no_baseline:
+            bt, bc, breceived, bcpu = run_phase("baseline", base_n, delay, rclient, "scripts.bench.digest_naive",
+                                                "digest_naive", drive_baseline)
+            bn = bc.get("sent", 0)
+            base = {"n": base_n, "sent": bn, "seconds": bt, "rate": bn / bt, "cpu": bcpu,
+                    "per": cpu_per_digest_ms(bcpu, bn)}
+            print(f"  delay {delay:>4.0f} ms  baseline: {bn:>6} sent in {bt:6.2f} s = {base['rate']:8.0f} digests/s "
+                  f"(sink got {breceived}); {cpu_text(bcpu, base['per'])}")
+        record_delay(delay, ours, base)
+        summary.append((delay, ours, base))
     print("\nsummary (digests/s end to end, scheduler tick -> all runs sent; CPU = workers + postgres + sink)")
-    for delay, ours, base, ours_cpu, base_cpu in summary:
-        print(f"  {delay:>4.0f} ms per message: ours {ours:7.0f}/s   naive baseline {base:6.0f}/s   "
-              f"speed-up {ours / base if base else float('inf'):5.1f}x   "
-              f"CPU/digest {ours_cpu / 1000:.2f} ms vs {base_cpu / 1000:.2f} ms")
+    for delay, ours, base in summary:
+        ours_cpu = sum(ours["per"].values())
+        if base is None:
+            print(f"  {delay:>4.0f} ms per message: ours {ours['rate']:7.0f}/s   CPU/digest {ours_cpu:.2f} ms")
+            continue
+        base_cpu = sum(base["per"].values())
+        print(f"  {delay:>4.0f} ms per message: ours {ours['rate']:7.0f}/s   naive baseline {base['rate']:6.0f}/s   "
+              f"speed-up {ours['rate'] / base['rate'] if base['rate'] else float('inf'):5.1f}x   "
+              f"CPU/digest {ours_cpu:.2f} ms vs {base_cpu:.2f} ms")
     print(f"  load average after: {os.getloadavg()[0]:.1f}")
     rclient.flushdb()
     return 0

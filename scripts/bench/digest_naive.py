@@ -8,6 +8,7 @@ so the difference measured is the sending architecture.
 from __future__ import annotations
 
 import smtplib
+from datetime import datetime, timezone
 from email.message import EmailMessage
 from email.policy import SMTP
 from urllib.parse import urlparse
@@ -16,9 +17,10 @@ import chevron
 import dramatiq
 
 import actors  # noqa: F401  (broker first, then this module's actor binds to it)
-from app import config, db, mail, tokens
+from app import categories, config, db, mail, tokens
 from digest import claim as digest_claim
 from digest import context as digest_context
+from digest import details as digest_details
 from digest import group as digest_group
 from digest import load as digest_load
 from digest import render as digest_render
@@ -45,10 +47,13 @@ def naive_send_digest(run_id: int) -> None:
     run = runs[0]
     with db.transaction(conn) as cur:
         events = digest_load.load_unsent(cur, [run.subscriber_id])[run.subscriber_id]
-        digest = digest_group.build(events, settings.digest_max_items)
-        payloads = digest_load.load_payloads(cur, [g.latest_event_id for g in digest.groups])
+        digest = digest_group.build(events, settings.digest_max_items, recipient=run.user_id)
+        digest_details.resolve(cur, [digest])
+        registry = categories.registry(cur)
     unsubscribe_url = tokens.unsubscribe_url(run.subscriber_id, run.token_version)
-    ctx = digest_context.build(digest, payloads, cadence=run.cadence, name=run.name, unsubscribe_url=unsubscribe_url,
+    ctx = digest_context.build(digest, categories=registry, cadence=run.cadence, name=run.name,
+                               timezone=run.timezone, now=datetime.now(timezone.utc),
+                               last_digest_at=run.last_digest_at, unsubscribe_url=unsubscribe_url,
                                preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version))
     subject, html, text = _naive_render(ctx)
     msg = EmailMessage(policy=SMTP)

@@ -33,6 +33,7 @@ import psycopg2  # noqa: E402
 import psycopg2.extras  # noqa: E402
 
 from app import config, ingest, migrate  # noqa: E402
+from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
 BASE = "postgresql://127.0.0.1"
@@ -122,6 +123,9 @@ def main() -> int:
     for variant, values in times.items():
         values.sort()
         print(f"  {variant:<9} median {statistics.median(values):6.1f} us   p25 {values[len(values) // 4]:6.1f} us")
+    record("stored event, database time", "partitioned + key trigger", statistics.median(times["after"]), "us",
+           baseline=statistics.median(times["before"]), baseline_label="plain table, unique key (before 0520)",
+           higher_is_better=False, group_commit=args.events, rounds=args.rounds)
     return 0
 
 

@@ -25,6 +25,7 @@ os.environ.setdefault("APP_ENV", "development")
 from psycopg2.pool import ThreadedConnectionPool  # noqa: E402
 
 from app import config, db, ingest, migrate  # noqa: E402
+from scripts.bench.shared import record  # noqa: E402
 
 
 def parse_args():
@@ -90,6 +91,11 @@ def main() -> None:
             print(f"  {size:>3}-event requests, {threads:>2} callers, {name:<5}: "
                   f"{results[name][0]:>9,.0f} requests/s {results[name][1]:>10,.0f} events/s")
         print(f"  ratio ours/plain at {size}-event requests: {results['ours'][1] / results['plain'][1]:.1f}x")
+        record("group-commit writer (in process, no HTTP)", f"events/s, {size}-event requests, {threads} callers",
+               results["ours"][1], "events/s", baseline=results["plain"][1],
+               baseline_label="execute_values + commit per request on a pool", events_per_request=size,
+               callers=threads, seconds=args.seconds, requests_per_s=round(results["ours"][0], 1),
+               baseline_requests_per_s=round(results["plain"][0], 1))
     pool.closeall()
 
 

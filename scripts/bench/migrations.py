@@ -14,8 +14,8 @@ conversion. Measured:
       app.migrate is shown too
   (c) 0004-0420 pending while a transaction holds subscribers open for --hold seconds and a writer
       keeps updating subscribers: when the migration finished, and how long the writer was stalled
-      behind the migrator's queued ACCESS EXCLUSIVE request (ours at the shipped 5s lock_timeout
-      and at 200ms; yoyo as shipped and with lock_timeout set through the URL, its only knob)
+      behind the migrator's queued ACCESS EXCLUSIVE request (ours at the shipped 200ms lock_timeout
+      and at 5s; yoyo as shipped and with lock_timeout set through the URL, its only knob)
   (d) two migrator processes started at once on an empty database
   (e) a migrator killed (SIGKILL, e.g. a deploy timeout) while waiting for that lock, then rerun
   (f) a CREATE UNIQUE INDEX CONCURRENTLY that failed on duplicates, data fixed, run again
@@ -46,12 +46,15 @@ import psycopg2  # noqa: E402
 from yoyo import get_backend, read_migrations  # noqa: E402
 
 from app import config, migrate  # noqa: E402
+from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
 BASE = "postgresql://localhost"
 PREFIX = "notify_bench_migrate_"
 YOYO_NO_TX = "-- transactional: false\n"
 HEAD = ("0001", "0002", "0003")   # applied before (c) and (e); 0004 alters subscribers
+BENCH = "migration runner"
+YOYO = "yoyo-migrations"
 
 
 class _Retries(logging.Handler):
@@ -153,7 +156,8 @@ def cli(tool: str, url: str, directory: Path) -> list[str]:
 
 
 def cli_env(url: str) -> dict:
-    return {**os.environ, "APP_ENV": "development", "DATABASE_URL": url, "LOG_LEVEL": "WARNING"}
+    return {**os.environ, "APP_ENV": "development", "DATABASE_URL": url, "MIGRATION_DATABASE_URL": url,
+            "LOG_LEVEL": "WARNING"}
 
 
 def applied_count(tool: str, url: str) -> int:
@@ -217,6 +221,20 @@ def lock_wait(url: str, apply, hold: float) -> dict:
     result["blocked"] = sum(lat for lat in window if lat > 0.05)
     result["retries"] = _Retries.count
     return result
+
+
+def record_held(held: dict, hold: float) -> None:
+    """(c) for BENCHMARKS.md: ours beside yoyo at the same lock_timeout (5s), and each as shipped."""
+    pairs = (("ours, lock_timeout 5s", "yoyo, ?options=-c lock_timeout=5s", "lock_timeout 5s"),
+             ("ours, lock_timeout 200ms (shipped)", "yoyo (no lock_timeout)", "lock_timeout 200ms (shipped)"))
+    for ours_key, yoyo_key, which in pairs:
+        o, y = held[ours_key], held[yoyo_key]
+        details = {"hold_s": hold, "outcome": o["outcome"], "baseline_outcome": y["outcome"]}
+        for figure, key in (("migration done after", "done"), ("writer's longest stall", "stall"),
+                            ("writer blocked in total", "blocked")):
+            record(f"{BENCH}, 0004+ pending behind a transaction holding subscribers",
+                   f"{figure}, ours {which}", o[key], "s", baseline=y[key], baseline_label=yoyo_key,
+                   higher_is_better=False, **details)
 
 
 # -- (e) a migrator killed while it waits, then started again ---------------------------------------
@@ -334,17 +352,28 @@ def main() -> None:
               f"{ms(med(noop_cli['yoyo'])):>10}")
         print(f"  {'(b) no-op run, process importing only the runner':<52} {ms(med(noop_runner)):>10} "
               f"{ms(med(noop_cli['yoyo'])):>10}")
+        sizes = {"files": len(files), "repeat": args.repeat}
+        for figure, ours_s, yoyo_s, label in (
+                ("full set on an empty database, in process (median)", full["ours"], full["yoyo"], YOYO),
+                ("no-op run, in process (median)", noop["ours"], noop["yoyo"], YOYO),
+                ("no-op run, CLI process, start-up included (median)", noop_cli["ours"], noop_cli["yoyo"],
+                 f"{YOYO} (`yoyo apply --batch`)"),
+                ("no-op run, process importing only the runner (median)", noop_runner, noop_cli["yoyo"],
+                 f"{YOYO} (`yoyo apply --batch`)")):
+            record(BENCH, figure, med(ours_s) * 1000, "ms", baseline=med(yoyo_s) * 1000, baseline_label=label,
+                   higher_is_better=False, **sizes)
 
         # (c) a long transaction holds subscribers while 0004-0420 are pending
         print(f"\n  (c) 0004-0420 pending, a transaction holds subscribers for {args.hold:.0f} s, "
               "a writer updates subscribers meanwhile")
         print(f"  {'runner':<34} {'outcome':<40} {'done at':>8} {'longest stall':>14} {'writer blocked':>15}")
         variants = [
-            ("ours, lock_timeout 5s (shipped)", "ours", "5s", ""),
-            ("ours, lock_timeout 200ms", "ours", "200ms", ""),
+            ("ours, lock_timeout 5s", "ours", "5s", ""),
+            ("ours, lock_timeout 200ms (shipped)", "ours", "200ms", ""),
             ("yoyo (no lock_timeout)", "yoyo", None, ""),
             ("yoyo, ?options=-c lock_timeout=5s", "yoyo", None, "?options=-c%20lock_timeout%3D5s"),
         ]
+        held = {}
         for k, (label, tool, timeout, query) in enumerate(variants):
             url = db(f"{tool}_c{k}")
             runners[tool](url, dirs[f"{tool}_head"])
@@ -357,9 +386,12 @@ def main() -> None:
                 outcome = r["outcome"] + (", rerun needed" if r["outcome"] != "applied" else "")
             print(f"  {label:<34} {outcome:<40} {r['done']:>6.1f} s {r['stall']:>12.2f} s "
                   f"{r['blocked']:>13.1f} s")
+            held[label] = {**r, "outcome": outcome}
+        record_held(held, args.hold)
 
         # (d) two migrators at once; (e) killed while waiting, then rerun; (f) failed concurrent index
         print("\n  (d) two migrator processes (the CLIs) started at once on an empty database")
+        both = {}
         for tool in ("ours", "yoyo"):
             url = db(f"{tool}_d")
             started = time.perf_counter()
@@ -369,10 +401,17 @@ def main() -> None:
             elapsed = time.perf_counter() - started
             rcs = [proc.returncode for proc in procs]
             errors = [(err.strip().splitlines() or [""])[-1] for (_, err), rc in zip(outs, rcs) if rc]
-            print(f"  {tool:<5} exit codes {rcs}, {applied_count(tool, url)}/{len(files)} recorded once each, "
+            recorded = applied_count(tool, url)
+            print(f"  {tool:<5} exit codes {rcs}, {recorded}/{len(files)} recorded once each, "
                   f"{elapsed:.2f} s" + (f"; {errors[0][:90]}" if errors else ""))
+            both[tool] = {"seconds": elapsed, "exit_codes": rcs, "recorded": f"{recorded}/{len(files)}",
+                          "error": errors[0][:200] if errors else ""}
+        record(BENCH, "two migrator CLIs at once on an empty database, until both exit", both["ours"]["seconds"], "s",
+               baseline=both["yoyo"]["seconds"], baseline_label=YOYO, higher_is_better=False,
+               **{f"{k}_{tool}": v for tool, r in both.items() for k, v in r.items() if k != "seconds"})
 
         print("\n  (e) migrator SIGKILLed while waiting for the lock on subscribers, then started again")
+        rerun = {}
         for tool in ("ours", "yoyo"):
             url = db(f"{tool}_e")
             runners[tool](url, dirs[f"{tool}_head"])
@@ -380,11 +419,23 @@ def main() -> None:
             state = f"{applied_count(tool, url)}/{len(files)} applied"
             print(f"  {tool:<5} rerun exit {rc} after {elapsed:.1f} s, {state}"
                   + (f"; {last[:100]}" if rc else ""))
+            rerun[tool] = {"done": float(rc == 0 and applied_count(tool, url) == len(files)),
+                           "seconds": round(elapsed, 2), "exit_code": rc, "state": state,
+                           "error": last[:200] if rc else ""}
+        record(BENCH, "rerun after a SIGKILL while waiting for a lock applies everything (1 = yes)",
+               rerun["ours"]["done"], "yes/no", baseline=rerun["yoyo"]["done"], baseline_label=YOYO,
+               **{f"{k}_{tool}": v for tool, r in rerun.items() for k, v in r.items() if k != "done"})
 
         print("\n  (f) CREATE UNIQUE INDEX CONCURRENTLY failed on duplicates, data fixed, run again")
+        fixed = {}
         for tool in ("ours", "yoyo"):
             url = db(f"{tool}_f")
-            print(f"  {tool:<5} " + failed_index_then_rerun(lambda: runners[tool](url, dirs[f"{tool}_idx"]), url, tool))
+            fixed[tool] = failed_index_then_rerun(lambda: runners[tool](url, dirs[f"{tool}_idx"]), url, tool)
+            print(f"  {tool:<5} " + fixed[tool])
+        enforced = {tool: float(text.endswith("unique enforced")) for tool, text in fixed.items()}
+        record(BENCH, "failed CREATE UNIQUE INDEX CONCURRENTLY, data fixed, rerun: unique enforced (1 = yes)",
+               enforced["ours"], "yes/no", baseline=enforced["yoyo"], baseline_label=YOYO,
+               outcome_ours=fixed["ours"], outcome_yoyo=fixed["yoyo"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         drop_all(used)

@@ -22,17 +22,17 @@ def naive_send_one(newsletter_id: int, row_id: int) -> None:
     subject, html, text, from_addr = store.run(
         "SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,))[0]
     compiled = template.compiled_for(newsletter_id, subject, html, text)
-    rows = store.run(CLAIM_ONE, {"nl": newsletter_id, "limit": 1, "row": row_id})
-    if not rows:
+    claimed = store.run(CLAIM_ONE, {"nl": newsletter_id, "limit": 1, "row": row_id, "after": 0})
+    if not claimed:
         return
-    row_id, status, attempts, sub_id, email, name, user_id, token_version, opt_out = rows[0]
+    row_id, status, attempts, sub_id, email, name, user_id, token_version, opt_out = claimed[0]
     if status != "sending":
         return
     mail = sender._render(newsletter_id, row_id, sub_id, email, name, user_id, token_version, opt_out, compiled,
                           LinkRewriter("newsletter", newsletter_id), from_addr, settings)
     result = get_provider().send_batch([mail])[0]
     store.execute_values(rows.MARK, [(row_id, "sent" if result.ok else "failed", result.message_id,
-                                            result.error, None, 0)], rows.MARK_TEMPLATE)
+                                      result.error, None, 0)], rows.MARK_TEMPLATE)
 
 
 def enqueue(newsletter_id: int) -> int:

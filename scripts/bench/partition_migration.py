@@ -39,6 +39,7 @@ os.environ.setdefault("APP_ENV", "development")
 import psycopg2  # noqa: E402
 
 from app import config, groupcommit, ingest, migrate  # noqa: E402
+from scripts.bench.shared import record  # noqa: E402
 from tracking import recorder, webhook_store  # noqa: E402
 
 config.reload()
@@ -324,6 +325,13 @@ def main() -> int:
     ok = not writers.errors and lost == 0 and events == distinct and writers.duplicates == writers.resent \
         and keys == matching == events
     print("OK" if ok else "FAILED")
+    bench = f"partition conversion, {args.rows:,} events, writes going on"
+    during, before = writers.waits["during"], writers.waits["before"]
+    record(bench, "writer commit wait p99 during the conversion", pct(during, .99) * 1000, "ms",
+           baseline=pct(before, .99) * 1000, baseline_label="the same writers before it", higher_is_better=False,
+           target="no write refused or lost; no writer stalled past MIGRATION_LOCK_TIMEOUT", met=ok and
+           sampler.longest <= 0.25, longest_lock_wait_ms=round(sampler.longest * 1000), conversion_s=round(took, 1),
+           errors=len(writers.errors), lost=lost)
     drop(url)
     return 0 if ok else 1
 

@@ -54,7 +54,6 @@ PEER_REQUIREMENTS = ["django-post-office>=3,<4", "psycopg2-binary"]
 PEER_BATCH_SIZE = 1000
 PEER_THREADS = 5
 PEER_PROCESSES = 2
-OUR_PROCESSES = 2
 SUBJECT = "Weekly letter for {{name}}"
 LOG_DIR = ROOT / ".var" / "bench"
 
@@ -71,7 +70,15 @@ def parse_args():
                    help="the peer's own venv (created if missing, reused otherwise)")
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--skip-ours", action="store_true")
+    p.add_argument("--worker-processes", type=int, default=2,
+                   help="ours: WORKER_PROCESSES of the Procfile worker (the peer keeps --processes 2)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="ours: a setting other than its default (scripts/bench/knobs.py sweeps them)")
+    p.add_argument("--label", default="", help="names this run in the report (BENCH_RESULTS)")
     args = p.parse_args()
+    for item in args.set:
+        if "=" not in item:
+            p.error(f"--set {item!r}: expected NAME=VALUE")
     for url in (args.peer_database_url, args.database_url, args.redis_url):
         if urlparse(url).hostname not in ("127.0.0.1", "localhost"):
             p.error("the benchmark runs against loopback services only")
@@ -89,7 +96,7 @@ ARGS = parse_args()
 
 from scripts.bench.loadgen import free_port, start_server  # noqa: E402
 from scripts.bench.shared import (HTML, TEXT, PostgresCPU, cpu_delta, cpu_seconds, group_cpu,  # noqa: E402
-                                  seed_subscribers, stop_group, wait_heartbeats)
+                                  peak_rss_mb, record, seed_subscribers, stop_group, wait_heartbeats)
 
 SINK_PORT = free_port()
 
@@ -371,7 +378,8 @@ def our_env() -> dict:
         env.pop(name, None)
     env.update(APP_ENV="development", DATABASE_URL=ARGS.database_url, REDIS_URL=ARGS.redis_url,
                MAIL_PROVIDER="smtp", SMTP_URL=f"smtp://127.0.0.1:{SINK_PORT}", LOG_LEVEL="WARNING",
-               WORKER_PROCESSES=str(OUR_PROCESSES), PYTHONPATH=str(ROOT))
+               WORKER_PROCESSES=str(ARGS.worker_processes), PYTHONPATH=str(ROOT))
+    env.update(item.split("=", 1) for item in ARGS.set)
     return env
 
 
@@ -423,7 +431,7 @@ def run_ours(n: int) -> dict:
         with open(worker_log, "w") as out:
             worker = subprocess.Popen(worker_cmd, cwd=ROOT, env=env, start_new_session=True, stdout=out,
                                       stderr=subprocess.STDOUT)
-        wait_heartbeats(ARGS.redis_url, OUR_PROCESSES, worker)
+        wait_heartbeats(ARGS.redis_url, ARGS.worker_processes, worker)
         newsletter_id = api(port, key, "POST", "/v1/newsletters", {"subject": SUBJECT, "html": HTML, "text": TEXT})["id"]
 
         workers0, web0, sink0, redis0 = group_cpu(worker.pid), cpu_seconds(web.pid), sink.cpu(), cpu_seconds(redis_pid)
@@ -441,6 +449,7 @@ def run_ours(n: int) -> dict:
                     break
                 time.sleep(0.05)
         finished = time.monotonic()
+        rss_mb, _ = peak_rss_mb(worker.pid)
         cpu = {"app": cpu_delta(workers0, group_cpu(worker.pid)) + cpu_seconds(web.pid) - web0,
                "postgres": 0.0, "sink": sink.cpu() - sink0, "redis": cpu_seconds(redis_pid) - redis0}
         pg = postgres.stop()
@@ -466,14 +475,43 @@ def run_ours(n: int) -> dict:
             f"worker log: {worker_log}")
     threads = worker_cmd[worker_cmd.index("--threads") + 1] if "--threads" in worker_cmd else "?"
     return {"label": "ours", "to_sink": (sink.reached_at or finished) - started, "to_done": finished - started,
-            "cpu": cpu, "others_active_ms": pg["others_active_ms"], "sink": stats, "ok": ok,
-            "describe": f"dramatiq actors --processes {OUR_PROCESSES} --threads {threads} (Procfile), "
+            "cpu": cpu, "others_active_ms": pg["others_active_ms"], "sink": stats, "ok": ok, "rss_mb": rss_mb,
+            "describe": f"dramatiq actors --processes {ARGS.worker_processes} --threads {threads} (Procfile), "
                         f"SEND_BATCH_SIZE {settings.send_batch_size}, SMTP_POOL_SIZE {settings.smtp_pool_size}, "
                         f"NEWSLETTER_SEND_CHAINS {settings.newsletter_send_chains}, "
                         f"tracking {'on' if settings.tracking else 'off'}, List-Unsubscribe on"}
 
 
 # -- report
+
+
+def record_results(results: dict, n: int) -> None:
+    """The figures for BENCHMARKS.md (scripts/bench/report.py)."""
+    delay = f"{ARGS.smtp_delay_ms:g} ms"
+    label = ARGS.label or f"newsletter over SMTP, {n:,} mails, relay {delay}"
+    o, p = results.get("ours"), results.get("peer")
+    cpu_ms = {k: sum(r["cpu"].values()) / n * 1000 for k, r in results.items()}
+    if o and p:
+        speed = p["to_sink"] / o["to_sink"]
+        record(label, "mails/s", n / o["to_sink"], "mails/s", baseline=n / p["to_sink"],
+               baseline_label="django-post-office (peer)", target="ours >= 2x the peer",
+               met=speed >= 2.0 and o["ok"] and p["ok"], delay_ms=ARGS.smtp_delay_ms, recipients=n,
+               processes=ARGS.worker_processes, settings=ARGS.set)
+        record(label, "CPU per mail (app + postgres + sink + redis)", cpu_ms["ours"], "ms",
+               baseline=cpu_ms["peer"], baseline_label="django-post-office (peer)", higher_is_better=False)
+        record(label, "bytes per mail (message)", o["sink"].get("message_bytes", 0) / n, "bytes",
+               baseline=p["sink"].get("message_bytes", 0) / n, baseline_label="django-post-office (peer)",
+               higher_is_better=False)
+    elif o:
+        minutes = o["to_done"] / 60
+        target = "1M recipients <= 15 min on 2 cores (stretch 10)" if n >= 1_000_000 else ""
+        record(label, "mails/s", n / o["to_sink"], "mails/s", target=target,
+               met=(minutes <= 15 and o["ok"]) if target else o["ok"], delay_ms=ARGS.smtp_delay_ms, recipients=n,
+               processes=ARGS.worker_processes, settings=ARGS.set, cpu=o["cpu"])
+        record(label, "wall time, send request -> done", o["to_done"], "s", higher_is_better=False,
+               target=target, met=(minutes <= 15 and o["ok"]) if target else None)
+        record(label, "worker peak RSS", o["rss_mb"], "MB", higher_is_better=False)
+        record(label, "CPU per mail (app + postgres + sink + redis)", cpu_ms["ours"], "ms", higher_is_better=False)
 
 
 def row(label: str, r: dict, n: int) -> str:
@@ -511,7 +549,9 @@ def main() -> int:
               f"BATCH_SIZE {PEER_BATCH_SIZE}, THREADS_PER_PROCESS {PEER_THREADS}; queued by send_many beforehand "
               f"({p['queue_seconds']:.1f} s, not in the figures)")
     if "ours" in results:
-        print(f"  ours: {results['ours']['describe']}; POST /v1/newsletters/{{id}}/send, outbox built in the window")
+        o = results["ours"]
+        print(f"  ours: {o['describe']}; POST /v1/newsletters/{{id}}/send, outbox built in the window; "
+              f"worker peak RSS {o['rss_mb']:.0f} MB (VmHWM, largest worker process)")
     print(f"{'':<12}| {'mails/s':>8} | {'to sink':>9} | {'to done':>8} | CPU ms per mail: {'':>22}| bytes per mail:  | once")
     print(f"{'':<12}| {'':>8} | {'':>9} | {'':>8} | {'app':>6} | {'postgres':>8} | {'sink':>5} | {'redis':>5} | "
           f"{'total':>6} | {'message':>7} | {'wire':>6} |")
@@ -528,6 +568,7 @@ def main() -> int:
         met = speed >= 2.0 and p["ok"] and o["ok"]
         print(f"target: ours >= 2x the peer's mails/s at default settings: {'met' if met else 'NOT met'} "
               f"({speed:.2f}x; CPU per mail ours/peer {cpu_ratio:.2f}, lower is better)")
+    record_results(results, n)
     print("mails/s = N / time to the sink's N-th message; 'to done' = until send_queued_mail exited / the newsletter "
           "is done, the CPU window (see the module docstring for what each CPU column counts)")
     noisy = {k: r["others_active_ms"] for k, r in results.items() if r["others_active_ms"] > 0}

@@ -24,6 +24,7 @@ import chevron  # noqa: E402
 
 from app import config  # noqa: E402
 from digest import context, group, render  # noqa: E402
+from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
 NAMES = ("subject.txt", "digest.html", "digest.txt")
@@ -35,10 +36,11 @@ def digest_context() -> dict:
     events = [group.Event(j, ("like", "comment", "follow")[j % 3], "post", f"post-{j % 6}", f"actor-{j % 8}",
                           actors[j % 8], now - timedelta(minutes=j)) for j in range(20)]
     d = group.build(events, 50)
-    payloads = {g.latest_event_id: {"title": f"Post {g.entity_id}", "url": "https://example.test/p/1"}
-                for g in d.groups}
-    ctx = context.build(d, payloads, cadence="daily", name="Bench User",
-                        unsubscribe_url="https://example.test/u/T", preferences_url="https://example.test/p/T")
+    for g in d.groups:
+        g.title, g.url = f"Post {g.entity_id}", "https://example.test/p/1"
+    ctx = context.build(d, categories={}, cadence="daily", name="Bench User", timezone="UTC", now=now,
+                        last_digest_at=now - timedelta(days=1), unsubscribe_url="https://example.test/u/T",
+                        preferences_url="https://example.test/p/T")
     return {**ctx, "subject": "Your daily digest"}
 
 
@@ -55,9 +57,14 @@ def main() -> int:
     raw = [(render.DEFAULT_DIR / name).read_text() for name in NAMES]
     ways["chevron source"] = lambda: [chevron.render(text, ctx) for text in raw]   # premailer not applied
     print("digest render, 20 events, subject + HTML + text (us per digest):")
+    runs = 500
+    us = {}
     for name, fn in ways.items():
-        runs = 500
-        print(f"  {name:<15} {timeit.timeit(fn, number=runs) / runs * 1e6:7.0f}")
+        us[name] = timeit.timeit(fn, number=runs) / runs * 1e6
+        print(f"  {name:<15} {us[name]:7.0f}")
+    record("digest render (20 events; subject + HTML + text)", "render time per digest", us["compiled"], "µs",
+           baseline=us["chevron tokens"], baseline_label="chevron.render over cached tokens",
+           higher_is_better=False, chevron_source_us=round(us["chevron source"], 1), runs=runs)
     return 0
 
 

@@ -6,6 +6,7 @@ Nothing here imports app/ at module level: the benchmarks set DATABASE_URL and f
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,25 @@ import time
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+RESULTS_ENV = "BENCH_RESULTS"   # scripts/bench/report.py sets it: every figure also goes there as one JSON line
+
+
+def record(bench: str, figure: str, value: float, unit: str, *, baseline: float | None = None,
+           baseline_label: str = "", target: str = "", met: bool | None = None, higher_is_better: bool = True,
+           **details) -> None:
+    """One figure for the report (BENCHMARKS.md): what, how much, beside which baseline or peer measured
+    in the same run, and the target it answers to. A no-op when the script runs on its own."""
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        return
+    ratio = None
+    if baseline:
+        ratio = value / baseline if higher_is_better else baseline / value if value else None
+    line = {"bench": bench, "figure": figure, "value": value, "unit": unit, "baseline": baseline,
+            "baseline_label": baseline_label, "ratio": ratio, "target": target, "met": met,
+            "higher_is_better": higher_is_better, "details": details}
+    with open(path, "a") as out:
+        out.write(json.dumps(line, default=str) + "\n")
 
 # ~1 KB of HTML, personalised four times ({{name}}, {{email}}, both links).
 HTML = """<html><head><style>
@@ -138,6 +158,20 @@ def group_cpu(pgid: int) -> dict[int, float]:
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU used between two group_cpu() snapshots by processes alive at the second one."""
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def peak_rss_mb(pgid: int) -> tuple[float, float]:
+    """(max VmHWM over the worker processes, VmHWM of the dramatiq parent) in MB."""
+    peaks = {}
+    for pid in group_pids(pgid):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks[pid] = int(line.split()[1]) / 1024
+        except FileNotFoundError:
+            pass
+    workers = [v for pid, v in peaks.items() if pid != pgid]
+    return (max(workers) if workers else 0.0), peaks.get(pgid, 0.0)
 
 
 def stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:

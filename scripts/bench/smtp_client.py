@@ -34,6 +34,7 @@ args = p.parse_args()
 from app import config, mail  # noqa: E402
 from app.providers.base import OutgoingMail  # noqa: E402
 from app.providers.smtp import SMTPProvider  # noqa: E402
+from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
 URL = f"smtp://127.0.0.1:{args.port}"
@@ -88,9 +89,10 @@ def main() -> int:
             sys.exit("sink did not start")
         print(f"smtp client bench: {args.mails} mails over {args.connections} connections, sink delay "
               f"{args.delay_ms:.0f} ms; client CPU per mail (mail building included for every client)")
+        results = {}
         for name, use_async in (("ours", True), ("smtplib", False)):
             prov = provider(use_async)
-            cpu, rate = measure(lambda: send_with(prov))
+            results[name] = cpu, rate = measure(lambda: send_with(prov))
             prov.close()
             print(f"  {name:<11} {cpu:6.0f} us CPU/mail  {rate:8.0f} mails/s")
         try:
@@ -98,11 +100,23 @@ def main() -> int:
         except ImportError:
             print("  aiosmtplib  not installed (pip install aiosmtplib to compare)")
         else:
-            cpu, rate = measure(send)
+            results["aiosmtplib"] = cpu, rate = measure(send)
             print(f"  {'aiosmtplib':<11} {cpu:6.0f} us CPU/mail  {rate:8.0f} mails/s")
     finally:
         sink.terminate()
+    record_results(results)
     return 0
+
+
+def record_results(results: dict) -> None:
+    """The figures for BENCHMARKS.md (scripts/bench/report.py); aiosmtplib, when installed, in the details."""
+    bench = f"SMTP client, relay {args.delay_ms:g} ms"
+    peer = results.get("aiosmtplib")
+    for figure, col, unit, higher in (("client CPU per mail", 0, "µs", False), ("mails/s", 1, "mails/s", True)):
+        record(bench, figure, results["ours"][col], unit, baseline=results["smtplib"][col],
+               baseline_label="smtplib, a thread per connection", higher_is_better=higher, mails=args.mails,
+               connections=args.connections, delay_ms=args.delay_ms,
+               aiosmtplib=round(peer[col], 1) if peer else "not installed")
 
 
 if __name__ == "__main__":

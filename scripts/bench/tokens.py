@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("APP_ENV", "development")
 
 from app import config, tokens  # noqa: E402
+from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
 N = 20_000
@@ -47,6 +48,12 @@ def main() -> None:
     print(f"{'signer':<34} {'make µs':>9} {'verify µs':>10} {'length':>7}")
     for name, make, verify, length in rows:
         print(f"{name:<34} {make:>9.1f} {verify:>10.1f} {length:>7}")
+    ours, peer = rows[0], (rows[1] if len(rows) > 1 else None)
+    for figure, col in (("make, per token", 1), ("verify, per token", 2)):
+        record("subscriber link tokens", figure, ours[col], "µs", baseline=peer[col] if peer else None,
+               baseline_label="itsdangerous URLSafeSerializer" if peer else "", higher_is_better=False,
+               calls=N, token_length=ours[3], peer=("itsdangerous" if peer else "itsdangerous not installed"),
+               **({"peer_token_length": peer[3]} if peer else {}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,25 @@
+"""The one URL policy for links and images a producer puts in our mail (event `entity_url`,
+`actor_avatar_url`, the same keys in `payload`): absolute http(s) only. The API refuses anything
+else in the documented fields (422 naming the field); the digest drops it from payloads (never
+rendered, never a link)."""
+from __future__ import annotations
+
+import re
+
+MAX_URL = 2000
+# An absolute http(s) URL with a host, and nothing that could leave a quoted attribute or a line:
+# no whitespace, quotes, angle brackets or control characters. The same pattern documents and
+# checks the API fields (app/ingest.py), so the schema and the check cannot disagree.
+PATTERN = ("^[Hh][Tt][Tt][Pp][Ss]?://[^\\s\"<>/?#@:\\u0000-\\u001f\\u007f]"
+           "[^\\s\"<>\\u0000-\\u001f\\u007f]*$")
+RULE = "must be an absolute http(s) URL (at most 2000 characters, no spaces or quotes)"
+_URL = re.compile(PATTERN)
+
+
+def http_url(value) -> str:
+    """The URL (stripped) if it is an absolute http(s) URL we may render, else "" (javascript:,
+    data:, relative paths, protocol-relative //host, no host, non-strings, over MAX_URL characters)."""
+    if not isinstance(value, str) or len(value) > MAX_URL:
+        return ""
+    value = value.strip()
+    return value if _URL.fullmatch(value) else ""

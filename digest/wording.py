@@ -1,0 +1,120 @@
+"""The words of a digest: actor lists, one line per category, relative times in the subscriber's
+zone, "since Tuesday", and the subject. Pure functions (English), tested in tests/test_digest_logic.py.
+"""
+from __future__ import annotations
+
+from datetime import datetime, tzinfo
+
+from app.categories import Category
+
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+# Inside an entity's block the title is the heading, so "commented on" reads "Gus commented".
+_TRAILING_PREPOSITIONS = frozenset({"on", "to", "in", "at", "for", "with", "about", "of", "from", "into", "onto"})
+
+
+def actors_text(names: list[str], shown: int = 2) -> str:
+    """"Ana", "Ana and Bo", "Ana, Bo and Cy", "Ana, Bo and 3 others"."""
+    if not names:
+        return ""
+    if len(names) == 1:
+        return names[0]
+    if len(names) <= shown + 1:
+        return f"{', '.join(names[:-1])} and {names[-1]}"
+    rest = len(names) - shown
+    return f"{', '.join(names[:shown])} and {rest} other{'s' if rest != 1 else ''}"
+
+
+def block_verb(verb: str) -> str:
+    """The verb inside an entity's block: "commented on" -> "commented", "mentioned you in" ->
+    "mentioned you", "liked" -> "liked"."""
+    words = verb.split()
+    if len(words) > 1 and words[-1].lower() in _TRAILING_PREPOSITIONS:
+        words = words[:-1]
+    return " ".join(words)
+
+
+def line_text(category: Category, actors: list[str], count: int) -> str:
+    """One category of one entity:
+    with a verb      "Eli, Bo and 3 others followed", "Gus commented 4 times"
+    without a verb   "Likes from Eli and Bo", "Comments from Gus (4)"
+    nobody named     "Likes (3)"."""
+    if not actors:
+        return f"{category.label} ({count})"
+    who = actors_text(actors)
+    extra = count - len(actors)
+    if category.verb:
+        return f"{who} {block_verb(category.verb)}" + (f" {count} times" if extra > 0 else "")
+    return f"{category.label} from {who}" + (f" ({count})" if extra > 0 else "")
+
+
+def headline(category: Category, actors: list[str], count: int, title: str) -> str:
+    """The top entity's top line, naming the entity: "Eli and 5 others followed Launch notes",
+    "Gus commented on Launch notes", "Likes from Eli on Launch notes", "Likes (3) on Launch notes"."""
+    if actors and category.verb:
+        return f"{actors_text(actors)} {category.verb} {title}"
+    if actors:
+        return f"{category.label} from {actors_text(actors)} on {title}"
+    return f"{category.label} ({count}) on {title}"
+
+
+def subject(top: str, more_entities: int) -> str:
+    """"Eli and 5 others followed Launch notes — and 8 more updates"."""
+    if more_entities <= 0:
+        return top
+    return f"{top} — and {more_entities} more update{'s' if more_entities != 1 else ''}"
+
+
+def _local(when: datetime, zone: tzinfo) -> datetime:
+    return when.astimezone(zone)
+
+
+def _day_month(local: datetime, now_local: datetime, long: bool) -> str:
+    month = MONTHS[local.month - 1] if long else MONTHS[local.month - 1][:3]
+    text = f"{local.day} {month}"
+    return text if local.year == now_local.year else f"{text} {local.year}"
+
+
+def relative_time(when: datetime, now: datetime, zone: tzinfo) -> str:
+    """When something happened, as the subscriber reads it: "just now", "5 min ago", "2 h ago",
+    then in their zone "yesterday 18:05", "Tuesday 09:12", "3 Mar", "3 Mar 2025"."""
+    seconds = (now - when).total_seconds()
+    if seconds < 60:
+        return "just now"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    if seconds < 12 * 3600:
+        return f"{int(seconds // 3600)} h ago"
+    local, now_local = _local(when, zone), _local(now, zone)
+    days = (now_local.date() - local.date()).days
+    clock = f"{local.hour:02d}:{local.minute:02d}"
+    if days <= 0:
+        return f"{int(seconds // 3600)} h ago"
+    if days == 1:
+        return f"yesterday {clock}"
+    if days < 7:
+        return f"{WEEKDAYS[local.weekday()]} {clock}"
+    return _day_month(local, now_local, long=False)
+
+
+def since(previous: datetime, now: datetime, zone: tzinfo) -> str:
+    """The range since the previous digest, in the subscriber's zone: "since 09:00", "since
+    yesterday", "since Tuesday", "since 3 March", "since 3 March 2025"."""
+    local, now_local = _local(previous, zone), _local(now, zone)
+    days = (now_local.date() - local.date()).days
+    if days <= 0:
+        return f"since {local.hour:02d}:{local.minute:02d}"
+    if days == 1:
+        return "since yesterday"
+    if days < 7:
+        return f"since {WEEKDAYS[local.weekday()]}"
+    return f"since {_day_month(local, now_local, long=True)}"
+
+
+def lead(total_events: int, previous: datetime | None, now: datetime, zone: tzinfo) -> str:
+    """"12 updates since Tuesday." / "Your first digest: 12 updates." (no previous digest)."""
+    updates = f"{total_events} update{'s' if total_events != 1 else ''}"
+    if previous is None:
+        return f"Your first digest: {updates}."
+    return f"{updates} {since(previous, now, zone)}."
