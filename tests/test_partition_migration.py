@@ -123,7 +123,7 @@ def test_conversion_is_online_while_writes_go_on(scratch_url, tmp_path, monkeypa
     holders = []
 
     def interleaved(kind):
-        def apply(conn, m):
+        def apply(conn, m, *rest):
             traffic.wait_batches(2)                      # writes committed between every two files
             if m.name == "partition_digest_events":
                 # A query still reading the table makes the swap wait: it gives up after
@@ -132,7 +132,7 @@ def test_conversion_is_online_while_writes_go_on(scratch_url, tmp_path, monkeypa
                 holder.cursor().execute("SELECT count(*) FROM digest_events")
                 holders.append(holder)
                 threading.Timer(1.0, holder.rollback).start()
-            real_apply[kind](conn, m)
+            real_apply[kind](conn, m, *rest)
         return apply
 
     monkeypatch.setattr(migrate, "_apply_transactional", interleaved("tx"))
