@@ -14,6 +14,7 @@ class ConfigError(RuntimeError):
 
 DEV_SECRET_KEY = "dev-insecure-secret-key-change-me"
 MIN_SECRET_KEY_LENGTH = 32
+MIN_RETENTION_DAYS = 7   # a weekly digest's events must outlive its week
 # Where the built-in key, unsigned webhooks and the mail viewer are allowed. Anything else
 # (production, staging, a typo) gets the production rules.
 DEVELOPMENT_ENVS = ("development", "test")
@@ -75,9 +76,16 @@ class Settings:
     ingest_group_wait_ms: float = setting(1.0, "group commit: how long the writer waits to gather more requests")
     ingest_group_max_events: int = setting(5000, "group commit: most events in one transaction")
     # -- migrations
-    migration_lock_timeout: str = setting("200ms", "lock_timeout of each migration statement: the longest a "
-                                                   "writer queues behind it (scripts/bench/migrations.py)")
+    migration_lock_timeout: str = setting("200ms", "lock_timeout of each migration statement, and of the "
+                                                   "scheduler's partition DDL: the longest a writer queues behind "
+                                                   "it (scripts/bench/migrations.py)")
     migration_retries: int = setting(10, "retries (with backoff) of a migration that hit the lock timeout")
+    # -- retention
+    retention_days: int = setting(90, "digest_events, webhook_events and email_link_history are partitioned by "
+                                      "month; a month goes whole (dropped, not DELETEd) once its newest row is older "
+                                      "than this, digest events never included in a digest counted first (README "
+                                      "\"Retention\"). 0 keeps everything; otherwise at least 7 (a weekly digest "
+                                      "must see its week)")
     # -- mail
     mail_provider: str = setting("file", "`smtp`, `sendgrid` or `file` (`make run` uses the dev SMTP sink)")
     mail_from: str = setting("Notify <notify@localhost>", "default sender: exactly one mailbox")
@@ -257,6 +265,10 @@ def load() -> Settings:
         env, values.get("sendgrid_webhook_public_key", ""))
     values["mail_postal_address"] = _postal_address(env, os.environ.get("MAIL_POSTAL_ADDRESS", ""))
     values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
+    retention = values.get("retention_days", Settings.retention_days)
+    if retention < 0 or 0 < retention < MIN_RETENTION_DAYS:
+        raise ConfigError(f"RETENTION_DAYS must be 0 (keep everything) or at least {MIN_RETENTION_DAYS}, "
+                          f"got {retention}")
     return Settings(**values)
 
 

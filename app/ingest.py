@@ -138,10 +138,13 @@ class Result:
     duplicates: int
 
 
+# A row whose (source, producer_id) is taken is skipped by the table's trigger (the key lives in
+# digest_event_keys, migration 0520), so RETURNING lists the stored rows only. No ON CONFLICT: on
+# the partitioned table it would cost a speculative insertion per row and could never fire.
 INSERT_SQL = (
     "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
     "actor_id, actor_name, payload, occurred_at) VALUES %s "
-    "ON CONFLICT (source, producer_id) DO NOTHING RETURNING source, producer_id"
+    "RETURNING source, producer_id"
 )
 INSERT_TEMPLATE = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s::timestamptz, now()))"
 

@@ -74,6 +74,12 @@ PROVIDER_IN_FLIGHT = Gauge("notify_provider_calls_in_flight", "Provider deliver 
 WEBHOOK_EVENTS = Counter("notify_webhook_events", "SendGrid webhook events applied, by type", ["type"])
 TRACKING_HITS = Counter("notify_tracking_hits", "Clicks and opens by kind and by who: human or machine "
                                                 "(as classified at request time)", ["kind", "who"])
+# -- retention
+RETENTION_NEVER_USED = Counter("notify_retention_never_used", "Rows dropped by retention (RETENTION_DAYS) that were "
+                                                               "never used: digest_events never included in a digest, "
+                                                               "webhook_events never applied", ["table"])
+RETENTION_PARTITIONS = Counter("notify_retention_partitions_dropped", "Monthly partitions dropped by retention",
+                               ["table"])
 
 # Bound once: a click or open pays only the increment (labels() costs as much again on the hot path).
 _TRACKING_HIT = {(kind, machine): TRACKING_HITS.labels(kind, "machine" if machine else "human")
@@ -113,6 +119,15 @@ def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:
             DIGEST_RUNS.labels(state).inc(n)
     for seconds in lateness:
         DIGEST_LATENESS.observe(max(0.0, seconds))
+
+
+def retention_never_used(table: str, n: int) -> None:
+    """A detached partition's never-used rows, counted once before it is dropped (app/retention.py)."""
+    RETENTION_NEVER_USED.labels(table).inc(n)
+
+
+def retention_dropped(table: str) -> None:
+    RETENTION_PARTITIONS.labels(table).inc()
 
 
 def provider_call(provider: str, result: str, started: float) -> None:
@@ -157,7 +172,9 @@ SELECT (SELECT extract(epoch FROM now() - min(scheduled_for)) FROM digest_runs
        (SELECT count(*) FROM (SELECT 1 FROM digest_runs WHERE status = 'pending' AND scheduled_for <= now()
                               LIMIT {COUNT_CAP}) due),
        (SELECT count(*) FROM (SELECT 1 FROM digest_runs WHERE status = 'processing' LIMIT {COUNT_CAP}) busy),
-       (SELECT count(*) FROM (SELECT 1 FROM webhook_events WHERE processed_at IS NULL LIMIT {COUNT_CAP}) hooks)
+       (SELECT count(*) FROM (SELECT 1 FROM webhook_events WHERE processed_at IS NULL LIMIT {COUNT_CAP}) hooks),
+       (SELECT extract(epoch FROM min((SELECT max(range_to) FROM time_partitions(t::regclass))) - now())
+        FROM unnest(ARRAY['digest_events', 'webhook_events', 'email_link_history']) t)
 """
 
 
@@ -171,7 +188,7 @@ class StateCollector:
             with db.raw_cursor() as cur:
                 cur.execute(f"SET LOCAL statement_timeout = {SCRAPE_STATEMENT_TIMEOUT_MS}")
                 cur.execute(STATE_SQL)
-                oldest, due, processing, unapplied = cur.fetchone()
+                oldest, due, processing, unapplied, ahead = cur.fetchone()
         except Exception as exc:  # noqa: BLE001 - a scrape never fails because Postgres is slow or down
             log.warning("metrics: database read failed: %s", str(exc).strip().splitlines()[:1])
             up.add_metric(["postgres"], 0)
@@ -185,6 +202,9 @@ class StateCollector:
                                     value=processing)
             yield GaugeMetricFamily("notify_webhook_events_unapplied", f"Stored SendGrid events not applied yet "
                                     f"(capped at {COUNT_CAP})", value=unapplied)
+            yield GaugeMetricFamily("notify_partitions_ahead_seconds", "How far ahead the monthly partitions of the "
+                                    "event tables reach (the least of the three): a row past it is refused. The "
+                                    "scheduler keeps it above two months", value=float(ahead or 0))
         try:
             depths = {name: queue.depth(name) for name in queue.QUEUES}
         except Exception as exc:  # noqa: BLE001

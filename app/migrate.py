@@ -30,7 +30,7 @@ import psycopg2
 import psycopg2.errors
 import sqlparse
 
-from app import config, db
+from app import config, db, partitions
 
 log = logging.getLogger("app.migrate")
 
@@ -290,6 +290,9 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
                 conn.autocommit = True
                 log.info("applied %s_%s in %d ms", m.version, m.name, duration_ms)
                 applied.append(m.version)
+            # Every release tops up the monthly partitions too: a deploy after a long scheduler
+            # outage must not leave the event tables without a partition for this month.
+            partitions.ensure_ahead(conn)
             leftovers = invalid_indexes(conn)
             if leftovers:
                 log.warning("INVALID indexes present (not created by a pending migration): %s", leftovers)

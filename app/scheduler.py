@@ -10,7 +10,8 @@ Each tick (every SCHEDULER_INTERVAL_SECONDS):
   1. plan digest runs (app/digest_plan.plan)
   2. watchdog: stuck `processing` runs back to `pending` / `failed`
   3. checker: enqueue due pending runs to the digest queue, bounded by queue depth
-  4. hooks of other domains, if installed: stale newsletter sends, unapplied webhook events
+  4. hooks of other domains, if installed: stale newsletter sends, unapplied webhook events,
+     event-table partitions ahead and retention (app/retention.py)
 
 Also `python -m app preview-digest USER_ID`: render a subscriber's digest as it would be sent now,
 without sending or marking anything; and `python -m app digest-now USER_ID… | --all`: make the
@@ -25,7 +26,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from app import config, db, lease, observability, queue
+from app import config, db, lease, observability, queue, retention
 from app.cli import print_json
 from app.newsletter.reclaim import reclaim_stale
 from digest import build as digest_build
@@ -74,7 +75,8 @@ def _digest_sender():
 
 def _hooks() -> dict:
     """Jobs owned by other packages, run each tick as plain functions."""
-    return {"newsletter_reclaim": reclaim_stale, "webhook_requeue": requeue_unprocessed}
+    return {"newsletter_reclaim": reclaim_stale, "webhook_requeue": requeue_unprocessed,
+            "partitions": retention.maintain}
 
 
 def run_hooks(hooks: dict | None = None) -> dict:

@@ -50,15 +50,21 @@ def test_double_send_constraints_exist(scratch_url):
     conn = psycopg2.connect(scratch_url)
     with conn.cursor() as cur:
         cur.execute(
-            "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'u'"
+            "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype IN ('u', 'p')"
         )
         uniques = {(t, d) for t, d in cur.fetchall()}
+        # The partitioned event tables keep their dedup keys in key tables, claimed by a trigger
+        # on every insert (migration 0520; tests/test_partitions.py proves the behaviour).
+        cur.execute("SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal AND tgparentid = 0")
+        triggers = set(cur.fetchall())
     conn.close()
     assert ("digest_runs", "UNIQUE (subscriber_id, cadence, period)") in uniques
     assert ("email_log", "UNIQUE (newsletter_id, subscriber_id)") in uniques
-    assert ("webhook_events", "UNIQUE (sg_event_id)") in uniques
+    assert ("webhook_event_keys", "PRIMARY KEY (sg_event_id)") in uniques
+    assert ("webhook_events", "webhook_events_claim_key") in triggers
     assert ("email_links", "UNIQUE (mail_kind, mail_id, url_hash)") in uniques
-    assert ("digest_events", "UNIQUE (source, producer_id)") in uniques
+    assert ("digest_event_keys", "PRIMARY KEY (source, producer_id)") in uniques
+    assert ("digest_events", "digest_events_claim_key") in triggers
 
 
 def test_two_migrators_at_once_apply_each_file_once(scratch_url):

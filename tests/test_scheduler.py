@@ -313,7 +313,7 @@ def test_a_failing_hook_does_not_stop_the_others(caplog):
 
 
 def test_real_hooks_run_each_tick():
-    assert set(scheduler.run_hooks()) == {"newsletter_reclaim", "webhook_requeue"}
+    assert set(scheduler.run_hooks()) == {"newsletter_reclaim", "webhook_requeue", "partitions"}
 
 
 def test_tick_runs_every_job_with_injected_queue():

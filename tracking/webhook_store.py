@@ -1,12 +1,15 @@
-"""Storing SendGrid event batches: parse, then INSERT … ON CONFLICT (sg_event_id) DO NOTHING.
+"""Storing SendGrid event batches: parse, then INSERT, each sg_event_id stored once.
 
 SendGrid delivers at least once and retries a batch for 24 h on any non-2xx, so the same events
 arrive again, sometimes concurrently; sg_event_id makes each stored exactly once. Events without
 an sg_event_id (never seen from SendGrid, but the field is not ours) get a deterministic id from a
-hash of their content so redelivery still deduplicates.
+hash of their content so redelivery still deduplicates. The key lives in webhook_event_keys
+(migration 0520: webhook_events is partitioned by month, and a unique index there could only be
+unique per month); the table's trigger skips a row whose key is taken, so RETURNING lists only
+the rows stored.
 
 Rows are sorted by sg_event_id inside each insert: two web processes storing overlapping batches
-then take the unique-index locks in the same order and cannot deadlock each other.
+then take the key-index locks in the same order and cannot deadlock each other.
 """
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ class StoreResult:
 
 
 INSERT_SQL = ("INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES %s "
-              "ON CONFLICT (sg_event_id) DO NOTHING RETURNING id, sg_event_id")
+              "RETURNING id, sg_event_id")
 
 
 def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:

@@ -23,7 +23,7 @@ def store(rows) -> int:
         for sg_id, event, email, payload in sorted(rows):
             cur = db.database.execute_sql(
                 "INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES (%s, %s, %s, %s::jsonb) "
-                "ON CONFLICT (sg_event_id) DO NOTHING", (sg_id, event, email, payload))
+                "ON CONFLICT DO NOTHING", (sg_id, event, email, payload))
             stored += cur.rowcount
     return stored
 
