@@ -68,6 +68,17 @@ _DIRTY_SQL = " UNION ".join(
 
 
 @pytest.fixture(autouse=True)
+def process_not_stopping():
+    """An in-process Dramatiq worker's stop() sets app.shutdown.requested (the SIGTERM path), which
+    would make every later send loop in this test process stop after one batch."""
+    from app import shutdown
+
+    shutdown.requested.clear()
+    yield
+    shutdown.requested.clear()
+
+
+@pytest.fixture(autouse=True)
 def clean_db(request):
     """Every test starts from empty tables and ids from 1 (actors and writer threads commit on
     their own connections, so a per-test rollback cannot isolate them). Only the tables the last
