@@ -72,6 +72,7 @@ _IN_TRANSACTION = psycopg2.extensions.TRANSACTION_STATUS_INTRANS
 _IN_ERROR = psycopg2.extensions.TRANSACTION_STATUS_INERROR
 _opened = 0
 _opened_lock = threading.Lock()
+_opened_here = threading.local()
 
 
 def connect_raw(url: str | None = None, autocommit: bool = False):
@@ -82,12 +83,14 @@ def connect_raw(url: str | None = None, autocommit: bool = False):
     conn.autocommit = autocommit
     with _opened_lock:
         _opened += 1
+    _opened_here.count = getattr(_opened_here, "count", 0) + 1
     return conn
 
 
-def connections_opened() -> int:
-    """How many connections this process has opened (observability, tests)."""
-    return _opened
+def connections_opened(this_thread: bool = False) -> int:
+    """How many connections this process (or only the calling thread) has opened (observability,
+    tests: a background thread's reconnect must not count against the thread under test)."""
+    return getattr(_opened_here, "count", 0) if this_thread else _opened
 
 
 class _FromFactory(PostgresqlExtDatabase):

@@ -70,12 +70,12 @@ def terminate(backend_pid: int) -> None:
 @BY_PID
 def test_raw_cursor_units_on_one_thread_reuse_one_pooled_connection():
     def work():
-        opened = db.connections_opened()
+        opened = db.connections_opened(this_thread=True)
         pids = set()
         for _ in range(50):
             with db.raw_cursor() as cur:
                 pids.add(pid(cur))
-        return pids, db.connections_opened() - opened
+        return pids, db.connections_opened(this_thread=True) - opened
 
     pids, opened = on_new_thread(work)
     assert len(pids) == 1
@@ -88,13 +88,13 @@ def test_webhook_apply_keeps_one_connection_across_messages():
     before = backends()
 
     def work():
-        opened = db.connections_opened()
+        opened = db.connections_opened(this_thread=True)
         pids = set()
         for i in ids:                                # one message per event, as the actor gets them
             assert webhook_apply.apply_events([i]) == 1
             with db.thread_connection.get().cursor() as cur:
                 pids.add(pid(cur))
-        return pids, db.connections_opened() - opened, backends()
+        return pids, db.connections_opened(this_thread=True) - opened, backends()
 
     pids, opened, during = on_new_thread(work)
     assert len(pids) == 1
@@ -108,14 +108,14 @@ def test_the_worker_paths_on_one_thread_share_its_kept_connection():
     ids = store_events(3)
 
     def work():
-        opened = db.connections_opened()
+        opened = db.connections_opened(this_thread=True)
         pids = {newsletter_store.run("SELECT pg_backend_pid()")[0][0]}
         links.ensure_links("newsletter", 1, ["https://example.com/a", "https://example.com/b"])
         webhook_apply.apply_events(ids)
         with db.transaction(db.thread_connection.get()) as cur:
             pids.add(pid(cur))
         pids.add(newsletter_store.run("SELECT pg_backend_pid()")[0][0])
-        return pids, db.connections_opened() - opened
+        return pids, db.connections_opened(this_thread=True) - opened
 
     pids, opened = on_new_thread(work)
     assert len(pids) == 1 and opened == 1

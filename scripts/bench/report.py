@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -167,7 +168,8 @@ def machine_facts() -> dict:
     try:
         import psycopg2
 
-        with psycopg2.connect(config.get().database_url, connect_timeout=5) as conn, conn.cursor() as cur:
+        server = urlparse(config.get().database_url)._replace(path="/postgres").geturl()   # any database will do
+        with psycopg2.connect(server, connect_timeout=5) as conn, conn.cursor() as cur:
             cur.execute("SHOW server_version")
             postgres = cur.fetchone()[0]
     except Exception as exc:   # the report still says what it could find
