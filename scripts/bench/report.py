@@ -218,8 +218,11 @@ def markdown(run: dict) -> str:
         f"- {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, Linux {m['kernel']}",
         f"- Python {m['python']}, PostgreSQL {m['postgres']}, Redis {m['redis']}",
         "- " + ", ".join(f"{k} {v}" for k, v in m["packages"].items()),
-        f"- load average (1 min) before {run['load_before']:.2f}, after {run['load_after']:.2f};"
-        f" total {run['seconds'] / 60:.0f} min. Everything ran on this machine over 127.0.0.1: the relay/ESP"
+        (f"- steps from several invocations (`--keep`): each step's load average and time are under Steps."
+         if run.get("kept") else
+         f"- load average (1 min) before {run['load_before']:.2f}, after {run['load_after']:.2f};"
+         f" total {run['seconds'] / 60:.0f} min.") +
+        " Everything ran on this machine over 127.0.0.1: the relay/ESP"
         " sinks, Postgres and Redis share the same cores as the service.",
         "",
         "## Figures",
@@ -335,6 +338,7 @@ def main() -> int:
         fresh = {s["step"]: s for s in run["steps"]}
         order = [s.name for s in all_steps]
         kept = [s for s in previous.get("steps", []) if s["step"] not in fresh]
+        run["kept"] = bool(kept)
         run["steps"] = sorted([*kept, *fresh.values()], key=lambda s: order.index(s["step"])
                               if s["step"] in order else len(order))
     run.update(finished=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_after=os.getloadavg()[0],
