@@ -168,6 +168,19 @@ async def read_json(request: Request, limit: int | None = None):
         raise ApiError(400, "malformed_json", str(exc)) from None
 
 
+async def read_put_body(request: Request, key_field: str, key: str, validate, limit: int) -> dict:
+    """The validated body of a PUT to the resource the URL names. What GET returns can be PUT back,
+    so the body may repeat the URL's key: it is not a field, and a different value is a 422."""
+    body = await read_json(request, limit=limit)
+    echoed = body.pop(key_field, None) if isinstance(body, dict) else None
+    values, errors = validate(body)
+    if echoed not in (None, key):
+        errors.append({"field": key_field, "message": "does not match the URL"})
+    if errors:
+        raise validation_error(errors)
+    return values
+
+
 async def require_key(request: Request, scope: str) -> apikeys.Principal:
     header = request.headers.get("authorization", "")
     kind, _, key = header.partition(" ")

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app import categories
-from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
+from app.http import ApiError, FastJSONResponse, read_put_body, require_key, validation_error
 
 BODY_LIMIT = 16 * 1024   # the largest valid body (label, description, verb at 12 bytes a character) fits
 
@@ -26,14 +26,7 @@ def _key(request: Request) -> str:
 async def put_category(request: Request):
     await require_key(request, "admin")
     key = _key(request)
-    body = await read_json(request, limit=BODY_LIMIT)
-    # What GET returns can be PUT back: a body may repeat the URL's key; it is not a field.
-    echoed = body.pop("key", None) if isinstance(body, dict) else None
-    values, errors = categories.validate(body)
-    if echoed is not None and echoed != key:
-        errors.append({"field": "key", "message": "does not match the URL"})
-    if errors:
-        raise validation_error(errors)
+    values = await read_put_body(request, "key", key, categories.validate, BODY_LIMIT)
     record, created = await run_in_threadpool(categories.upsert, key, values)
     return FastJSONResponse(record, status_code=201 if created else 200)
 

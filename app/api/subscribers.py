@@ -7,7 +7,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app import subscribers
-from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
+from app.http import ApiError, FastJSONResponse, read_put_body, require_key, validation_error
 
 
 def _user_id(request: Request) -> str:
@@ -20,14 +20,7 @@ def _user_id(request: Request) -> str:
 async def put_subscriber(request: Request):
     await require_key(request, "admin")
     user_id = _user_id(request)
-    body = await read_json(request, limit=64 * 1024)
-    # A body may repeat the URL's user_id (what GET returns can be PUT back); it is not a field.
-    echoed = body.pop("user_id", None) if isinstance(body, dict) else None
-    values, errors = subscribers.validate(body)
-    if echoed not in (None, user_id):
-        errors.append({"field": "user_id", "message": "does not match the URL"})
-    if errors:
-        raise validation_error(errors)
+    values = await read_put_body(request, "user_id", user_id, subscribers.validate, 64 * 1024)
     record, created = await run_in_threadpool(subscribers.upsert, user_id, values)
     return FastJSONResponse(record, status_code=201 if created else 200)
 

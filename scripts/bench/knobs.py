@@ -13,7 +13,6 @@ the defaults within 10 % of the best configuration at each delay.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench.shared import record  # noqa: E402
+from scripts.bench.shared import read_records, record  # noqa: E402
 
 # One knob at a time around the defaults, then the hand-tuned set the first benchmarks used.
 CONFIGS: list[tuple[str, list[str]]] = [
@@ -65,7 +64,7 @@ def run_once(n: int, delay: float, settings: list[str], timeout: float) -> float
         for item in settings:
             argv += ["--set", item]
         done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout + 300)
-        figures = [json.loads(line) for line in Path(results.name).read_text().splitlines() if line.strip()]
+        figures = read_records(results.name)
     rate = next((f for f in figures if f["figure"] == "mails/s"), None)
     if done.returncode != 0 or rate is None or not rate["met"]:
         log(f"  run failed (exit {done.returncode}): {done.stdout[-600:]}{done.stderr[-600:]}")

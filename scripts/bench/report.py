@@ -30,6 +30,8 @@ from urllib.parse import urlparse
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from scripts.bench.shared import read_records  # noqa: E402
+
 REPORT = ROOT / "BENCHMARKS.md"
 JSON_OUT = ROOT / "docs" / "benchmarks.json"
 CHART = ROOT / "docs" / "benchmarks.png"
@@ -130,8 +132,7 @@ def run_step(step: Step, quick: bool) -> dict:
             except ProcessLookupError:
                 pass
             proc.wait()
-    figures = [json.loads(line) for line in results.read_text().splitlines() if line.strip()] \
-        if results.exists() else []
+    figures = read_records(results)
     seconds = time.monotonic() - started
     print(f"    exit {rc}, {len(figures)} figures, {seconds:.0f} s", flush=True)
     return {"step": step.name, "group": step.group, "argv": argv[1:], "exit": rc, "seconds": seconds,

@@ -17,6 +17,14 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_ENV = "BENCH_RESULTS"   # scripts/bench/report.py sets it: every figure also goes there as one JSON line
 
 
+def read_records(path) -> list[dict]:
+    """The figures record() wrote to `path` (one JSON line each); [] when none were."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def record(bench: str, figure: str, value: float, unit: str, *, baseline: float | None = None,
            baseline_label: str = "", target: str = "", met: bool | None = None, higher_is_better: bool = True,
            **details) -> None:
