@@ -99,9 +99,30 @@ class _FromFactory(PostgresqlExtDatabase):
         return connect_raw(self.database, autocommit=True)
 
 
+# Called with (seconds waited, timed out) after every pool check-out: app/metrics.py registers the
+# pool-wait histogram here (metrics imports this module, so it cannot be called from here directly).
+checkout_observers: list = []
+
+
 class Pool(_PooledPostgresqlDatabase, _FromFactory):
     """peewee's Postgres pool (playhouse.pool: bounded, waits, pings on check-out, discards broken
     connections on check-in) whose new connections come from connect_raw()."""
+
+    def connect(self, reuse_if_open=False):
+        started = time.perf_counter()
+        try:
+            opened = super().connect(reuse_if_open)
+        except MaxConnectionsExceeded:
+            _observe_checkout(time.perf_counter() - started, True)
+            raise
+        if opened:   # False: this thread already held its connection, nothing was checked out
+            _observe_checkout(time.perf_counter() - started, False)
+        return opened
+
+
+def _observe_checkout(seconds: float, timed_out: bool) -> None:
+    for observe in checkout_observers:
+        observe(seconds, timed_out)
 
 
 database = Pool(None, autoconnect=True)

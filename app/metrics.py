@@ -81,6 +81,22 @@ RETENTION_NEVER_USED = Counter("notify_retention_never_used", "Rows dropped by r
 RETENTION_PARTITIONS = Counter("notify_retention_partitions_dropped", "Monthly partitions dropped by retention",
                                ["table"])
 
+# -- database
+DB_POOL_WAIT = Histogram("notify_db_pool_wait_seconds", "Time to check out a pooled Postgres connection "
+                                                         "(waiting for a free one, or opening a new one)",
+                         buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+DB_POOL_TIMEOUTS = Counter("notify_db_pool_timeouts", "Check-outs that gave up: all DB_POOL_SIZE connections "
+                                                      "stayed in use for DB_POOL_TIMEOUT_SECONDS")
+
+
+def db_pool_checkout(seconds: float, timed_out: bool) -> None:
+    DB_POOL_WAIT.observe(seconds)
+    if timed_out:
+        DB_POOL_TIMEOUTS.inc()
+
+
+db.checkout_observers.append(db_pool_checkout)
+
 # Bound once: a click or open pays only the increment (labels() costs as much again on the hot path).
 _TRACKING_HIT = {(kind, machine): TRACKING_HITS.labels(kind, "machine" if machine else "human")
                  for kind in ("click", "open") for machine in (False, True)}

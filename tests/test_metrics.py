@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from playhouse.pool import MaxConnectionsExceeded
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import apikeys, metrics
+from app import apikeys, config, db, metrics
 from app.newsletter import sender
 from digest import send as digest_send
 from tests import factories
@@ -170,3 +172,40 @@ def test_values_of_other_processes_are_summed(client, admin_key):
     after = scrape(client, admin_key)
     assert value(after, "notify_events_total", result="duplicate") - \
         value(before, "notify_events_total", result="duplicate") == 5
+
+
+def test_db_pool_waits_and_timeouts(client, admin_key):
+    """A pool of one connection held by another thread: a check-out that gives up is counted as a
+    timeout, one that waits for the release shows in the wait histogram."""
+    pool = db.Pool(None)
+    pool.init(config.get().database_url, max_connections=1, timeout=0.3, stale_timeout=300)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        pool.connect()
+        held.set()
+        release.wait(10)
+        pool.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    before = scrape(client, admin_key)
+    try:
+        with pytest.raises(MaxConnectionsExceeded):
+            pool.connect()
+        threading.Timer(0.2, release.set).start()
+        assert pool.connect() is True
+        pool.close()
+    finally:
+        release.set()
+        holder.join(10)
+        pool.close_all()
+    after = scrape(client, admin_key)
+
+    def slow(sample):   # check-outs that took longer than 0.1 s
+        return value(sample, "notify_db_pool_wait_seconds_count") - value(sample, "notify_db_pool_wait_seconds_bucket", le="0.1")
+
+    assert value(after, "notify_db_pool_timeouts_total") == value(before, "notify_db_pool_timeouts_total") + 1
+    assert slow(after) - slow(before) >= 2
+    assert value(after, "notify_db_pool_wait_seconds_sum") - value(before, "notify_db_pool_wait_seconds_sum") >= 0.45
