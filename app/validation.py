@@ -34,8 +34,13 @@ def fail(kind: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(kind, "{detail}", {"detail": message})
 
 
+# Every character str.isspace() accepts, as a class body: patterns are both the OpenAPI document's
+# (ECMA-262) and the server's (Python re), whose \\s differ (U+0085, U+001C-U+001F, U+FEFF), so
+# they spell whitespace out.
+SPACE_CLASS = ("\\t-\\r\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f"
+               "\\u3000")
 NO_NUL = "^[^\\u0000]*$"
-NOT_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"
+NOT_BLANK = f"^[^\\u0000]*[^{SPACE_CLASS}\\u0000][^\\u0000]*$"
 NO_CONTROL = "^[^\\u0000-\\u001f\\u007f]*$"
 _PATTERN_MESSAGES = {
     NO_NUL: "must not contain NUL characters",

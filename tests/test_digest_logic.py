@@ -2,6 +2,7 @@
 titles/links/avatars from the best event, wording (times, "since", subject), context, escaping."""
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -122,8 +123,26 @@ def test_only_http_urls_are_links():
     assert urls.http_url(" HTTP://ok.test/ ") == "HTTP://ok.test/"
     for bad in ("javascript:alert(1)", "data:text/html,x", "/relative", "//host/x", "https://", "ftp://x",
                 'https://x.test/"onmouseover=1', "https://x .test", "https://x.test/\x00", 5, None,
-                "https://x.test/" + "a" * 2000):
+                "https://x.test/" + "a" * 2000, "https://x.test/a\x85b", "https://x.test/a\x1cb",
+                "https://x.test/a\u00a0b", "https://x.test/a\u2028b", "https://x.test/a\ufeffb"):
         assert urls.http_url(bad) == "", bad
+
+
+def test_url_pattern_uses_explicit_classes_only():
+    """The same pattern is the OpenAPI document's (ECMA-262) and the server's (Python re): their \\s,
+    \\w and \\d differ (Python's \\s matches U+0085, ECMA's does not), so none may appear."""
+    from app import validation
+
+    for pattern in (urls.PATTERN, validation.NOT_BLANK, categories._LABEL):
+        assert not any(escape in pattern for escape in ("\\s", "\\S", "\\w", "\\W", "\\d", "\\D")), pattern
+
+
+def test_not_blank_means_what_strip_removes():
+    from app import validation
+
+    not_blank = re.compile(validation.NOT_BLANK)
+    for c in map(chr, range(0x3100)):
+        assert (not_blank.fullmatch(c) is None) == (c.isspace() or c == "\x00"), hex(ord(c))
 
 
 def test_context_title_url_and_avatar():

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
-from app.newsletter import rows, service, template
+from app.newsletter import rows, service, template, test_send
 
 # Body limits are derived from the documented maxLength/maxItems, so every schema-valid request fits
 # (413 is never the answer to a valid request) and one over a field's limit still gets the precise
@@ -21,6 +21,7 @@ _JSON_BYTES_PER_CHAR = 12
 _USER_ID_MAX = 200
 CREATE_BODY_LIMIT = _JSON_BYTES_PER_CHAR * (
     template.MAX_SUBJECT + template.MAX_HTML + template.MAX_TEXT + template.MAX_FROM) + 64 * 1024   # ~9.5 MB
+TEST_BODY_LIMIT = test_send.MAX_ADDRESSES * (_JSON_BYTES_PER_CHAR * 254 + 8) + 64 * 1024
 SEND_BODY_LIMIT = service.MAX_AUDIENCE_USER_IDS * (_JSON_BYTES_PER_CHAR * _USER_ID_MAX + 8) + 64 * 1024  # ~24 MB
 
 
@@ -83,6 +84,23 @@ async def send_newsletter(request: Request):
                              "unknown_user_ids_count": unknown_count}, status_code=202)
 
 
+async def test_newsletter(request: Request):
+    await require_key(request, "admin")
+    newsletter_id = _id(request)
+    body = await read_json(request, limit=TEST_BODY_LIMIT)
+    addresses, errors = test_send.validate(body)
+    if errors:
+        raise validation_error(errors)
+    try:
+        results = await run_in_threadpool(test_send.send, newsletter_id, addresses)
+    except test_send.NotFound:
+        raise ApiError(404, "not_found", "no newsletter with that id") from None
+    except test_send.ProviderUnavailable as exc:
+        raise ApiError(503, "provider_unavailable", f"the mail provider refused the test send; nothing was "
+                                                    f"sent: {exc}") from None
+    return FastJSONResponse({"id": newsletter_id, "results": results})
+
+
 async def pause_newsletter(request: Request):
     await require_key(request, "admin")
     newsletter_id = _id(request)
@@ -112,6 +130,7 @@ routes = [
     Route("/v1/newsletters", newsletters_collection, methods=["GET", "POST"]),
     Route("/v1/newsletters/{newsletter_id}", get_newsletter, methods=["GET"]),
     Route("/v1/newsletters/{newsletter_id}/send", send_newsletter, methods=["POST"]),
+    Route("/v1/newsletters/{newsletter_id}/test", test_newsletter, methods=["POST"]),
     Route("/v1/newsletters/{newsletter_id}/pause", pause_newsletter, methods=["POST"]),
     Route("/v1/newsletters/{newsletter_id}/resume", resume_newsletter, methods=["POST"]),
     Route("/v1/newsletters/{newsletter_id}/cancel", cancel_newsletter, methods=["POST"]),
@@ -196,7 +215,20 @@ class NewsletterStatus(BaseModel):
     unsubscribes: Count
 
 
-OPENAPI_MODELS = [service.NewsletterInput, service.NewsletterAudience, NewsletterStatus, NewsletterPage]
+class TestResult(BaseModel):
+    email: str
+    status: Literal["sent", "failed", "suppressed"]
+    error: str | None = None
+
+
+class TestSendAnswer(BaseModel):
+    """POST /v1/newsletters/{id}/test: one result per address, in the order given."""
+    id: int
+    results: list[TestResult]
+
+
+OPENAPI_MODELS = [service.NewsletterInput, service.NewsletterAudience, NewsletterStatus, NewsletterPage,
+                  test_send.TestSendInput, TestSendAnswer]
 _list_params = [
     {"name": "limit", "in": "query", "required": False,
      "schema": {"type": "integer", "minimum": 1, "maximum": service.LIST_MAX, "default": 20}},
@@ -238,6 +270,17 @@ OPENAPI_PATHS = {
             f"{service.UNKNOWN_SHOWN}, sorted) and counted",
             unknown_user_ids={"type": "array", "items": {"type": "string"}, "maxItems": service.UNKNOWN_SHOWN},
             unknown_user_ids_count=_count), **_errors(*_all_errors)},
+    }},
+    "/v1/newsletters/{newsletter_id}/test": {"post": {
+        "summary": "Send the newsletter now to a few addresses, in any status (drafts too): no outbox row, no "
+                   "tracking, subject prefixed [Test]; suppressed addresses are refused",
+        "security": [{"bearer": []}], "parameters": _id_param,
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/TestSendInput"}}}},
+        "responses": {"200": {"description": "handed to the provider (per address: sent, failed, suppressed)",
+                              "content": {"application/json": {
+                                  "schema": {"$ref": "#/components/schemas/TestSendAnswer"}}}},
+                      "503": _err, **_errors("400", "401", "403", "404", "413", "422")},
     }},
     "/v1/newsletters/{newsletter_id}/pause": _action("Stop claiming new recipients (within a second)", "200",
                                                      _state("paused (or already paused)")),

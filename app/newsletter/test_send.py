@@ -1,0 +1,115 @@
+"""Test send: a newsletter rendered for a few given addresses and handed straight to the provider,
+in any status (a draft included), so an operator can look at it in a real inbox before the real send.
+
+It never touches the outbox or the newsletter's status: no email_log row, no tracked links (the
+newsletter's click statistics stay the audience's), custom_args `mail_kind` "newsletter_test" (the
+webhook counts nothing for it, but a bounce or complaint still suppresses the address, as for any
+mail). An address that belongs to a subscriber is rendered as that subscriber's mail (name, working
+unsubscribe and preference links); any other address gets empty variables and links that
+open the service's "this link is not valid" page. Suppressed addresses are refused: a test must not hurt reputation.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+from app import config, db, mail, tokens
+from app.addresses import EMAIL_PATTERN, AddressError, sendable
+from app.newsletter import template
+from app.providers import get_provider
+from app.providers.base import OutgoingMail, ProviderError
+from app.validation import Body, Text, check, fail
+
+log = logging.getLogger("app.newsletter.test_send")
+
+MAX_ADDRESSES = 10
+SUBJECT_PREFIX = "[Test] "
+KIND = "newsletter_test"
+# Where a non-subscriber's unsubscribe and preference links point: the page for an unknown link.
+PLACEHOLDER_TOKEN = "test-send"
+
+
+def _sendable(value: str) -> str:
+    try:
+        sendable(value)
+    except AddressError:
+        raise fail("email", "must be a valid email address") from None
+    return value
+
+
+Address = Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address"), AfterValidator(_sendable)]
+
+
+class TestSendInput(Body):
+    to: Annotated[list[Address], Field(min_length=1, max_length=MAX_ADDRESSES,
+                                       description=f"1 to {MAX_ADDRESSES} addresses; duplicates are sent once")]
+
+
+class NotFound(Exception):
+    pass
+
+
+class ProviderUnavailable(Exception):
+    pass
+
+
+def validate(body) -> tuple[list[str] | None, list[dict]]:
+    """The addresses (lower-cased, duplicates dropped, in the given order) or the problems."""
+    request, errors = check(TestSendInput, body)
+    if request is None:
+        return None, errors
+    return list(dict.fromkeys(address.strip().lower() for address in request.to)), []
+
+
+def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
+    """[{email, status: sent | failed | suppressed, error?}] in the order given. Raises NotFound, or
+    ProviderUnavailable when the provider call failed as a whole (nothing was sent)."""
+    found = db.query("SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,))
+    if not found:
+        raise NotFound(newsletter_id)
+    subject, html, text, from_addr = found[0]
+    known = {row[0]: row[1:] for row in db.query(
+        "SELECT DISTINCT ON (lower(email)) lower(email), id, name, user_id, token_version FROM subscribers "
+        "WHERE lower(email) = ANY (%s) ORDER BY lower(email), id", (addresses,))}
+    suppressed = {row[0] for row in db.query("SELECT email FROM suppressions WHERE email = ANY (%s)", (addresses,))}
+    compiled = template.compiled_for(newsletter_id, subject, html, text)
+    results = {address: {"email": address, "status": "suppressed"} for address in addresses if address in suppressed}
+    mails = [_render(newsletter_id, compiled, address, known.get(address), from_addr)
+             for address in addresses if address not in suppressed]
+    if mails:
+        provider = provider or get_provider()
+        try:
+            outcomes = provider.send_batch(mails)
+        except ProviderError as exc:
+            log.warning("newsletter %s: test send to %d address(es) failed: %s", newsletter_id, len(mails), exc)
+            raise ProviderUnavailable(str(exc)) from exc
+        for sent, outcome in zip(mails, outcomes):
+            results[sent.to] = ({"email": sent.to, "status": "sent"} if outcome.ok else
+                                {"email": sent.to, "status": "failed", "error": outcome.error or "refused"})
+    log.info("newsletter %s: test send %s", newsletter_id,
+             ", ".join(f"{r['email']}={r['status']}" for r in results.values()))
+    return [results[address] for address in addresses]
+
+
+def _render(newsletter_id: int, compiled: template.Compiled, address: str, subscriber, from_addr) -> OutgoingMail:
+    if subscriber is not None:
+        sub_id, name, user_id, token_version = subscriber
+        unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version)
+        preferences_url = tokens.preferences_url(sub_id, token_version)
+        headers = mail.unsubscribe_headers(unsubscribe_url)
+    else:
+        name, user_id, headers = "", "", {}
+        base = config.get().base_url
+        unsubscribe_url = f"{base}/u/{PLACEHOLDER_TOKEN}"
+        preferences_url = f"{base}/preferences/{PLACEHOLDER_TOKEN}"
+    rendered = compiled.render({"name": name or "", "email": address, "user_id": user_id or "",
+                                "unsubscribe_url": unsubscribe_url, "preferences_url": preferences_url})
+    return OutgoingMail(
+        to=address, to_name=name or "", subject=mail.one_line(SUBJECT_PREFIX + rendered.subject),
+        html=rendered.html, text=rendered.text, from_addr=from_addr, headers=headers,
+        idempotency_key=f"newsletter-{newsletter_id}-test-{uuid.uuid4().hex}",
+        custom_args={"mail_kind": KIND, "mail_id": str(newsletter_id)},
+    )
