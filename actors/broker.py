@@ -9,7 +9,7 @@ import signal
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
-from app import db, metrics, observability, queue, shutdown
+from app import config, db, memory, metrics, observability, queue, shutdown
 
 log = logging.getLogger("actors.broker")
 
@@ -63,6 +63,8 @@ class CollectorTuning(Middleware):
 
 
 def setup(url: str | None = None) -> RedisBroker:
+    # First: each worker process imports the actors (and runs this) before any thread of its own.
+    memory.limit_malloc_arenas(config.get().malloc_arenas)
     observability.setup_logging()
     observability.init_sentry("worker")
     db.init()

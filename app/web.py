@@ -9,7 +9,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from app import config, db, forwarded, metrics, openapi, observability
+from app import config, db, forwarded, memory, metrics, openapi, observability
 from app.http import ApiError, api_error_handler, database_unavailable_handler
 
 log = logging.getLogger("app.web")
@@ -49,6 +49,7 @@ def create_app() -> Starlette:
         # run less often: fewer pauses on the hot paths' tail latency.
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
+        memory.limit_malloc_arenas(settings.malloc_arenas)   # before the threadpool's threads exist
         yield
         for module in modules:  # e.g. tracking flushes its buffered click history (SIGTERM loses none)
             if hasattr(module, "on_shutdown"):
