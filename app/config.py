@@ -153,10 +153,11 @@ class Settings:
     reclaim_after_seconds: int = setting(300, "a `sending` row is presumed lost after this")
     provider_rate_per_second: float = setting(0.0, "shared send ceiling (0: none); 429s lower it adaptively")
     soft_bounce_limit: int = setting(3, "deferrals before an address is suppressed")
-    newsletter_send_chains: int = setting(4, "concurrent send loops per newsletter (each holds a worker thread "
-                                             "for at most a few seconds at a time; 4 was the fastest at 0 and 50 ms "
-                                             "relay delay once SMTP_POOL_MAX let a slow relay's batches fly "
-                                             "whole, 8 was 11 % slower, scripts/bench/knobs.py)")
+    newsletter_send_chains: int = setting(4, "send loops a newsletter starts with (each holds a worker thread for "
+                                             "at most a few seconds at a time); more are added while they mostly "
+                                             "wait for the provider and the CPU has room (app/newsletter/growth.py)")
+    newsletter_send_chains_max: int = setting(16, "at most this many send loops per newsletter (NEWSLETTER_SEND_CHAINS "
+                                                  "or less: no growth)")
     newsletter_max_attempts: int = setting(8, "retryable failures before a row is `failed`")
 
     @property

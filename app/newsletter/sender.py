@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from app import config, db, mail, metrics, shutdown, tokens
-from app.newsletter import kick, ratelimit, rows, store, template
+from app.newsletter import growth, kick, ratelimit, rows, store, template
 from app.providers import get_provider
 from app.providers.base import OutgoingMail, PermanentError, SendResult, ThrottledError, TransientError
 from tracking.links import LinkRewriter
@@ -42,7 +42,8 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
     With reenqueue=False (tests, benchmark baseline) the chain is not continued."""
     settings = config.get()
     # retry_in: the delay (seconds) the chain continues after; None when it does not continue.
-    stats = {"claimed": 0, "sent": 0, "failed": 0, "retry": 0, "suppressed": 0, "outcome": "", "retry_in": None}
+    stats = {"claimed": 0, "sent": 0, "failed": 0, "retry": 0, "suppressed": 0, "outcome": "", "retry_in": None,
+             "provider_seconds": 0.0, "grew": False}
     row = _load(newsletter_id)
     if row is None or row[0] != "sending":
         stats["outcome"] = f"not sending ({row[0] if row else 'missing'})"
@@ -57,7 +58,8 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
     if limiter.ceiling > 0:   # at most one second's worth per call, so a low limit paces smoothly
         batch_size = max(1, min(batch_size, int(limiter.ceiling)))
     rewriter = LinkRewriter("newsletter", newsletter_id)
-    deadline = time.monotonic() + budget_seconds
+    started = time.monotonic()
+    deadline = started + budget_seconds
     after = 0   # claim cursor (rows.CLAIM)
 
     while True:
@@ -86,6 +88,10 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + retry_after)
                 kick.continue_chain(newsletter_id, delay_ms=int(retry_after * 1000))
             return stats
+        if reenqueue and not stats["grew"] and growth.wants_more(
+                stats["provider_seconds"], time.monotonic() - started, growth.host_idle.share()):
+            stats["grew"] = growth.grow(newsletter_id, settings.newsletter_send_chains,
+                                        settings.newsletter_send_chains_max)
         if time.monotonic() >= deadline or shutdown.requested.is_set():
             stats["outcome"], stats["retry_in"] = "budget used; continuing", 0.0
             if reenqueue:
@@ -114,11 +120,14 @@ def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provide
             stats["failed"] += 1
     retry_after = None
     if mails:
+        called = time.monotonic()
         try:
             results = provider.send_batch(mails)
             if len(results) != len(mails):   # never leave a row `sending` because a provider miscounted
                 raise TransientError(f"provider returned {len(results)} results for {len(mails)} mails")
             limiter.succeeded()
+            stats["provider_seconds"] += time.monotonic() - called   # successful calls only: a failing
+            # provider is not a reason to add chains (app/newsletter/growth.py)
         except ThrottledError as exc:
             retry_after = exc.retry_after if exc.retry_after is not None else 1.0
             limiter.throttled(retry_after)
