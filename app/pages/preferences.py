@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import subscribers
-from app.pages import common, csrf, store
+from app.pages import common, csrf, schedule, store
 
 log = logging.getLogger("app.pages.preferences")
 
@@ -58,6 +58,7 @@ def _form_values(subscriber: dict) -> dict:
         "categories": categories,
         "receive": {c for c in categories if c not in subscriber["category_opt_outs"]},
         "pause_days": "",
+        "newsletters": subscriber["newsletters_unsubscribed_at"] is None,
     }
 
 
@@ -78,6 +79,8 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
         "errors": errors,
         "error_list": [(field, FIELD_LABELS.get(field, field), message) for field, message in errors.items()],
         "notice": NOTICES.get(notice or ""),
+        # After a save: when the saved schedule next sends (issue 11 item 10).
+        "next_digest": schedule.next_digest(subscriber, now) if notice == "saved" else None,
         "cadences": CADENCE_CHOICES,
         "hours": [(h, f"{h:02d}:00") for h in range(24)],
         "weekdays": [(i, d.capitalize()) for i, d in enumerate(subscribers.WEEKDAYS)],
@@ -164,6 +167,13 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         else:
             values["paused_until"] = datetime.now(timezone.utc) + timedelta(days=int(pause_raw))
 
+    # The newsletter stream: one checkbox, which only counts when the page showed it.
+    newsletters = subscriber["newsletters_unsubscribed_at"] is None
+    if common.text(posted, "newsletters_shown"):
+        newsletters = common.text(posted, "newsletters") is not None
+        if newsletters != (subscriber["newsletters_unsubscribed_at"] is None):
+            values["newsletters_unsubscribed_at"] = None if newsletters else datetime.now(timezone.utc)
+
     sticky = {
         "digest_cadence": raw.get("digest_cadence", subscriber["digest_cadence"]),
         "digest_hour": raw.get("digest_hour", str(subscriber["digest_hour"])),
@@ -172,6 +182,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         "receive": receive if shown else set(),
         "categories": sorted(set(shown) | current) if shown else sorted(current),
         "pause_days": pause_raw[:12],
+        "newsletters": newsletters,
     }
     sticky["topics"] = store.topics(sticky["categories"])
     return values, errors, sticky
