@@ -77,6 +77,7 @@ def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
         last_digest_at=run.last_digest_at,
         unsubscribe_url=unsubscribe_url(run.subscriber_id, run.token_version),
         preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
+        view_url=tokens.view_url(run.subscriber_id, run.token_version, run.id),
     )
 
 
