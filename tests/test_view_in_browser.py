@@ -115,10 +115,6 @@ def test_paths_that_are_no_token_are_not_found(client, path):
                                    "category:likes", "run:1:2"])
 def test_signed_tokens_without_a_usable_run_get_404(client, scope):
     sid = factories.subscriber("u1")
-    for purpose in ("view", "unsubscribe", "preferences"):
-        token = tokens.make(purpose, sid, 1, scope)
-        expected = 404 if purpose == "view" else None
-        if expected:
-            assert client.get("/v/" + quote(token)).status_code == expected
-    # a valid unsubscribe or preferences token is not a view token
+    assert client.get("/v/" + quote(tokens.make("view", sid, 1, scope))).status_code == 404
+    # a valid unsubscribe token is not a view token, whatever its scope
     assert client.get("/v/" + tokens.make("unsubscribe", sid, 1, "run:1")).status_code == 404
