@@ -26,7 +26,6 @@ log = logging.getLogger("app.pages.preferences")
 MAX_PAUSE_DAYS = 365
 ACTIONS = ("save", "resume", "unsubscribe", "resubscribe")
 NOTICES = {
-    "saved": "Your preferences are saved. They apply from your next digest.",
     "resumed": "Welcome back: your emails are no longer paused.",
     "unsubscribed": "You are unsubscribed from all emails. You can resubscribe below at any time.",
     "resubscribed": "You are subscribed again.",
@@ -78,9 +77,9 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
         "form": form,
         "errors": errors,
         "error_list": [(field, FIELD_LABELS.get(field, field), message) for field, message in errors.items()],
-        "notice": NOTICES.get(notice or ""),
-        # After a save: when the saved schedule next sends (issue 11 item 10).
-        "next_digest": schedule.next_digest(subscriber, now) if notice == "saved" else None,
+        # After a save, the notice says when the saved schedule sends next.
+        "notice": f"Your preferences are saved. {schedule.next_digest(subscriber, now)}" if notice == "saved"
+        else NOTICES.get(notice or ""),
         "cadences": CADENCE_CHOICES,
         "hours": [(h, f"{h:02d}:00") for h in range(24)],
         "weekdays": [(i, d.capitalize()) for i, d in enumerate(subscribers.WEEKDAYS)],
