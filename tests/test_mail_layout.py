@@ -141,3 +141,17 @@ def test_a_fragment_newsletter_goes_out_in_the_layout(fake, provider, settings):
     assert mail["subject"] == "News for there"
     assert "Acme Weekly" in mail["html"] and "Hello there" in mail["html"] and "layout-card" in mail["html"]
     assert mail["html"].count("/u/") == 1          # the compliance footer, inside the layout's <body>
+
+
+def test_the_demo_newsletter_goes_out_in_the_layout(redis_client):
+    from scripts import demo_data
+
+    newsletter_id = demo_data.demo_newsletter()
+    assert demo_data.demo_newsletter() is None                     # once
+    (status, subject, html, audience), = factories.db.query(
+        "SELECT status, subject, html, audience FROM newsletters WHERE id = %s", (newsletter_id,))
+    assert status == "queued" and audience["user_ids"] == sorted(u for u, *_ in demo_data.DEMO_USERS)
+    compiled = template.compiled_for(newsletter_id, subject, html, None)
+    assert compiled.wrapped
+    out = compiled.render({**CONTEXT, "name": "Ana"})
+    assert 'class="layout-card"' in out.html and "Hello Ana" in out.html and out.subject.endswith("Ana")
