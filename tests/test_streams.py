@@ -183,7 +183,7 @@ def test_resubscribing_to_digests_restores_the_previous_cadence(client, cadence)
     assert (row["digest_cadence"], row["digest_cadence_before_off"]) == (cadence, None)
 
 
-def test_digests_turned_off_on_the_preference_page_come_back_daily(client):
+def test_digests_off_without_a_recorded_cadence_come_back_daily(client):
     sid = factories.subscriber("u1", digest_cadence="off")
     path = "/u/" + tokens.make("unsubscribe", sid, 1, streams.DIGESTS)
     page = client.get(path)
@@ -220,3 +220,15 @@ def test_a_revoked_stream_token_changes_nothing(client):
         assert r.status_code == 404
     row = state(sid)
     assert row["digest_cadence"] == "daily" and row["newsletters_unsubscribed_at"] is None
+
+
+def test_digests_turned_off_on_the_preference_page_come_back_on_their_cadence(client):
+    sid = factories.subscriber("u1", digest_cadence="weekly")
+    prefs = "/preferences/" + tokens.make("preferences", sid, 1)
+    form = {"csrf_token": CSRF_RE.search(client.get(prefs).text).group(1), "action": "save",
+            "digest_cadence": "off", "digest_hour": "9", "digest_weekday": "0", "timezone": "UTC"}
+    assert client.post(prefs, data=form, follow_redirects=False).status_code == 303
+    assert (state(sid)["digest_cadence"], state(sid)["digest_cadence_before_off"]) == ("off", "weekly")
+    path = "/u/" + tokens.make("unsubscribe", sid, 1, streams.DIGESTS)
+    client.post(path, data={"action": "resubscribe", "csrf_token": CSRF_RE.search(client.get(path).text).group(1)})
+    assert (state(sid)["digest_cadence"], state(sid)["digest_cadence_before_off"]) == ("weekly", None)

@@ -166,6 +166,12 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         else:
             values["paused_until"] = datetime.now(timezone.utc) + timedelta(days=int(pause_raw))
 
+    # Digests turned off here come back on the same cadence from a digest's unsubscribe page.
+    if values.get("digest_cadence") == "off" and subscriber["digest_cadence"] != "off":
+        values["digest_cadence_before_off"] = subscriber["digest_cadence"]
+    elif values.get("digest_cadence", "off") != "off":
+        values["digest_cadence_before_off"] = None
+
     # The newsletter stream: one checkbox, which only counts when the page showed it.
     newsletters = subscriber["newsletters_unsubscribed_at"] is None
     if common.text(posted, "newsletters_shown"):
