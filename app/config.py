@@ -5,7 +5,9 @@ and the README's configuration table is generated from the same declarations
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit
 
 
 class ConfigError(RuntimeError):
@@ -111,6 +113,16 @@ class Settings:
     dkim_domain: str = setting("", "DKIM signing domain (with DKIM_SELECTOR and DKIM_PRIVATE_KEY)")
     dkim_selector: str = setting("", "DKIM selector")
     dkim_private_key: str = setting("", "PEM key, or a path to one")
+    # -- brand (the mail layout around digests and newsletter bodies: app/layout.py)
+    brand_name: str = setting("Notify", "the name at the top of every digest and wrapped newsletter (and the logo's "
+                                        "alt text); plain text, at most 100 characters")
+    brand_logo_url: str = setting("", "an `https://` URL of a logo shown instead of the name (32 px high); unset: "
+                                      "the name as text")
+    brand_color: str = setting("#1f5fbf", "accent colour of links, the name and the card's top edge "
+                                          "(`#rgb` or `#rrggbb`)")
+    brand_background: str = setting("#f4f5f7", "colour around the card (`#rgb` or `#rrggbb`)")
+    name_fallback: str = setting("there", "what `{{name}}` shows for a subscriber without a name (\"Hi there\"), "
+                                          "in newsletters and the digest greeting; at most 60 characters")
     # -- tracking
     tracking: bool = setting(True, "`off` sends clean links and no open pixel")
     tracking_flush_seconds: float = setting(0.2, "click/open history buffered this long (what a SIGKILLed web "
@@ -252,7 +264,10 @@ def _postal_address(env: str, raw: str) -> str:
 
 
 # Read by load() itself: their rules depend on APP_ENV and on each other.
-_SPECIAL = {"env", "secret_key", "secret_key_fallbacks", "sendgrid_webhook_allow_unsigned", "mail_postal_address"}
+# The brand values go into every mail's HTML and CSS: check_brand() refuses what could inject.
+_BRAND = ("brand_name", "brand_logo_url", "brand_color", "brand_background", "name_fallback")
+_SPECIAL = {"env", "secret_key", "secret_key_fallbacks", "sendgrid_webhook_allow_unsigned", "mail_postal_address",
+            *_BRAND}
 
 
 def load() -> Settings:
@@ -270,11 +285,38 @@ def load() -> Settings:
         env, values.get("sendgrid_webhook_public_key", ""))
     values["mail_postal_address"] = _postal_address(env, os.environ.get("MAIL_POSTAL_ADDRESS", ""))
     values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
+    values.update({name: raw.strip() for name in _BRAND if (raw := os.environ.get(env_name(name)))})
     retention = values.get("retention_days", Settings.retention_days)
     if retention < 0 or 0 < retention < MIN_RETENTION_DAYS:
         raise ConfigError(f"RETENTION_DAYS must be 0 (keep everything) or at least {MIN_RETENTION_DAYS}, "
                           f"got {retention}")
-    return Settings(**values)
+    settings = Settings(**values)
+    check_brand(settings)
+    return settings
+
+
+_COLOUR = re.compile(r"#(?:[0-9a-fA-F]{3}){1,2}")
+_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f\"'<>\\`()]")
+
+
+def check_brand(settings: Settings) -> None:
+    """The brand settings go into every mail's HTML and CSS: only values that cannot carry markup
+    or CSS pass (ConfigError names the variable)."""
+    for name in ("brand_color", "brand_background"):
+        value = getattr(settings, name)
+        if not _COLOUR.fullmatch(value):
+            raise ConfigError(f"{env_name(name)} must be a colour as #rgb or #rrggbb, got {value!r}")
+    logo = settings.brand_logo_url
+    if logo:
+        parts = urlsplit(logo)
+        if parts.scheme != "https" or not parts.hostname or _URL_UNSAFE.search(logo) or len(logo) > 2000:
+            raise ConfigError(f"BRAND_LOGO_URL must be an https:// URL without quotes, spaces, brackets or "
+                              f"backslashes, got {logo!r}")
+    for name, limit, required in (("brand_name", 100, True), ("name_fallback", 60, False)):
+        value = getattr(settings, name)
+        if (required and not value.strip()) or len(value) > limit or not value.isprintable():
+            raise ConfigError(f"{env_name(name)} must be {'1 to ' if required else 'at most '}{limit} printable "
+                              f"characters on one line, got {value!r}")
 
 
 def markdown_table() -> str:
@@ -314,7 +356,9 @@ def override(**changes) -> Settings:
     unknown = set(changes) - known
     if unknown:
         raise ConfigError(f"unknown settings: {sorted(unknown)}")
-    _settings = Settings(**{**{f.name: getattr(previous, f.name) for f in fields(Settings)}, **changes})
+    replaced = Settings(**{**{f.name: getattr(previous, f.name) for f in fields(Settings)}, **changes})
+    check_brand(replaced)
+    _settings = replaced
     return previous
 
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 from app import config
 
-PURPOSES = ("unsubscribe", "preferences")
+# "view": a sent digest's hosted copy (GET /v/{token}, scope "run:<id>"); like the others it never
+# expires and dies with the token_version, so it lives exactly as long as the unsubscribe link.
+PURPOSES = ("unsubscribe", "preferences", "view")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,18 @@ def _is_id(text: str) -> bool:
 
 def unsubscribe_url(subscriber_id: int, token_version: int = 1, scope: str | None = None) -> str:
     return f"{config.get().base_url}/u/{make('unsubscribe', subscriber_id, token_version, scope)}"
+
+
+def view_url(subscriber_id: int, token_version: int, run_id: int) -> str:
+    return f"{config.get().base_url}/v/{make('view', subscriber_id, token_version, f'run:{int(run_id)}')}"
+
+
+def run_id(claims: TokenClaims) -> int | None:
+    """The digest run a view token names, or None."""
+    scope = claims.scope or ""
+    if scope.startswith("run:") and _is_id(scope[4:]):
+        return int(scope[4:])
+    return None
 
 
 def preferences_path(subscriber_id: int, token_version: int = 1) -> str:

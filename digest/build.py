@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 
-from app import categories, config, db, mail, tokens
+from app import categories, config, db, mail, streams, tokens
 from app.providers.base import OutgoingMail
 from digest import context as digest_context
 from digest import details as digest_details
@@ -75,9 +75,15 @@ def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
     return digest_context.build(
         run.digest, categories=registry, cadence=run.cadence, name=run.name, timezone=run.timezone, now=now,
         last_digest_at=run.last_digest_at,
-        unsubscribe_url=tokens.unsubscribe_url(run.subscriber_id, run.token_version),
+        unsubscribe_url=unsubscribe_url(run.subscriber_id, run.token_version),
         preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
+        view_url=tokens.view_url(run.subscriber_id, run.token_version, run.id),
     )
+
+
+def unsubscribe_url(subscriber_id: int, token_version: int) -> str:
+    """The digest stream's link: a one-click unsubscribe stops digests, not newsletters."""
+    return tokens.unsubscribe_url(subscriber_id, token_version, streams.DIGEST_MAIL_SCOPE)
 
 
 def render_text(ctx: dict, clicks: dict[str, str]) -> str:
@@ -92,7 +98,7 @@ def outgoing_mail(run: ClaimedRun, subject: str, html: str, text: str) -> Outgoi
     return OutgoingMail(
         to=run.email, to_name=run.name, subject=mail.one_line(subject), html=html, text=text,
         idempotency_key=f"digest-run-{run.id}",
-        headers=mail.unsubscribe_headers(tokens.unsubscribe_url(run.subscriber_id, run.token_version)),
+        headers=mail.unsubscribe_headers(unsubscribe_url(run.subscriber_id, run.token_version)),
         custom_args={"mail_kind": "digest", "mail_id": str(run.id), "row_id": str(run.id),
                      "subscriber_id": str(run.subscriber_id)},
     )
@@ -117,6 +123,6 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
     ctx = digest_context.build(digest, categories=registry, cadence=cadence if cadence != "off" else "daily",
                                name=name, timezone=tz, now=datetime.now(timezone.utc),
                                last_digest_at=last_digest_at,
-                               unsubscribe_url=tokens.unsubscribe_url(sid, token_version),
+                               unsubscribe_url=unsubscribe_url(sid, token_version),
                                preferences_url=tokens.preferences_url(sid, token_version))
     return digest_render.render(ctx)

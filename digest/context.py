@@ -5,7 +5,8 @@ digest/details.py).
 Per shown entity (`groups`): title, url/has_url, lines (one per category: summary, when, label,
 count, avatar_url/has_avatar), summary (the lines joined), count, count_label. Per digest: subject
 (filled from subject.txt), subject_line, headline, heading, lead, preheader, has_more/more_groups,
-total_groups, total_events, first_digest, the footer's links and postal address.
+total_groups, total_events, first_digest, the footer's links and postal address, view_url/has_view_url
+(the hosted copy, digest/hosted.py).
 """
 from __future__ import annotations
 
@@ -88,11 +89,13 @@ def headline(digest: Digest, items: list[dict], categories: dict[str, Category])
 
 def build(digest: Digest, *, categories: dict[str, Category], cadence: str, name: str, timezone: str | None,
           now: datetime, last_digest_at: datetime | None, unsubscribe_url: str, preferences_url: str,
-          postal_address: str | None = None) -> dict:
+          postal_address: str | None = None, view_url: str = "") -> dict:
     """`last_digest_at`: when the previous digest was sent (None: this is the first one).
-    `postal_address`: MAIL_POSTAL_ADDRESS by default (empty in development/test: no line)."""
+    `postal_address`: MAIL_POSTAL_ADDRESS by default (empty in development/test: no line).
+    `view_url`: the hosted copy's link ("View in your browser"); empty on the hosted copy itself."""
+    settings = config.get()
     if postal_address is None:
-        postal_address = config.get().mail_postal_address
+        postal_address = settings.mail_postal_address
     tz = zone(timezone)
     items = [group_item(g, digest, categories, now, tz) for g in digest.groups]
     lead = wording.lead(digest.total_events, last_digest_at, now, tz)
@@ -103,7 +106,7 @@ def build(digest: Digest, *, categories: dict[str, Category], cadence: str, name
         preheader = clip(f"{lead} Also: {', '.join(others)}" if others else lead, 150)
     else:
         top = subject_line = preheader = lead
-    first_name = clip(name.split()[0], 60) if name and name.split() else ""
+    first_name = clip(name.split()[0], 60) if name and name.split() else settings.name_fallback
     return {
         "subject": "",  # filled after the subject template ran (the HTML <title>)
         "subject_line": subject_line,
@@ -122,4 +125,6 @@ def build(digest: Digest, *, categories: dict[str, Category], cadence: str, name
         "preferences_url": preferences_url,
         "postal_address": postal_address,
         "has_postal_address": bool(postal_address),
+        "view_url": view_url,
+        "has_view_url": bool(view_url),
     }

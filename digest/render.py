@@ -1,11 +1,13 @@
 """Template compile + render.
 
 Templates are files an operator can replace (DIGEST_TEMPLATE_DIR, default digest/templates):
-  digest.html   Mustache; its <style> is inlined by premailer ONCE per template version
+  digest.html   Mustache; an HTML fragment goes inside the mail layout (app/layout.py: brand
+                header, card, colours from settings), a full document (<html>) is used as it is;
+                its <style> is inlined by premailer ONCE per template version
   digest.txt    Mustache; the plain-text part (use {{{triple}}} tags: no HTML escaping)
   subject.txt   Mustache; one line
 
-A "version" is (path, mtime, size): editing a file recompiles it on the next render (checked at most
+A "version" is (path, mtime, size, brand settings): editing a file recompiles it on the next render (checked at most
 once a second), otherwise renders reuse the cached chevron token list, compiled once more into a
 closure tree (digest/mustache.py) that renders several times faster than chevron's interpreter.
 """
@@ -14,12 +16,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import chevron
 
-from app import config
+from app import config, layout
 from digest import mustache
 
 log = logging.getLogger("digest.render")
@@ -38,6 +40,9 @@ class Compiled:
     version: tuple
     tokens: tuple
     template: mustache.Template
+    # The settings object it was last checked under. Settings are replaced, never changed, so the
+    # same object means the same brand: the per-render check is one identity comparison.
+    settings: object = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,12 @@ def _tags(source: str) -> list[str]:
     return [value for kind, value in chevron.tokenizer.tokenize(source) if kind != "literal"]
 
 
-def compile_source(source: str, html: bool) -> tuple:
-    """Source -> cached token tuple. For HTML, premailer first; refuse a result that lost tags."""
+def compile_source(source: str, html: bool, brand: layout.Brand | None = None) -> tuple:
+    """Source -> cached token tuple. For HTML, the layout around a fragment, then premailer;
+    refuse a result that lost tags."""
     if html:
+        if layout.is_fragment(source):
+            source = layout.wrap(source, brand)
         inlined = inline_css(source)
         if _tags(inlined) != _tags(source):
             raise TemplateError("premailer changed the Mustache tags of the HTML template; write attributes "
@@ -88,32 +96,36 @@ class TemplateSet:
         self._checked_at = 0.0
         self._lock = threading.Lock()
 
-    def _version(self, name: str) -> tuple:
+    def _version(self, name: str, brand: layout.Brand) -> tuple:
         path = self.directory / name
         try:
             st = path.stat()
         except FileNotFoundError:
             raise TemplateError(f"digest template {path} does not exist") from None
-        return (str(path), st.st_mtime_ns, st.st_size)
+        return (str(path), st.st_mtime_ns, st.st_size, brand)
 
     def get(self, name: str) -> Compiled:
         now = time.monotonic()
         compiled = self._compiled.get(name)
-        if compiled is not None and now - self._checked_at < STAT_EVERY_SECONDS:
+        settings = config.get()
+        if compiled is not None and compiled.settings is settings and now - self._checked_at < STAT_EVERY_SECONDS:
             return compiled
         with self._lock:
-            version = self._version(name)
+            brand = layout.Brand.from_settings(settings)
+            version = self._version(name, brand)
             compiled = self._compiled.get(name)
             if compiled is None or compiled.version != version:
                 started = time.perf_counter()
                 source = Path(version[0]).read_text(encoding="utf-8")
-                tokens = compile_source(source, html=name.endswith(".html"))
+                tokens = compile_source(source, html=name.endswith(".html"), brand=brand)
                 try:
-                    compiled = Compiled(version, tokens, mustache.Template(tokens))
+                    compiled = Compiled(version, tokens, mustache.Template(tokens), settings)
                 except mustache.MustacheError as exc:
                     raise TemplateError(f"{version[0]}: {exc}") from None
                 self._compiled[name] = compiled
                 log.info("compiled digest template %s in %.1f ms", version[0], (time.perf_counter() - started) * 1e3)
+            elif compiled.settings is not settings:
+                compiled = self._compiled[name] = replace(compiled, settings=settings)
             if all(n in self._compiled for n in NAMES):
                 self._checked_at = now
             return compiled

@@ -9,6 +9,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 from app import apikeys, categories, db, ingest, subscribers
+from app.newsletter import service as newsletters
 from scripts import demo_history
 
 DEMO_USERS = [
@@ -27,6 +28,29 @@ CATEGORIES = {
     "like": {"label": "Likes", "description": "Someone likes a post of yours", "verb": "liked"},
     "comment": {"label": "Comments", "description": "Someone comments on a post of yours", "verb": "commented on"},
 }
+
+
+# A newsletter whose body is an HTML fragment: it goes out inside the mail layout (brand header,
+# card, BRAND_* colours; app/layout.py), with the standard footer added (no {{unsubscribe_url}}).
+NEWSLETTER_SUBJECT = "What's new at Notify, {{name}}"
+NEWSLETTER_HTML = """<h1>Hello {{name}}, here is what's new</h1>
+<p>You can now stop newsletters and keep your digest, or the other way round: every mail's
+unsubscribe link stops only that kind of mail, and the page behind it still offers "everything".</p>
+<p>Each digest also has a <strong>View in your browser</strong> link at the top.</p>
+<p><a href="https://example.test/blog/streams">Read the announcement</a></p>"""
+
+
+def demo_newsletter() -> int | None:
+    """Create the demo newsletter once and ask for it to be sent to the demo users (the worker of
+    `make run` sends it). Returns its id, or None when it exists already."""
+    if db.query("SELECT 1 FROM newsletters WHERE subject = %s", (NEWSLETTER_SUBJECT,)):
+        return None
+    values, errors = newsletters.validate_new({"subject": NEWSLETTER_SUBJECT, "html": NEWSLETTER_HTML})
+    assert not errors, errors
+    newsletter_id = newsletters.create(values)
+    newsletters.request_send(newsletter_id, {"kind": "user_ids",
+                                             "user_ids": sorted(u for u, *_ in DEMO_USERS)})
+    return newsletter_id
 
 
 def load() -> dict:
@@ -62,7 +86,7 @@ def load() -> dict:
         keys["events"] = apikeys.create("demo-producer", "events")
         keys["admin"] = apikeys.create("demo-admin", "admin")
     return {"subscribers": len(DEMO_USERS), "events_new": result.accepted, "keys": keys,
-            "history": demo_history.load()}
+            "history": demo_history.load(), "newsletter": demo_newsletter()}
 
 
 def main() -> int:
@@ -71,6 +95,8 @@ def main() -> int:
     history = summary["history"]
     print(f"demo history for /admin: {history['mails']} mails over 7 days, {history['opens_clicks']} opens/clicks, "
           f"{history['bounces_complaints']} bounces/complaints")
+    if summary["newsletter"]:
+        print(f"demo newsletter {summary['newsletter']} queued for the demo users (in the layout; mail viewer)")
     for scope, key in summary["keys"].items():
         print(f"demo {scope} API key (shown once): {key}")
     if "admin" in summary["keys"]:

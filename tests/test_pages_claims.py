@@ -77,7 +77,9 @@ def test_links_in_a_sent_newsletter_open_the_pages_and_one_click_works(client, r
     r = client.post(unsubscribe, content=b"List-Unsubscribe=One-Click",
                  headers={"Content-Type": "application/x-www-form-urlencoded"}, follow_redirects=False)
     assert r.status_code == 200
-    assert db.query("SELECT unsubscribed_at IS NOT NULL FROM subscribers")[0][0]
+    # A newsletter's one-click stops the newsletter stream only (issue 11 item 10: streams).
+    assert db.query("SELECT newsletters_unsubscribed_at IS NOT NULL, unsubscribed_at IS NULL, "
+                    "digest_cadence FROM subscribers") == [(True, True, "daily")]
 
 
 # ---------------------------------------------------------------- digest runs
@@ -131,4 +133,6 @@ def test_topic_opted_out_on_the_page_is_left_out_of_the_digest(client, digest_se
     assert mail.headers.get("List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
     unsubscribe = _path(re.search(r"<(https?://[^>]+)>", mail.headers["List-Unsubscribe"]).group(1))
     assert client.post(unsubscribe, files={"List-Unsubscribe": (None, "One-Click")}).status_code == 200
-    assert db.query("SELECT unsubscribed_at IS NOT NULL FROM subscribers WHERE id = %s", (sid,))[0][0]
+    # A digest's one-click stops the digest stream only (issue 11 item 10: streams).
+    assert db.query("SELECT digest_cadence, unsubscribed_at IS NULL, newsletters_unsubscribed_at IS NULL "
+                    "FROM subscribers WHERE id = %s", (sid,)) == [("off", True, True)]

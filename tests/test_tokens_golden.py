@@ -14,6 +14,10 @@ GOLDEN = [
     ("preferences", "djE6NDI6Mw.3FKnMFIiWkYDAxm78XVqFA", (42, 3, None)),
     ("unsubscribe", "djE6NzoyOmNhdGVnb3J5Omxpa2Vz.ytY-HhECJqA1rU9rkEtaeg", (7, 2, "category:likes")),
     ("unsubscribe", "djE6OToxOm5ld3NsZXR0ZXI6MTI.y_td8O5k0tcXLuEOi1qz6Q", (9, 1, "newsletter:12")),
+    # streams (issue 11): each mail's own stream, and a digest's hosted copy
+    ("unsubscribe", "djE6NDI6MTpkaWdlc3Rz.cI28xltrwa9o6_tm8EifMg", (42, 1, "digests")),
+    ("unsubscribe", "djE6NDI6MTpuZXdzbGV0dGVycw.8hkZzQUen8mkCO9Y9govYA", (42, 1, "newsletters")),
+    ("view", "djE6NDI6MTpydW46MTIzNA.qGfYCv48V5VIuZpqhf_vQg", (42, 1, "run:1234")),
 ]
 
 

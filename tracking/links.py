@@ -10,7 +10,8 @@ agree on one row) and the url → link id map is cached in the rewriter, so a ba
 pays one DB round trip per new URL set, not per recipient.
 
 Left alone: non-http(s) links (mailto:, tel:, #anchors), our own unsubscribe / preference links
-(they must work without a redirect hop and are what RFC 8058 clients look for), and links that
+(they must work without a redirect hop and are what RFC 8058 clients look for), a digest's "view
+in your browser" link (unique per mail: tracking it would add an email_links row per digest), and links that
 are already tracking URLs. With TRACKING=off or enabled=False (per-subscriber opt-out) the HTML
 is returned unchanged: clean links and no pixel.
 """
@@ -98,7 +99,7 @@ class LinkRewriter:
         self.mail_kind, self.mail_id = mail_kind, int(mail_id)
         self._link_ids: dict[str, int] = {}
         base = config.get().base_url
-        self._untracked_prefixes = (f"{base}/u/", f"{base}/preferences/", f"{base}/c/", f"{base}/o/")
+        self._untracked_prefixes = (f"{base}/u/", f"{base}/preferences/", f"{base}/v/", f"{base}/c/", f"{base}/o/")
 
     def _trackable(self, url: str) -> bool:
         lower = url[:8].lower()

@@ -15,9 +15,10 @@ Life of a newsletter (newsletters.status):
 
 Life of an outbox row (email_log.status):
   (new)      --outbox: subscribed------------------------> pending
-  (new)      --outbox: unsubscribed or suppressed---------> suppressed
+  (new)      --outbox: unsubscribed (everything or the
+               newsletter stream) or suppressed-----------> suppressed
   pending    --claim (attempt counted)--------------------> sending
-  pending    --claim: unsubscribed/suppressed since-------> suppressed
+  pending    --claim: unsubscribed/suppressed since-------> suppressed  (newsletter stream too)
   sending    --provider accepted--------------------------> sent
   sending    --refused, or attempts used up---------------> failed      (error kept)
   sending    --retryable failure, throttled---------------> pending     (backoff; a throttle refunds the attempt)
@@ -93,8 +94,10 @@ RETURNING n.id
 # -- email_log ---------------------------------------------------------------------------------
 _ROW_VALUES = """
     SELECT %(nl)s, s.id, s.email,
-           CASE WHEN s.unsubscribed_at IS NOT NULL OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'pending' END,
+           CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL
+                     OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'pending' END,
            CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed'
+                WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters'
                 WHEN sup.id IS NOT NULL THEN 'suppressed: ' || sup.reason END
     FROM subscribers s
     LEFT JOIN suppressions sup ON sup.email = lower(s.email)
@@ -123,8 +126,10 @@ WITH picked AS (
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE email_log e SET
-    status = CASE WHEN s.unsubscribed_at IS NOT NULL OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'sending' END,
+    status = CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL
+                       OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'sending' END,
     error = CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed before send'
+                 WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters before send'
                  WHEN sup.id IS NOT NULL THEN 'suppressed before send: ' || sup.reason ELSE e.error END,
     attempts = e.attempts + 1,
     claimed_at = now(),

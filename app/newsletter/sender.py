@@ -16,7 +16,7 @@ import random
 import time
 from datetime import datetime, timedelta, timezone
 
-from app import config, db, mail, metrics, shutdown, tokens
+from app import config, db, mail, metrics, shutdown, streams, tokens
 from app.newsletter import growth, kick, ratelimit, rows, store, template
 from app.providers import get_provider
 from app.providers.base import OutgoingMail, PermanentError, SendResult, ThrottledError, TransientError
@@ -178,7 +178,8 @@ def backoff(attempts: int) -> timedelta:
 
 def _render(newsletter_id, row_id, sub_id, email, name, user_id, token_version, tracking_opt_out,
             compiled, rewriter, from_addr, settings) -> OutgoingMail:
-    unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version)
+    # The newsletter stream's link: a one-click unsubscribe stops newsletters, not digests.
+    unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version, streams.NEWSLETTER_MAIL_SCOPE)
     rendered = compiled.render({
         "name": name or "", "email": email, "user_id": user_id,
         "unsubscribe_url": unsubscribe_url, "preferences_url": tokens.preferences_url(sub_id, token_version),

@@ -10,6 +10,14 @@ part (HTML, text, independently) whose template has no `unsubscribe_url` tag tha
 <!-- comments -->) gets the standard footer: unsubscribe link, preferences link and
 MAIL_POSTAL_ADDRESS. A part that has the link but not the address (as literal text) gets the
 address alone. The HTML footer goes before the last top-level </body>, else at the end.
+
+Layout: an HTML body that is a fragment (no <html>, <body> or doctype) is wrapped in the mail
+layout (app/layout.py: brand header, card, colours from settings) before premailer; a full document
+is sent as written. The derived text part comes from the body as written, without the layout.
+
+`{{name}}` of a subscriber without a name shows NAME_FALLBACK ("there"): the variable tags are
+pointed at a `display_name` value at compile time, while `{{#name}}` / `{{^name}}` sections still
+test the real name.
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from dataclasses import dataclass
 import chevron
 from chevron.tokenizer import ChevronError
 
-from app import config
+from app import config, layout
 
 log = logging.getLogger("app.newsletter.template")
 
@@ -184,19 +192,36 @@ def with_footer(tokens: list, address: str, html: bool) -> list:
     return [*tokens, *text_footer(address, links, after_newline)]
 
 
+DISPLAY_NAME = "display_name"
+
+
+def _name_fallback(tokens: list) -> list:
+    """{{name}} / {{{name}}} read `display_name` (the name, or NAME_FALLBACK); sections keep `name`."""
+    return [(kind, DISPLAY_NAME) if kind in ("variable", "no escape") and key == "name" else (kind, key)
+            for kind, key in tokens]
+
+
 class Compiled:
     """One newsletter's templates, ready to render many recipients (thread-safe, read-only).
-    `postal_address`: MAIL_POSTAL_ADDRESS by default."""
+    `postal_address`, `name_fallback`: from settings by default. `brand`: the layout a fragment
+    body is wrapped in (compiled_for, i.e. every send, passes the configured one); None: no layout."""
 
-    def __init__(self, subject: str, html: str, text: str | None, postal_address: str | None = None):
+    def __init__(self, subject: str, html: str, text: str | None, postal_address: str | None = None,
+                 brand: layout.Brand | None = None, name_fallback: str | None = None):
+        settings = config.get()
         if postal_address is None:
-            postal_address = config.get().mail_postal_address
-        self.subject_tokens = _unescaped(tokenize(subject))
-        self.html_tokens = with_footer(tokenize(inline_css(html)), postal_address, html=True)
-        self.text_tokens = with_footer(_unescaped(tokenize(text if text else text_from_html(html))),
-                                       postal_address, html=False)
+            postal_address = settings.mail_postal_address
+        self.name_fallback = settings.name_fallback if name_fallback is None else name_fallback
+        self.wrapped = brand is not None and layout.is_fragment(html)
+        body = layout.wrap(html, brand) if self.wrapped else html
+        self.subject_tokens = _name_fallback(_unescaped(tokenize(subject)))
+        self.html_tokens = _name_fallback(with_footer(tokenize(inline_css(body)), postal_address, html=True))
+        self.text_tokens = _name_fallback(with_footer(_unescaped(tokenize(text if text else text_from_html(html))),
+                                                      postal_address, html=False))
 
     def render(self, context: dict) -> Rendered:
+        if DISPLAY_NAME not in context:
+            context = {**context, DISPLAY_NAME: context.get("name") or self.name_fallback}
         subject = chevron.render(self.subject_tokens, context, partials_path=None)
         return Rendered(
             subject=" ".join(subject.split()),  # no header injection through a name with a newline
@@ -214,12 +239,13 @@ def compiled_for(newsletter_id: int, subject: str, html: str, text: str | None) 
     """Per-process cache, keyed by id AND content (a content hash costs microseconds; premailer
     costs milliseconds to seconds), so a reused id (a restored or test database) never renders
     another newsletter's template."""
-    postal_address = config.get().mail_postal_address
-    key = (newsletter_id, hash((subject, html, text, postal_address)))
+    settings = config.get()
+    postal_address, brand = settings.mail_postal_address, layout.Brand.from_settings(settings)
+    key = (newsletter_id, hash((subject, html, text, postal_address, brand, settings.name_fallback)))
     found = _cache.get(key)
     if found is not None:
         return found
-    compiled = Compiled(subject, html, text, postal_address)
+    compiled = Compiled(subject, html, text, postal_address, brand, settings.name_fallback)
     with _cache_lock:
         if len(_cache) >= _CACHE_MAX:
             _cache.pop(next(iter(_cache)))

@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from app import config, db, mail, tokens
+from app import config, db, mail, streams, tokens
 from app.addresses import EMAIL_PATTERN, AddressError, sendable
 from app.newsletter import template
 from app.providers import get_provider
@@ -97,7 +97,7 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
 def _render(newsletter_id: int, compiled: template.Compiled, address: str, subscriber, from_addr) -> OutgoingMail:
     if subscriber is not None:
         sub_id, name, user_id, token_version = subscriber
-        unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version)
+        unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version, streams.NEWSLETTER_MAIL_SCOPE)
         preferences_url = tokens.preferences_url(sub_id, token_version)
         headers = mail.unsubscribe_headers(unsubscribe_url)
     else:

@@ -19,14 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import subscribers
-from app.pages import common, csrf, store
+from app.pages import common, csrf, schedule, store
 
 log = logging.getLogger("app.pages.preferences")
 
 MAX_PAUSE_DAYS = 365
 ACTIONS = ("save", "resume", "unsubscribe", "resubscribe")
 NOTICES = {
-    "saved": "Your preferences are saved. They apply from your next digest.",
     "resumed": "Welcome back: your emails are no longer paused.",
     "unsubscribed": "You are unsubscribed from all emails. You can resubscribe below at any time.",
     "resubscribed": "You are subscribed again.",
@@ -58,6 +57,7 @@ def _form_values(subscriber: dict) -> dict:
         "categories": categories,
         "receive": {c for c in categories if c not in subscriber["category_opt_outs"]},
         "pause_days": "",
+        "newsletters": subscriber["newsletters_unsubscribed_at"] is None,
     }
 
 
@@ -77,7 +77,9 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
         "form": form,
         "errors": errors,
         "error_list": [(field, FIELD_LABELS.get(field, field), message) for field, message in errors.items()],
-        "notice": NOTICES.get(notice or ""),
+        # After a save, the notice says when the saved schedule sends next.
+        "notice": f"Your preferences are saved. {schedule.next_digest(subscriber, now)}" if notice == "saved"
+        else NOTICES.get(notice or ""),
         "cadences": CADENCE_CHOICES,
         "hours": [(h, f"{h:02d}:00") for h in range(24)],
         "weekdays": [(i, d.capitalize()) for i, d in enumerate(subscribers.WEEKDAYS)],
@@ -164,6 +166,19 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         else:
             values["paused_until"] = datetime.now(timezone.utc) + timedelta(days=int(pause_raw))
 
+    # Digests turned off here come back on the same cadence from a digest's unsubscribe page.
+    if values.get("digest_cadence") == "off" and subscriber["digest_cadence"] != "off":
+        values["digest_cadence_before_off"] = subscriber["digest_cadence"]
+    elif values.get("digest_cadence", "off") != "off":
+        values["digest_cadence_before_off"] = None
+
+    # The newsletter stream: one checkbox, which only counts when the page showed it.
+    newsletters = subscriber["newsletters_unsubscribed_at"] is None
+    if common.text(posted, "newsletters_shown"):
+        newsletters = common.text(posted, "newsletters") is not None
+        if newsletters != (subscriber["newsletters_unsubscribed_at"] is None):
+            values["newsletters_unsubscribed_at"] = None if newsletters else datetime.now(timezone.utc)
+
     sticky = {
         "digest_cadence": raw.get("digest_cadence", subscriber["digest_cadence"]),
         "digest_hour": raw.get("digest_hour", str(subscriber["digest_hour"])),
@@ -172,6 +187,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         "receive": receive if shown else set(),
         "categories": sorted(set(shown) | current) if shown else sorted(current),
         "pause_days": pause_raw[:12],
+        "newsletters": newsletters,
     }
     sticky["topics"] = store.topics(sticky["categories"])
     return values, errors, sticky

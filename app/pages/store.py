@@ -6,14 +6,15 @@ page load and submit changes nothing there; preference saves go through subscrib
 from __future__ import annotations
 
 from app import categories as category_registry
-from app import db, subscribers
+from app import db, streams, subscribers
 from digest import runs as digest_runs
 
 # How many topic checkboxes the preference centre shows at most; opt-outs are always shown.
 MAX_SHOWN_CATEGORIES = subscribers.MAX_CATEGORIES
 
 _COLUMNS = ("id", "user_id", "email", "name", "timezone", "digest_cadence", "digest_hour", "digest_weekday",
-            "category_opt_outs", "paused_until", "unsubscribed_at", "token_version")
+            "category_opt_outs", "paused_until", "unsubscribed_at", "token_version", "newsletters_unsubscribed_at",
+            "digest_cadence_before_off")
 
 
 def load(subscriber_id: int) -> dict | None:
@@ -69,17 +70,18 @@ def set_paused_until(subscriber_id: int, token_version: int, until) -> None:
 
 
 def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
-    """Idempotent. A "category:X" scope opts out of that topic only; anything else (no scope, or a
-    "newsletter:ID" scope — newsletters are not separate lists here) stops all mail. Returns whether
-    the row matched (False = token revoked meanwhile)."""
-    category = scope_category(scope)
+    """Idempotent; stops what the token scope names (app/streams.py). Returns whether the row
+    matched (False = token revoked meanwhile)."""
+    target = streams.target(scope)
+    if target.kind == streams.CATEGORY:
+        return _update(_OPT_OUT_SQL, (target.category, subscriber_id, token_version))
+    if target.kind == streams.DIGESTS:
+        # The schedule trigger (migration 0004) cancels the pending runs; claims skip any other
+        # ("cadence changed").
+        return _update(_DIGESTS_OFF_SQL, (subscriber_id, token_version))
+    if target.kind == streams.NEWSLETTERS:
+        return _update(_NEWSLETTERS_OFF_SQL, (subscriber_id, token_version))
     with db.database.connection_context(), db.database.atomic():
-        if category is not None:
-            cur = db.database.execute_sql(
-                "UPDATE subscribers SET category_opt_outs = ARRAY(SELECT DISTINCT c FROM "
-                "unnest(array_append(category_opt_outs, %s)) c ORDER BY c), updated_at = now() "
-                "WHERE id = %s AND token_version = %s", (category, subscriber_id, token_version))
-            return cur.rowcount > 0
         # COALESCE keeps the first unsubscribe time when a client repeats the one-click POST.
         cur = db.database.execute_sql(
             "UPDATE subscribers SET unsubscribed_at = COALESCE(unsubscribed_at, now()), updated_at = now() "
@@ -93,19 +95,55 @@ def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bo
 
 
 def resubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
-    category = scope_category(scope)
-    if category is not None:
-        sql = ("UPDATE subscribers SET category_opt_outs = array_remove(category_opt_outs, %s), updated_at = now() "
+    """Undoes unsubscribe() for the same scope. Digests come back on the cadence they had before
+    the digest stream was stopped (daily if it was never recorded)."""
+    target = streams.target(scope)
+    if target.kind == streams.CATEGORY:
+        return _update(_OPT_IN_SQL, (target.category, subscriber_id, token_version))
+    if target.kind == streams.DIGESTS:
+        return _update(_DIGESTS_ON_SQL, (subscriber_id, token_version))
+    if target.kind == streams.NEWSLETTERS:
+        return _update(_NEWSLETTERS_ON_SQL, (subscriber_id, token_version))
+    return _update("UPDATE subscribers SET unsubscribed_at = NULL, updated_at = now() "
+                   "WHERE id = %s AND token_version = %s RETURNING id", (subscriber_id, token_version))
+
+
+_OPT_OUT_SQL = ("UPDATE subscribers SET category_opt_outs = ARRAY(SELECT DISTINCT c FROM "
+                "unnest(array_append(category_opt_outs, %s)) c ORDER BY c), updated_at = now() "
+                "WHERE id = %s AND token_version = %s RETURNING id")
+_OPT_IN_SQL = ("UPDATE subscribers SET category_opt_outs = array_remove(category_opt_outs, %s), updated_at = now() "
                "WHERE id = %s AND token_version = %s RETURNING id")
-        params = (category, subscriber_id, token_version)
-    else:
-        sql = ("UPDATE subscribers SET unsubscribed_at = NULL, updated_at = now() "
-               "WHERE id = %s AND token_version = %s RETURNING id")
-        params = (subscriber_id, token_version)
+# A repeated stop keeps the cadence recorded by the first one.
+_DIGESTS_OFF_SQL = (
+    "UPDATE subscribers SET digest_cadence_before_off = CASE WHEN digest_cadence <> 'off' THEN digest_cadence "
+    "ELSE digest_cadence_before_off END, digest_cadence = 'off', updated_at = now() "
+    "WHERE id = %s AND token_version = %s RETURNING id")
+_DIGESTS_ON_SQL = (
+    "UPDATE subscribers SET digest_cadence = CASE WHEN digest_cadence = 'off' "
+    "THEN COALESCE(digest_cadence_before_off, 'daily') ELSE digest_cadence END, "
+    "digest_cadence_before_off = NULL, updated_at = now() "
+    "WHERE id = %s AND token_version = %s RETURNING id")
+_NEWSLETTERS_OFF_SQL = (
+    "UPDATE subscribers SET newsletters_unsubscribed_at = COALESCE(newsletters_unsubscribed_at, now()), "
+    "updated_at = now() WHERE id = %s AND token_version = %s RETURNING id")
+_NEWSLETTERS_ON_SQL = ("UPDATE subscribers SET newsletters_unsubscribed_at = NULL, updated_at = now() "
+                       "WHERE id = %s AND token_version = %s RETURNING id")
+
+
+def _update(sql: str, params: tuple) -> bool:
     return bool(db.query(sql, params))
 
 
+def is_stopped(subscriber: dict, target: streams.Target) -> bool:
+    """Whether what `target` names is already stopped for this subscriber (page state)."""
+    if target.kind == streams.CATEGORY:
+        return target.category in subscriber["category_opt_outs"]
+    if target.kind == streams.DIGESTS:
+        return subscriber["digest_cadence"] == "off"
+    if target.kind == streams.NEWSLETTERS:
+        return subscriber["newsletters_unsubscribed_at"] is not None
+    return subscriber["unsubscribed_at"] is not None
+
+
 def scope_category(scope: str | None) -> str | None:
-    if scope and scope.startswith("category:") and len(scope) > len("category:"):
-        return scope[len("category:"):]
-    return None
+    return streams.target(scope).category

@@ -8,11 +8,13 @@
   CSRF-checked on purpose: the signed token is the capability (exactly what RFC 8058 relies on), a
   cross-site forger could use the one-click form anyway, and a browser that blocks cookies must
   still be able to leave.
-- POST `action=resubscribe`: CSRF-checked (signed double-submit cookie), 303 back to the page.
+- POST `action=unsubscribe_all` from the page's second button: stops everything, as above.
+- POST `action=resubscribe` / `resubscribe_all`: CSRF-checked (signed double-submit cookie), 303
+  back to the page.
 
-Token scope: "category:X" unsubscribes from that topic only (adds X to category_opt_outs);
-no scope or "newsletter:ID" stops all mail (subscribers.unsubscribed_at), since newsletters are
-not separate lists in this service.
+The token scope says what the link stops (app/streams.py): a digest's link the digest stream, a
+newsletter's the newsletter stream, "category:X" one topic, no scope everything. The page says
+which, and always offers "everything" too.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import tokens
+from app import streams, tokens
 from app.pages import common, csrf, store
 
 log = logging.getLogger("app.pages.unsubscribe")
@@ -36,23 +38,23 @@ def _page_url(token: str) -> str:
     return f"/u/{quote(token, safe='')}"
 
 
-def _category(claims: tokens.TokenClaims) -> str | None:
-    return store.scope_category(claims.scope)
-
-
-def _is_unsubscribed(subscriber: dict, category: str | None) -> bool:
-    if category is not None:
-        return category in subscriber["category_opt_outs"]
-    return subscriber["unsubscribed_at"] is not None
+def _state(subscriber: dict, claims: tokens.TokenClaims) -> dict:
+    target = streams.target(claims.scope)
+    return {
+        "scope_kind": target.kind,
+        "category": target.category,
+        "what": streams.label(target),
+        "scoped": target.kind != streams.EVERYTHING,
+        "unsubscribed": store.is_stopped(subscriber, target),
+        "everything_stopped": subscriber["unsubscribed_at"] is not None,
+    }
 
 
 @common.token_page("unsubscribe")
 async def unsubscribe_page(request: Request, token: str, subscriber: dict, claims) -> Response:
-    category = _category(claims)
     return common.form_page(request, "unsubscribe.html", {
         "subscriber": subscriber,
-        "category": category,
-        "unsubscribed": _is_unsubscribed(subscriber, category),
+        **_state(subscriber, claims),
         "action_url": _page_url(token),
         "preferences_url": tokens.preferences_path(subscriber["id"], subscriber["token_version"]),
         "notice": request.query_params.get("notice") if request.query_params.get("notice") in
@@ -76,14 +78,18 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
         # client or the user acts by POST; scanners GET). No redirect, no cookie.
         await run_in_threadpool(store.unsubscribe, sid, version, scope)
         log.info("subscriber %s unsubscribed by one-click POST (scope=%s)", sid, scope)
+        target = streams.target(scope)
         return common.render(request, "unsubscribed_oneclick.html",
-                             {"category": _category(claims), "email": subscriber["email"]})
+                             {"category": target.category, "what": streams.label(target),
+                              "email": subscriber["email"]})
 
-    if action == "unsubscribe":
+    if action in ("unsubscribe", "unsubscribe_all"):
+        scope = scope if action == "unsubscribe" else None
         await run_in_threadpool(store.unsubscribe, sid, version, scope)
         log.info("subscriber %s unsubscribed from the confirmation page (scope=%s)", sid, scope)
         notice = "unsubscribed"
-    elif action == "resubscribe":
+    elif action in ("resubscribe", "resubscribe_all"):
+        scope = scope if action == "resubscribe" else None
         if not csrf.valid(request, sid, common.text(posted, csrf.FIELD)):
             log.info("resubscribe for subscriber %s rejected: bad CSRF token", sid)
             return common.error_page(

@@ -1,0 +1,128 @@
+"""Mails and pages in Debian's headless Chromium at 1280 and 390 px: a digest (its hosted copy, the
+same HTML the mail carries), a newsletter in the layout, the preference page after saving, and a
+stream unsubscribe page. Screenshots land in test-artifacts/ (<name>-1280.png, <name>-390.png);
+at 390 px nothing may scroll sideways."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from app import categories, layout, streams, tokens
+from app.newsletter import template
+from tests import factories
+from tests.test_browser_pages import CHROMIUM, browser, live_server, shot, sync_playwright  # noqa: F401
+import os
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(sync_playwright is None, reason="python package 'playwright' is not installed"),
+    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"{CHROMIUM} not found"),
+]
+
+WIDTHS = (1280, 390)
+OVERFLOW_JS = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+def at_each_width(browser, name: str, load) -> list[str]:  # noqa: F811
+    """load(page) at each width; asserts no sideways scroll at 390 px; returns each page's text."""
+    texts = []
+    for width in WIDTHS:
+        mobile = width < 600
+        context = browser.new_context(viewport={"width": width, "height": 900}, is_mobile=mobile, has_touch=mobile,
+                                      device_scale_factor=2 if mobile else 1, locale="en-US")
+        try:
+            page = context.new_page()
+            load(page)
+            if mobile:
+                assert page.evaluate(OVERFLOW_JS) <= 0, f"{name} scrolls sideways at {width} px"
+            texts.append(page.locator("body").inner_text())
+            shot(page, f"{name}-{width}")
+        finally:
+            context.close()
+    return texts
+
+
+def test_digest_at_1280_and_390(live_server, browser):  # noqa: F811
+    sid = factories.subscriber("browser-digest", name="Ana Lima", timezone="Europe/Lisbon")
+    sent_at = datetime.now(timezone.utc) - timedelta(minutes=5)
+    run_id = factories.digest_run(sid, status="sent", completed_at=sent_at)
+    posts = [("p1", "Launch notes", 6), ("p2", "A rather long title about the roadmap for the third quarter "
+                                        "and everything that comes with it", 3),
+             ("p3", "Design review: onboarding", 2)]
+    for post, title, n in posts:
+        factories.events("browser-digest", n, category="likes", entity_id=post, run_id=run_id, when=sent_at - timedelta(hours=2),
+                         payload={"entity_title": title, "entity_url": f"https://example.test/posts/{post}?"
+                                  "utm_source=digest&a-very-long-query-string-that-must-wrap=1234567890abcdef"})
+    factories.events("browser-digest", 2, category="comments", entity_id="p1", run_id=run_id,
+                     when=sent_at - timedelta(minutes=30), payload={"text": "Looks good"})
+    # the keys the preference test's events use too: the server caches the registry for a while
+    for key, label, verb in (("likes", "Likes", "liked"), ("comments", "Comments", "commented on")):
+        categories.upsert(key, categories.validate({"label": label, "verb": verb})[0])
+    url = live_server + "/v/" + tokens.make("view", sid, 1, f"run:{run_id}")
+
+    def load(page):
+        response = page.goto(url)
+        assert response.status == 200
+
+    texts = at_each_width(browser, "digest", load)
+    for text in texts:
+        assert "Launch notes" in text and "Hi Ana, here is your daily digest" in text
+        assert "Notify" in text and "This digest was sent on" in text
+
+
+def test_newsletter_in_the_layout_at_1280_and_390(browser):  # noqa: F811
+    brand = layout.Brand("Acme Weekly", "", "#b3261e", "#f6f1ec")
+    body = ("<h1>Hello {{name}}, here is what's new</h1>"
+            "<p>We shipped streams: stop newsletters and keep your digest, or the other way round.</p>"
+            '<p><img src="data:image/svg+xml;utf8,<svg xmlns=%27http://www.w3.org/2000/svg%27 width=%27900%27 '
+            'height=%27300%27><rect width=%27900%27 height=%27300%27 fill=%27%23ddd%27/></svg>" width="900" '
+            'height="300" alt="A wide picture"></p>'
+            '<p>Read more: <a href="https://example.test/a/very/long/link/that/has/no/spaces/at/all/'
+            'and/goes/on/and/on/for/ever/and/ever">https://example.test/a/very/long/link/that/has/no/spaces/'
+            "at/all/and/goes/on/and/on/for/ever/and/ever</a></p>")
+    compiled = template.Compiled("News for {{name}}", body, None, "Acme Ltd, 1 Main St, Springfield", brand)
+    rendered = compiled.render({"name": "", "email": "a@example.test", "user_id": "u1",
+                                "unsubscribe_url": "https://notify.example/u/TOKEN",
+                                "preferences_url": "https://notify.example/preferences/TOKEN"})
+    texts = at_each_width(browser, "newsletter", lambda page: page.set_content(rendered.html))
+    for text in texts:
+        assert "Acme Weekly" in text and "Hello there" in text and "Unsubscribe" in text
+
+
+def test_preference_page_after_saving_at_1280_and_390(live_server, browser):  # noqa: F811
+    sid = factories.subscriber("browser-prefs", name="Ana Lima")
+    factories.category_events("browser-prefs", "likes", "comments", "mentions")
+    url = live_server + "/preferences/" + tokens.make("preferences", sid, 1)
+    saved = []
+
+    def load(page):
+        page.goto(url)
+        page.get_by_role("radio", name="Weekly digest").check()
+        page.get_by_label("Time of day").select_option("18")
+        page.get_by_label("Weekday").select_option("4")
+        page.get_by_label("Time zone", exact=True).fill("Europe/Lisbon")
+        page.get_by_label("Send me newsletters").uncheck()
+        page.get_by_role("button", name="Save preferences").click()
+        page.wait_for_url("**?notice=saved")
+        saved.append(page.get_by_role("status").inner_text())
+
+    at_each_width(browser, "preferences-saved", load)
+    for notice in saved:
+        assert "Your preferences are saved" in notice
+        assert "Your next digest: Friday " in notice and ", 18:00 Europe/Lisbon." in notice
+    assert not factories.db.query("SELECT newsletters_unsubscribed_at IS NULL FROM subscribers WHERE id = %s",
+                                  (sid,))[0][0]
+
+
+def test_stream_unsubscribe_page_at_1280_and_390(live_server, browser):  # noqa: F811
+    sid = factories.subscriber("browser-unsub")
+    url = live_server + "/u/" + tokens.make("unsubscribe", sid, 1, streams.DIGESTS)
+
+    def load(page):
+        page.goto(url)
+        assert page.get_by_role("button", name="Unsubscribe from digest emails").is_visible()
+        assert page.get_by_role("button", name="Unsubscribe from everything").is_visible()
+
+    at_each_width(browser, "unsubscribe-digests", load)
