@@ -157,6 +157,11 @@ INSERT_HIGH_SQL = INSERT_SQL.replace("occurred_at)", "occurred_at, high_priority
 INSERT_HIGH_TEMPLATE = INSERT_TEMPLATE[:-1] + ", %s)"
 
 
+def _high(row: tuple) -> bool:
+    """Rows are Event.row() tuples; scripts may hand the ten columns without high_priority."""
+    return len(row) > 10 and bool(row[10])
+
+
 def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
     """Insert several requests' rows in the caller's transaction; per-request accepted/duplicate counts.
 
@@ -171,7 +176,7 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
             if key not in owner:
                 owner[key] = j
                 unique_rows.append(row)
-    high = any(row[10] for row in unique_rows)
+    high = any(_high(row) for row in unique_rows)
     sql, template = (INSERT_HIGH_SQL, INSERT_HIGH_TEMPLATE) if high else (INSERT_SQL, INSERT_TEMPLATE)
     inserted = psycopg2.extras.execute_values(
         cur, sql, unique_rows if high else [row[:10] for row in unique_rows], template=template,
@@ -215,7 +220,7 @@ def _hint_send_now(cur, rows: list[tuple], stored: set) -> int:
     for row in rows:
         if (row[0], row[1]) in stored:
             users.add(row[2])
-            if row[10] or row[3] in now_categories:
+            if _high(row) or row[3] in now_categories:
                 urgent.add(row[2])
     if not users:
         return 0
