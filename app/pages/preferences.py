@@ -40,7 +40,8 @@ CADENCE_CHOICES = (
     ("hourly", "Hourly digest", "One email an hour when there is something new."),
     ("daily", "Daily digest", "One email a day with everything new."),
     ("weekly", "Weekly digest", "One email a week, on the weekday you choose."),
-    ("off", "No digests", "Stop digest emails. You may still get occasional newsletters."),
+    ("off", "No digests", "No notification emails at all, not even urgent ones. You may still get occasional "
+                          "newsletters."),
 )
 
 
