@@ -326,3 +326,13 @@ def test_preference_page_offers_and_saves_the_new_cadences(client):
                     follow_redirects=False)
     assert r.status_code == 303
     assert subscribers.get("p")["digest_cadence"] == "immediately"
+
+
+def test_digest_now_sends_an_immediately_subscribers_waiting_events(sink):
+    sid = factories.subscriber("n", digest_cadence="immediately")
+    ids = factories.events("n", 2)
+    (rid,) = digest_plan.send_next_now(["n"])
+    assert run_row(rid)["cadence"] == "immediately"
+    digest_send.process([rid])
+    assert set(marked(ids).values()) == {rid} and len(sink.messages()) == 1
+    assert db.query("SELECT count(*) FROM digest_send_now WHERE subscriber_id = %s", (sid,)) == [(0,)]
