@@ -8,11 +8,13 @@ re-enqueued by the checker), not by Dramatiq; Dramatiq retries only cover crashe
 """
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import dramatiq
 from dramatiq.middleware import Middleware
 
 from app import config, providers
-from digest import render
+from digest import immediate, render
 from digest import send as digest_send
 
 MAX_IDS_PER_MESSAGE = 1000
@@ -48,3 +50,13 @@ def build_and_send_digest(run_ids: list[int] | None = None) -> None:
             raise ValueError("run_ids must be a list of at most %d ids" % MAX_IDS_PER_MESSAGE)
         run_ids = [int(i) for i in run_ids]
     digest_send.process(run_ids=run_ids)
+
+
+# A hint sent after an ingest commit that asked for it (app/ingest.py): one send-now pass, then
+# the runs it made due now are sent here. Losing it only delays them to the scheduler's next tick.
+@dramatiq.actor(queue_name="digest", max_retries=3, min_backoff=1_000, max_backoff=60_000,
+                time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000)
+def send_now() -> None:
+    _, run_ids = immediate.plan(datetime.now(timezone.utc), sending_now=True)
+    for start in range(0, len(run_ids), MAX_IDS_PER_MESSAGE):
+        digest_send.process(run_ids=run_ids[start:start + MAX_IDS_PER_MESSAGE])

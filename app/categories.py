@@ -158,5 +158,10 @@ def registry(cur=None) -> dict[str, Category]:
     return cache.get(cur)
 
 
+def send_now_keys(reg: dict[str, Category]) -> list[str]:
+    """The categories whose events bypass the digest (delivery `immediate`)."""
+    return sorted(key for key, c in reg.items() if c.delivery == "immediate")
+
+
 def lookup(key: str, reg: dict[str, Category]) -> Category:
     return reg.get(key) or unknown(key)

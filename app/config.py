@@ -147,6 +147,11 @@ class Settings:
     digest_queue_max_depth: int = setting(200, "the checker never lets the digest queue grow past this")
     digest_reenqueue_seconds: int = setting(300, "a pending run enqueued this long ago is enqueued again")
     digest_retry_base_seconds: int = setting(60, "backoff after a retryable failure: base x 2^attempts")
+    immediate_max_per_hour: int = setting(4, "send-now mails (cadence `immediately`, priority high, \"send now\" "
+                                             "categories) per subscriber in any hour; more waits for the next "
+                                             "allowed one (0 = no limit)")
+    immediate_recheck_seconds: int = setting(3600, "how often every `immediately` subscriber is looked at anyway "
+                                                   "(events left behind by a pause or a resubscribe)")
     smtp_pool_size: int = setting(8, "SMTP connections a batch always gets (per worker process)")
     smtp_pool_max: int = setting(256, "most SMTP connections per worker process: the async pool grows towards it "
                                       "by Little's law only when the relay is slow (a relay 50 ms away needs about "

@@ -11,13 +11,13 @@ import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 import psycopg2.extras
 from pydantic import AfterValidator, Field
 
-from app import config, urls
+from app import categories, config, queue, urls
 from app.groupcommit import GroupCommitWriter, OnFirstUse
 from app.openapi import free_form_values
 from app.validation import NOT_BLANK, Body, Text, check, documented, fail
@@ -96,6 +96,10 @@ class Event(Body):
                                                                 "(default: its type and id)")] = None
     entity_url: _url_field("where the digest links the entity (through click tracking when on)") = None
     actor_avatar_url: _url_field("the actor's picture, shown beside their name") = None
+    priority: Annotated[Literal["high", "normal"] | None,
+                        Field(description="`high`: sent now in its own mail to every subscriber who receives "
+                                          "the category (even daily/weekly/hourly ones; rate limited per "
+                                          "subscriber), not held for the digest. Default `normal`")] = None
 
     def row(self, source: str) -> tuple:
         payload = self.payload or "{}"
@@ -103,7 +107,7 @@ class Event(Body):
             payload = _with_display_fields(payload, {k: v for k in DISPLAY_FIELDS
                                                      if (v := getattr(self, k)) is not None})
         return (source, self.id, self.user_id, self.category, self.entity_type, self.entity_id, self.actor_id,
-                self.actor_name, payload, self.occurred_at)
+                self.actor_name, payload, self.occurred_at, True if self.priority == "high" else None)
 
 
 def _batch_limit(schema: dict) -> None:
@@ -136,6 +140,7 @@ def validate_batch(events: list, is_batch: bool, source: str) -> tuple[list[tupl
 class Result:
     accepted: int
     duplicates: int
+    send_now: bool = False   # the commit asked for a send-now pass (digest/immediate.py)
 
 
 # A row whose (source, producer_id) is taken is skipped by the table's trigger (the key lives in
@@ -147,6 +152,14 @@ INSERT_SQL = (
     "RETURNING source, producer_id"
 )
 INSERT_TEMPLATE = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s::timestamptz, now()))"
+# high_priority is named only when a row of the group has it: the usual statement stays as it was.
+INSERT_HIGH_SQL = INSERT_SQL.replace("occurred_at)", "occurred_at, high_priority)")
+INSERT_HIGH_TEMPLATE = INSERT_TEMPLATE[:-1] + ", %s)"
+
+
+def _high(row: tuple) -> bool:
+    """Rows are Event.row() tuples; scripts may hand the ten columns without high_priority."""
+    return len(row) > 10 and bool(row[10])
 
 
 def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
@@ -163,19 +176,73 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
             if key not in owner:
                 owner[key] = j
                 unique_rows.append(row)
+    high = any(_high(row) for row in unique_rows)
+    sql, template = (INSERT_HIGH_SQL, INSERT_HIGH_TEMPLATE) if high else (INSERT_SQL, INSERT_TEMPLATE)
     inserted = psycopg2.extras.execute_values(
-        cur, INSERT_SQL, unique_rows, template=INSERT_TEMPLATE, page_size=len(unique_rows) or 1, fetch=True
+        cur, sql, unique_rows if high else [row[:10] for row in unique_rows], template=template,
+        page_size=len(unique_rows) or 1, fetch=True
     )
     accepted = [0] * len(jobs)
     for key in inserted:
         accepted[owner[tuple(key)]] += 1
-    return [Result(accepted[j], len(rows) - accepted[j]) for j, rows in enumerate(jobs)]
+    send_now = _hint_send_now(cur, unique_rows, {tuple(key) for key in inserted}) > 0
+    return [Result(accepted[j], len(rows) - accepted[j], send_now) for j, rows in enumerate(jobs)]
+
+
+# Who may have something to send now (digest/immediate.py consumes digest_send_now with the runs
+# it makes): the users who chose `immediately`, and those of urgent events. Only when there are
+# some is anything written (old schemas, during a deploy, never get here: no such subscriber, and
+# an urgent event needs this release's column anyway). DO UPDATE, not DO NOTHING: a row a
+# send-now pass holds (FOR UPDATE) may be about to be deleted by it, its snapshot older than
+# these events; updating waits for that pass and then inserts the row again, so these events are
+# looked at by the next pass.
+SEND_NOW_WHO = """
+SELECT id FROM subscribers
+WHERE unsubscribed_at IS NULL
+  AND ((user_id = ANY (%(urgent)s::text[]) AND digest_cadence <> 'off')
+       OR (user_id = ANY (%(users)s::text[]) AND digest_cadence = 'immediately'))
+ORDER BY id
+"""
+SEND_NOW_SQL = """
+INSERT INTO digest_send_now (subscriber_id)
+SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id
+ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since
+"""
+
+
+def _hint_send_now(cur, rows: list[tuple], stored: set) -> int:
+    """Same transaction as the events: mark for the send-now planner the users who chose
+    `immediately` and the users of urgent events (priority high, or a "send now" category as the
+    registry says now, cached in process for up to 30 s). One statement per group commit, two when
+    there is something to mark."""
+    now_categories = set(categories.send_now_keys(categories.registry(cur)))
+    users, urgent = set(), set()
+    for row in rows:
+        if (row[0], row[1]) in stored:
+            users.add(row[2])
+            if _high(row) or row[3] in now_categories:
+                urgent.add(row[2])
+    if not users:
+        return 0
+    cur.execute(SEND_NOW_WHO, {"users": sorted(users), "urgent": sorted(urgent)})
+    ids = [row[0] for row in cur.fetchall()]
+    if not ids:
+        return 0
+    cur.execute(SEND_NOW_SQL, (ids,))
+    return cur.rowcount
+
+
+def _after_commit(jobs, results) -> None:
+    """A hint to the digest workers that something may go out now. Only a hint: the rows in
+    digest_send_now are the truth and the scheduler's next tick looks at them anyway."""
+    if any(r.send_now for r in results):
+        queue.send(queue.SEND_NOW)
 
 
 def new_writer(url: str | None = None) -> GroupCommitWriter:
     settings = config.get()
-    return GroupCommitWriter("ingest", insert_rows, url=url, wait_ms=settings.ingest_group_wait_ms,
-                             max_items=settings.ingest_group_max_events)
+    return GroupCommitWriter("ingest", insert_rows, after_commit=_after_commit, url=url,
+                             wait_ms=settings.ingest_group_wait_ms, max_items=settings.ingest_group_max_events)
 
 
 writer = OnFirstUse(new_writer)

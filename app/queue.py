@@ -8,7 +8,7 @@ in Postgres are the truth — so every enqueue is safe to repeat and safe to los
 Queues, highest priority first (each worker process consumes all of them; run a dedicated worker
 with `--queues transactional digest` if a big newsletter must never share threads with digests):
   transactional  one-off mail a user is waiting for
-  digest         build_and_send_digest
+  digest         build_and_send_digest, send_now
   newsletter     outbox creation and send batches
   webhooks       applying stored SendGrid events
 """
@@ -32,10 +32,11 @@ class Target(NamedTuple):
 
 
 DIGEST_BATCH = Target("digest", "build_and_send_digest")
+SEND_NOW = Target("digest", "send_now")
 CREATE_OUTBOX = Target("newsletter", "create_outbox")
 SEND_BATCH = Target("newsletter", "send_batch")
 APPLY_WEBHOOK_EVENTS = Target("webhooks", "apply_webhook_events")
-TARGETS = (DIGEST_BATCH, CREATE_OUTBOX, SEND_BATCH, APPLY_WEBHOOK_EVENTS)
+TARGETS = (DIGEST_BATCH, SEND_NOW, CREATE_OUTBOX, SEND_BATCH, APPLY_WEBHOOK_EVENTS)
 
 _lock = threading.Lock()
 _broker: RedisBroker | None = None

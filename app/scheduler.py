@@ -7,7 +7,7 @@ PgBouncer in transaction pooling mode. Every job is idempotent anyway (unique ke
 a brief overlap could not double-send.
 
 Each tick (every SCHEDULER_INTERVAL_SECONDS):
-  1. plan digest runs (app/digest_plan.plan)
+  1. plan digest runs (digest/plan.py), then send-now runs (digest/immediate.py)
   2. watchdog: stuck `processing` runs back to `pending` / `failed`
   3. checker: enqueue due pending runs to the digest queue, bounded by queue depth
   4. hooks of other domains, if installed: stale newsletter sends, unapplied webhook events,
@@ -30,6 +30,7 @@ from app import config, db, lease, observability, queue, retention
 from app.cli import print_json
 from app.newsletter.reclaim import reclaim_stale
 from digest import build as digest_build
+from digest import immediate as digest_immediate
 from digest import plan as digest_plan
 from tracking.webhook_apply import requeue_unprocessed
 
@@ -105,6 +106,7 @@ def tick(now: datetime | None = None, send=None, depth=None) -> dict:
             return default
 
     result["planned"] = job("plan", lambda: digest_plan.plan(now), 0)
+    result["send_now"] = job("send_now", lambda: digest_immediate.plan(now)[0], 0)
     result["reclaimed"], result["failed"] = job("watchdog", lambda: digest_plan.watchdog(now), (0, 0))
 
     def check():
@@ -116,7 +118,7 @@ def tick(now: datetime | None = None, send=None, depth=None) -> dict:
 
     result["enqueued"] = job("checker", check, 0)
     result["hooks"] = run_hooks()
-    if result["planned"] or result["enqueued"] or result["reclaimed"] or result["failed"] or "errors" in result:
+    if any(result[k] for k in ("planned", "send_now", "enqueued", "reclaimed", "failed")) or "errors" in result:
         log.info("tick: %s", result)
     return result
 

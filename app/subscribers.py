@@ -11,7 +11,7 @@ from app import db
 from app.addresses import EMAIL_PATTERN, AddressError, sendable
 from app.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
 
-CADENCES = ("daily", "weekly", "off")
+CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 MAX_CATEGORIES = 100
 

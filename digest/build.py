@@ -30,13 +30,17 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
     empty (no groups) for runs with only the subscriber's own activity.
     A broken template (TemplateError) raises: every run would fail the same way."""
     settings = settings or config.get()
-    events = digest_load.load_unsent(cur, [r.subscriber_id for r in runs], settings.digest_event_page,
-                                     settings.digest_max_events)
+    registry = categories.registry(cur)    # cached in process: at most one query per batch
+    events = digest_load.load_unsent(cur, [r.subscriber_id for r in runs if not r.urgent_only],
+                                     settings.digest_event_page, settings.digest_max_events)
+    urgent = [r.subscriber_id for r in runs if r.urgent_only]
+    if urgent:     # "send now" runs of digest subscribers: only what cannot wait (a second query)
+        events.update(digest_load.load_unsent(cur, urgent, settings.digest_event_page, settings.digest_max_events,
+                                              urgent_categories=categories.send_now_keys(registry)))
     for run in runs:
         evs = events.get(run.subscriber_id) or []
         run.digest = digest_group.build(evs, settings.digest_max_items, recipient=run.user_id) if evs else None
     digest_details.resolve(cur, [r.digest for r in runs if r.digest and not r.digest.empty])
-    registry = categories.registry(cur)    # cached in process: at most one query per batch
     now = datetime.now(timezone.utc)
     rendered, errors = [], []
     for run in runs:
@@ -71,9 +75,14 @@ def render_mail(run: ClaimedRun, registry: dict, now: datetime) -> tuple[str, st
     return digest_render.templates().render_html(context_for(run, registry, now))
 
 
+# What the mail calls itself ("here is your hourly digest"); a "send now" mail is an instant one.
+CADENCE_WORDS = {"immediately": "instant"}
+
+
 def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
     return digest_context.build(
-        run.digest, categories=registry, cadence=run.cadence, name=run.name, timezone=run.timezone, now=now,
+        run.digest, categories=registry, cadence=CADENCE_WORDS.get(run.cadence, run.cadence), name=run.name,
+        timezone=run.timezone, now=now,
         last_digest_at=run.last_digest_at,
         unsubscribe_url=unsubscribe_url(run.subscriber_id, run.token_version),
         preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
@@ -120,7 +129,8 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
             return None
         digest_details.resolve(cur, [digest])
         registry = categories.registry(cur)
-    ctx = digest_context.build(digest, categories=registry, cadence=cadence if cadence != "off" else "daily",
+    cadence = CADENCE_WORDS.get(cadence, cadence) if cadence != "off" else "daily"
+    ctx = digest_context.build(digest, categories=registry, cadence=cadence,
                                name=name, timezone=tz, now=datetime.now(timezone.utc),
                                last_digest_at=last_digest_at,
                                unsubscribe_url=unsubscribe_url(sid, token_version),

@@ -37,9 +37,16 @@ class ClaimedRun:
             return "suppressed"
         if self.paused:
             return "paused"
+        if self.cadence == "immediately":   # "send now" mail: any cadence but off
+            return "cadence changed" if self.subscriber_cadence == "off" else None
         if self.subscriber_cadence != self.cadence:
             return "cadence changed"
         return None
+
+    @property
+    def urgent_only(self) -> bool:
+        """A "send now" run of a digest subscriber carries only the events that cannot wait."""
+        return self.cadence == "immediately" and self.subscriber_cadence != "immediately"
 
 
 def claim(cur, run_ids: list[int] | None, limit: int, max_attempts: int) -> tuple[list[ClaimedRun], list[tuple[int, str]]]:
@@ -49,6 +56,7 @@ def claim(cur, run_ids: list[int] | None, limit: int, max_attempts: int) -> tupl
     claimed = sorted((ClaimedRun(*row) for row in runs.claim(cur, run_ids, limit)), key=lambda r: r.id)
     if not claimed:
         return [], []
+    runs.lock_subscribers(cur, [r.subscriber_id for r in claimed])
     busy = runs.subscribers_busy_elsewhere(cur, [r.subscriber_id for r in claimed], [r.id for r in claimed])
     ready, skipped, release, seen = [], [], [], set(busy)
     for run in claimed:

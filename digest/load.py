@@ -31,15 +31,28 @@ ORDER BY s.id, e.id
 """
 
 
+# A "send now" run of a daily/weekly/hourly subscriber (digest/immediate.py) loads only the events
+# that cannot wait: priority high, or of a category whose delivery is `immediate`. A separate
+# statement, so the digest path's query stays as it was.
+URGENT = "AND (e.high_priority OR e.category = ANY (%(urgent_categories)s::text[]))"
+_URGENT_PAGE_SQL = _PAGE_SQL.replace("ORDER BY e.id\n    LIMIT", URGENT + "\n    ORDER BY e.id\n    LIMIT")
+assert _URGENT_PAGE_SQL != _PAGE_SQL
+
+
 def load_unsent(cur, subscriber_ids: list[int], page_size: int = 1000,
-                max_events: int = 100_000) -> dict[int, list[Event]]:
+                max_events: int = 100_000, urgent_categories: list[str] | None = None) -> dict[int, list[Event]]:
     """{subscriber_id: [Event, ...]} oldest first. At most max_events per subscriber: the rest stay
-    unsent (digest_run_id IS NULL) and go into the next digest."""
+    unsent (digest_run_id IS NULL) and go into the next digest. `urgent_categories` given: only the
+    events that go out now (high priority, or of one of these categories)."""
     page_size = max(1, page_size)
     out: dict[int, list[Event]] = {sid: [] for sid in subscriber_ids}
     if not subscriber_ids:
         return out
-    cur.execute(_PAGE_SQL, {"after": 0, "page": min(page_size, max_events), "subscriber_ids": list(subscriber_ids)})
+    sql, extra = _PAGE_SQL, {}
+    if urgent_categories is not None:
+        sql, extra = _URGENT_PAGE_SQL, {"urgent_categories": list(urgent_categories)}
+    cur.execute(sql, {"after": 0, "page": min(page_size, max_events), "subscriber_ids": list(subscriber_ids),
+                      **extra})
     make = Event._make
     for row in cur.fetchall():
         out[row[0]].append(make(row[1:]))
@@ -47,7 +60,7 @@ def load_unsent(cur, subscriber_ids: list[int], page_size: int = 1000,
         # A full page means there may be more: keep paging this subscriber alone.
         while len(events) < max_events and events and len(events) % page_size == 0:
             page = min(page_size, max_events - len(events))
-            cur.execute(_PAGE_SQL, {"after": events[-1].id, "page": page, "subscriber_ids": [sid]})
+            cur.execute(sql, {"after": events[-1].id, "page": page, "subscriber_ids": [sid], **extra})
             rows = cur.fetchall()
             events.extend(make(row[1:]) for row in rows)
             if len(rows) < page:

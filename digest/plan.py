@@ -1,12 +1,18 @@
 """The scheduler's three digest jobs: plan runs, enqueue due runs (the checker), the watchdog.
 
 Planning. Every active subscriber always has a run for their NEXT delivery slot: daily at
-digest_hour local time, weekly on digest_weekday at digest_hour, in their IANA time zone. Slots are
-wall-clock times computed with zoneinfo, so DST days work: a slot inside a spring-forward gap
-(02:30 that never happens) fires at the first instant after the gap (03:30 new time); a slot inside
-a fall-back overlap (01:30 that happens twice) fires at the first occurrence, once — the run is
-unique per (subscriber, cadence, period). `scheduled_for` = slot + a stable stagger from a hash of
-the subscriber id (0 … DIGEST_STAGGER_SECONDS) so all 9 am subscribers do not fire in one second.
+digest_hour local time, weekly on digest_weekday at digest_hour, hourly at the top of every local
+hour, in their IANA time zone. Slots are wall-clock times computed with zoneinfo, so DST days work:
+a daily slot inside a spring-forward gap (02:30 that never happens) fires at the first instant
+after the gap (03:30 new time); a daily slot inside a fall-back overlap (01:30 that happens twice)
+fires at the first occurrence, once — the run is unique per (subscriber, cadence, period, slot).
+Hourly slots are the instants whose local minute is 0: 23 on a spring-forward day, 25 on a
+fall-back day (both 01:00s), each its own `slot` (minutes from the local midnight of `period`).
+`scheduled_for` = slot + a stable stagger from a hash of the subscriber id (0 … DIGEST_STAGGER_SECONDS,
+at most an hour for hourly) so all 9 am subscribers do not fire in one second.
+`immediately` has no slots: its runs are made as events arrive (digest/immediate.py); the planner
+only hands such a subscriber to the immediate planner once an hour (IMMEDIATE_RECHECK_SECONDS),
+which picks up events left behind by a pause, a resubscribe or an opt-in.
 
 Only subscribers who need a run are looked at: `subscribers.digest_planned_until` holds the slot
 their next run was planned for, so a subscriber is due for planning when it is NULL (new, or their
@@ -34,7 +40,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app import config, db
-from digest import runs
+from digest import immediate, runs
 
 log = logging.getLogger("digest.plan")
 
@@ -57,7 +63,11 @@ def _zone(name: str) -> ZoneInfo:
 
 
 def next_slot(now: datetime, tz_name: str, cadence: str, hour: int, weekday: int = 0) -> tuple[date, datetime]:
-    """(period, slot in UTC) of the first slot at or after `now`. period = the slot's local date."""
+    """(period, slot in UTC) of the first slot at or after `now`. period = the slot's local date.
+    hourly: the next instant whose local minute is 0 (`hour` and `weekday` are ignored).
+    immediately (and off) have no slots: ValueError."""
+    if cadence == "hourly":
+        return _next_top_of_hour(now, _zone(tz_name))
     if cadence not in ("daily", "weekly"):
         raise ValueError(f"no slots for cadence {cadence!r}")
     tz = _zone(tz_name)
@@ -75,14 +85,43 @@ def next_slot(now: datetime, tz_name: str, cadence: str, hour: int, weekday: int
         day += timedelta(days=step)
 
 
+_QUARTER = timedelta(minutes=15)
+
+
+def _next_top_of_hour(now: datetime, tz: ZoneInfo) -> tuple[date, datetime]:
+    """Walk UTC quarter hours (every offset in use is a multiple of 15 minutes, Nepal's +05:45
+    included) to the first instant >= now whose local minute is 0. Absolute time, so a fall-back
+    hour is two slots and a spring-forward gap none."""
+    now = now.astimezone(timezone.utc)
+    floor = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    candidate = floor if floor >= now else floor + _QUARTER
+    while True:
+        local = candidate.astimezone(tz)
+        if local.minute == 0:
+            return local.date(), candidate
+        candidate += _QUARTER
+
+
+def slot_number(cadence: str, period: date, slot: datetime, tz_name: str) -> int:
+    """digest_runs.slot: 0 for daily and weekly (one run per period); hourly: the minutes from the
+    local midnight of `period` to `slot`, counted in real time, so the two 01:00s of a fall-back day
+    are 60 and 120 minutes (New York: 01:00 EDT, 01:00 EST) and never collide."""
+    if cadence != "hourly":
+        return 0
+    midnight = datetime.combine(period, time(0), tzinfo=_zone(tz_name)).astimezone(timezone.utc)
+    return int((slot - midnight).total_seconds() // 60)
+
+
 # The partial index subscribers_plan_due_idx (migration 0005) has this predicate.
 _ACTIVE = "digest_cadence <> 'off' AND unsubscribed_at IS NULL"
 _DUE = f"{_ACTIVE} AND (digest_planned_until IS NULL OR digest_planned_until < %(now)s)"
+_DUE_SLOTTED = f"{_DUE} AND digest_cadence <> 'immediately'"
 
 _COMBOS_SQL = f"""
-SELECT DISTINCT timezone, digest_cadence, digest_hour,
+SELECT DISTINCT timezone, digest_cadence,
+       CASE WHEN digest_cadence = 'hourly' THEN 0 ELSE digest_hour END,
        CASE WHEN digest_cadence = 'weekly' THEN digest_weekday ELSE 0 END
-FROM subscribers WHERE {_DUE}
+FROM subscribers WHERE {_DUE_SLOTTED}
 """
 
 # One statement per batch, so a subscriber's planned_until and their run commit together. A row
@@ -96,13 +135,32 @@ WITH due AS (
 ), planned AS (
     UPDATE subscribers s SET digest_planned_until = v.slot
     FROM due, unnest(%(tz)s::text[], %(cadence)s::text[], %(hour)s::int[], %(weekday)s::int[],
-                     %(period)s::date[], %(slot)s::timestamptz[]) AS v(tz, cadence, hour, weekday, period, slot)
-    WHERE s.id = due.id AND s.timezone = v.tz AND s.digest_cadence = v.cadence AND s.digest_hour = v.hour
-      AND (v.cadence = 'daily' OR s.digest_weekday = v.weekday)
-    RETURNING s.id, s.digest_cadence AS cadence, v.period, v.slot
+                     %(period)s::date[], %(slot)s::timestamptz[], %(slot_no)s::int[])
+              AS v(tz, cadence, hour, weekday, period, slot, slot_no)
+    WHERE s.id = due.id AND s.timezone = v.tz AND s.digest_cadence = v.cadence
+      AND (v.cadence = 'hourly' OR s.digest_hour = v.hour)
+      AND (v.cadence <> 'weekly' OR s.digest_weekday = v.weekday)
+    RETURNING s.id, s.digest_cadence AS cadence, v.period, v.slot, v.slot_no
 ), inserted AS ({insert})
 SELECT (SELECT count(*) FROM planned), (SELECT count(*) FROM inserted)
-""".format(due=_DUE, insert=runs.INSERT_PLANNED)
+""".format(due=_DUE_SLOTTED, insert=runs.INSERT_PLANNED)
+
+# `immediately` subscribers due for planning (new, schedule just changed, or an hour since the
+# last look) go to the immediate planner, which sends what is waiting for them, if anything.
+_PLAN_IMMEDIATELY_SQL = f"""
+WITH due AS (
+    SELECT id FROM subscribers WHERE {_DUE} AND digest_cadence = 'immediately'
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), planned AS (
+    UPDATE subscribers s SET digest_planned_until = %(now)s + make_interval(secs => %(recheck)s)
+    FROM due WHERE s.id = due.id
+    RETURNING s.id
+), hinted AS (
+    INSERT INTO digest_send_now (subscriber_id) SELECT id FROM planned ORDER BY id ON CONFLICT DO NOTHING
+)
+SELECT count(*) FROM planned
+"""
 
 
 def plan(now: datetime) -> int:
@@ -112,14 +170,21 @@ def plan(now: datetime) -> int:
     settings = config.get()
     spread = max(1, settings.digest_stagger_seconds)
     batch = max(1, settings.digest_plan_batch)
-    cols = {k: [] for k in ("tz", "cadence", "hour", "weekday", "period", "slot")}
+    while True:
+        [(handed,)] = db.query(_PLAN_IMMEDIATELY_SQL, {"now": now, "limit": batch,
+                                                       "recheck": settings.immediate_recheck_seconds})
+        if handed < batch:
+            break
+    cols = {k: [] for k in ("tz", "cadence", "hour", "weekday", "period", "slot", "slot_no")}
     for tz_name, cadence, hour, weekday in db.query(_COMBOS_SQL, {"now": now}):
         period, slot = next_slot(now, tz_name, cadence, hour, weekday)
-        for key, value in zip(cols, (tz_name, cadence, hour, weekday, period, slot)):
+        slot_no = slot_number(cadence, period, slot, tz_name)
+        for key, value in zip(cols, (tz_name, cadence, hour, weekday, period, slot, slot_no)):
             cols[key].append(value)
     if not cols["tz"]:
         return 0
-    params = {**cols, "now": now, "limit": batch, "mult": HASH_MULTIPLIER, "mod": HASH_MODULUS, "spread": spread}
+    params = {**cols, "now": now, "limit": batch, "mult": HASH_MULTIPLIER, "mod": HASH_MODULUS, "spread": spread,
+              "hourly_spread": min(spread, 3600)}
     inserted = 0
     while True:
         [(planned, added)] = db.query(_PLAN_SQL, params)
@@ -193,8 +258,19 @@ def send_next_now(user_ids: list[str] | None, now: datetime | None = None) -> li
             cur.execute(_NOW_ALL_SQL)
         else:
             cur.execute(_NOW_USERS_SQL, (list(user_ids),))
-        run_ids = []
+        run_ids, send_now = [], []
         for sid, tz_name, cadence, hour, weekday in cur.fetchall():
-            period, _ = next_slot(now, tz_name, cadence, hour, weekday)
-            run_ids += runs.make_due_now(cur, sid, cadence, period, now)
+            if cadence == "immediately":     # no slot: whatever is waiting goes out in a send-now run
+                send_now.append(sid)
+                continue
+            period, slot = next_slot(now, tz_name, cadence, hour, weekday)
+            run_ids += runs.make_due_now(cur, sid, cadence, period, now, slot_number(cadence, period, slot, tz_name))
+        if send_now:
+            cur.execute(_SEND_NOW_SQL, (sorted(send_now),))
+    if send_now:
+        run_ids += immediate.plan(now)[1]
     return run_ids
+
+
+_SEND_NOW_SQL = """INSERT INTO digest_send_now (subscriber_id) SELECT unnest(%s::bigint[])
+ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since"""

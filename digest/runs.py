@@ -4,7 +4,7 @@ Every write to digest_runs is a named statement in this module (the schedule-cha
 migration 0004 is the only other writer, in SQL, and makes pending → cancelled). The row is the
 truth; Dramatiq messages are hints.
 
-  (new)      --plan / digest-now------------------> pending
+  (new)      --plan / digest-now / send now-------> pending
   cancelled  --planned again for the same period--> pending
   pending    --enqueued / moved due now-----------> pending       (enqueued_at, scheduled_for only)
   pending    --claim------------------------------> processing
@@ -58,9 +58,11 @@ def pg_array(values) -> str:
 # it): a run of that period that exists already is left as it is; one cancelled by a schedule
 # change comes back if the new schedule falls in the same period.
 INSERT_PLANNED = """
-    INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for)
-    SELECT p.id, p.cadence, p.period,
-           p.slot + make_interval(secs => ((p.id::numeric * %(mult)s) %% %(mod)s %% %(spread)s)::int)
+    INSERT INTO digest_runs (subscriber_id, cadence, period, slot, scheduled_for)
+    SELECT p.id, p.cadence, p.period, p.slot_no,
+           p.slot + make_interval(secs => ((p.id::numeric * %(mult)s) %% %(mod)s
+                                           %% CASE WHEN p.cadence = 'hourly' THEN %(hourly_spread)s
+                                                   ELSE %(spread)s END)::int)
     FROM planned p
     ON CONFLICT ON CONSTRAINT digest_runs_once_per_period DO UPDATE
         SET status = 'pending', scheduled_for = EXCLUDED.scheduled_for, skip_reason = NULL,
@@ -75,14 +77,30 @@ WHERE subscriber_id = %(subscriber_id)s AND cadence = %(cadence)s AND status = '
 """
 
 INSERT_DUE_NOW = """
-INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for)
-VALUES (%(subscriber_id)s, %(cadence)s, %(period)s, %(now)s) ON CONFLICT DO NOTHING RETURNING id
+INSERT INTO digest_runs (subscriber_id, cadence, period, slot, scheduled_for)
+VALUES (%(subscriber_id)s, %(cadence)s, %(period)s, %(slot)s, %(now)s) ON CONFLICT DO NOTHING RETURNING id
 """
 
 
-def make_due_now(cur, subscriber_id: int, cadence: str, period, now: datetime) -> list[int]:
-    """The subscriber's pending run moved to now, or the run of `period` created due now."""
-    params = {"subscriber_id": subscriber_id, "cadence": cadence, "period": period, "now": now}
+# The INSERT half of the immediate planner's statement (digest/immediate.py adds the rest around
+# it): one run per subscriber in `fresh`, due at `at` (now, or when the hourly limit allows).
+# period/slot = the UTC date and millisecond of `at`, unique per run; the partial unique index
+# digest_runs_one_live_immediate turns a second live run of a subscriber into nothing. A run due now
+# that the caller sends itself is marked enqueued, so the checker does not enqueue it too.
+INSERT_IMMEDIATE = """
+    INSERT INTO digest_runs (subscriber_id, cadence, period, slot, scheduled_for, enqueued_at)
+    SELECT f.id, 'immediately', (f.at AT TIME ZONE 'UTC')::date,
+           floor(extract(epoch FROM f.at - date_trunc('day', f.at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') * 1000)::int,
+           f.at, CASE WHEN f.at <= %(now)s THEN %(enqueued_at)s::timestamptz END
+    FROM fresh f
+    ON CONFLICT DO NOTHING
+    RETURNING id, scheduled_for
+"""
+
+
+def make_due_now(cur, subscriber_id: int, cadence: str, period, now: datetime, slot: int = 0) -> list[int]:
+    """The subscriber's pending run moved to now, or the run of (`period`, `slot`) created due now."""
+    params = {"subscriber_id": subscriber_id, "cadence": cadence, "period": period, "slot": slot, "now": now}
     cur.execute(MOVE_DUE_NOW, params)
     rows = cur.fetchall()
     if not rows:
@@ -121,12 +139,15 @@ def clear_enqueued(cur, run_ids: list[int]) -> None:
 # -- claim ------------------------------------------------------------------------------------
 # When the subscriber's previous digest was sent (NULL: never), for "since Tuesday" wording: the
 # newest sent run of each cadence, each found by a backward scan of digest_runs_once_per_period
-# (subscriber_id, cadence, period) that stops at the first sent row.
+# (subscriber_id, cadence, period, slot) that stops at the first sent row. Daily and weekly
+# subscribers count their digests only (a "send now" mail between two does not move "since");
+# hourly and immediately subscribers every mail.
 LAST_SENT_AT = """(SELECT max(l.completed_at)
-    FROM unnest(ARRAY['daily', 'weekly']) AS c(cadence)
+    FROM unnest(CASE WHEN s.digest_cadence IN ('daily', 'weekly') THEN ARRAY['daily', 'weekly']
+                     ELSE ARRAY['daily', 'weekly', 'hourly', 'immediately'] END) AS c(cadence)
     CROSS JOIN LATERAL (SELECT p.completed_at FROM digest_runs p
                         WHERE p.subscriber_id = s.id AND p.cadence = c.cadence AND p.status = 'sent'
-                        ORDER BY p.period DESC LIMIT 1) l)"""
+                        ORDER BY p.period DESC, p.slot DESC LIMIT 1) l)"""
 
 CLAIM = """
 WITH picked AS (
@@ -160,6 +181,21 @@ def claim(cur, run_ids: list[int] | None, limit: int) -> list[tuple]:
     condition = _BY_IDS if run_ids is not None else _ANY_DUE
     cur.execute(CLAIM.format(condition=condition), {"ids": list(run_ids or []), "limit": limit})
     return cur.fetchall()
+
+
+# Claimers of runs of the same subscriber take turns (a daily run and a "send now" run can be due
+# together, in two batches): each claim transaction holds this lock on its subscribers until it
+# commits, so the second one's OTHERS_PROCESSING sees the first one's runs `processing`. Sorted,
+# so two claimers cannot deadlock; transaction-scoped, so it works behind PgBouncer. unnest keeps
+# the array's order.
+LOCK_SUBSCRIBERS = """
+SELECT count(pg_advisory_xact_lock(%s, (sid %% 2147483647)::int)) FROM unnest(%s::bigint[]) AS sid
+"""
+SUBSCRIBER_LOCK_CLASS = 0x64696773   # 'digs': the first key of the two-key advisory lock space
+
+
+def lock_subscribers(cur, subscriber_ids) -> None:
+    cur.execute(LOCK_SUBSCRIBERS, (SUBSCRIBER_LOCK_CLASS, pg_array(sorted(set(subscriber_ids)))))
 
 
 def subscribers_busy_elsewhere(cur, subscriber_ids: list[int], run_ids: list[int]) -> set[int]:

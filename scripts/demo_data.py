@@ -16,10 +16,12 @@ DEMO_USERS = [
     ("demo-ana", "ana@example.test", "Ana Lima", "Europe/Lisbon"),
     ("demo-bo", "bo@example.test", "Bo Chen", "America/New_York"),
     ("demo-cy", "cy@example.test", "Cy Okafor", "Asia/Tokyo"),
+    ("demo-ivy", "ivy@example.test", "Ivy Novak", "Europe/Berlin"),
 ]
+CADENCES = {"demo-ivy": "immediately"}   # a mail soon after events arrive (README "How mail goes out")
 # (actor_id, name): the demo users act too — their own activity never shows in their own digest.
 ACTORS = [("demo-ana", "Ana"), ("demo-bo", "Bo"), ("demo-cy", "Cy"), ("dee", "Dee"), ("eli", "Eli"),
-          ("fay", "Fay"), ("gus", "Gus")]
+          ("fay", "Fay"), ("gus", "Gus"), ("demo-ivy", "Ivy")]
 POSTS = [("post-1", "Launch notes"), ("post-2", "Roadmap for Q3"), ("post-3", "Design review: onboarding"),
          ("post-4", "Hiring update")]
 # What PUT /v1/categories/{key} would register (README "Categories").
@@ -56,7 +58,8 @@ def demo_newsletter() -> int | None:
 def load() -> dict:
     db.init()
     for user_id, email, name, tz in DEMO_USERS:
-        subscribers.upsert(user_id, subscribers.validate({"email": email, "name": name, "timezone": tz})[0])
+        subscribers.upsert(user_id, subscribers.validate({"email": email, "name": name, "timezone": tz,
+                                                          "digest_cadence": CADENCES.get(user_id, "daily")})[0])
     for key, values in CATEGORIES.items():
         categories.upsert(key, categories.validate(values)[0])
     rng = random.Random(7)

@@ -31,7 +31,7 @@ def test_create_read_replace(client, admin_key):
     ("timezone", "Mars/Olympus_Mons"),
     ("timezone", "../../etc/passwd"),
     ("email", "not-an-email"),
-    ("digest_cadence", "hourly"),
+    ("digest_cadence", "fortnightly"),
     ("digest_hour", 24),
     ("digest_hour", True),
     ("digest_weekday", 7),

@@ -6,6 +6,7 @@ import itertools
 from datetime import datetime, timedelta, timezone
 
 from app import db
+from digest import immediate
 from digest import plan as digest_plan
 from digest import runs
 from digest.runs import TRANSITIONS, RunStatus
@@ -51,7 +52,16 @@ OPERATIONS = {
     "reclaim_stuck": _with_cursor(lambda cur, sid, rid: runs.reclaim_stuck(cur, NOW, 900, 5, 0)),
     "cancel_pending": _with_cursor(lambda cur, sid, rid: runs.cancel_pending(cur, sid, "unsubscribed")),
     "schedule_trigger": lambda sid, rid: db.query("UPDATE subscribers SET digest_hour = 10 WHERE id = %s", (sid,)),
+    "send_now": lambda sid, rid: _send_now(sid),
 }
+
+
+def _send_now(sid: int) -> None:
+    """An urgent event and its hint, then a send-now pass (digest/immediate.py)."""
+    (user_id,), = db.query("SELECT user_id FROM subscribers WHERE id = %s", (sid,))
+    db.query("UPDATE digest_events SET high_priority = true WHERE id = ANY (%s)", (factories.events(user_id),))
+    db.query("INSERT INTO digest_send_now (subscriber_id) VALUES (%s)", (sid,))
+    immediate.plan(NOW)
 
 
 def test_every_statement_makes_only_documented_transitions_and_all_of_them_are_made():

@@ -58,7 +58,7 @@ def test_double_send_constraints_exist(scratch_url):
         cur.execute("SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal AND tgparentid = 0")
         triggers = set(cur.fetchall())
     conn.close()
-    assert ("digest_runs", "UNIQUE (subscriber_id, cadence, period)") in uniques
+    assert ("digest_runs", "UNIQUE (subscriber_id, cadence, period, slot)") in uniques
     assert ("email_log", "UNIQUE (newsletter_id, subscriber_id)") in uniques
     assert ("webhook_event_keys", "PRIMARY KEY (sg_event_id)") in uniques
     assert ("webhook_events", "webhook_events_claim_key") in triggers

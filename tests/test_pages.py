@@ -191,7 +191,7 @@ def test_post_without_valid_csrf_is_403_and_saves_nothing(client, sub, case):
 def test_invalid_values_show_the_page_again_with_errors_and_save_nothing(client, sub):
     page = client.get(pref_path(sub))
     before = row(sub)
-    form = save_form(csrf_from(page), digest_cadence="hourly", digest_hour="99", digest_weekday="funday",
+    form = save_form(csrf_from(page), digest_cadence="fortnightly", digest_hour="99", digest_weekday="funday",
                      timezone="Mars/Olympus_Mons", pause_days="-3")
     r = client.post(pref_path(sub), data=form, follow_redirects=False)
     assert r.status_code == 422

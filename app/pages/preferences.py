@@ -35,9 +35,12 @@ FIELD_LABELS = {
     "timezone": "Time zone", "category_opt_outs": "Topics", "pause_days": "Pause",
 }
 CADENCE_CHOICES = (
+    ("immediately", "As it happens", "An email soon after something happens (a few an hour at most)."),
+    ("hourly", "Hourly digest", "One email an hour when there is something new."),
     ("daily", "Daily digest", "One email a day with everything new."),
     ("weekly", "Weekly digest", "One email a week, on the weekday you choose."),
-    ("off", "No digests", "Stop digest emails. You may still get occasional newsletters."),
+    ("off", "No digests", "No notification emails at all, not even urgent ones. You may still get occasional "
+                          "newsletters."),
 )
 
 
@@ -156,7 +159,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     values, error_list = subscribers.validate(data, partial=True)
     errors = {e["field"]: e["message"] for e in error_list}
     if "digest_cadence" in errors:
-        errors["digest_cadence"] = "Choose daily, weekly or no digests."
+        errors["digest_cadence"] = "Choose as it happens, hourly, daily, weekly or no digests."
 
     pause_raw = (common.text(posted, "pause_days") or "").strip()
     if pause_raw:

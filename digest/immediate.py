@@ -1,0 +1,106 @@
+"""Send-now runs: the `immediately` cadence, and events that cannot wait for a digest.
+
+Who is looked at: `digest_send_now` holds the subscribers who may have something to send now.
+Ingest adds a row in the same transaction as the events (app/ingest.py) when an event is urgent —
+`"priority": "high"`, or its category's delivery is `immediate` — or its subscriber chose
+`immediately`; the planner adds every `immediately` subscriber once an hour (digest/plan.py), which
+picks up events left behind by a pause, a resubscribe or an opt-in. Postgres holds the fact; the
+Redis hint sent after the ingest commit (actor send_now) only makes it quicker than the next tick.
+
+What one pass does, in one statement per batch of DIGEST_PLAN_BATCH rows (FOR UPDATE SKIP LOCKED,
+so two passes never take the same row):
+  * a subscriber who is off, unsubscribed, paused or suppressed, or who has nothing to send now
+    (no unsent event they receive: immediately subscribers any, the others only urgent ones, never
+    a category they turned off, never their own activity), gets no run;
+  * otherwise, unless a send-now run of theirs is already waiting, a run of cadence `immediately`
+    is created, due now — or, when IMMEDIATE_MAX_PER_HOUR send-now mails went out in the last
+    hour, an hour after the oldest of those (a sliding hour). Events arriving meanwhile wait and go
+    in that mail (or in the subscriber's next digest if it comes first): the overflow rolls over;
+  * the row is consumed, except while a send-now run of the subscriber is `processing`: that run
+    may have loaded its events before this row's events committed, so the row stays for the pass
+    after it.
+The runs then take the ordinary way: checker, claim (I6 checks), build, send with
+`digest-run-<id>`, mark run and events in one transaction. A daily/weekly/hourly subscriber's
+send-now run loads only the urgent events (digest/load.py); the rest waits for their digest, and
+an urgent event the digest sent first is simply not there any more.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from app import categories, config, db
+from digest import runs
+
+log = logging.getLogger("digest.immediate")
+
+MAX_BATCHES = 20    # per pass; what is left waits for the next tick
+
+_PASS_SQL = """
+WITH due AS (
+    SELECT subscriber_id FROM digest_send_now
+    ORDER BY since, subscriber_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), subs AS (
+    SELECT s.id, s.user_id, s.digest_cadence, s.category_opt_outs
+    FROM due JOIN subscribers s ON s.id = due.subscriber_id
+    WHERE s.digest_cadence <> 'off' AND s.unsubscribed_at IS NULL
+      AND (s.paused_until IS NULL OR s.paused_until <= %(now)s)
+      AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE x.email = lower(s.email))
+), eligible AS (
+    SELECT subs.id FROM subs
+    WHERE EXISTS (SELECT 1 FROM digest_events e
+                  WHERE e.user_id = subs.user_id AND e.digest_run_id IS NULL
+                    AND NOT (e.category = ANY (subs.category_opt_outs))
+                    AND e.actor_id IS DISTINCT FROM subs.user_id
+                    AND (subs.digest_cadence = 'immediately' OR e.high_priority
+                         OR e.category = ANY (%(urgent_categories)s::text[])))
+), live AS (
+    SELECT r.subscriber_id, r.status FROM digest_runs r JOIN eligible ON r.subscriber_id = eligible.id
+    WHERE r.cadence = 'immediately' AND r.status IN ('pending', 'processing')
+), fresh AS (
+    -- The rate limit: the newest IMMEDIATE_MAX_PER_HOUR sent send-now runs (a backward scan of the
+    -- unique key, which orders them by when they were due); full, the next is allowed an hour
+    -- after the oldest of them was sent.
+    SELECT eligible.id, greatest(%(now)s::timestamptz, (
+               SELECT min(l.completed_at) + interval '1 hour'
+               FROM (SELECT p.completed_at FROM digest_runs p
+                     WHERE p.subscriber_id = eligible.id AND p.cadence = 'immediately' AND p.status = 'sent'
+                     ORDER BY p.period DESC, p.slot DESC
+                     LIMIT %(max_per_hour)s) l
+               HAVING count(*) >= %(max_per_hour)s)) AS at
+    FROM eligible
+    WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = eligible.id)
+), inserted AS ({insert}
+), consumed AS (
+    DELETE FROM digest_send_now d USING due
+    WHERE d.subscriber_id = due.subscriber_id
+      AND NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = due.subscriber_id AND live.status = 'processing')
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
+       ARRAY(SELECT id FROM inserted WHERE scheduled_for <= %(now)s ORDER BY id),
+       (SELECT count(*) FROM inserted)
+""".format(insert=runs.INSERT_IMMEDIATE)
+
+
+def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:
+    """One pass over digest_send_now. Returns (runs created, ids of those due now).
+    `sending_now`: the caller sends the due ones itself (they are marked enqueued, so the checker
+    does not enqueue them too); otherwise the checker of the same tick enqueues them."""
+    settings = config.get()
+    params = {"now": now, "limit": max(1, settings.digest_plan_batch),
+              "max_per_hour": max(0, settings.immediate_max_per_hour),
+              "urgent_categories": categories.send_now_keys(categories.registry()),
+              "enqueued_at": now if sending_now else None}
+    created, due_now = 0, []
+    for _ in range(MAX_BATCHES):
+        [(seen, consumed, ids, added)] = db.query(_PASS_SQL, params)
+        created += added
+        due_now += ids
+        if seen < params["limit"] or consumed == 0:
+            break
+    if created:
+        log.info("send now: %d run(s) created, %d due now", created, len(due_now))
+    return created, due_now
