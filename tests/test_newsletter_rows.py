@@ -113,3 +113,23 @@ def test_row_statements_make_only_documented_transitions_and_all_of_them():
     for pair in seen:
         assert pair in ROW_TRANSITIONS, pair
     assert ROW_TRANSITIONS - seen == set()
+
+
+def test_mark_is_driven_by_its_values_whatever_the_statistics_say():
+    """Statistics from the outbox builder's ANALYZE, when no row was `sending` yet: MARK must still
+    find its rows through the primary key, not scan every sending row once per marked row (3.4 s
+    per 1,000-row batch at 4,000 sending rows)."""
+    nl = _newsletter(NewsletterStatus.SENDING)
+    factories.seed_subscribers(20_000)
+    _execute("INSERT INTO email_log (newsletter_id, subscriber_id, email, status) "
+             "SELECT %s, id, email, 'pending' FROM subscribers", (nl,))
+    _execute("ANALYZE email_log", ())
+    _execute("UPDATE email_log SET status = 'sending', claimed_at = now() WHERE id IN "
+             "(SELECT id FROM email_log ORDER BY id LIMIT 4000)", ())
+    ids = [r[0] for r in db.query("SELECT id FROM email_log WHERE status = 'sending' ORDER BY id LIMIT 1000")]
+    with db.raw_cursor() as cur:
+        plan = psycopg2.extras.execute_values(
+            cur, "EXPLAIN " + rows.MARK, [(i, "sent", None, None, None, 0) for i in ids],
+            template=rows.MARK_TEMPLATE, page_size=len(ids), fetch=True)
+    text = "\n".join(line for (line,) in plan)
+    assert "email_log_pkey" in text and "email_log_sending_idx" not in text, text
