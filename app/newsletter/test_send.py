@@ -14,14 +14,13 @@ import logging
 import uuid
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
-from app import config, db, mail, streams, tokens
-from app.addresses import EMAIL_PATTERN, AddressError, sendable
+from app import config, db, mail, streams, subscribers, tokens
 from app.newsletter import template
 from app.providers import get_provider
 from app.providers.base import OutgoingMail, ProviderError
-from app.validation import Body, Text, check, fail
+from app.validation import Body, check
 
 log = logging.getLogger("app.newsletter.test_send")
 
@@ -32,20 +31,10 @@ KIND = "newsletter_test"
 PLACEHOLDER_TOKEN = "test-send"
 
 
-def _sendable(value: str) -> str:
-    try:
-        sendable(value)
-    except AddressError:
-        raise fail("email", "must be a valid email address") from None
-    return value
-
-
-Address = Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address"), AfterValidator(_sendable)]
-
-
 class TestSendInput(Body):
-    to: Annotated[list[Address], Field(min_length=1, max_length=MAX_ADDRESSES,
-                                       description=f"1 to {MAX_ADDRESSES} addresses; duplicates are sent once")]
+    to: Annotated[list[subscribers.Email], Field(min_length=1, max_length=MAX_ADDRESSES,
+                                                 description=f"1 to {MAX_ADDRESSES} addresses; duplicates are "
+                                                             "sent once")]
 
 
 class NotFound(Exception):
