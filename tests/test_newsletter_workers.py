@@ -99,12 +99,16 @@ def test_actors_send_a_newsletter_end_to_end(fake):
     assert max(len(r["personalizations"]) for r in fake.requests) == 10   # SEND_BATCH_SIZE per call
 
 
+# One batch in flight: a held provider call is "mostly waiting", which would grow a second chain.
+ONE_CHAIN = {"NEWSLETTER_SEND_CHAINS": "1", "NEWSLETTER_SEND_CHAINS_MAX": "1"}
+
+
 @pytest.mark.slow
 def test_worker_killed_mid_batch_rows_reclaimed_each_recipient_once(fake, settings):
     factories.seed_subscribers(45)
     nl = factories.newsletter()
     fake.hold()                                           # the provider call will hang ...
-    worker = start_worker(fake.url, NEWSLETTER_SEND_CHAINS="1")
+    worker = start_worker(fake.url, **ONE_CHAIN)
     try:
         service.request_send(nl, {"kind": "all"})
         wait_for(fake.arrived.is_set, what="a batch at the provider")
@@ -202,7 +206,7 @@ def test_sigterm_mid_batch_finishes_and_records_the_batch_then_exits(fake):
     factories.seed_subscribers(45)
     nl = factories.newsletter()
     fake.hold()
-    worker = start_worker(fake.url, NEWSLETTER_SEND_CHAINS="1")
+    worker = start_worker(fake.url, **ONE_CHAIN)
     try:
         service.request_send(nl, {"kind": "all"})
         wait_for(fake.arrived.is_set, what="a batch at the provider")
