@@ -156,6 +156,23 @@ def test_other_processes_see_a_registry_change_within_the_cache_time(monkeypatch
     assert categories.registry()["comment"].label == "Comments"
 
 
+def test_the_demo_has_avatars_urgent_events_and_every_cadence(sink):
+    """`make run` shows what issue 11 promises: avatars, a high-priority event, a "send now"
+    category with an event in it, hourly and immediately subscribers (scripts/demo_data.py)."""
+    demo_data.load()
+    [(events, avatars, high)] = db.query(
+        "SELECT count(*), count(*) FILTER (WHERE payload->>'actor_avatar_url' LIKE 'https://%%'), "
+        "count(*) FILTER (WHERE high_priority) FROM digest_events WHERE source = 'demo'")
+    assert avatars == events > 0 and high >= 1
+    send_now = categories.send_now_keys(categories.registry())
+    assert send_now and db.query("SELECT 1 FROM digest_events WHERE category = ANY (%s)", (send_now,))
+    cadences = {c for (c,) in db.query("SELECT digest_cadence FROM subscribers WHERE user_id LIKE 'demo-%%'")}
+    assert {"hourly", "immediately", "daily"} <= cadences
+    assert db.query("SELECT count(*) FROM digest_send_now")[0][0] >= 2     # the urgent events wait to go now
+    rendered = digest_build.preview("demo-ana")
+    assert demo_data.AVATAR_URL.format("Gus").replace("&", "&amp;") in rendered.html
+
+
 def test_the_demo_shows_titles_links_and_labels_and_nobody_their_own_activity(sink):
     demo_data.load()
     for user_id, *_ in demo_data.DEMO_USERS:
