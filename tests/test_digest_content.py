@@ -137,7 +137,7 @@ def test_preview_uses_the_same_wording(sink):
     assert rendered.subject == "Like from Bo on Hello" and "Your first digest: 1 update." in rendered.text
 
 
-def test_immediate_categories_still_go_into_the_digest_until_a_send_now_path_exists(sink):
+def test_a_send_now_category_event_the_send_now_path_has_not_sent_goes_in_the_digest(sink):
     categories.upsert("alert", {"label": "Alerts", "description": "", "verb": "", "delivery": "immediate"})
     sid = factories.subscriber("u1")
     ids = factories.events("u1", 1, category="alert", actor="bo", actor_name="Bo")
