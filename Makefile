@@ -14,6 +14,8 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # Unset APP_ENV means production (app/config.py): the local targets say development explicitly,
 # and reach their prerequisites too (run -> demo -> migrate). Tests set APP_ENV=test themselves.
 run demo migrate bench: export APP_ENV ?= development
+# Production refuses to start without the sender's postal address; the demo mails show this one.
+run demo: export MAIL_POSTAL_ADDRESS ?= Demo Ltd, 1 Example Street, Lisbon
 
 install: $(VENV)/.installed
 

@@ -18,10 +18,12 @@ DEMO_USERS = [
     ("demo-cy", "cy@example.test", "Cy Okafor", "Asia/Tokyo"),
     ("demo-ivy", "ivy@example.test", "Ivy Novak", "Europe/Berlin"),
 ]
-CADENCES = {"demo-ivy": "immediately"}   # a mail soon after events arrive (README "How mail goes out")
+# Ivy: a mail soon after events arrive; Cy: a digest every hour (README "Cadences", "Send now").
+CADENCES = {"demo-ivy": "immediately", "demo-cy": "hourly"}
 # (actor_id, name): the demo users act too — their own activity never shows in their own digest.
 ACTORS = [("demo-ana", "Ana"), ("demo-bo", "Bo"), ("demo-cy", "Cy"), ("dee", "Dee"), ("eli", "Eli"),
           ("fay", "Fay"), ("gus", "Gus"), ("demo-ivy", "Ivy")]
+AVATAR_URL = "https://api.dicebear.com/9.x/initials/png?seed={}"   # a picture beside each actor's name
 POSTS = [("post-1", "Launch notes"), ("post-2", "Roadmap for Q3"), ("post-3", "Design review: onboarding"),
          ("post-4", "Hiring update")]
 # What PUT /v1/categories/{key} would register (README "Categories").
@@ -29,7 +31,13 @@ CATEGORIES = {
     "follow": {"label": "Follows", "description": "Someone follows a post of yours", "verb": "followed"},
     "like": {"label": "Likes", "description": "Someone likes a post of yours", "verb": "liked"},
     "comment": {"label": "Comments", "description": "Someone comments on a post of yours", "verb": "commented on"},
+    # "send now": its events go out at once, even to daily subscribers (README "Send now")
+    "mention": {"label": "Mentions", "description": "Someone mentions you", "verb": "mentioned you in",
+                "delivery": "immediate"},
 }
+# Events that cannot wait, a few minutes old: (user_id, producer id, category, actor, priority high).
+URGENT = [("demo-ana", "demo-ana-mention-1", "mention", ("gus", "Gus"), False),
+          ("demo-bo", "demo-bo-high-1", "comment", ("fay", "Fay"), True)]
 
 
 # A newsletter whose body is an HTML fragment: it goes out inside the mail layout (brand header,
@@ -76,12 +84,16 @@ def load() -> dict:
             done.add((actor_id, kind, post))
             # Only a post's first event carries its title and link, as a "created" event would:
             # the digest keeps them although later events say nothing.
-            payload = {}
+            payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
             if post not in titled:
                 titled.add(post)
-                payload = {"entity_title": title, "entity_url": f"https://example.test/posts/{post}"}
+                payload |= {"entity_title": title, "entity_url": f"https://example.test/posts/{post}"}
             rows.append(("demo", f"{user_id}-{i}", user_id, kind, "post", post, actor_id, actor, json.dumps(payload),
-                         now - timedelta(minutes=65 * i)))
+                         now - timedelta(minutes=65 * i), None))
+    for user_id, producer_id, kind, (actor_id, actor), high in URGENT:
+        payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
+        rows.append(("demo", producer_id, user_id, kind, "post", "post-1", actor_id, actor, json.dumps(payload),
+                     now - timedelta(minutes=5), high or None))
     with db.raw_cursor() as cur:
         result = ingest.insert_rows(cur, [rows])[0]
     keys = {}

@@ -257,6 +257,50 @@ def test_a_send_now_category_bypasses_the_weekly_digest(client, admin_key, event
     assert "Security alerts" in text_of(msg) and "Like" not in text_of(msg)
 
 
+@pytest.mark.parametrize("first", ["send-now run", "daily digest"])
+def test_a_daily_subscribers_urgent_overflow_goes_once_in_whichever_mail_comes_first(client, events_key, sink,
+                                                                                    settings, first):
+    settings(immediate_max_per_hour=2)
+    sid = factories.subscriber("d", digest_cadence="daily")
+    for entity in ("one", "two"):
+        _post(client, events_key, ev("d", entity=entity, priority="high"))
+        send_now_pass()
+    _post(client, events_key, ev("d", entity="three", priority="high"), ev("d", entity="calm"))
+    assert send_now_pass() == [] and len(sink.messages()) == 2       # a third urgent mail in the hour: held
+    _post(client, events_key, ev("d", entity="four", priority="high"))
+    assert send_now_pass() == [] and len(sink.messages()) == 2       # joins the held run
+    [(held,)] = db.query("SELECT id FROM digest_runs WHERE subscriber_id = %s AND status = 'pending'", (sid,))
+    db.query("UPDATE digest_runs SET scheduled_for = now() - interval '1 second' WHERE id = %s", (held,))
+    daily = factories.digest_run(sid)
+    for rid in ([held, daily] if first == "send-now run" else [daily, held]):
+        digest_send.process([rid])
+    texts = [text_of(m) for m in sink.messages()[2:]]
+    assert [sum(t.count(f"Post {e}") for t in texts) for e in ("three", "four", "calm")] == [1, 1, 1]
+    assert "Post one" not in "".join(texts) and "Post two" not in "".join(texts)
+    runs = dict(db.query("SELECT entity_id, digest_run_id FROM digest_events WHERE user_id = 'd'"))
+    if first == "send-now run":      # the overflow in the delayed send-now mail, the rest in the digest
+        assert len(texts) == 2 and "Post calm" not in texts[0]
+        assert [runs[e] for e in ("three", "four", "calm")] == [held, held, daily]
+    else:                            # the digest took everything; the send-now run found nothing left
+        assert len(texts) == 1 and run_row(held)["status"] == "skipped"
+        assert [runs[e] for e in ("three", "four", "calm")] == [daily, daily, daily]
+
+
+def test_a_category_made_send_now_after_its_events_arrived_is_honoured_when_the_mail_is_built(
+        client, admin_key, events_key, sink):
+    factories.subscriber("d", digest_cadence="daily")
+    _post(client, events_key, ev("d", entity="quiet", category="security"), ev("d", entity="calm"))
+    assert send_now_pass() == [] and sink.messages() == []           # an ordinary category then: nothing now
+    r = client.put("/v1/categories/security", json={"label": "Security alerts", "delivery": "immediate"},
+                   headers=auth(admin_key))
+    assert r.status_code == 201
+    _post(client, events_key, ev("d", entity="fire", priority="high"))
+    (rid,) = send_now_pass()
+    (msg,) = sink.messages()
+    assert "Post quiet" in text_of(msg) and "Post fire" in text_of(msg) and "calm" not in text_of(msg)
+    assert run_row(rid)["event_count"] == 2
+
+
 @pytest.mark.parametrize("how", ["category opt-out", "off", "unsubscribed"])
 def test_who_turned_it_off_gets_nothing(client, events_key, sink, how):
     sid = factories.subscriber("x", category_opt_outs=["alarm"] if how == "category opt-out" else [],

@@ -137,7 +137,7 @@ def test_preview_uses_the_same_wording(sink):
     assert rendered.subject == "Like from Bo on Hello" and "Your first digest: 1 update." in rendered.text
 
 
-def test_immediate_categories_still_go_into_the_digest_until_a_send_now_path_exists(sink):
+def test_a_send_now_category_event_the_send_now_path_has_not_sent_goes_in_the_digest(sink):
     categories.upsert("alert", {"label": "Alerts", "description": "", "verb": "", "delivery": "immediate"})
     sid = factories.subscriber("u1")
     ids = factories.events("u1", 1, category="alert", actor="bo", actor_name="Bo")
@@ -154,6 +154,23 @@ def test_other_processes_see_a_registry_change_within_the_cache_time(monkeypatch
     # ... until CACHE_SECONDS have passed
     monkeypatch.setattr(categories, "CACHE_SECONDS", 0)
     assert categories.registry()["comment"].label == "Comments"
+
+
+def test_the_demo_has_avatars_urgent_events_and_every_cadence(sink):
+    """`make run` shows what issue 11 promises: avatars, a high-priority event, a "send now"
+    category with an event in it, hourly and immediately subscribers (scripts/demo_data.py)."""
+    demo_data.load()
+    [(events, avatars, high)] = db.query(
+        "SELECT count(*), count(*) FILTER (WHERE payload->>'actor_avatar_url' LIKE 'https://%%'), "
+        "count(*) FILTER (WHERE high_priority) FROM digest_events WHERE source = 'demo'")
+    assert avatars == events > 0 and high >= 1
+    send_now = categories.send_now_keys(categories.registry())
+    assert send_now and db.query("SELECT 1 FROM digest_events WHERE category = ANY (%s)", (send_now,))
+    cadences = {c for (c,) in db.query("SELECT digest_cadence FROM subscribers WHERE user_id LIKE 'demo-%%'")}
+    assert {"hourly", "immediately", "daily"} <= cadences
+    assert db.query("SELECT count(*) FROM digest_send_now")[0][0] >= 2     # the urgent events wait to go now
+    rendered = digest_build.preview("demo-ana")
+    assert demo_data.AVATAR_URL.format("Gus").replace("&", "&amp;") in rendered.html
 
 
 def test_the_demo_shows_titles_links_and_labels_and_nobody_their_own_activity(sink):

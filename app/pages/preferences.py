@@ -81,8 +81,9 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
         "errors": errors,
         "error_list": [(field, FIELD_LABELS.get(field, field), message) for field, message in errors.items()],
         # After a save, the notice says when the saved schedule sends next.
-        "notice": f"Your preferences are saved. {schedule.next_digest(subscriber, now)}" if notice == "saved"
-        else NOTICES.get(notice or ""),
+        "notice": "Your preferences are saved. " + schedule.next_digest(subscriber, now,
+                                                                         schedule.pending_run_at(subscriber))
+        if notice == "saved" else NOTICES.get(notice or ""),
         "cadences": CADENCE_CHOICES,
         "hours": [(h, f"{h:02d}:00") for h in range(24)],
         "weekdays": [(i, d.capitalize()) for i, d in enumerate(subscribers.WEEKDAYS)],
