@@ -55,8 +55,8 @@ COUNT_CAP = 100_000   # the scrape-time counts stop here: a partial-index scan t
 EVENTS = Counter("notify_events", "Events by result: accepted, duplicate (id already stored), rejected "
                                   "(in a 422 request)", ["result"])
 # -- digests
-DIGEST_RUNS = Counter("notify_digest_runs", "Digest runs leaving a worker batch, by state: sent, skipped, "
-                                            "retry (back to pending), failed", ["state"])
+DIGEST_RUNS = Counter("notify_digest_runs", "Digest runs leaving a worker batch or taken back by the watchdog, "
+                                            "by state: sent, skipped, retry (back to pending), failed", ["state"])
 DIGEST_LATENESS = Histogram("notify_digest_lateness_seconds", "Seconds from a run's scheduled_for to its send",
                             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400))
 # -- newsletters
@@ -127,12 +127,17 @@ def webhook_events(types) -> None:
     count(WEBHOOK_EVENTS, (t if t in WEBHOOK_TYPES else "other" for t in types))
 
 
-def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:
-    """A committed digest batch: runs by state (retries that used their last attempt are failed)."""
-    for state, n in {**counts, "retry": counts["retry"] - exhausted,
-                     "failed": counts["failed"] + exhausted}.items():
+def digest_runs(counts: dict) -> None:
+    """Committed digest run transitions by state: a worker's batch, or runs taken back from a worker
+    (the watchdog, a crashed batch's release: back to pending is `retry`, attempts used up `failed`)."""
+    for state, n in counts.items():
         if n:
             DIGEST_RUNS.labels(state).inc(n)
+
+
+def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:
+    """A committed digest batch: runs by state (retries that used their last attempt are failed)."""
+    digest_runs({**counts, "retry": counts["retry"] - exhausted, "failed": counts["failed"] + exhausted})
     for seconds in lateness:
         DIGEST_LATENESS.observe(max(0.0, seconds))
 

@@ -15,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import apikeys, config, db, metrics
 from app.newsletter import sender
+from digest import plan as digest_plan
+from digest import runs as digest_runs
 from digest import send as digest_send
 from tests import factories
 from tests.conftest import auth
@@ -98,6 +100,43 @@ def test_digest_send_counts_runs_lateness_and_provider_calls(client, admin_key, 
     assert value(delta, "notify_provider_call_seconds_count", provider="smtp") == 1
     assert value(after, "notify_provider_calls_in_flight", provider="smtp") == 0
     assert value(after, "notify_digest_oldest_due_seconds") == 0 and value(after, "notify_digest_runs_due") == 0
+
+
+def test_watchdog_and_crash_release_count_the_runs_they_take_back(client, admin_key, settings, monkeypatch):
+    """Runs taken back outside a worker's batch are counted once their transition is committed:
+    back to pending as `retry`, attempts used up as `failed`; a rolled-back take-back is not."""
+    settings(digest_processing_timeout_seconds=600, digest_max_attempts=3)
+    now = datetime.now(timezone.utc)
+    old = now - timedelta(minutes=11)
+    stuck = factories.digest_run(factories.subscriber("a"), status="processing", claimed_at=old)
+    factories.digest_run(factories.subscriber("b"), status="processing", claimed_at=old, attempts=2)
+    before = scrape(client, admin_key)
+    assert digest_plan.watchdog(now) == (1, 1)
+    after = scrape(client, admin_key)
+    for state in ("retry", "failed"):
+        assert value(after, "notify_digest_runs_total", state=state) - \
+            value(before, "notify_digest_runs_total", state=state) == 1, state
+
+    db.query("UPDATE digest_runs SET status = 'processing', claimed_at = %s WHERE id = %s", (old, stuck))
+    reclaim = digest_runs.reclaim_stuck
+
+    def reclaim_then_fail(cur, *args, **kwargs):
+        reclaim(cur, *args, **kwargs)
+        raise RuntimeError("the commit never happens")
+
+    monkeypatch.setattr(digest_runs, "reclaim_stuck", reclaim_then_fail)
+    with pytest.raises(RuntimeError):
+        digest_plan.watchdog(now)
+    assert db.query("SELECT status FROM digest_runs WHERE id = %s", (stuck,))[0][0] == "processing"
+    unchanged = scrape(client, admin_key)
+    for state in ("retry", "failed"):
+        assert value(unchanged, "notify_digest_runs_total", state=state) == \
+            value(after, "notify_digest_runs_total", state=state), state
+
+    digest_send._release_after_crash([stuck])    # a batch that crashed gives its runs back
+    released = scrape(client, admin_key)
+    assert value(released, "notify_digest_runs_total", state="retry") - \
+        value(after, "notify_digest_runs_total", state="retry") == 1
 
 
 def test_newsletter_send_counts_recipients_and_provider_calls(client, admin_key, fake, provider, settings):
