@@ -155,6 +155,26 @@ def test_newsletter_send_counts_recipients_and_provider_calls(client, admin_key,
     assert value(delta, "notify_provider_calls_total", provider="sendgrid", result="ok") == fake.calls == 3
 
 
+def test_recipients_of_newsletters_being_sent_by_state(client, admin_key):
+    """Scrape-time gauge: email_log rows of the newsletters in `sending`, by the statuses their
+    partial indexes cover; a finished newsletter's rows are not counted."""
+    now = datetime.now(timezone.utc)
+    factories.seed_subscribers(9)
+    done = factories.newsletter_row(status="done", send_requested_at=now - timedelta(days=2))
+    for sid in range(1, 10):
+        factories.outbox_row(done, sid, status="sent", sent_at=now - timedelta(days=2))
+    assert {value(scrape(client, admin_key), "notify_newsletter_sending_recipients", state=state)
+            for state in metrics.NEWSLETTER_STATES} == {0}
+    for started in (timedelta(hours=1), timedelta(minutes=5)):
+        nl = factories.newsletter_row(status="sending", send_requested_at=now - started)
+        for sid, status in zip(range(1, 10), ["sent"] * 4 + ["pending"] * 2 + ["sending", "failed", "suppressed"]):
+            factories.outbox_row(nl, sid, status=status, sent_at=now if status == "sent" else None,
+                                 claimed_at=now if status == "sending" else None)
+    sample = scrape(client, admin_key)
+    assert {state: value(sample, "notify_newsletter_sending_recipients", state=state)
+            for state in metrics.NEWSLETTER_STATES} == {"pending": 4, "sending": 2, "sent": 8}
+
+
 def test_newsletter_provider_failures_count_as_retries(client, admin_key, fake, provider):
     factories.seed_subscribers(3)
     nl = factories.newsletter()
