@@ -3,12 +3,14 @@ events and clicks/opens go through the real code paths (real Postgres, Redis, SM
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import httpx
 import pytest
 from playhouse.pool import MaxConnectionsExceeded
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,9 +21,9 @@ from digest import plan as digest_plan
 from digest import runs as digest_runs
 from digest import send as digest_send
 from tests import factories
-from tests.conftest import auth
+from tests.conftest import auth, wait_for
 from tests.newsletter_support import counts, drain, start
-from tests.test_digest_support import sink_as_provider
+from tests.test_digest_support import free_port, sink_as_provider
 from tests.test_webhook_apply import store
 from tracking import codes, webhook_apply
 
@@ -231,6 +233,45 @@ def test_values_of_other_processes_are_summed(client, admin_key):
     after = scrape(client, admin_key)
     assert value(after, "notify_events_total", result="duplicate") - \
         value(before, "notify_events_total", result="duplicate") == 5
+
+
+@pytest.fixture
+def exporter():
+    """`python -m app metrics-exporter` as a worker-only host runs it, on a free port, with this
+    run's PROMETHEUS_MULTIPROC_DIR (the environment it inherits)."""
+    port = free_port()
+    env = {**os.environ, "APP_ENV": "test", "METRICS_TOKEN": "exporter-token"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", "metrics-exporter", "--port", str(port)], cwd=ROOT,
+                            env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def answering():
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.TransportError:
+            return None
+
+    wait_for(answering, timeout=30, what="the metrics exporter")
+    yield url
+    proc.terminate()
+    assert proc.wait(15) in (0, -signal.SIGTERM)   # uvicorn re-raises the signal after its clean shutdown
+
+
+def test_metrics_exporter_serves_this_hosts_values_with_the_same_credentials(exporter, admin_key, events_key):
+    metrics.EVENTS.labels("duplicate").inc(3)    # as a worker process of this host would
+    assert httpx.get(exporter).status_code == 401
+    assert httpx.get(exporter, headers=auth(events_key)).status_code == 403
+    assert httpx.get(exporter, headers=auth("exporter-token-x")).status_code == 401
+    response = httpx.get(exporter, headers=auth("exporter-token"))
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    response = httpx.get(exporter, headers=auth(admin_key))
+    assert response.status_code == 200
+    sample = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(response.text) for s in family.samples}
+    assert value(sample, "notify_events_total", result="duplicate") >= 3
+    assert value(sample, "notify_scrape_source_up", source="postgres") == 1
+    assert httpx.get(exporter.replace("/metrics", "/healthz")).status_code == 404   # /metrics alone
 
 
 def test_db_pool_waits_and_timeouts(client, admin_key):
