@@ -24,8 +24,9 @@ from tests import factories
 from tests.conftest import auth, wait_for
 from tests.newsletter_support import counts, drain, start
 from tests.test_digest_support import free_port, sink_as_provider
+from tests.test_tracking_routes import UA_HUMAN, click_path, sent_newsletter
 from tests.test_webhook_apply import store
-from tracking import codes, webhook_apply
+from tracking import codes, recorder, resolve, webhook_apply
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,6 +214,25 @@ def test_opens_human_and_machine(client, admin_key):
     for who in ("human", "machine"):
         assert value(after, "notify_tracking_hits_total", kind="open", who=who) - \
             value(before, "notify_tracking_hits_total", kind="open", who=who) == 1, who
+
+
+def test_clicks_human_and_machine(client, admin_key, settings):
+    settings(tracking=True)
+    resolve.clear_caches()
+    nl_id, sub_id = sent_newsletter()
+    path = click_path("newsletter", nl_id, sub_id, "https://example.com/page")
+    before = scrape(client, admin_key)
+    try:
+        assert client.get(path, headers={"User-Agent": UA_HUMAN}, follow_redirects=False).status_code == 302
+        assert client.head(path, headers={"User-Agent": UA_HUMAN}, follow_redirects=False).status_code == 302
+        assert client.get(path, headers={"User-Agent": ""}, follow_redirects=False).status_code == 302  # no agent
+    finally:
+        recorder.recorder().flush()
+        resolve.clear_caches()
+    after = scrape(client, admin_key)
+    for who, n in {"human": 1, "machine": 2}.items():
+        assert value(after, "notify_tracking_hits_total", kind="click", who=who) - \
+            value(before, "notify_tracking_hits_total", kind="click", who=who) == n, who
 
 
 def test_setup_clears_live_gauges_of_dead_processes_only(tmp_path, monkeypatch):
