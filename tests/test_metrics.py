@@ -15,15 +15,16 @@ import pytest
 from playhouse.pool import MaxConnectionsExceeded
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import apikeys, config, db, metrics
-from app.newsletter import sender
+from app import apikeys, config, db, metrics, scheduler
+from app.newsletter import sender, service
 from digest import plan as digest_plan
 from digest import runs as digest_runs
 from digest import send as digest_send
 from tests import factories
 from tests.conftest import auth, wait_for
 from tests.newsletter_support import counts, drain, start
-from tests.test_digest_support import free_port, sink_as_provider
+from tests.test_digest_support import SmtpSink, free_port, sink_as_provider
+from tests.test_newsletter_workers import start_worker, stop_worker
 from tests.test_tracking_routes import UA_HUMAN, click_path, sent_newsletter
 from tests.test_webhook_apply import store
 from tracking import codes, recorder, resolve, webhook_apply
@@ -292,6 +293,48 @@ def test_metrics_exporter_serves_this_hosts_values_with_the_same_credentials(exp
     assert value(sample, "notify_events_total", result="duplicate") >= 3
     assert value(sample, "notify_scrape_source_up", source="postgres") == 1
     assert httpx.get(exporter.replace("/metrics", "/healthz")).status_code == 404   # /metrics alone
+
+
+@pytest.mark.slow
+def test_a_real_worker_process_counts_into_the_web_scrape(client, admin_key, redis_client):
+    """Multiprocess mode end to end: a `dramatiq actors` subprocess sharing this run's
+    PROMETHEUS_MULTIPROC_DIR sends digests and a newsletter to an SMTP sink; the web app's scrape
+    shows what that process counted, while it runs and after it has exited."""
+    sink = SmtpSink().start()
+    for i in range(3):
+        factories.events(f"u{i}", 2)
+        factories.digest_run(factories.subscriber(f"u{i}"),
+                             scheduled_for=datetime.now(timezone.utc) - timedelta(minutes=10))
+    factories.seed_subscribers(12, start=10)
+    nl = factories.newsletter()
+    own_sent = metrics.DIGEST_RUNS.labels("sent")._value.get()   # this process's own file
+    before = scrape(client, admin_key)
+    worker = start_worker("http://unused.invalid", MAIL_PROVIDER="smtp", SMTP_URL=sink.url, TRACKING="0",
+                          PROMETHEUS_MULTIPROC_DIR=str(metrics.DIRECTORY), queues=("digest", "newsletter"))
+    try:
+        assert scheduler.tick(datetime.now(timezone.utc))["enqueued"] == 3      # Redis → the worker
+        service.request_send(nl, {"kind": "all"})
+
+        def moved():
+            delta = {k: v - before.get(k, 0.0) for k, v in scrape(client, admin_key).items()}
+            done = value(delta, "notify_digest_runs_total", state="sent") == 3 and \
+                value(delta, "notify_newsletter_recipients_total", state="sent") == 15
+            return done and delta
+
+        delta = wait_for(moved, what="the worker's counters in the web scrape")
+    finally:
+        stop_worker(worker)
+        sink.stop()
+    assert len(sink.messages()) == 3 + 15
+    assert value(delta, "notify_digest_lateness_seconds_count") == 3
+    assert value(delta, "notify_digest_lateness_seconds_sum") >= 3 * 600
+    calls = value(delta, "notify_provider_calls_total", provider="smtp", result="ok")
+    assert calls >= 2 and value(delta, "notify_provider_call_seconds_count", provider="smtp") == calls
+    assert metrics.DIGEST_RUNS.labels("sent")._value.get() == own_sent     # none of it counted here
+    after_exit = scrape(client, admin_key)
+    assert value(after_exit, "notify_digest_runs_total", state="sent") - \
+        value(before, "notify_digest_runs_total", state="sent") == 3     # a dead process's counters stay
+    assert value(after_exit, "notify_provider_calls_in_flight", provider="smtp") == 0
 
 
 def test_db_pool_waits_and_timeouts(client, admin_key):
