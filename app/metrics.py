@@ -3,7 +3,8 @@ thing happens increments it with one line. README "Metrics" lists them.
 
 Multiprocess mode: uvicorn workers and Dramatiq worker processes each write their values to
 memory-mapped files in PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode), and
-GET /metrics on any web process sums every process's files. The directory is chosen, exported and
+GET /metrics on any web process sums every process's files of its host (a host without a web
+process runs `python -m app metrics-exporter`, app/health.py). The directory is chosen, exported and
 created when this module is imported — before the first metric exists, which is when
 prometheus-client picks its storage — so every process of a deployment (and the children it forks
 or spawns) agrees on it. `setup()` (each process at start-up) removes the live-gauge files of
