@@ -1,4 +1,4 @@
-"""Core operator commands: migrate, API keys, settings."""
+"""Core operator commands: migrate, API keys, settings, the metrics exporter."""
 from __future__ import annotations
 
 import sys
@@ -60,6 +60,16 @@ def cmd_settings(args) -> int:
     return 0
 
 
+def cmd_metrics_exporter(args) -> int:
+    import uvicorn
+
+    from app import health
+
+    observability.init_sentry("metrics-exporter")
+    uvicorn.run(health.exporter_app(), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("settings", help="print every setting in force (secrets masked), or --markdown")
     p.add_argument("--markdown", action="store_true", help="the README's configuration table")
@@ -76,3 +86,8 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_revoke_api_key)
     p = sub.add_parser("list-api-keys", help="list keys (never the keys themselves)")
     p.set_defaults(func=cmd_list_api_keys)
+    p = sub.add_parser("metrics-exporter", help="serve GET /metrics of this host's worker processes (a host "
+                                                 "without a web process): admin key or METRICS_TOKEN")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9191, help="listen port (default 9191)")
+    p.set_defaults(func=cmd_metrics_exporter)

@@ -60,8 +60,9 @@ class Settings:
     # -- metrics
     prometheus_multiproc_dir: str = setting(".var/metrics", "where every process of a deployment writes its Prometheus "
                                             "values (prometheus-client multiprocess mode; relative paths are "
-                                            "under the checkout); created at start-up, read by `GET /metrics`. "
-                                            "One directory per deployment: empty it when the deployment starts "
+                                            "under the checkout); created at start-up, read by `GET /metrics` "
+                                            "(web, or `python -m app metrics-exporter` on a worker-only host). "
+                                            "One directory per deployment and host: empty it when the deployment starts "
                                             "from scratch (README \"Metrics\")")
     metrics_token: str = setting("", "a Bearer token that may read `GET /metrics` besides admin API keys "
                                      "(compared in constant time; unset: admin keys only)")

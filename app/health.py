@@ -1,16 +1,20 @@
 """Operations endpoints. GET /healthz: 200 when Postgres and Redis both answer, 503 naming the one
 that does not. GET /metrics: Prometheus exposition (app/metrics.py) for an admin API key or
-METRICS_TOKEN, as a Bearer token."""
+METRICS_TOKEN, as a Bearer token — on the web app, and alone on the metrics exporter
+(`python -m app metrics-exporter`) of hosts that run workers but no web process."""
 from __future__ import annotations
 
+import contextlib
+
 import redis
+from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from app import config, db, metrics
-from app.http import FastJSONResponse, require_key
+from app.http import FastJSONResponse, exception_handlers, require_key
 
 
 def check() -> dict:
@@ -44,6 +48,24 @@ async def metrics_endpoint(request: Request):
 
 
 routes = [Route("/healthz", healthz, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
+
+
+def exporter_app() -> Starlette:
+    """GET /metrics alone: a worker-only host's values (its PROMETHEUS_MULTIPROC_DIR), with the web
+    app's exposition and credentials. Prometheus scrapes every host; counters are per host."""
+    db.init()       # API keys are checked against Postgres, as on the web app
+    metrics.setup()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        db.database.close_all()
+        metrics.process_stopped()
+
+    return Starlette(routes=[Route("/metrics", metrics_endpoint, methods=["GET"])],
+                     exception_handlers=exception_handlers(), lifespan=lifespan)
+
+
 OPENAPI_PATHS = {"/healthz": {"get": {"summary": "Postgres and Redis reachability",
                                       "responses": {"200": {"description": "both answer"},
                                                     "503": {"description": "one does not"}}}},

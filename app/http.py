@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from app import apikeys, config
+from app import apikeys, config, db
 
 log = logging.getLogger("app.http")
 
@@ -38,6 +38,14 @@ class ApiError(Exception):
 
 async def api_error_handler(request: Request, exc: ApiError) -> Response:
     return exc.response()
+
+
+def exception_handlers() -> dict:
+    """Every Starlette app's (the web app, the metrics exporter): ApiError as its JSON body, Postgres
+    unavailable as 503."""
+    handlers = {ApiError: api_error_handler}
+    handlers.update({error: database_unavailable_handler for error in db.UNAVAILABLE})
+    return handlers
 
 
 RETRY_AFTER_SECONDS = "5"

@@ -3,7 +3,8 @@ thing happens increments it with one line. README "Metrics" lists them.
 
 Multiprocess mode: uvicorn workers and Dramatiq worker processes each write their values to
 memory-mapped files in PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode), and
-GET /metrics on any web process sums every process's files. The directory is chosen, exported and
+GET /metrics on any web process sums every process's files of its host (a host without a web
+process runs `python -m app metrics-exporter`, app/health.py). The directory is chosen, exported and
 created when this module is imported — before the first metric exists, which is when
 prometheus-client picks its storage — so every process of a deployment (and the children it forks
 or spawns) agrees on it. `setup()` (each process at start-up) removes the live-gauge files of
@@ -55,8 +56,8 @@ COUNT_CAP = 100_000   # the scrape-time counts stop here: a partial-index scan t
 EVENTS = Counter("notify_events", "Events by result: accepted, duplicate (id already stored), rejected "
                                   "(in a 422 request)", ["result"])
 # -- digests
-DIGEST_RUNS = Counter("notify_digest_runs", "Digest runs leaving a worker batch, by state: sent, skipped, "
-                                            "retry (back to pending), failed", ["state"])
+DIGEST_RUNS = Counter("notify_digest_runs", "Digest runs leaving a worker batch or taken back by the watchdog, "
+                                            "by state: sent, skipped, retry (back to pending), failed", ["state"])
 DIGEST_LATENESS = Histogram("notify_digest_lateness_seconds", "Seconds from a run's scheduled_for to its send",
                             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400))
 # -- newsletters
@@ -127,12 +128,17 @@ def webhook_events(types) -> None:
     count(WEBHOOK_EVENTS, (t if t in WEBHOOK_TYPES else "other" for t in types))
 
 
-def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:
-    """A committed digest batch: runs by state (retries that used their last attempt are failed)."""
-    for state, n in {**counts, "retry": counts["retry"] - exhausted,
-                     "failed": counts["failed"] + exhausted}.items():
+def digest_runs(counts: dict) -> None:
+    """Committed digest run transitions by state: a worker's batch, or runs taken back from a worker
+    (the watchdog, a crashed batch's release: back to pending is `retry`, attempts used up `failed`)."""
+    for state, n in counts.items():
         if n:
             DIGEST_RUNS.labels(state).inc(n)
+
+
+def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:
+    """A committed digest batch: runs by state (retries that used their last attempt are failed)."""
+    digest_runs({**counts, "retry": counts["retry"] - exhausted, "failed": counts["failed"] + exhausted})
     for seconds in lateness:
         DIGEST_LATENESS.observe(max(0.0, seconds))
 
@@ -182,7 +188,15 @@ def process_stopped() -> None:
 
 # -- scrape ---------------------------------------------------------------------------------------
 
+# Recipients of the newsletters being sent, by email_log status, each read from its partial index
+# (email_log_pending_idx, email_log_sending_idx, email_log_sent_idx — sent rows only since the
+# earliest send request, index-only). failed, suppressed and cancelled have no index: counting them
+# read the whole table (150 ms per million rows and status); notify_newsletter_recipients_total
+# counts them as they happen.
+NEWSLETTER_STATES = ("pending", "sending", "sent")
 STATE_SQL = f"""
+WITH nl AS MATERIALIZED (SELECT coalesce(array_agg(id), '{{}}') AS ids, min(send_requested_at) AS since
+                         FROM newsletters WHERE status = 'sending')
 SELECT (SELECT extract(epoch FROM now() - min(scheduled_for)) FROM digest_runs
         WHERE status = 'pending' AND scheduled_for <= now()),
        (SELECT count(*) FROM (SELECT 1 FROM digest_runs WHERE status = 'pending' AND scheduled_for <= now()
@@ -190,7 +204,13 @@ SELECT (SELECT extract(epoch FROM now() - min(scheduled_for)) FROM digest_runs
        (SELECT count(*) FROM (SELECT 1 FROM digest_runs WHERE status = 'processing' LIMIT {COUNT_CAP}) busy),
        (SELECT count(*) FROM (SELECT 1 FROM webhook_events WHERE processed_at IS NULL LIMIT {COUNT_CAP}) hooks),
        (SELECT extract(epoch FROM min((SELECT max(range_to) FROM time_partitions(t::regclass))) - now())
-        FROM unnest(ARRAY['digest_events', 'webhook_events', 'email_link_history']) t)
+        FROM unnest(ARRAY['digest_events', 'webhook_events', 'email_link_history']) t),
+       (SELECT count(*) FROM (SELECT 1 FROM email_log, nl WHERE status = 'pending' AND newsletter_id = ANY (nl.ids)
+                              LIMIT {COUNT_CAP}) pending),
+       (SELECT count(*) FROM (SELECT 1 FROM email_log, nl WHERE status = 'sending' AND newsletter_id = ANY (nl.ids)
+                              LIMIT {COUNT_CAP}) sending),
+       (SELECT count(*) FROM (SELECT 1 FROM email_log, nl WHERE status = 'sent' AND sent_at >= nl.since
+                                                          AND newsletter_id = ANY (nl.ids) LIMIT {COUNT_CAP}) sent)
 """
 
 
@@ -204,7 +224,7 @@ class StateCollector:
             with db.raw_cursor() as cur:
                 cur.execute(f"SET LOCAL statement_timeout = {SCRAPE_STATEMENT_TIMEOUT_MS}")
                 cur.execute(STATE_SQL)
-                oldest, due, processing, unapplied, ahead = cur.fetchone()
+                oldest, due, processing, unapplied, ahead, *recipients = cur.fetchone()
         except Exception as exc:  # noqa: BLE001 - a scrape never fails because Postgres is slow or down
             log.warning("metrics: database read failed: %s", str(exc).strip().splitlines()[:1])
             up.add_metric(["postgres"], 0)
@@ -221,6 +241,11 @@ class StateCollector:
             yield GaugeMetricFamily("notify_partitions_ahead_seconds", "How far ahead the monthly partitions of the "
                                     "event tables reach (the least of the three): a row past it is refused. The "
                                     "scheduler keeps it above two months", value=float(ahead or 0))
+            family = GaugeMetricFamily("notify_newsletter_sending_recipients", f"Outbox rows of the newsletters "
+                                       f"being sent, by status (capped at {COUNT_CAP})", labels=["state"])
+            for state, n in zip(NEWSLETTER_STATES, recipients):
+                family.add_metric([state], n)
+            yield family
         try:
             depths = {name: queue.depth(name) for name in queue.QUEUES}
         except Exception as exc:  # noqa: BLE001

@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from app import config, db, forwarded, memory, metrics, openapi, observability
-from app.http import ApiError, api_error_handler, database_unavailable_handler
+from app.http import exception_handlers
 
 log = logging.getLogger("app.web")
 
@@ -57,9 +57,7 @@ def create_app() -> Starlette:
         db.database.close_all()
         metrics.process_stopped()
 
-    handlers = {ApiError: api_error_handler}
-    handlers.update({error: database_unavailable_handler for error in db.UNAVAILABLE})
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    return Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan)
 
 
 app = create_app()

@@ -39,7 +39,7 @@ import logging
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from app import config, db
+from app import config, db, metrics
 from digest import immediate, runs
 
 log = logging.getLogger("digest.plan")
@@ -231,6 +231,7 @@ def watchdog(now: datetime) -> tuple[int, int]:
     with db.raw_cursor() as cur:
         back, failed = runs.reclaim_stuck(cur, now, settings.digest_processing_timeout_seconds,
                                           settings.digest_max_attempts, base_seconds=0)
+    metrics.digest_runs({"retry": back, "failed": failed})   # committed: a rolled-back take-back is not counted
     if back or failed:
         log.warning("watchdog: %d stuck runs back to pending, %d failed after too many attempts", back, failed)
     return back, failed

@@ -164,7 +164,8 @@ def _release_after_crash(run_ids: list[int]) -> None:
     settings = config.get()
     try:
         with db.raw_cursor() as cur:
-            run_rows.retry(cur, [(i, "worker error, released") for i in run_ids], settings.digest_max_attempts,
-                           settings.digest_retry_base_seconds)
+            back, failed = run_rows.retry(cur, [(i, "worker error, released") for i in run_ids],
+                                          settings.digest_max_attempts, settings.digest_retry_base_seconds)
+        metrics.digest_runs({"retry": back, "failed": failed})   # committed
     except Exception:  # noqa: BLE001 - the database may be what failed; the watchdog covers it
         log.exception("could not release %d claimed runs; the watchdog will", len(run_ids))

@@ -3,25 +3,31 @@ events and clicks/opens go through the real code paths (real Postgres, Redis, SM
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import httpx
 import pytest
 from playhouse.pool import MaxConnectionsExceeded
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import apikeys, config, db, metrics
-from app.newsletter import sender
+from app import apikeys, config, db, metrics, scheduler
+from app.newsletter import sender, service
+from digest import plan as digest_plan
+from digest import runs as digest_runs
 from digest import send as digest_send
 from tests import factories
-from tests.conftest import auth
+from tests.conftest import auth, wait_for
 from tests.newsletter_support import counts, drain, start
-from tests.test_digest_support import sink_as_provider
+from tests.test_digest_support import SmtpSink, free_port, sink_as_provider
+from tests.test_newsletter_workers import start_worker, stop_worker
+from tests.test_tracking_routes import UA_HUMAN, click_path, sent_newsletter
 from tests.test_webhook_apply import store
-from tracking import codes, webhook_apply
+from tracking import codes, recorder, resolve, webhook_apply
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,6 +106,43 @@ def test_digest_send_counts_runs_lateness_and_provider_calls(client, admin_key, 
     assert value(after, "notify_digest_oldest_due_seconds") == 0 and value(after, "notify_digest_runs_due") == 0
 
 
+def test_watchdog_and_crash_release_count_the_runs_they_take_back(client, admin_key, settings, monkeypatch):
+    """Runs taken back outside a worker's batch are counted once their transition is committed:
+    back to pending as `retry`, attempts used up as `failed`; a rolled-back take-back is not."""
+    settings(digest_processing_timeout_seconds=600, digest_max_attempts=3)
+    now = datetime.now(timezone.utc)
+    old = now - timedelta(minutes=11)
+    stuck = factories.digest_run(factories.subscriber("a"), status="processing", claimed_at=old)
+    factories.digest_run(factories.subscriber("b"), status="processing", claimed_at=old, attempts=2)
+    before = scrape(client, admin_key)
+    assert digest_plan.watchdog(now) == (1, 1)
+    after = scrape(client, admin_key)
+    for state in ("retry", "failed"):
+        assert value(after, "notify_digest_runs_total", state=state) - \
+            value(before, "notify_digest_runs_total", state=state) == 1, state
+
+    db.query("UPDATE digest_runs SET status = 'processing', claimed_at = %s WHERE id = %s", (old, stuck))
+    reclaim = digest_runs.reclaim_stuck
+
+    def reclaim_then_fail(cur, *args, **kwargs):
+        reclaim(cur, *args, **kwargs)
+        raise RuntimeError("the commit never happens")
+
+    monkeypatch.setattr(digest_runs, "reclaim_stuck", reclaim_then_fail)
+    with pytest.raises(RuntimeError):
+        digest_plan.watchdog(now)
+    assert db.query("SELECT status FROM digest_runs WHERE id = %s", (stuck,))[0][0] == "processing"
+    unchanged = scrape(client, admin_key)
+    for state in ("retry", "failed"):
+        assert value(unchanged, "notify_digest_runs_total", state=state) == \
+            value(after, "notify_digest_runs_total", state=state), state
+
+    digest_send._release_after_crash([stuck])    # a batch that crashed gives its runs back
+    released = scrape(client, admin_key)
+    assert value(released, "notify_digest_runs_total", state="retry") - \
+        value(after, "notify_digest_runs_total", state="retry") == 1
+
+
 def test_newsletter_send_counts_recipients_and_provider_calls(client, admin_key, fake, provider, settings):
     settings(send_batch_size=10)
     factories.seed_subscribers(25)
@@ -114,6 +157,26 @@ def test_newsletter_send_counts_recipients_and_provider_calls(client, admin_key,
     assert value(delta, "notify_newsletter_recipients_total", state="sent") == 24
     assert value(delta, "notify_newsletter_recipients_total", state="suppressed") == 1
     assert value(delta, "notify_provider_calls_total", provider="sendgrid", result="ok") == fake.calls == 3
+
+
+def test_recipients_of_newsletters_being_sent_by_state(client, admin_key):
+    """Scrape-time gauge: email_log rows of the newsletters in `sending`, by the statuses their
+    partial indexes cover; a finished newsletter's rows are not counted."""
+    now = datetime.now(timezone.utc)
+    factories.seed_subscribers(9)
+    done = factories.newsletter_row(status="done", send_requested_at=now - timedelta(days=2))
+    for sid in range(1, 10):
+        factories.outbox_row(done, sid, status="sent", sent_at=now - timedelta(days=2))
+    assert {value(scrape(client, admin_key), "notify_newsletter_sending_recipients", state=state)
+            for state in metrics.NEWSLETTER_STATES} == {0}
+    for started in (timedelta(hours=1), timedelta(minutes=5)):
+        nl = factories.newsletter_row(status="sending", send_requested_at=now - started)
+        for sid, status in zip(range(1, 10), ["sent"] * 4 + ["pending"] * 2 + ["sending", "failed", "suppressed"]):
+            factories.outbox_row(nl, sid, status=status, sent_at=now if status == "sent" else None,
+                                 claimed_at=now if status == "sending" else None)
+    sample = scrape(client, admin_key)
+    assert {state: value(sample, "notify_newsletter_sending_recipients", state=state)
+            for state in metrics.NEWSLETTER_STATES} == {"pending": 4, "sending": 2, "sent": 8}
 
 
 def test_newsletter_provider_failures_count_as_retries(client, admin_key, fake, provider):
@@ -154,6 +217,25 @@ def test_opens_human_and_machine(client, admin_key):
             value(before, "notify_tracking_hits_total", kind="open", who=who) == 1, who
 
 
+def test_clicks_human_and_machine(client, admin_key, settings):
+    settings(tracking=True)
+    resolve.clear_caches()
+    nl_id, sub_id = sent_newsletter()
+    path = click_path("newsletter", nl_id, sub_id, "https://example.com/page")
+    before = scrape(client, admin_key)
+    try:
+        assert client.get(path, headers={"User-Agent": UA_HUMAN}, follow_redirects=False).status_code == 302
+        assert client.head(path, headers={"User-Agent": UA_HUMAN}, follow_redirects=False).status_code == 302
+        assert client.get(path, headers={"User-Agent": ""}, follow_redirects=False).status_code == 302  # no agent
+    finally:
+        recorder.recorder().flush()
+        resolve.clear_caches()
+    after = scrape(client, admin_key)
+    for who, n in {"human": 1, "machine": 2}.items():
+        assert value(after, "notify_tracking_hits_total", kind="click", who=who) - \
+            value(before, "notify_tracking_hits_total", kind="click", who=who) == n, who
+
+
 def test_setup_clears_live_gauges_of_dead_processes_only(tmp_path, monkeypatch):
     monkeypatch.setattr(metrics, "DIRECTORY", tmp_path)
     dead, alive = 2 ** 22 + 12345, os.getpid()   # above any pid_max: never alive
@@ -172,6 +254,87 @@ def test_values_of_other_processes_are_summed(client, admin_key):
     after = scrape(client, admin_key)
     assert value(after, "notify_events_total", result="duplicate") - \
         value(before, "notify_events_total", result="duplicate") == 5
+
+
+@pytest.fixture
+def exporter():
+    """`python -m app metrics-exporter` as a worker-only host runs it, on a free port, with this
+    run's PROMETHEUS_MULTIPROC_DIR (the environment it inherits)."""
+    port = free_port()
+    env = {**os.environ, "APP_ENV": "test", "METRICS_TOKEN": "exporter-token"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", "metrics-exporter", "--port", str(port)], cwd=ROOT,
+                            env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def answering():
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.TransportError:
+            return None
+
+    wait_for(answering, timeout=30, what="the metrics exporter")
+    yield url
+    proc.terminate()
+    assert proc.wait(15) in (0, -signal.SIGTERM)   # uvicorn re-raises the signal after its clean shutdown
+
+
+def test_metrics_exporter_serves_this_hosts_values_with_the_same_credentials(exporter, admin_key, events_key):
+    metrics.EVENTS.labels("duplicate").inc(3)    # as a worker process of this host would
+    assert httpx.get(exporter).status_code == 401
+    assert httpx.get(exporter, headers=auth(events_key)).status_code == 403
+    assert httpx.get(exporter, headers=auth("exporter-token-x")).status_code == 401
+    response = httpx.get(exporter, headers=auth("exporter-token"))
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    response = httpx.get(exporter, headers=auth(admin_key))
+    assert response.status_code == 200
+    sample = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(response.text) for s in family.samples}
+    assert value(sample, "notify_events_total", result="duplicate") >= 3
+    assert value(sample, "notify_scrape_source_up", source="postgres") == 1
+    assert httpx.get(exporter.replace("/metrics", "/healthz")).status_code == 404   # /metrics alone
+
+
+@pytest.mark.slow
+def test_a_real_worker_process_counts_into_the_web_scrape(client, admin_key, redis_client):
+    """Multiprocess mode end to end: a `dramatiq actors` subprocess sharing this run's
+    PROMETHEUS_MULTIPROC_DIR sends digests and a newsletter to an SMTP sink; the web app's scrape
+    shows what that process counted, while it runs and after it has exited."""
+    sink = SmtpSink().start()
+    for i in range(3):
+        factories.events(f"u{i}", 2)
+        factories.digest_run(factories.subscriber(f"u{i}"),
+                             scheduled_for=datetime.now(timezone.utc) - timedelta(minutes=10))
+    factories.seed_subscribers(12, start=10)
+    nl = factories.newsletter()
+    own_sent = metrics.DIGEST_RUNS.labels("sent")._value.get()   # this process's own file
+    before = scrape(client, admin_key)
+    worker = start_worker("http://unused.invalid", MAIL_PROVIDER="smtp", SMTP_URL=sink.url, TRACKING="0",
+                          PROMETHEUS_MULTIPROC_DIR=str(metrics.DIRECTORY), queues=("digest", "newsletter"))
+    try:
+        assert scheduler.tick(datetime.now(timezone.utc))["enqueued"] == 3      # Redis → the worker
+        service.request_send(nl, {"kind": "all"})
+
+        def moved():
+            delta = {k: v - before.get(k, 0.0) for k, v in scrape(client, admin_key).items()}
+            done = value(delta, "notify_digest_runs_total", state="sent") == 3 and \
+                value(delta, "notify_newsletter_recipients_total", state="sent") == 15
+            return done and delta
+
+        delta = wait_for(moved, what="the worker's counters in the web scrape")
+    finally:
+        stop_worker(worker)
+        sink.stop()
+    assert len(sink.messages()) == 3 + 15
+    assert value(delta, "notify_digest_lateness_seconds_count") == 3
+    assert value(delta, "notify_digest_lateness_seconds_sum") >= 3 * 600
+    calls = value(delta, "notify_provider_calls_total", provider="smtp", result="ok")
+    assert calls >= 2 and value(delta, "notify_provider_call_seconds_count", provider="smtp") == calls
+    assert metrics.DIGEST_RUNS.labels("sent")._value.get() == own_sent     # none of it counted here
+    after_exit = scrape(client, admin_key)
+    assert value(after_exit, "notify_digest_runs_total", state="sent") - \
+        value(before, "notify_digest_runs_total", state="sent") == 3     # a dead process's counters stay
+    assert value(after_exit, "notify_provider_calls_in_flight", provider="smtp") == 0
 
 
 def test_db_pool_waits_and_timeouts(client, admin_key):

@@ -23,7 +23,7 @@ from tests.newsletter_support import counts, newsletter_status
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_worker(fake_url: str, **env) -> subprocess.Popen:
+def start_worker(fake_url: str, queues: tuple[str, ...] = ("newsletter",), **env) -> subprocess.Popen:
     settings = config.get()
     environment = {
         **os.environ, "APP_ENV": "test", "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url,
@@ -33,7 +33,7 @@ def start_worker(fake_url: str, **env) -> subprocess.Popen:
     }
     return subprocess.Popen(
         [sys.executable, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "2",
-         "--queues", "newsletter"],
+         "--queues", *queues],
         cwd=ROOT, env=environment, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
