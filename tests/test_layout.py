@@ -18,7 +18,8 @@ LAZY_ALLOWED = {("app/mail.py", "dkim"), ("app/observability.py", "sentry_sdk"),
                 ("app/newsletter/template.py", "premailer"), ("digest/render.py", "premailer"),
                 ("app/providers/smtp_async.py", "uvloop"),
                 ("app/admin/charts.py", "matplotlib"), ("app/admin/charts.py", "matplotlib.figure"),
-                ("app/admin/charts.py", "matplotlib.dates")}
+                ("app/admin/charts.py", "matplotlib.dates"),
+                ("app/cli_core.py", "uvicorn"), ("app/cli_core.py", "app")}
 
 
 def _modules() -> dict[str, Path]:

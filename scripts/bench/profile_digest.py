@@ -130,7 +130,7 @@ def main() -> None:
     for area, seconds in sorted(by_area.items(), key=lambda kv: -kv[1]):
         print(f"    {area:<46s} {seconds / n * 1e6:7.0f} us/digest  {seconds / total:6.1%}")
     print(f"  top {args.top} functions by own time:")
-    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(args.top)
 
 
 if __name__ == "__main__":
