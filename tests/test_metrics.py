@@ -372,3 +372,18 @@ def test_db_pool_waits_and_timeouts(client, admin_key):
     assert value(after, "notify_db_pool_timeouts_total") == value(before, "notify_db_pool_timeouts_total") + 1
     assert slow(after) - slow(before) >= 2
     assert value(after, "notify_db_pool_wait_seconds_sum") - value(before, "notify_db_pool_wait_seconds_sum") >= 0.45
+
+
+def test_queue_depth_and_processing_runs_move(client, admin_key):
+    """What the checker enqueues shows as queue depth until a worker takes it; a claimed run shows as
+    processing until its batch is recorded."""
+    sid = factories.subscriber("u1")
+    factories.events("u1", 1)
+    run = factories.digest_run(sid, scheduled_for=datetime.now(timezone.utc) - timedelta(minutes=1))
+    before = scrape(client, admin_key)
+    assert scheduler.tick(datetime.now(timezone.utc))["enqueued"] == 1      # Redis, no worker running
+    queued = scrape(client, admin_key)
+    assert value(queued, "notify_queue_depth", queue="digest") - value(before, "notify_queue_depth", queue="digest") == 1
+    with db.raw_cursor() as cur:
+        digest_runs.claim(cur, [run], 1)                                    # a worker's claim, committed
+    assert value(scrape(client, admin_key), "notify_digest_runs_processing") == 1
