@@ -34,8 +34,8 @@ def _store(key, body):
         for row in rows:
             cur.execute(
                 "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
-                "actor_id, actor_name, payload, occurred_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s::jsonb,"
-                "COALESCE(%s::timestamptz, now())) ON CONFLICT DO NOTHING", row)
+                "actor_id, actor_name, payload, occurred_at, high_priority) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,"
+                "%s::jsonb, COALESCE(%s::timestamptz, now()), %s) ON CONFLICT DO NOTHING", row)
             accepted += cur.rowcount
     return JSONResponse({"accepted": accepted, "duplicates": len(rows) - accepted}, status_code=202)
 
