@@ -50,10 +50,10 @@ browser:
 pgbouncer:
 	@sh scripts/dev/apt-install.sh pgbouncer /usr/sbin/pgbouncer "the PgBouncer pass of make test is skipped"
 
-# The integration tests (not slow, browser or pure) through a private PgBouncer in transaction
-# pooling mode on a free port (PGBOUNCER_PORT to choose one): scripts/dev/pgbouncer.py.
+# The integration tests (the slow ones too: real worker and scheduler processes) through a private
+# PgBouncer in transaction pooling mode on a free port (PGBOUNCER_PORT to choose one): scripts/dev/pgbouncer.py.
 PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
-	$(BIN)/python -m pytest -m "not slow and not browser and not pure" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not browser and not pure" $(PYTEST_ARGS)
 
 # Everything, then the integration tests once more through PgBouncer.
 test: install services browser pgbouncer
