@@ -48,6 +48,13 @@ HASH_MULTIPLIER = 2654435761   # Knuth's multiplicative hash; the same formula r
 HASH_MODULUS = 2 ** 32
 
 
+def cadence_spread(cadence: str, stagger_seconds: int) -> int:
+    """How far past its slot a run of this cadence may be staggered: DIGEST_STAGGER_SECONDS, at most
+    an hour for hourly digests (the next slot comes then)."""
+    spread = max(1, stagger_seconds)
+    return min(spread, 3600) if cadence == "hourly" else spread
+
+
 def stagger_seconds(subscriber_id: int, spread: int) -> int:
     if spread <= 0:
         return 0
@@ -168,7 +175,7 @@ def plan(now: datetime) -> int:
     next slot. Returns runs inserted (or revived). Each batch commits on its own: a first tick over
     a million new subscribers never holds a million row locks."""
     settings = config.get()
-    spread = max(1, settings.digest_stagger_seconds)
+    spread = cadence_spread("daily", settings.digest_stagger_seconds)
     batch = max(1, settings.digest_plan_batch)
     while True:
         [(handed,)] = db.query(_PLAN_IMMEDIATELY_SQL, {"now": now, "limit": batch,
@@ -184,7 +191,7 @@ def plan(now: datetime) -> int:
     if not cols["tz"]:
         return 0
     params = {**cols, "now": now, "limit": batch, "mult": HASH_MULTIPLIER, "mod": HASH_MODULUS, "spread": spread,
-              "hourly_spread": min(spread, 3600)}
+              "hourly_spread": cadence_spread("hourly", settings.digest_stagger_seconds)}
     inserted = 0
     while True:
         [(planned, added)] = db.query(_PLAN_SQL, params)

@@ -29,9 +29,8 @@ def _planned(subscriber: dict, start: datetime) -> datetime:
     """The run the planner makes for the first slot at or after `start`: slot + stagger."""
     cadence, tz_name = subscriber["digest_cadence"], subscriber["timezone"]
     _, slot = plan.next_slot(start, tz_name, cadence, subscriber["digest_hour"], subscriber["digest_weekday"])
-    spread = max(1, config.get().digest_stagger_seconds)
-    return slot + timedelta(seconds=plan.stagger_seconds(subscriber["id"], min(spread, 3600) if cadence == "hourly"
-                                                         else spread))
+    spread = plan.cadence_spread(cadence, config.get().digest_stagger_seconds)
+    return slot + timedelta(seconds=plan.stagger_seconds(subscriber["id"], spread))
 
 
 def next_digest(subscriber: dict, now: datetime, pending_at: datetime | None = None) -> str:
