@@ -21,7 +21,7 @@ from pathlib import Path
 
 import chevron
 
-from app import config, layout
+from app import config, layout, mail
 from digest import mustache
 
 log = logging.getLogger("digest.render")
@@ -136,10 +136,11 @@ class TemplateSet:
 
     def render_html(self, context: dict) -> tuple[str, str, dict]:
         """(subject, HTML, the context with its subject) — the text part can follow once the
-        HTML's links are known (digest/build.py puts the same click-tracking links in it)."""
+        HTML's links are known (digest/build.py puts the same click-tracking links in it). The HTML
+        is ASCII (app/mail.ascii_html), so it goes as 7bit rather than quoted-printable."""
         subject = " ".join(self.get("subject.txt").template.render(context).split())[:200]  # one line
         context = {**context, "subject": subject}
-        return subject, self.get("digest.html").template.render(context), context
+        return subject, mail.ascii_html(self.get("digest.html").template.render(context)), context
 
     def render_text(self, context: dict) -> str:
         return self.get("digest.txt").template.render(context)

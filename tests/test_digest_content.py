@@ -185,3 +185,23 @@ def test_the_demo_shows_titles_links_and_labels_and_nobody_their_own_activity(si
         own_name = dict(demo_data.ACTORS)[user_id]
         assert f" {own_name} " not in rendered.text.split("\n", 1)[1].replace(",", " ")
         assert rendered.subject.split(" — ")[0].endswith(tuple(titles))
+
+
+def test_the_html_part_is_ascii_7bit_and_reads_back_as_the_names_and_titles_sent(sink):
+    """Digest HTML writes non-ASCII text as character references (app/mail.ascii_html) so it goes
+    as 7bit, not quoted-printable; a reader sees exactly the names and titles of the events."""
+    import html as html_lib
+    sid = factories.subscriber("u1", name="Zoë")
+    factories.events("u1", 2, entity_id="p1", actor="jo", actor_name="Jürgen 😀",
+                     payload={"entity_title": "Grüße aus Köln — «Launch»", "entity_url": "https://app.test/ü?q=1"})
+    digest_send.process([factories.digest_run(sid)])
+    msg = sink.messages()[0]
+    html_part = msg.get_body(("html",))
+    assert html_part["Content-Transfer-Encoding"] == "7bit"
+    html = html_part.get_content()
+    assert html.isascii()
+    shown = html_lib.unescape(html)
+    assert "Hi Zoë" in shown and "Jürgen 😀" in shown and "Grüße aus Köln — «Launch»" in shown
+    assert "Grüße aus Köln — «Launch»" in msg["Subject"]
+    assert msg.get_body(("plain",))["Content-Transfer-Encoding"] == "quoted-printable"   # the text part is not ASCII
+    assert "Jürgen 😀" in parts(msg)[1]

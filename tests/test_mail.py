@@ -144,3 +144,42 @@ def test_subjects_of_any_length_and_script_parse_back_exactly(subject):
 def test_any_subject_text_parses_back_exactly(subject):
     msg = parse(mail.build(_mail(subject=subject)))
     assert msg["Subject"] == subject
+
+
+def _part_of(raw: bytes, subtype: str):
+    return parse(raw).get_body((subtype,))
+
+
+@pytest.mark.parametrize("html, text, encodings", [
+    ("<p>plain ASCII, a = sign</p>", "plain text\n.leading dot", ("7bit", "7bit")),
+    ("<p>H&#233;llo</p>", "Héllo", ("7bit", "quoted-printable")),               # text not ASCII
+    ("<p>" + "x" * 999 + "</p>", "y" * 998, ("quoted-printable", "7bit")),      # a line over 998 octets
+    ("<p>a\0b</p>", "", ("quoted-printable", "7bit")),                          # NUL is not 7bit
+])
+def test_ascii_parts_go_as_7bit_and_the_rest_as_quoted_printable(html, text, encodings):
+    raw = mail.build(_mail(html=html, text=text))
+    assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
+    assert b"\n" not in raw.replace(b"\r\n", b"")                               # CRLF only
+    for subtype, body, cte in zip(("html", "plain"), (html, text), encodings):
+        part = _part_of(raw, subtype)
+        assert part["Content-Transfer-Encoding"] == cte
+        assert part.get_content().replace("\r\n", "\n") == body
+
+
+@hypothesis_settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=400))
+def test_any_part_text_parses_back_exactly(body):
+    raw = mail.build(_mail(html=body, text=body))
+    expected = body.replace("\r\n", "\n").replace("\r", "\n")
+    for subtype in ("html", "plain"):
+        assert _part_of(raw, subtype).get_content().replace("\r\n", "\n") == expected
+
+
+def test_ascii_html_writes_other_characters_as_references_outside_style_and_script():
+    import html as html_lib
+    page = '<title>Ána — news</title><p title="Zoë">😀 · ok</p>'
+    out = mail.ascii_html(page)
+    assert out.isascii() and html_lib.unescape(out) == page
+    assert mail.ascii_html("<p>ascii</p>") == "<p>ascii</p>"
+    for raw_text in ('<style>p:before{content:"→"}</style><p>é</p>', "<SCRIPT>var s = 'é';</SCRIPT>"):
+        assert mail.ascii_html(raw_text) == raw_text        # a reference would show there as written
