@@ -181,7 +181,7 @@ class AsyncSender:
         codes = [code for code, _ in replies]
         envelope_ok = codes[0] == 250 and len(codes) > 1 and codes[1] in (250, 251)
         if len(codes) == 3 and codes[2] == 354 and envelope_ok:
-            body = _LEADING_DOT.sub(b"..", raw)
+            body = _LEADING_DOT.sub(b"..", raw) if raw[:1] == b"." or b"\n." in raw else raw
             if not body.endswith(b"\r\n"):
                 body += b"\r\n"
             conn.writer.write(body + b".\r\n")
@@ -216,7 +216,9 @@ class AsyncSender:
                         if conn is None or conn.broken:
                             conn = await self._connect()
                         began = time.perf_counter()
-                        await asyncio.wait_for(self._transaction(conn, sender, m.to, raw), self.timeout)
+                        # asyncio.timeout, not wait_for: wait_for wraps each mail in a new task
+                        async with asyncio.timeout(self.timeout):
+                            await self._transaction(conn, sender, m.to, raw)
                         took = time.perf_counter() - began
                         # EWMA (one thread: the loop's); the first round trip is taken as it is
                         self.latency = took if not self.latency else self.latency + 0.05 * (took - self.latency)
