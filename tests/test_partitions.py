@@ -141,6 +141,25 @@ def test_changing_a_key_moves_it_and_a_taken_key_is_refused():
         db.query("UPDATE digest_events SET producer_id = 'b' WHERE id = %s", (a,))
 
 
+def test_changing_a_webhook_key_moves_it_and_a_taken_key_is_refused():
+    insert = "INSERT INTO webhook_events (sg_event_id, event, payload) VALUES (%s, 'open', '{}') RETURNING id"
+    (a,), = db.query(insert, ("sg-a",))
+    db.query(insert, ("sg-b",))
+    db.query("UPDATE webhook_events SET sg_event_id = 'sg-a2' WHERE id = %s", (a,))
+    assert db.query(insert, ("sg-a2",)) == []
+    assert len(db.query(insert, ("sg-a",))) == 1                        # the old key is free again
+    with pytest.raises(peewee.IntegrityError, match="webhook_event_keys_pkey"):
+        db.query("UPDATE webhook_events SET sg_event_id = 'sg-b' WHERE id = %s", (a,))
+
+
+def test_marking_events_leaves_their_keys_alone():
+    """The rename triggers run only when a key column changes, not for the digest's mark."""
+    (a,), = db.query(INSERT_EVENT, ("p", "m", None))
+    db.query("UPDATE digest_events SET digest_run_id = 7 WHERE id = %s", (a,))
+    assert db.query("SELECT source, producer_id, event_id FROM digest_event_keys") == [("p", "m", a)]
+    assert db.query(INSERT_EVENT, ("p", "m", None)) == []
+
+
 def test_erasure_and_truncate_free_the_keys(client, events_key, admin_key):
     factories.subscriber("u1")
     assert post(client, events_key, "gone-1") == {"accepted": 1, "duplicates": 0}
