@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -170,7 +171,6 @@ def test_a_subscriber_back_from_off_is_planned_at_once():
 
 
 def test_two_planners_at_once_plan_each_subscriber_once(settings):
-    import threading
 
     settings(digest_plan_batch=7)
     for i in range(60):
@@ -216,6 +216,33 @@ def test_enqueue_failure_leaves_runs_for_the_next_tick():
 
     assert digest_plan.check(now, broken, 0) == 0
     assert run_row(rid)["enqueued_at"] is None
+
+
+def test_checker_marks_and_sends_in_chunks_and_a_failure_stops_at_its_message(settings, monkeypatch):
+    """Each chunk's messages go out right after its commit (workers start while later chunks are
+    marked); when Redis refuses a message, that message's runs and every later one stay unmarked."""
+    settings(digest_claim_batch=2, digest_queue_max_depth=100)
+    monkeypatch.setattr(digest_plan, "CHECK_CHUNK_MESSAGES", 2)
+    now = utc(2026, 5, 1, 12)
+    due = [factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=20 - i))
+           for i in range(11)]
+    seen_committed = []
+
+    def send(ids):
+        # another thread, so another pooled connection: what a worker receiving this message sees
+        reader = threading.Thread(target=lambda: seen_committed.append(
+            all(run_row(i)["enqueued_at"] == now for i in ids)))
+        reader.start()
+        reader.join()
+        if len(seen_committed) == 4:
+            raise ConnectionError("redis down")
+
+    assert digest_plan.check(now, send, depth=0) == 6          # messages 1-3 went, the 4th failed
+    assert seen_committed == [True, True, True, True]
+    assert [run_row(i)["enqueued_at"] is not None for i in due] == [True] * 6 + [False] * 5
+    sent = []
+    assert digest_plan.check(now, sent.append, depth=0) == 5     # the rest on the next tick, never twice
+    assert sorted(i for m in sent for i in m) == due[6:]
 
 
 # -- watchdog ------------------------------------------------------------------------------------
@@ -382,7 +409,6 @@ def test_digest_now_makes_the_next_digest_due_without_duplicating_the_period():
 
 
 def test_two_concurrent_checkers_enqueue_each_run_once(settings):
-    import threading
 
     settings(digest_claim_batch=3)
     now = utc(2026, 5, 1, 12)
