@@ -84,3 +84,20 @@ def test_duplicate_messages_send_once(sink, worker, redis_client):
     wait_for(lambda: _statuses() == {"sent": 3})
     worker.stop()
     assert len(sink.messages()) == 3
+
+
+def test_idle_workers_look_at_their_queues_every_worker_idle_poll_ms(settings, redis_client):
+    """Dramatiq's idle consumers back off up to 1 s between fetches; the worker set-up
+    (actors/broker.py IdlePoll) bounds that by WORKER_IDLE_POLL_MS, whatever the Worker was given."""
+    import dramatiq
+
+    import actors
+
+    settings(worker_idle_poll_ms=150)
+    w = dramatiq.Worker(actors.broker, worker_threads=1, queues={"digest"})
+    w.start()
+    try:
+        assert w.worker_timeout == 150
+        assert w.consumers and {c.worker_timeout for c in w.consumers.values()} == {150}
+    finally:
+        w.stop()
