@@ -275,7 +275,8 @@ def mark_events(cur, handled: list[tuple[int, list[int]]]) -> None:
     own activity in a run skipped for having nothing else) point at it and are never loaded again."""
     pairs = sorted((eid, run_id) for run_id, ids in handled for eid in ids)
     if pairs:
-        cur.execute(MARK_EVENTS, (pg_array(p[0] for p in pairs), pg_array(p[1] for p in pairs)))
+        event_ids, run_ids = zip(*pairs)
+        cur.execute(MARK_EVENTS, (pg_array(event_ids), pg_array(run_ids)))
 
 
 def mark_sent(cur, sent: list[tuple[int, list[int], str | None]]) -> list[float]:

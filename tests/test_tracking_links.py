@@ -73,6 +73,15 @@ def test_one_row_per_mail_and_url_not_per_recipient():
     assert len(link_rows()) == 6
 
 
+def test_url_hash_stored_by_postgres_is_the_one_python_computes():
+    urls = ["https://example.test/ü?q=1&r=2", "https://example.test/a b", "https://例え.テスト/😀"]
+    ids = links.ensure_links("digest", 8, urls)
+    again = links.ensure_links("digest", 8, urls[::-1])           # found, not created: same ids
+    assert ids == again and sorted(ids) == sorted(urls)
+    rows = db.query("SELECT url, url_hash FROM email_links WHERE mail_id = 8")
+    assert {url: bytes(h) for url, h in rows} == {u: links.url_hash(u) for u in urls}
+
+
 def test_rewriter_caches_link_ids(monkeypatch):
     rewriter = links.LinkRewriter("newsletter", 1)
     rewriter.rewrite(HTML, 1)

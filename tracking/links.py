@@ -22,8 +22,6 @@ import html as html_lib
 import logging
 import re
 
-import psycopg2
-
 from app import config, db
 from tracking import codes
 
@@ -52,44 +50,43 @@ def ensure_links(mail_kind: str, mail_id: int, urls: list[str]) -> dict[str, int
     return ensure_links_many(mail_kind, {mail_id: urls}).get(int(mail_id), {})
 
 
+# The hash is computed by Postgres (the same sha256 as url_hash()) and rows are matched back by
+# (mail_id, url): two arrays in, no bytea adapted or hashed per link in Python (6 links a digest).
 INSERT_LINKS = """
 INSERT INTO email_links (mail_kind, mail_id, url, url_hash)
 SELECT %s, v.mail_id, v.url, sha256(convert_to(v.url, 'UTF8')) FROM unnest(%s::bigint[], %s::text[]) AS v(mail_id, url)
-ON CONFLICT (mail_kind, mail_id, url_hash) DO NOTHING RETURNING mail_id, url_hash, id
+ON CONFLICT (mail_kind, mail_id, url_hash) DO NOTHING RETURNING mail_id, url, id
+"""
+EXISTING_LINKS = """
+SELECT w.mail_id, w.url, l.id FROM unnest(%s::bigint[], %s::text[]) AS w(mail_id, url)
+JOIN email_links l ON l.mail_kind = %s AND l.mail_id = w.mail_id AND l.url_hash = sha256(convert_to(w.url, 'UTF8'))
 """
 
 
 def ensure_links_many(mail_kind: str, urls_by_mail: dict[int, list[str]]) -> dict[int, dict[str, int]]:
     """{mail_id: {url: email_links.id}} for several mails of one kind in one round trip (a digest
     batch: one statement for a hundred runs instead of one each)."""
-    wanted = {(int(mail_id), url_hash(u)): u for mail_id, urls in urls_by_mail.items() for u in urls}
+    wanted = list(dict.fromkeys((int(mail_id), u) for mail_id, urls in urls_by_mail.items() for u in urls))
     if not wanted:
         return {}
-    # Two arrays, the hash computed by Postgres (the same sha256 as url_hash()): adapting a bytea
-    # per row, or a VALUES row per link, cost more client CPU than the statement (6 links a digest).
-    mail_ids, urls = [m for m, _ in wanted], list(wanted.values())
 
-    def insert(conn) -> dict[tuple[int, bytes], int]:
+    def insert(conn) -> dict[tuple[int, str], int]:
         # On the worker thread's kept connection. Outside a transaction the rows commit at once;
         # inside one (digest build) they are a savepoint of it, and that transaction commits
         # before the mail is handed to the provider: a sent mail's links are always committed.
         with db.transaction(conn) as cur:
-            cur.execute(INSERT_LINKS, (mail_kind, mail_ids, urls))
-            found = {(m, bytes(h)): i for m, h, i in cur.fetchall()}
+            cur.execute(INSERT_LINKS, (mail_kind, [m for m, _ in wanted], [u for _, u in wanted]))
+            found = {(m, u): i for m, u, i in cur.fetchall()}
             missing = [key for key in wanted if key not in found]
             if missing:  # created earlier (another recipient's batch, another worker)
-                cur.execute(
-                    "SELECT l.mail_id, l.url_hash, l.id FROM email_links l "
-                    "JOIN unnest(%s::bigint[], %s::bytea[]) AS w(mail_id, url_hash) USING (mail_id, url_hash) "
-                    "WHERE l.mail_kind = %s",
-                    ([m for m, _ in missing], [psycopg2.Binary(h) for _, h in missing], mail_kind))
-                found.update({(m, bytes(h)): i for m, h, i in cur.fetchall()})
+                cur.execute(EXISTING_LINKS, ([m for m, _ in missing], [u for _, u in missing], mail_kind))
+                found.update({(m, u): i for m, u, i in cur.fetchall()})
         return found
 
     found = db.thread_connection.retry_once(insert)   # idempotent: ON CONFLICT DO NOTHING
     out: dict[int, dict[str, int]] = {}
-    for (mail_id, h), link_id in found.items():
-        out.setdefault(mail_id, {})[wanted[(mail_id, h)]] = link_id
+    for (mail_id, url), link_id in found.items():
+        out.setdefault(mail_id, {})[url] = link_id
     return out
 
 
