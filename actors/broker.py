@@ -64,9 +64,9 @@ class CollectorTuning(Middleware):
 
 class IdlePoll(Middleware):
     """An idle Dramatiq consumer backs off up to worker_timeout (1 s by default) between looks at
-    its queue, so the first digest batch of an hour waited up to a second on workers that had
-    nothing to do (scripts/bench/digest.py: ~1.1 s from the plan to the first claim). Set before
-    the worker adds its consumers; WORKER_IDLE_POLL_MS."""
+    its queue: the first digest batch of an hour and a send-now mail waited up to a second on
+    workers that had nothing to do. Set before the worker adds its consumers; WORKER_IDLE_POLL_MS
+    (app/config.py says what the polling costs)."""
 
     def before_worker_boot(self, broker, worker):
         worker.worker_timeout = max(10, config.get().worker_idle_poll_ms)

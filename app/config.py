@@ -57,10 +57,11 @@ class Settings:
                                     "core): a threaded process with fewer arenas fragments less; 2 took a "
                                     "SendGrid newsletter worker's peak RSS from 168-171 to 132-146 MB at the same "
                                     "speed (scripts/bench/newsletter.py, 50,000 recipients)")
-    worker_idle_poll_ms: int = setting(100, "the longest an idle worker process waits before looking at a Redis queue "
-                                            "again (Dramatiq's worker_timeout, 1,000 by default): the first batch of a "
-                                            "busy hour starts at most this late. Each idle worker process polls each "
-                                            "queue up to 1000/this many times a second")
+    worker_idle_poll_ms: int = setting(250, "the longest an idle worker process waits before looking at a Redis queue "
+                                            "again (Dramatiq's worker_timeout, 1,000 by default): a busy hour's first "
+                                            "batch and a send-now mail start at most this late. The price is polling: "
+                                            "two idle worker processes used 1.0 % of a core at 1,000, 3.6 % at 250 and "
+                                            "7.5 % at 100")
     # -- metrics
     prometheus_multiproc_dir: str = setting(".var/metrics", "where every process of a deployment writes its Prometheus "
                                             "values (prometheus-client multiprocess mode; relative paths are "
