@@ -6,8 +6,9 @@ hand-tuned settings an operator might try, at 0 ms and 50 ms relay delay, in one
     .venv/bin/python scripts/bench/knobs.py --recipients 5000 --delays 50
 
 Each setting is varied alone around the defaults (one knob at a time), plus a combination of the two
-that helped most one at a time. Every configuration runs --repeat times and
-keeps its best figure, the default included, so noise does not favour either side. Target (issue 13):
+that helped most one at a time. Every configuration runs --repeat times, in rounds (each round runs
+every configuration once), and keeps its best figure, the default included, so noise and the
+machine's drift do not favour either side. Target (issue 13):
 the defaults within 10 % of the best configuration at each delay.
 """
 from __future__ import annotations
@@ -82,12 +83,16 @@ def main() -> int:
         f"best of {args.repeat}; load average {os.getloadavg()[0]:.1f}")
     table: dict[float, dict[str, float | None]] = {}
     for delay in delays:
-        table[delay] = {}
-        for name, settings in configs:
-            runs = [run_once(args.recipients, delay, settings, args.timeout) for _ in range(args.repeat)]
-            good = [r for r in runs if r is not None]
-            table[delay][name] = max(good) if good else None
-            log(f"  {delay:>3g} ms  {name:<26} {table[delay][name] or 0:>8,.0f} mails/s")
+        runs: dict[str, list[float]] = {name: [] for name, _ in configs}
+        # Round after round of every configuration, not each one's repeats back to back: this
+        # shared machine's speed drifts over minutes, and the drift must not favour either side.
+        for round_no in range(1, args.repeat + 1):
+            for name, settings in configs:
+                rate = run_once(args.recipients, delay, settings, args.timeout)
+                if rate is not None:
+                    runs[name].append(rate)
+                log(f"  {delay:>3g} ms  {name:<26} {rate or 0:>8,.0f} mails/s  (round {round_no})")
+        table[delay] = {name: max(rates) if rates else None for name, rates in runs.items()}
     print()
     print(f"Defaults against hand-tuned settings: our SMTP newsletter path, {args.recipients:,} mails per run "
           f"(best of {args.repeat}), {os.cpu_count()} cores, load average now {os.getloadavg()[0]:.1f}")
