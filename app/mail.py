@@ -206,8 +206,8 @@ def _part(subtype: str, body: str) -> bytes:
     if text.isascii() and "\0" not in text:
         data = text.encode("ascii")
         if max(map(len, data.split(b"\n"))) <= MAX_7BIT_LINE:
-            return _PART_HEADERS_7BIT[subtype] + data.replace(b"\n", b"\r\n")
-    return _PART_HEADERS[subtype] + _qp(text)
+            return _PART_HEADERS[subtype, "7bit"] + data.replace(b"\n", b"\r\n")
+    return _PART_HEADERS[subtype, "quoted-printable"] + _qp(text)
 
 
 def _qp(text: str) -> bytes:
@@ -283,12 +283,9 @@ def build(mail: OutgoingMail, now: datetime | None = None) -> bytes:
 
 
 _MIME_VERSION = _header("MIME-Version", "1.0")
-_PART_HEADERS = {subtype: _header("Content-Type", f'text/{subtype}; charset="utf-8"')
-                 + _header("Content-Transfer-Encoding", "quoted-printable") + b"\r\n"
-                 for subtype in ("plain", "html")}
-_PART_HEADERS_7BIT = {subtype: _header("Content-Type", f'text/{subtype}; charset="utf-8"')
-                      + _header("Content-Transfer-Encoding", "7bit") + b"\r\n"
-                      for subtype in ("plain", "html")}
+_PART_HEADERS = {(subtype, encoding): _header("Content-Type", f'text/{subtype}; charset="utf-8"')
+                 + _header("Content-Transfer-Encoding", encoding) + b"\r\n"
+                 for subtype in ("plain", "html") for encoding in ("7bit", "quoted-printable")}
 
 
 @functools.lru_cache(maxsize=4)

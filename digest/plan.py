@@ -218,7 +218,8 @@ def check(now: datetime, send, depth: int) -> int:
         return 0
     enqueued = 0
     while budget > 0:
-        wanted = min(budget, CHECK_CHUNK_MESSAGES) * batch
+        messages = min(budget, CHECK_CHUNK_MESSAGES)
+        wanted = messages * batch
         with db.raw_cursor() as cur:
             ids = runs.select_due(cur, now, settings.digest_reenqueue_seconds, wanted)
             if ids:
@@ -227,7 +228,7 @@ def check(now: datetime, send, depth: int) -> int:
         enqueued += sent
         if sent < len(ids) or len(ids) < wanted:    # the queue refused, or nothing more is due
             return enqueued
-        budget -= min(budget, CHECK_CHUNK_MESSAGES)
+        budget -= messages
     return enqueued
 
 
