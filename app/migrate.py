@@ -175,6 +175,7 @@ def _with_lock_retry(conn, statement: str) -> None:
             log.warning("lock not granted within %s (attempt %d), retrying in %.1fs",
                         settings.migration_lock_timeout, attempt, delay)
             time.sleep(delay)
+            _drop_invalid_index(conn, statement)   # a concurrent build that timed out left it INVALID
     raise MigrationError(f"gave up after {settings.migration_retries} lock timeouts: {statement[:80]}")
 
 
