@@ -4,7 +4,6 @@ by a rerun wherever a run stopped."""
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -12,6 +11,7 @@ import psycopg2
 import pytest
 
 from app import migrate, partitioned_index, partitions
+from tests.batch_loop import BatchLoop
 from tests.scratch import migrations_dir, released_on_first_lock_retry, scratch_url  # noqa: F401 - fixtures
 
 NO_TX = "-- migrate: no-transaction\n"
@@ -93,7 +93,7 @@ def assert_complete(url: str, table: str, index: str) -> None:
 
 def attached_oids(url: str, index: str) -> dict[str, int]:
     with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute("SELECT relid::regclass::text, relid::oid::int FROM pg_partition_tree(%s) WHERE level > 0",
+        cur.execute("SELECT relid::regclass::text, relid::oid FROM pg_partition_tree(%s) WHERE level > 0",
                     (index,))
         found = dict(cur.fetchall())
     conn.close()
@@ -295,51 +295,35 @@ def seed_every_partition(url: str, per_partition: int) -> None:
     conn.close()
 
 
-class EventWriter:
+class EventWriter(BatchLoop):
     """Inserts events into digest_events until stopped, BATCH per transaction spread over the old
     table and the month partitions, and counts what it committed. Its own lock_timeout is the bound
-    a writer may wait: one that waits longer fails with LockNotAvailable, recorded in `errors`."""
+    a writer may wait: one that waits longer fails with LockNotAvailable, raised by stop()."""
 
     BATCH = 20
 
     def __init__(self, url: str, lock_timeout: str):
+        super().__init__()
         self.conn = psycopg2.connect(url, options=f"-c lock_timeout={lock_timeout}")
-        self.sent = self.batches = 0
+        self.sent = 0
         self.slowest = 0.0
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                with self.conn, self.conn.cursor() as cur:
-                    cur.execute("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, "
-                                "entity_id, received_at) SELECT 'writer', %s || '-' || i, 'user-' || i, 'likes', "
-                                "'post', 'p1', now() + make_interval(days => 29 * (i %% 4)) "
-                                "FROM generate_series(1, %s) i", (f"w-{self.batches}", self.BATCH))
-                    assert cur.rowcount == self.BATCH
-                self.slowest = max(self.slowest, time.monotonic() - started)
-                self.sent += self.BATCH
-                self.batches += 1
-        except BaseException as exc:   # reported by stop()
-            self.errors.append(exc)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wait_batches(self, more: int) -> None:
-        target = self.batches + more
-        deadline = time.monotonic() + 120
-        while self.batches < target and not self.errors:
-            assert time.monotonic() < deadline, "the writer stalled"
-            time.sleep(0.005)
+    def one_batch(self, n: int) -> None:
+        started = time.monotonic()
+        with self.conn, self.conn.cursor() as cur:
+            cur.execute("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, "
+                        "entity_id, received_at) SELECT 'writer', %s || '-' || i, 'user-' || i, 'likes', "
+                        "'post', 'p1', now() + make_interval(days => 29 * (i %% 4)) "
+                        "FROM generate_series(1, %s) i", (f"w-{n}", self.BATCH))
+            assert cur.rowcount == self.BATCH
+        self.slowest = max(self.slowest, time.monotonic() - started)
+        self.sent += self.BATCH
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        self.conn.close()
+        try:
+            super().stop()
+        finally:
+            self.conn.close()
 
 
 def test_an_index_on_digest_events_is_built_while_events_keep_arriving(
@@ -368,10 +352,9 @@ def test_an_index_on_digest_events_is_built_while_events_keep_arriving(
         applied = migrate.migrate(events_db)
     batches_during = writer.batches - batches_before
     writer.wait_batches(3)
-    writer.stop()
+    writer.stop()                                  # raises if the writer waited beyond its bound
     holder.close()
 
-    assert not writer.errors, writer.errors        # no writer waited beyond the bound
     assert applied == ["0990"]
     assert released.fired and "lock not granted" in caplog.text
     months = month_partitions(events_db)
