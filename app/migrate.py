@@ -4,7 +4,8 @@ A file whose first lines contain `-- migrate: no-transaction` runs statement by 
 autocommit (needed for CREATE INDEX CONCURRENTLY). Every statement runs under a short lock_timeout
 and is retried when the lock is not granted, so a migration never queues behind a long query while
 blocking every writer behind itself. An INVALID index left by a failed concurrent build is dropped
-and built again.
+and built again. CREATE INDEX CONCURRENTLY on a partitioned table, which Postgres refuses, is built
+partition by partition (app/partitioned_index.py).
 
 Kept over yoyo-migrations (it reads these files with `-- transactional: false` added to the four
 no-transaction ones) for what an operator meets, not for speed: `scripts/bench/migrations.py`
@@ -30,7 +31,7 @@ import psycopg2
 import psycopg2.errors
 import sqlparse
 
-from app import config, db, partitions
+from app import config, db, partitioned_index, partitions
 
 log = logging.getLogger("app.migrate")
 
@@ -175,6 +176,7 @@ def _with_lock_retry(conn, statement: str) -> None:
             log.warning("lock not granted within %s (attempt %d), retrying in %.1fs",
                         settings.migration_lock_timeout, attempt, delay)
             time.sleep(delay)
+            _drop_invalid_index(conn, statement)   # a concurrent build that timed out left it INVALID
     raise MigrationError(f"gave up after {settings.migration_retries} lock timeouts: {statement[:80]}")
 
 
@@ -208,9 +210,10 @@ def _apply_autocommit(conn, m: Migration, pid: int) -> None:
         body = sqlparse.format(statement, strip_comments=True).strip().rstrip(";").strip()
         if not body:
             continue
-        _same_session(conn, pid)
-        _drop_invalid_index(conn, body)
-        _with_lock_retry(conn, body)
+        for step in partitioned_index.steps(conn, body):   # the statement, unless an index on a partitioned table
+            _same_session(conn, pid)
+            _drop_invalid_index(conn, step)
+            _with_lock_retry(conn, step)
     with conn.cursor() as cur:
         cur.execute("RESET lock_timeout")
 

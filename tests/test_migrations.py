@@ -10,6 +10,7 @@ import pytest
 from app import config, db, migrate
 from app.cli import main as cli_main
 from tests.conftest import THROUGH_PGBOUNCER
+from tests.scratch import migrations_dir, released_on_first_lock_retry  # noqa: F401 - fixture
 
 
 @pytest.fixture
@@ -94,14 +95,6 @@ def _write(tmp_path, name, sql):
     (tmp_path / name).write_text(sql)
 
 
-@pytest.fixture
-def migrations_dir(tmp_path, monkeypatch):
-    """Point the runner at a private folder of migration files."""
-    real_discover = migrate.discover
-    monkeypatch.setattr(migrate, "discover", lambda directory=tmp_path: real_discover(directory))
-    return tmp_path
-
-
 def test_invalid_index_from_failed_concurrent_build_is_rebuilt(scratch_url, migrations_dir):
     _write(migrations_dir, "0001_t.sql", "CREATE TABLE t (id int PRIMARY KEY, v int);\n"
                                          "INSERT INTO t VALUES (1, 7), (2, 7);")
@@ -120,6 +113,30 @@ def test_invalid_index_from_failed_concurrent_build_is_rebuilt(scratch_url, migr
     with conn.cursor() as cur:
         cur.execute("SELECT indisvalid, indisunique FROM pg_index WHERE indexrelid = 't_v_idx'::regclass")
         assert cur.fetchone() == (True, True)
+    conn.close()
+
+
+def test_concurrent_build_that_hit_the_lock_timeout_is_rebuilt_on_retry(scratch_url, migrations_dir, settings):
+    """CREATE INDEX CONCURRENTLY waits for the writers already in the table; when that wait hits
+    lock_timeout it leaves an INVALID index behind. The retry must rebuild it, not let
+    IF NOT EXISTS skip over it and record the migration with the index unusable."""
+    settings(migration_lock_timeout="100ms", migration_retries=20)
+    _write(migrations_dir, "0001_t.sql", "CREATE TABLE t (id int PRIMARY KEY, v int);")
+    migrate.migrate(scratch_url)
+    _write(migrations_dir, "0002_idx.sql",
+           "-- migrate: no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS t_v_idx ON t (v);")
+    writer = psycopg2.connect(scratch_url)
+    writer.cursor().execute("INSERT INTO t VALUES (1, 1)")   # a write still open when the build starts
+    with released_on_first_lock_retry(writer) as released:
+        assert migrate.migrate(scratch_url) == ["0002"]
+    assert released.fired
+    writer.close()
+    conn = psycopg2.connect(scratch_url)
+    with conn.cursor() as cur:
+        cur.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = 't_v_idx'::regclass")
+        assert cur.fetchone() == (True,)
+        cur.execute("SELECT count(*) FROM t")
+        assert cur.fetchone() == (1,)
     conn.close()
 
 

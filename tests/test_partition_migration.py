@@ -13,6 +13,7 @@ import psycopg2
 import pytest
 
 from app import groupcommit, ingest, migrate, partitions
+from tests.batch_loop import BatchLoop
 from tests.scratch import scratch_url  # noqa: F401 - fixture
 from tracking import recorder, webhook_store
 
@@ -32,33 +33,22 @@ def seed(url: str) -> None:
                     "SELECT 'open', 'digest', i, now() FROM generate_series(1, 5000) i")
 
 
-class Traffic:
+class Traffic(BatchLoop):
     """Writers that keep going until stopped: event batches through validation and the ingest
     group-commit writer (what POST /v1/events does), webhook batches through the webhook store's
     writer, clicks through the history recorder. Every batch re-sends one key stored before the
     conversion and one stored by this run, so duplicates must come back as duplicates throughout."""
 
     def __init__(self, url: str):
+        super().__init__()
         self.events = ingest.new_writer(url)
         self.webhooks = groupcommit.GroupCommitWriter("webhook-test", webhook_store.insert_jobs, url=url)
         self.history = recorder.HistoryRecorder(url)
-        self.batches = 0
         self.accepted, self.duplicates, self.resent = set(), 0, 0
         self.webhook_stored, self.webhook_duplicates = set(), 0
         self.clicks = 0
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._one_batch(self.batches)
-                self.batches += 1
-        except BaseException as exc:   # reported by stop()
-            self.errors.append(exc)
-
-    def _one_batch(self, n: int) -> None:
+    def one_batch(self, n: int) -> None:
         new = [f"new-{n}-{i}" for i in range(20)]
         again = [f"old-{n % SEEDED + 1}"] + ([f"new-{n - 1}-0"] if n else [])
         body = {"events": [{"id": i, "user_id": f"user-{n % 500}", "category": "likes", "entity_type": "post",
@@ -79,22 +69,6 @@ class Traffic:
             self.history.add(recorder.copy_line("open", None, "digest", n, None, "192.0.2.1", "test", False, None,
                                                 time.time()))
         self.clicks += self.history.flush()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wait_batches(self, more: int) -> None:
-        target = self.batches + more
-        deadline = time.monotonic() + 120
-        while self.batches < target and not self.errors:
-            assert time.monotonic() < deadline, "traffic stalled"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        if self.errors:
-            raise self.errors[0]
 
 
 def migrate_until(url: str, last: str, folder) -> None:
