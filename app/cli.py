@@ -10,7 +10,7 @@ import sys
 from app import config, observability
 
 # Modules exposing register(subparsers); each adds its commands with set_defaults(func=...).
-COMMAND_MODULES = ("app.cli_core", "app.scheduler", "app.newsletter_cli", "tracking.cli")
+COMMAND_MODULES = ("app.cli_core", "app.scheduler", "app.newsletter_cli", "app.mail_stop_cli", "tracking.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -309,6 +309,6 @@ ALL_TABLES = [
     "api_keys", "subscribers", "digest_runs", "digest_events", "newsletters", "email_log",
     "email_links", "email_link_history", "legacy_link_codes", "webhook_events", "suppressions",
     "mail_event_counts", "leases", "admin_sessions", "admin_audit", "categories",
-    "digest_event_keys", "webhook_event_keys", "retention_drops", "digest_send_now",
+    "digest_event_keys", "webhook_event_keys", "retention_drops", "digest_send_now", "mail_stop",
 ]
 

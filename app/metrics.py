@@ -210,7 +210,8 @@ SELECT (SELECT extract(epoch FROM now() - min(scheduled_for)) FROM digest_runs
        (SELECT count(*) FROM (SELECT 1 FROM email_log, nl WHERE status = 'sending' AND newsletter_id = ANY (nl.ids)
                               LIMIT {COUNT_CAP}) sending),
        (SELECT count(*) FROM (SELECT 1 FROM email_log, nl WHERE status = 'sent' AND sent_at >= nl.since
-                                                          AND newsletter_id = ANY (nl.ids) LIMIT {COUNT_CAP}) sent)
+                                                          AND newsletter_id = ANY (nl.ids) LIMIT {COUNT_CAP}) sent),
+       EXISTS (SELECT 1 FROM mail_stop)
 """
 
 
@@ -224,12 +225,15 @@ class StateCollector:
             with db.raw_cursor() as cur:
                 cur.execute(f"SET LOCAL statement_timeout = {SCRAPE_STATEMENT_TIMEOUT_MS}")
                 cur.execute(STATE_SQL)
-                oldest, due, processing, unapplied, ahead, *recipients = cur.fetchone()
+                oldest, due, processing, unapplied, ahead, *recipients, stopped = cur.fetchone()
         except Exception as exc:  # noqa: BLE001 - a scrape never fails because Postgres is slow or down
             log.warning("metrics: database read failed: %s", str(exc).strip().splitlines()[:1])
             up.add_metric(["postgres"], 0)
         else:
             up.add_metric(["postgres"], 1)
+            yield GaugeMetricFamily("notify_mail_stopped", "1 while the emergency stop holds all outgoing mail "
+                                    "(python -m app stop-sending / resume-sending, or the dashboard)",
+                                    value=int(stopped))
             yield GaugeMetricFamily("notify_digest_oldest_due_seconds", "Age of the oldest due, unsent digest run "
                                     "(0 when none is due)", value=float(oldest or 0))
             yield GaugeMetricFamily("notify_digest_runs_due", f"Pending digest runs already due (capped at "

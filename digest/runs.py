@@ -13,9 +13,11 @@ truth; Dramatiq messages are hints.
   pending    --accepted after the watchdog gave up-> sent         (a late success is still recorded)
   processing --suppressed / nothing to send-------> skipped
   processing --retryable failure, stuck, released-> pending       (attempts + 1, backoff)
+  processing --not started: all mail stopped------> pending       (no attempt counted, due at once)
   processing --permanent failure, attempts used---> failed        (last_error kept)
 
-No statement returns claimed work to `pending` without counting an attempt, so a run that keeps
+Only an operator's emergency stop (app/mail_stop.py) returns claimed work to `pending` without
+counting an attempt — the run was never tried. Everything else counts one, so a run that keeps
 failing in any way — a poisoned address, a bug, a worker killed mid-send — ends `failed` after
 DIGEST_MAX_ATTEMPTS instead of looping. tests/test_digest_runs.py walks every transition above
 and checks that no statement makes any other.
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+
+from app.mail_stop import NOT_ENGAGED
 
 MAX_BACKOFF_SECONDS = 6 * 3600
 
@@ -112,7 +116,7 @@ def make_due_now(cur, subscriber_id: int, cadence: str, period, now: datetime, s
 # -- the checker's hint -----------------------------------------------------------------------
 SELECT_DUE = """
 SELECT id FROM digest_runs
-WHERE status = 'pending' AND scheduled_for <= %(now)s
+WHERE status = 'pending' AND scheduled_for <= %(now)s AND """ + NOT_ENGAGED + """
   AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
   AND (enqueued_at IS NULL OR enqueued_at < %(now)s - make_interval(secs => %(reenqueue)s))
 ORDER BY scheduled_for, id
@@ -121,6 +125,12 @@ FOR UPDATE SKIP LOCKED
 """
 MARK_ENQUEUED = "UPDATE digest_runs SET enqueued_at = %s WHERE id = ANY (%s) AND status = 'pending'"
 CLEAR_ENQUEUED = "UPDATE digest_runs SET enqueued_at = NULL WHERE id = ANY (%s) AND status = 'pending'"
+# After an emergency stop: messages that found the stop were consumed without a claim, so their due
+# runs are enqueued again at the next tick instead of after DIGEST_REENQUEUE_SECONDS.
+FORGET_ENQUEUED = """
+UPDATE digest_runs SET enqueued_at = NULL
+WHERE status = 'pending' AND enqueued_at IS NOT NULL AND scheduled_for <= now()
+"""
 
 
 def select_due(cur, now: datetime, reenqueue_seconds: int, limit: int) -> list[int]:
@@ -134,6 +144,11 @@ def mark_enqueued(cur, run_ids: list[int], now: datetime) -> None:
 
 def clear_enqueued(cur, run_ids: list[int]) -> None:
     cur.execute(CLEAR_ENQUEUED, (run_ids,))
+
+
+def forget_enqueued(cur) -> int:
+    cur.execute(FORGET_ENQUEUED)
+    return cur.rowcount
 
 
 # -- claim ------------------------------------------------------------------------------------
@@ -152,7 +167,7 @@ LAST_SENT_AT = """(SELECT max(l.completed_at)
 CLAIM = """
 WITH picked AS (
     SELECT r.id FROM digest_runs r
-    WHERE r.status = 'pending' AND {condition}
+    WHERE r.status = 'pending' AND {condition} AND """ + NOT_ENGAGED + """
     ORDER BY r.scheduled_for, r.id
     LIMIT %(limit)s
     FOR UPDATE OF r SKIP LOCKED
@@ -246,6 +261,12 @@ WHERE r.id = v.id AND r.status = 'processing'
 RETURNING r.status
 """
 
+# Runs whose mail was never started because all mail was stopped: not their fault, no attempt.
+RELEASE = """
+UPDATE digest_runs SET status = 'pending', claimed_at = NULL, enqueued_at = NULL
+WHERE id = ANY (%s) AND status = 'processing'
+"""
+
 FAIL = """
 UPDATE digest_runs r SET status = 'failed', last_error = left(v.err, 2000), completed_at = now(),
     attempts = r.attempts + 1, claimed_at = NULL
@@ -297,6 +318,12 @@ def retry(cur, failures: list[tuple[int, str]], max_attempts: int, base_seconds:
                         "max": max_attempts, "cap": MAX_BACKOFF_SECONDS, "base": base_seconds})
     statuses = [row[0] for row in cur.fetchall()]
     return statuses.count("pending"), statuses.count("failed")
+
+
+def release(cur, run_ids: list[int]) -> None:
+    """processing → pending, due at once, no attempt counted (the emergency stop held them back)."""
+    if run_ids:
+        cur.execute(RELEASE, (list(run_ids),))
 
 
 def fail(cur, failures: list[tuple[int, str]]) -> None:

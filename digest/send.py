@@ -12,6 +12,10 @@ Failure isolation: every outcome is per run.
   - a broken digest template retries the whole batch the same way.
 Only digest/runs.py writes digest_runs; the transitions are listed there.
 
+The emergency stop (app/mail_stop.py) holds within a second: no run is claimed while it is engaged,
+and a batch at the provider checks it at least every SEND_CHECK_SECONDS and stops between two
+mails; the runs not started go back to `pending` with no attempt counted.
+
 Crash safety: if the process dies after the provider accepted a mail but before the final commit,
 the run is still `processing`; the watchdog returns it to `pending` and the re-send carries the same
 idempotency key (and Message-ID). Events are marked only in that final commit, and only the ids this
@@ -25,9 +29,9 @@ from dataclasses import dataclass, field
 
 import psycopg2
 
-from app import config, db, metrics
+from app import config, db, mail_stop, metrics
 from app.providers import get_provider
-from app.providers.base import PermanentError, Provider, ProviderError, SendResult
+from app.providers.base import PermanentError, Progress, Provider, ProviderError, SendResult
 from digest import runs as run_rows
 from digest.build import build_digests
 from digest.claim import ClaimedRun, claim
@@ -41,27 +45,38 @@ class Outcome:
     skipped: list = field(default_factory=list)     # (run_id, reason)
     handled: list = field(default_factory=list)     # (run_id, event_ids) of skipped runs: own activity only
     retry: list = field(default_factory=list)       # (run_id, error)
+    released: list = field(default_factory=list)    # run_id: not started, all mail was stopped
     failed: list = field(default_factory=list)      # (run_id, error)
     lateness: list = field(default_factory=list)    # seconds from scheduled_for to sent, per sent run
     exhausted: int = 0                              # retries that used the last attempt (now failed)
 
     def counts(self) -> dict:
-        return {"sent": len(self.sent), "skipped": len(self.skipped), "retry": len(self.retry),
-                "failed": len(self.failed)}
+        counts = {"sent": len(self.sent), "skipped": len(self.skipped), "retry": len(self.retry),
+                  "failed": len(self.failed)}
+        if self.released:    # only when the emergency stop cut a batch short
+            counts["released"] = len(self.released)
+        return counts
 
 
 def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome) -> None:
     step = max(1, provider.max_batch)
+    conn = db.thread_connection.get()
+    # Outcomes are recorded at the end in one transaction (events and runs together); between two
+    # mails only the emergency stop is checked.
+    progress = Progress(lambda _: mail_stop.engaged_on(conn), every=len(ready) + 1,
+                        interval=mail_stop.SEND_CHECK_SECONDS)
     for start in range(0, len(ready), step):
         chunk = ready[start:start + step]
         try:
-            results = provider.send_batch([r.mail for r in chunk])
+            results = provider.send_batch([r.mail for r in chunk], progress)
         except ProviderError as exc:      # the whole call: every run of it shares the outcome
             log.warning("provider %s failed for %d digest(s): %s", provider.name, len(chunk), exc)
             permanent = isinstance(exc, PermanentError)
             results = [SendResult(ok=False, error=str(exc), permanent=permanent)] * len(chunk)
         for run, result in zip(chunk, results):
-            if result.ok:
+            if result.stopped:
+                outcome.released.append(run.id)
+            elif result.ok:
                 outcome.sent.append((run.id, run.digest.event_ids, result.message_id))
             elif result.permanent:
                 outcome.failed.append((run.id, result.error or "permanent provider error"))
@@ -76,6 +91,7 @@ def record(cur, outcome: Outcome, settings=None) -> None:
     outcome.lateness = run_rows.mark_sent(cur, outcome.sent)
     run_rows.mark_events(cur, outcome.handled)
     run_rows.mark_skipped(cur, outcome.skipped)
+    run_rows.release(cur, outcome.released)
     pending, failed = run_rows.retry(cur, outcome.retry, settings.digest_max_attempts,
                                      settings.digest_retry_base_seconds)
     outcome.exhausted = failed
@@ -108,7 +124,7 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         return counts
     except BaseException:
         db.thread_connection.reset()    # after any error it may be in an unknown state
-        _release_after_crash([r.id for r in claimed])
+        _release_after_crash([r.id for r in claimed], started)
         raise
 
 
@@ -155,17 +171,25 @@ def _record_until_written(outcome: Outcome, settings, started: float) -> None:
     db.until_written(reconnecting, deadline, f"recording {len(outcome.sent)} sent digests")
 
 
-def _release_after_crash(run_ids: list[int]) -> None:
-    """Best effort after an unexpected error: runs we claimed go back to pending (attempt counted,
-    backoff) instead of waiting for the watchdog. Those the provider may have accepted keep the
-    same key on the retry."""
+def _release_after_crash(run_ids: list[int], started: float | None = None) -> None:
+    """After an unexpected error: runs we claimed go back to pending (attempt counted, backoff)
+    instead of waiting for the watchdog; those the provider may have accepted keep the same key on
+    the retry. When the error was the database going away (a restart mid-batch), the release is
+    retried until it answers again — the runs are back within moments of its return, not after
+    DIGEST_PROCESSING_TIMEOUT_SECONDS — and given up only where the watchdog takes over."""
     if not run_ids:
         return
     settings = config.get()
-    try:
+
+    def release():
         with db.raw_cursor() as cur:
-            back, failed = run_rows.retry(cur, [(i, "worker error, released") for i in run_ids],
-                                          settings.digest_max_attempts, settings.digest_retry_base_seconds)
+            return run_rows.retry(cur, [(i, "worker error, released") for i in run_ids],
+                                  settings.digest_max_attempts, settings.digest_retry_base_seconds)
+
+    deadline = db.write_deadline(time.monotonic() if started is None else started,
+                                 settings.digest_processing_timeout_seconds)
+    try:
+        back, failed = db.until_written(release, deadline, f"releasing {len(run_ids)} claimed digest runs")
         metrics.digest_runs({"retry": back, "failed": failed})   # committed
-    except Exception:  # noqa: BLE001 - the database may be what failed; the watchdog covers it
+    except Exception:  # noqa: BLE001 - still unavailable at the deadline, or another error: the watchdog covers it
         log.exception("could not release %d claimed runs; the watchdog will", len(run_ids))

@@ -140,9 +140,9 @@ class _InsertDuringSend:
     def __init__(self, inner, user_id):
         self.inner, self.user_id, self.name, self.max_batch, self.new_ids = inner, user_id, "wrap", 100, []
 
-    def send_batch(self, mails):
+    def send_batch(self, mails, progress=None):
         self.new_ids += factories.events(self.user_id, 1, entity_id="late")
-        return self.inner.send_batch(mails)
+        return self.inner.send_batch(mails, progress)
 
 
 def test_event_arriving_during_a_run_is_left_for_the_next_digest(sink):
@@ -264,8 +264,8 @@ CRASH_SCRIPT = textwrap.dedent("""
     db.init()
     provider = get_provider()
     real_send = provider.send_batch
-    def send_then_die(mails):
-        results = real_send(mails)
+    def send_then_die(mails, progress=None):
+        results = real_send(mails, progress)
         assert all(r.ok for r in results), results
         os._exit(17)            # killed after the provider accepted, before the final commit
     provider.send_batch = send_then_die

@@ -49,6 +49,8 @@ OPERATIONS = {
     "retry": _with_cursor(lambda cur, sid, rid: runs.retry(cur, [(rid, "451 busy")], 5, 60)),
     "retry_last_attempt": _with_cursor(lambda cur, sid, rid: runs.retry(cur, [(rid, "451 busy")], 1, 60)),
     "fail": _with_cursor(lambda cur, sid, rid: runs.fail(cur, [(rid, "550 no such user")])),
+    "release": _with_cursor(lambda cur, sid, rid: runs.release(cur, [rid])),
+    "forget_enqueued": _with_cursor(lambda cur, sid, rid: runs.forget_enqueued(cur)),
     "reclaim_stuck": _with_cursor(lambda cur, sid, rid: runs.reclaim_stuck(cur, NOW, 900, 5, 0)),
     "cancel_pending": _with_cursor(lambda cur, sid, rid: runs.cancel_pending(cur, sid, "unsubscribed")),
     "schedule_trigger": lambda sid, rid: db.query("UPDATE subscribers SET digest_hour = 10 WHERE id = %s", (sid,)),
@@ -82,6 +84,14 @@ def test_every_statement_makes_only_documented_transitions_and_all_of_them_are_m
     # pending -> pending (re-enqueued, moved due now) changes no status; the rest must all occur.
     missing = TRANSITIONS - seen - {(RunStatus.PENDING, RunStatus.PENDING)}
     assert not missing, f"transitions listed but never made: {missing}"
+
+
+def test_only_the_emergency_stop_returns_a_run_untried_and_without_an_attempt():
+    sid, rid = _run_in(RunStatus.PROCESSING)
+    OPERATIONS["release"](sid, rid)
+    (status, attempts, claimed_at), = db.query("SELECT status, attempts, claimed_at FROM digest_runs WHERE id = %s",
+                                               (rid,))
+    assert (status, attempts, claimed_at) == ("pending", 0, None)
 
 
 def test_claimed_work_never_goes_back_to_pending_without_an_attempt():

@@ -12,6 +12,7 @@ import email
 import email.policy
 import socket
 import threading
+import time
 
 from aiosmtpd.controller import Controller
 
@@ -41,6 +42,7 @@ class _Handler:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
+        self.sink.data_at.append(time.monotonic())   # when the client had handed this mail over
         if self.sink.delay:
             await asyncio.sleep(self.sink.delay)     # a relay's round trip
         with self.sink.lock:
@@ -63,6 +65,7 @@ class SmtpSink:
         self.reject_data: dict[str, str] = {}     # recipient -> reply to the end of DATA (e.g. a 554)
         self.reply = "250 OK"
         self.delay = 0.0                          # seconds before answering DATA
+        self.data_at: list[float] = []            # time.monotonic() of every message's DATA, refused ones too
         self.lock = threading.Lock()
         self.port = port or free_port()
         self.controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port, **controller_kwargs)

@@ -33,7 +33,7 @@ class Capture(Provider):
     def __init__(self):
         self.mails = []
 
-    def send_batch(self, mails):
+    def send_batch(self, mails, progress=None):
         self.mails.extend(mails)
         return [SendResult(ok=True, message_id=f"msg-{m.idempotency_key}") for m in mails]
 

@@ -167,7 +167,7 @@ def test_an_unexpected_provider_error_retries_the_batch_counted_never_forever(se
     class Broken(Provider):
         name, max_batch = "broken", 100
 
-        def deliver(self, prepared):
+        def deliver(self, prepared, progress):
             raise RuntimeError("library surprise")
 
     settings(digest_max_attempts=2)

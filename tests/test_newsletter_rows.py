@@ -64,6 +64,10 @@ ROW_OPS = {
     "reclaim": lambda nid, sid, rid: _execute(rows.RECLAIM, (60,)),
     "cancel_pending": lambda nid, sid, rid: _execute(rows.CANCEL_PENDING_CHUNK, (nid, 100)),
     "retry_failed": lambda nid, sid, rid: _execute(rows.RETRY_FAILED, (nid,)),
+    "release": lambda nid, sid, rid: _execute(rows.RELEASE, ([rid],)),
+    "release_cancelled": lambda nid, sid, rid: (
+        _execute("UPDATE newsletters SET status = 'cancelled' WHERE id = %s", (nid,)),
+        _execute(rows.RELEASE, ([rid],))),
 }
 
 

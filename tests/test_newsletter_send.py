@@ -130,11 +130,11 @@ def test_claims_move_forward_but_a_row_left_behind_is_still_sent_in_the_same_pas
         name, max_batch = provider.name, provider.max_batch
         calls = 0
 
-        def send_batch(self, mails):
+        def send_batch(self, mails, progress=None):
             self.calls += 1
             if self.calls == 1:   # while the first batch is out, its first row goes back to pending
                 db.query("UPDATE email_log SET status = 'pending' WHERE id = %s", (first_row,))
-            return provider.send_batch(mails)
+            return provider.send_batch(mails, progress)
 
     wrapped = LeavesOneBehind()
     stats = sender.send_batch(nl, provider=wrapped, reenqueue=False, budget_seconds=60)
@@ -208,9 +208,9 @@ def test_pause_mid_batch_lets_claimed_rows_finish(fake, provider, settings):
     class PausingProvider:
         name, max_batch = "sendgrid", 1000
 
-        def send_batch(self, mails):
+        def send_batch(self, mails, progress=None):
             service.pause(nl)                     # the operator clicks pause during the call
-            return provider.send_batch(mails)
+            return provider.send_batch(mails, progress)
 
     stats = sender.send_batch(nl, provider=PausingProvider(), reenqueue=False, budget_seconds=60)
     assert stats["claimed"] == 10 and stats["sent"] == 10

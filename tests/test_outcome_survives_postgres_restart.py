@@ -6,11 +6,12 @@ import threading
 
 import pytest
 
-from app import db
+from app import config, db
 from app.providers.smtp import SMTPProvider
 from digest import send as digest_send
 from tests import factories
 from tests import newsletter_support as nl
+from tests.conftest import wait_for
 from tests.fake_sendgrid import FakeSendGrid
 from tests.tcp_proxy import TcpProxy
 from tests.test_digest_support import SmtpSink, marked, run_row
@@ -41,8 +42,8 @@ class RestartAfterSend:
         self.provider, self.proxy = provider, proxy
         self.name, self.max_batch = provider.name, provider.max_batch
 
-    def send_batch(self, mails):
-        results = self.provider.send_batch(mails)
+    def send_batch(self, mails, progress=None):
+        results = self.provider.send_batch(mails, progress)
         self.proxy.cut()
         threading.Timer(OUTAGE_SECONDS, self.proxy.restore).start()
         return results
@@ -88,3 +89,53 @@ def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(
         assert sum(fake.accepted_keys.values()) == 20      # once each
     assert db.query("SELECT count(*) FROM email_log WHERE attempts <> 1")[0][0] == 0
     assert "database unavailable" in caplog.text
+
+
+@pytest.mark.direct_db("holds a lock on its own direct connection and finds the waiting backend by its pid")
+def test_runs_whose_release_hit_the_outage_are_released_as_soon_as_postgres_returns(
+        postgres_through_proxy, direct_database_url):
+    """Postgres restarts while a batch is being built: the build fails, and so does the first try to
+    give the claimed runs back. They must not wait DIGEST_PROCESSING_TIMEOUT_SECONDS for the
+    watchdog: the release goes through as soon as Postgres answers again."""
+    import psycopg2
+
+    runs = []
+    for i in range(5):
+        sid = factories.subscriber(f"u{i}")
+        factories.events(f"u{i}", 2)
+        runs.append(factories.digest_run(sid))
+    proxy = postgres_through_proxy()
+    db.init(config.get().database_url)             # the pool too goes through the proxy
+    holder = psycopg2.connect(direct_database_url)
+    outcome: list = []
+    try:
+        with holder.cursor() as cur:              # the build will wait for this lock: the claim is committed
+            cur.execute("LOCK TABLE digest_events IN ACCESS EXCLUSIVE MODE")
+
+        def work():
+            try:
+                outcome.append(digest_send.process(runs))
+            except Exception as exc:  # noqa: BLE001 - the build's connection is cut: expected
+                outcome.append(exc)
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+
+        def build_waiting():
+            with holder.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'digest_events'::regclass")
+                return cur.fetchone()[0] > 0
+        wait_for(build_waiting, 60, "the build to wait for the locked table")
+        assert {run_row(r)["status"] for r in runs} == {"processing"}
+        proxy.cut()                               # the restart: the build's query fails, so does the release
+        holder.rollback()
+        restart = threading.Timer(0.5, proxy.restore)
+        restart.start()
+        worker.join(60)
+        restart.join()
+        assert not worker.is_alive()
+    finally:
+        holder.close()
+    assert isinstance(outcome[0], psycopg2.OperationalError)
+    rows = [run_row(r) for r in runs]
+    assert {(r["status"], r["attempts"]) for r in rows} == {("pending", 1)}   # back, without the watchdog

@@ -29,7 +29,7 @@ class RecordingProvider(Provider):
     def __init__(self):
         self.sent = []
 
-    def send_batch(self, mails):
+    def send_batch(self, mails, progress=None):
         self.sent.extend(mails)
         return [SendResult(ok=True, message_id=f"m-{m.idempotency_key}") for m in mails]
 

@@ -1,8 +1,9 @@
 """The operator dashboard at /admin: sign in with an admin API key; figures and charts of the last
-24 hours or 7 days, newsletters with their progress, the suppression list (search, audited removal).
+24 hours or 7 days, newsletters with their progress, the suppression list (search, audited removal),
+and the emergency stop for all outgoing mail (audited).
 
 Modules: session (sign-in cookie + server-side session), throttle (failed sign-ins), stats (the
-figures, cached), charts (matplotlib SVG), newsletters and suppressions (the tables), render
+figures, cached), charts (matplotlib SVG), newsletters and suppressions (the tables), sending (the emergency stop), render
 (templates in app/templates/admin, admin.css), views (the endpoints; `routes` below maps them).
 """
 from __future__ import annotations
@@ -21,4 +22,6 @@ routes = [
     Route("/admin/suppressions", _views.suppression_list, methods=["GET"]),
     Route("/admin/suppressions/{id:int}/remove", _views.suppression_confirm, methods=["GET"]),
     Route("/admin/suppressions/{id:int}/remove", _views.suppression_remove, methods=["POST"]),
+    Route("/admin/sending/stop", _views.sending_stop, methods=["POST"]),
+    Route("/admin/sending/resume", _views.sending_resume, methods=["POST"]),
 ]

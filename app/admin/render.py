@@ -32,7 +32,8 @@ CSS_URL = _css_url()
 def page(request: Request, name: str, context: dict, current: AdminSession | None = None,
          status_code: int = 200, headers: dict | None = None) -> Response:
     full = {"css_url": CSS_URL, "nav": NAV, "current": current, "section": None, "notice": None,
-            "csrf_token": csrf.token(current.id, current.token, CSRF_PURPOSE) if current else None, **context}
+            "csrf_token": csrf.token(current.id, current.token, CSRF_PURPOSE) if current else None,
+            "mail_stop": getattr(request.state, "mail_stop", None) if current else None, **context}
     response = common.templates.TemplateResponse(request, f"admin/{name}", full, status_code=status_code)
     response.headers.update(common.SECURITY_HEADERS)
     if headers:

@@ -5,7 +5,11 @@
   GET  /admin/newsletters          every newsletter with its send progress (?page=)
   GET  /admin/suppressions         the suppression list (?q=, ?page=)
   GET  /admin/suppressions/{id}/remove   confirmation page;  POST: remove (audited)
+  POST /admin/sending/stop         the emergency stop for all outgoing mail (reason required; audited)
+  POST /admin/sending/resume       release it (audited)
   GET  /admin/login, POST /admin/login, POST /admin/logout
+
+Every signed-in page shows a banner while all mail is stopped.
 
 Signed out, a page redirects to the sign-in form (303), a chart answers 401, a POST redirects too
 and changes nothing. Every POST carries a CSRF token (403 without a valid one, nothing changed):
@@ -22,8 +26,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import apikeys
-from app.admin import charts, newsletters, render, session, stats, suppressions, throttle
+from app import apikeys, mail_stop
+from app.admin import charts, newsletters, render, sending, session, stats, suppressions, throttle
 from app.pages import common, csrf
 from tracking.machines import client_ip
 
@@ -33,7 +37,10 @@ FAILED_LOGIN_DELAY_SECONDS = 1.0
 MAX_KEY_CHARS = 300
 NOTICES = {"removed": "The address was removed from the suppression list. "
                       "The change is recorded in the audit log below.",
-           "already-removed": "That address was no longer on the suppression list: nothing changed."}
+           "already-removed": "That address was no longer on the suppression list: nothing changed.",
+           "stopped": "All outgoing mail is stopped. Every sender stops within a second; nothing is lost.",
+           "resumed": "Sending resumed: due digests go out at the next scheduler tick, newsletters continue "
+                      "where they stopped."}
 
 
 def _client(request: Request) -> str | None:
@@ -50,6 +57,8 @@ def signed_in(endpoint):
             if request.url.path.startswith("/admin/charts/"):
                 return Response(status_code=401, headers=common.SECURITY_HEADERS)
             return render.redirect("/admin/login")
+        if not request.url.path.startswith("/admin/charts/"):
+            request.state.mail_stop = await run_in_threadpool(mail_stop.state)   # the banner
         return await endpoint(request, current)
     return handler
 
@@ -156,6 +165,7 @@ async def dashboard(request: Request, current) -> Response:
         "section": "dashboard", "d": data, "range_name": range_name, "ranges": stats.RANGE_LABELS,
         "charts": [(name, charts.TITLES[name], render.describe(name, data)) for name in charts.CHARTS],
         "newsletters": latest, "fmt": render,
+        "notice": NOTICES.get(request.query_params.get("notice", "")),
     }, current)
 
 
@@ -255,3 +265,43 @@ async def suppression_remove(request: Request, current) -> Response:
         return render.redirect("/admin/suppressions?notice=already-removed")
     log.info("suppression %s removed by API key %s (%s)", sid, current.key_id, current.key_name)
     return render.redirect("/admin/suppressions?notice=removed")
+
+
+# -- the emergency stop ----------------------------------------------------------------------------
+
+@signed_in
+async def sending_stop(request: Request, current) -> Response:
+    form = await _checked_form(request, current)
+    if isinstance(form, Response):
+        return form
+    reason = (common.text(form, "reason") or "").strip()
+    if not reason or len(reason) > sending.MAX_REASON_CHARS or not reason.isprintable():
+        return render.error(request, 422, "A reason is needed",
+                            f"Say in one line (at most {sending.MAX_REASON_CHARS} characters) why all mail is "
+                            "stopped: the next operator reads it on the dashboard. Nothing changed.", current)
+    await run_in_threadpool(sending.stop, current.key_id, current.key_name, _client(request), reason, current.id)
+    log.warning("all outgoing mail stopped from /admin by API key %s (%s): %s", current.key_id, current.key_name,
+                reason)
+    return render.redirect("/admin?notice=stopped")
+
+
+@signed_in
+async def sending_resume(request: Request, current) -> Response:
+    form = await _checked_form(request, current)
+    if isinstance(form, Response):
+        return form
+    await run_in_threadpool(sending.resume, current.key_id, current.key_name, _client(request), current.id)
+    log.warning("sending resumed from /admin by API key %s (%s)", current.key_id, current.key_name)
+    return render.redirect("/admin?notice=resumed")
+
+
+async def _checked_form(request: Request, current):
+    """The posted form if it is readable and carries this session's CSRF token; else the error page."""
+    try:
+        form = await common.read_form(request)
+    except (common.FormTooLarge, common.BadForm):
+        return render.error(request, 400, "Bad request", "That request could not be read.", current)
+    if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
+        return render.error(request, 403, "Please try again",
+                            "This form expired or was sent from somewhere else, so nothing changed.", current)
+    return form

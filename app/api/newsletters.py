@@ -95,6 +95,8 @@ async def test_newsletter(request: Request):
         results = await run_in_threadpool(test_send.send, newsletter_id, addresses)
     except test_send.NotFound:
         raise ApiError(404, "not_found", "no newsletter with that id") from None
+    except test_send.Stopped as exc:
+        raise ApiError(409, "sending_stopped", str(exc)) from None
     except test_send.ProviderUnavailable as exc:
         raise ApiError(503, "provider_unavailable", f"the mail provider refused the test send; nothing was "
                                                     f"sent: {exc}") from None
@@ -280,14 +282,15 @@ OPENAPI_PATHS = {
         "responses": {"200": {"description": "handed to the provider (per address: sent, failed, suppressed)",
                               "content": {"application/json": {
                                   "schema": {"$ref": "#/components/schemas/TestSendAnswer"}}}},
-                      "503": _err, **_errors("400", "401", "403", "404", "413", "422")},
+                      "503": _err, **_errors("400", "401", "403", "404", "409", "413", "422")},
     }},
-    "/v1/newsletters/{newsletter_id}/pause": _action("Stop claiming new recipients (within a second)", "200",
+    "/v1/newsletters/{newsletter_id}/pause": _action("Stop sending within a second, between two mails; recipients "
+                                                     "claimed but not sent go back to pending", "200",
                                                      _state("paused (or already paused)")),
     "/v1/newsletters/{newsletter_id}/resume": _action("Continue where the send stopped", "200",
                                                       _state("sending (or already queued/sending)")),
     "/v1/newsletters/{newsletter_id}/cancel": _action(
-        "Cancel: recipients not yet claimed are never sent", "200",
+        "Cancel within a second, between two mails: recipients not yet sent are never sent", "200",
         _state("cancelled", cancelled_rows=_count)),
     "/v1/newsletters/{newsletter_id}/retry-failed": _action(
         "Put failed rows back to pending", "202", _state("failed rows requeued", requeued=_count)),

@@ -23,6 +23,8 @@ Life of an outbox row (email_log.status):
   sending    --refused, or attempts used up---------------> failed      (error kept)
   sending    --retryable failure, throttled---------------> pending     (backoff; a throttle refunds the attempt)
   sending    --stuck past RECLAIM_AFTER_SECONDS-----------> pending     (the claim counted the attempt)
+  sending    --not started: paused, all mail stopped------> pending     (the claim's attempt refunded)
+  sending    --not started: newsletter cancelled----------> cancelled
   pending    --newsletter cancelled-----------------------> cancelled
   failed     --retry-failed-------------------------------> pending     (attempts start again)
 
@@ -31,6 +33,8 @@ tests/test_newsletter_rows.py walks every transition and checks no statement mak
 from __future__ import annotations
 
 import enum
+
+from app.mail_stop import NOT_ENGAGED
 
 
 class NewsletterStatus(enum.StrEnum):
@@ -63,7 +67,7 @@ ROW_TRANSITIONS = frozenset({
     (None, _R.PENDING), (None, _R.SUPPRESSED),
     (_R.PENDING, _R.SENDING), (_R.PENDING, _R.SUPPRESSED),
     (_R.SENDING, _R.SENT), (_R.SENDING, _R.FAILED), (_R.SENDING, _R.PENDING),
-    (_R.PENDING, _R.CANCELLED), (_R.FAILED, _R.PENDING),
+    (_R.PENDING, _R.CANCELLED), (_R.FAILED, _R.PENDING), (_R.SENDING, _R.CANCELLED),
 })
 
 # -- newsletters -------------------------------------------------------------------------------
@@ -107,8 +111,8 @@ INSERT_RANGE = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, sta
 INSERT_USER_IDS = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)" + _ROW_VALUES +
                    "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING")
 
-# One statement = one transaction: pick due rows of a newsletter that is `sending` (so a pause
-# stops claims immediately), lock them without waiting for rows other workers hold, and move them
+# One statement = one transaction: pick due rows of a newsletter that is `sending` while mail may go
+# out (so a pause or the emergency stop stops claims immediately), lock them without waiting for rows other workers hold, and move them
 # to `sending` — or straight to `suppressed` if the subscriber unsubscribed or got suppressed
 # since the outbox was built (I6: checked at claim time). `after`: the send loop's cursor (the
 # largest id it claimed last), so a claim starts where the previous one ended instead of stepping
@@ -121,6 +125,7 @@ WITH picked AS (
     WHERE e.newsletter_id = %(nl)s AND e.status = 'pending' AND e.id > %(after)s
       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
       AND EXISTS (SELECT 1 FROM newsletters n WHERE n.id = %(nl)s AND n.status = 'sending')
+      AND """ + NOT_ENGAGED + """
     ORDER BY e.id
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
@@ -159,6 +164,22 @@ FROM (VALUES %s) AS v(id, status, message_id, error, next_attempt_at, refund)
 WHERE e.id = v.id AND e.status || '' = 'sending' AND v.status IN ('sent', 'failed', 'pending')
 """
 MARK_TEMPLATE = "(%s::bigint, %s::text, %s::text, %s::text, %s::timestamptz, %s::int)"
+
+# Checked by a send loop between two mails (at least every mail_stop.SEND_CHECK_SECONDS): may it
+# go on? (status, whether all mail is stopped).
+MAY_SEND = "SELECT status, " + NOT_ENGAGED + " FROM newsletters WHERE id = %s"
+
+# Rows a send loop claimed and did not start because it was asked to stop: back to `pending` with
+# the claim's attempt refunded (a pause is not the row's fault), or `cancelled` with the newsletter.
+# `e.status || ''`: as in MARK.
+RELEASE = """
+UPDATE email_log e SET
+    status = CASE WHEN n.status = 'cancelled' THEN 'cancelled' ELSE 'pending' END,
+    error = CASE WHEN n.status = 'cancelled' THEN 'newsletter cancelled' ELSE e.error END,
+    attempts = e.attempts - 1
+FROM newsletters n
+WHERE e.id = ANY (%s) AND e.status || '' = 'sending' AND n.id = e.newsletter_id
+"""
 
 RECLAIM = """
 UPDATE email_log SET status = 'pending', next_attempt_at = NULL,

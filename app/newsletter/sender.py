@@ -8,6 +8,14 @@ marking only rows still `sending`;
 and the per-row idempotency key for the one window no database can close (the provider accepted a
 batch and the worker died before committing `sent`: the reclaimer re-sends that batch with the
 same keys).
+
+Controls (pause, cancel, the emergency stop) hold within a second: the provider reports every
+result as it arrives and starts no mail once asked to stop (app/providers/base.py `Progress`). At
+least every FLUSH_EVERY mails or SEND_CHECK_SECONDS, the chain writes the outcomes so far and
+reads the newsletter's status and the emergency stop; when it may not go on, the rows claimed but
+not started go back to `pending` (or `cancelled`) with their attempt refunded. The same rhythm
+bounds a crash: a worker killed mid-batch leaves at most that many accepted mails unrecorded (the
+reclaimer re-sends them with the same keys).
 """
 from __future__ import annotations
 
@@ -17,9 +25,10 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from app import config, db, mail, metrics, shutdown, streams, tokens
+from app.mail_stop import SEND_CHECK_SECONDS
 from app.newsletter import growth, kick, ratelimit, rows, store, template
 from app.providers import get_provider
-from app.providers.base import OutgoingMail, PermanentError, SendResult, ThrottledError, TransientError
+from app.providers.base import OutgoingMail, PermanentError, Progress, SendResult, ThrottledError, TransientError
 from tracking.links import LinkRewriter
 
 log = logging.getLogger("app.newsletter.sender")
@@ -29,10 +38,11 @@ BACKOFF_BASE_SECONDS = 5.0    # transient failure n waits base * 2^(n-1) (capped
 BACKOFF_MAX_SECONDS = 1800.0
 MAX_RATE_WAIT = 2.0           # sleep at most this long for the rate limiter; longer = re-enqueue later
 IDLE_RECHECK_MAX = 60.0       # rows in backoff due within this: the chain waits; later: the tick re-kicks
+FLUSH_EVERY = 100             # outcomes written (and controls read) at least every this many mails
 
 def _load(newsletter_id: int):
-    rows = store.run("SELECT status, subject, html, text, from_addr, outbox_completed_at FROM newsletters "
-                     "WHERE id = %s", (newsletter_id,))
+    rows = store.run("SELECT status, subject, html, text, from_addr, outbox_completed_at, "
+                     "EXISTS (SELECT 1 FROM mail_stop) FROM newsletters WHERE id = %s", (newsletter_id,))
     return rows[0] if rows else None
 
 
@@ -42,13 +52,16 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
     With reenqueue=False (tests, benchmark baseline) the chain is not continued."""
     settings = config.get()
     # retry_in: the delay (seconds) the chain continues after; None when it does not continue.
-    stats = {"claimed": 0, "sent": 0, "failed": 0, "retry": 0, "suppressed": 0, "outcome": "", "retry_in": None,
-             "provider_seconds": 0.0, "grew": False}
+    stats = {"claimed": 0, "sent": 0, "failed": 0, "retry": 0, "suppressed": 0, "released": 0, "outcome": "",
+             "retry_in": None, "provider_seconds": 0.0, "grew": False}
     row = _load(newsletter_id)
     if row is None or row[0] != "sending":
         stats["outcome"] = f"not sending ({row[0] if row else 'missing'})"
         return stats
-    _, subject, html, text, from_addr, _ = row
+    if row[6]:
+        stats["outcome"] = "all mail is stopped; releasing the stop restarts this newsletter"
+        return stats
+    _, subject, html, text, from_addr, _, _ = row
     if provider is None:
         provider = get_provider()
     compiled = template.compiled_for(newsletter_id, subject, html, text)
@@ -103,8 +116,10 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
 
 def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats,
                   claimed_at):
-    """Render, send and mark one claimed batch. Returns seconds to back off if throttled."""
-    mails, mail_rows, marks = [], [], []
+    """Render, send and record one claimed batch, recording as it goes and stopping between two
+    mails when the newsletter may not go on. Returns seconds to back off if throttled."""
+    outcomes = _Outcomes(newsletter_id, settings, stats, claimed_at)
+    mails, mail_rows = [], []
     for row_id, status, attempts, sub_id, email, name, user_id, token_version, tracking_opt_out in claimed:
         if status == "suppressed":
             stats["suppressed"] += 1
@@ -116,46 +131,100 @@ def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provide
             mail_rows.append((row_id, attempts))
         except Exception as exc:  # one recipient's render problem must not hold up the batch
             log.exception("newsletter %s row %s: render failed", newsletter_id, row_id)
-            marks.append((row_id, "failed", None, f"render failed: {exc}"[:1000], None, 0))
+            outcomes.marks.append((row_id, "failed", None, f"render failed: {exc}"[:1000], None, 0))
             stats["failed"] += 1
     retry_after = None
     if mails:
+        outcomes.rows = mail_rows
+        progress = Progress(outcomes.flush, every=FLUSH_EVERY, interval=SEND_CHECK_SECONDS)
         called = time.monotonic()
         try:
-            results = provider.send_batch(mails)
+            results = provider.send_batch(mails, progress)
             if len(results) != len(mails):   # never leave a row `sending` because a provider miscounted
                 raise TransientError(f"provider returned {len(results)} results for {len(mails)} mails")
             limiter.succeeded()
             stats["provider_seconds"] += time.monotonic() - called   # successful calls only: a failing
             # provider is not a reason to add chains (app/newsletter/growth.py)
         except ThrottledError as exc:
+            outcomes.take(progress.drain())
             retry_after = exc.retry_after if exc.retry_after is not None else 1.0
             limiter.throttled(retry_after)
             until = _now() + timedelta(seconds=retry_after)
             # A throttle is not the row's fault: refund the attempt.
-            marks.extend((rid, "pending", None, str(exc)[:1000], until, 1) for rid, _ in mail_rows)
-            stats["retry"] += len(mail_rows)
-            log.warning("newsletter %s: %d row(s) throttled, retry in %.1fs", newsletter_id, len(mail_rows),
+            unrecorded = outcomes.unrecorded()
+            outcomes.marks.extend((mail_rows[i][0], "pending", None, str(exc)[:1000], until, 1) for i in unrecorded)
+            stats["retry"] += len(unrecorded)
+            log.warning("newsletter %s: %d row(s) throttled, retry in %.1fs", newsletter_id, len(unrecorded),
                         retry_after)
         except TransientError as exc:
+            outcomes.take(progress.drain())   # accepted before the error: recorded as such
             results = [SendResult(ok=False, error=str(exc)) for _ in mails]
             log.warning("newsletter %s: transient provider error for %d row(s): %s", newsletter_id, len(mails), exc)
         except PermanentError as exc:
+            outcomes.take(progress.drain())   # accepted before the error: recorded as such
             results = [SendResult(ok=False, error=str(exc), permanent=True) for _ in mails]
             log.error("newsletter %s: provider rejected a batch of %d: %s", newsletter_id, len(mails), exc)
         except Exception as exc:  # a bug or an unexpected library error: retry the rows later, loudly
+            outcomes.take(progress.drain())   # accepted before the error: recorded as such
             results = [SendResult(ok=False, error=f"unexpected: {exc!r}") for _ in mails]
             log.exception("newsletter %s: unexpected error sending a batch", newsletter_id)
         if retry_after is None:
-            marks.extend(_marks_for(results, mail_rows, settings, stats))
-    if marks:
-        # What the provider accepted is written once Postgres answers again, never sent twice:
-        # the rows stay `sending` meanwhile, which nobody else claims until the reclaimer's timeout.
-        deadline = db.write_deadline(claimed_at, settings.reclaim_after_seconds)
-        db.until_written(lambda: store.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE), deadline,
-                         f"newsletter {newsletter_id}: recording {len(marks)} outcomes")
-        metrics.newsletter_marks(marks)   # committed: sent / retry / failed
+            outcomes.take(list(enumerate(results)))
+    outcomes.write()
     return retry_after
+
+
+class _Outcomes:
+    """One claimed batch's outcomes, written as they come (Progress calls flush() on the chain's
+    thread). Each row is recorded once: what a flush wrote is skipped at the end."""
+
+    def __init__(self, newsletter_id: int, settings, stats: dict, claimed_at: float):
+        self.newsletter_id, self.settings, self.stats = newsletter_id, settings, stats
+        self.deadline = db.write_deadline(claimed_at, settings.reclaim_after_seconds)
+        self.rows: list[tuple[int, int]] = []     # (row id, attempts) by position in the batch
+        self.recorded: set[int] = set()            # positions taken
+        self.marks: list[tuple] = []               # MARK rows not written yet
+        self.released: list[int] = []              # row ids not started, not written yet
+
+    def take(self, results: list[tuple[int, SendResult]]) -> None:
+        for position, result in results:
+            if position in self.recorded:
+                continue
+            self.recorded.add(position)
+            row_id, attempts = self.rows[position]
+            if result.stopped:
+                self.released.append(row_id)
+            else:
+                self.marks.extend(_marks_for([result], [(row_id, attempts)], self.settings, self.stats))
+
+    def unrecorded(self) -> list[int]:
+        return [i for i in range(len(self.rows)) if i not in self.recorded]
+
+    def flush(self, results: list[tuple[int, SendResult]]) -> bool:
+        """Record what arrived; True when the newsletter may not go on (the provider stops)."""
+        self.take(results)
+        self.write()
+        status, may_send = store.run(rows.MAY_SEND, (self.newsletter_id,))[0]
+        return status != "sending" or not may_send
+
+    def write(self) -> None:
+        """What the provider accepted is written once Postgres answers again, never sent twice: the
+        rows stay `sending` meanwhile, which nobody else claims until the reclaimer's timeout."""
+        nl = self.newsletter_id
+        if self.marks:
+            marks = self.marks
+            db.until_written(lambda: store.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE), self.deadline,
+                             f"newsletter {nl}: recording {len(marks)} outcomes")
+            self.marks = []
+            metrics.newsletter_marks(marks)   # committed: sent / retry / failed
+        if self.released:
+            released = self.released
+            db.until_written(lambda: store.run(rows.RELEASE, (released,), fetch=False), self.deadline,
+                             f"newsletter {nl}: releasing {len(released)} rows not sent")
+            self.released = []
+            self.stats["released"] += len(released)
+            log.info("newsletter %s: stopped between two mails; %d claimed row(s) not sent were released",
+                     nl, len(released))
 
 
 def _marks_for(results, mail_rows, settings, stats):
@@ -199,6 +268,8 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
     row = _load(newsletter_id)
     if row is None or row[0] != "sending":
         return f"stopped ({row[0] if row else 'missing'})", None
+    if row[6]:
+        return "all mail is stopped; releasing the stop restarts this newsletter", None
     if row[5] is None:
         if reenqueue:
             kick.continue_chain(newsletter_id, delay_ms=1000)

@@ -202,8 +202,9 @@ def resume(newsletter_id: int) -> str:
 
 
 def cancel(newsletter_id: int) -> dict:
-    """No new claims from now on; rows not yet claimed become `cancelled`. Rows a worker already
-    holds finish (they may be at the provider already)."""
+    """No new claims from now on; rows not yet claimed become `cancelled`. A send loop holding
+    claimed rows stops between two mails within a second (app/newsletter/sender.py): the mails in
+    flight finish, the rows it did not start become `cancelled` too."""
     rows = db.query(statements.CANCEL, (newsletter_id,))
     if not rows:
         status = _current(newsletter_id)[0]

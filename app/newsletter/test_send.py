@@ -7,6 +7,7 @@ webhook counts nothing for it, but a bounce or complaint still suppresses the ad
 mail). An address that belongs to a subscriber is rendered as that subscriber's mail (name, working
 unsubscribe and preference links); any other address gets empty variables and links that
 open the service's "this link is not valid" page. Suppressed addresses are refused: a test must not hurt reputation.
+While the emergency stop holds all mail (app/mail_stop.py), test sends are refused too.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from app import config, db, mail, streams, subscribers, tokens
+from app import config, db, mail, mail_stop, streams, subscribers, tokens
 from app.newsletter import template
 from app.providers import get_provider
 from app.providers.base import OutgoingMail, ProviderError
@@ -45,6 +46,10 @@ class ProviderUnavailable(Exception):
     pass
 
 
+class Stopped(Exception):
+    """All outgoing mail is stopped: nothing was sent."""
+
+
 def validate(body) -> tuple[list[str] | None, list[dict]]:
     """The addresses (lower-cased, duplicates dropped, in the given order) or the problems."""
     request, errors = check(TestSendInput, body)
@@ -54,12 +59,17 @@ def validate(body) -> tuple[list[str] | None, list[dict]]:
 
 
 def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
-    """[{email, status: sent | failed | suppressed, error?}] in the order given. Raises NotFound, or
-    ProviderUnavailable when the provider call failed as a whole (nothing was sent)."""
+    """[{email, status: sent | failed | suppressed, error?}] in the order given. Raises NotFound,
+    Stopped (the emergency stop), or ProviderUnavailable when the provider call failed as a whole
+    (nothing was sent)."""
     found = db.query("SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,))
     if not found:
         raise NotFound(newsletter_id)
     subject, html, text, from_addr = found[0]
+    stop = mail_stop.state()
+    if stop is not None:
+        raise Stopped(f"all outgoing mail is stopped (since {stop['engaged_at']} by {stop['engaged_by']}: "
+                      f"{stop['reason'] or 'no reason given'}); nothing was sent")
     known = {row[0]: row[1:] for row in db.query(
         "SELECT DISTINCT ON (lower(email)) lower(email), id, name, user_id, token_version FROM subscribers "
         "WHERE lower(email) = ANY (%s) ORDER BY lower(email), id", (addresses,))}

@@ -14,11 +14,20 @@ Failure isolation is part of the interface, not left to each provider:
   - Anything else `deliver` raises is unexpected: send_batch reports it as a TransientError for the
     whole call, so callers only ever see the three documented errors. They retry it with backoff
     and count the attempt, so an unexpected error cannot loop forever.
+
+Stopping between two mails (`Progress`): a caller that must be able to stop a batch midway (pause,
+cancel, the emergency stop) and record what was accepted as it goes passes a Progress. The
+provider reports each result as it arrives and starts no mail once a stop was requested; the mails
+it did not start come back as `SendResult(stopped=True)`, never attempted. While the provider
+works, the calling thread runs `Progress.poll()` (the provider calls it for the caller), which every
+`every` results or `interval` seconds hands the new results to the caller's `flush` callback.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app import metrics
@@ -64,6 +73,68 @@ class SendResult:
     message_id: str | None = None
     error: str | None = None
     permanent: bool = False              # with ok=False: retrying will not help
+    stopped: bool = False                # with ok=False: never attempted, the caller asked to stop
+
+
+STOPPED = SendResult(ok=False, error="not attempted: sending was stopped", stopped=True)
+
+
+class Progress:
+    """Shared by the thread that sends a batch and the provider's sending threads (see the module
+    docstring). `flush(new_results)` runs on the calling thread only, gets [(index, SendResult)]
+    in the batch's order of arrival and returns True to stop the rest of the batch."""
+
+    def __init__(self, flush: Callable[[list[tuple[int, SendResult]]], bool], every: int = 100,
+                 interval: float = 0.25):
+        self._flush, self.every, self.interval = flush, max(1, every), interval
+        self._owner = threading.get_ident()
+        self._ready = threading.Condition()
+        self._new: list[tuple[int, SendResult]] = []
+        self._stop = threading.Event()
+        self._last = time.monotonic()
+
+    def add(self, index: int, result: SendResult) -> None:
+        """A result, from any thread."""
+        with self._ready:
+            self._new.append((index, result))
+            if len(self._new) >= self.every:
+                self._ready.notify()
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def wait(self, until: float) -> None:
+        """Block the calling thread until a flush is due, or `until` (time.monotonic())."""
+        with self._ready:
+            if len(self._new) < self.every:
+                self._ready.wait(max(0.0, min(until, self._last + self.interval) - time.monotonic()))
+
+    def wake(self) -> None:
+        with self._ready:
+            self._ready.notify()
+
+    def poll(self, final: bool = False) -> None:
+        """On the calling thread (a no-op elsewhere): flush when due, or always when `final`."""
+        if threading.get_ident() != self._owner:
+            return
+        now = time.monotonic()
+        if not final and len(self._new) < self.every and now - self._last < self.interval:
+            return
+        new = self.drain()
+        self._last = now
+        try:
+            stop = self._flush(new)
+        except Exception:  # noqa: BLE001 - recording failed; the caller records again at the end
+            log.exception("recording or checking a batch's progress failed; the batch goes on")
+            return
+        if stop:
+            self._stop.set()
+
+    def drain(self) -> list[tuple[int, SendResult]]:
+        """The results reported since the last flush, taken."""
+        with self._ready:
+            new, self._new = self._new, []
+        return new
 
 
 def _result(exc: ProviderError) -> str:
@@ -81,15 +152,19 @@ class Provider:
         """What deliver() needs for one mail. Raise anything to refuse this mail alone."""
         return mail
 
-    def deliver(self, prepared: list[tuple[OutgoingMail, object]]) -> list[SendResult]:
-        """[(mail, prepare(mail))] → one SendResult each, in order."""
+    def deliver(self, prepared: list[tuple[OutgoingMail, object]], progress: Progress) -> list[SendResult]:
+        """[(mail, prepare(mail))] → one SendResult each, in order. Before starting a mail (or a
+        group of mails sent in one call), check `progress.stop_requested()` and answer STOPPED for
+        the mails not started; `progress.add(i, result)` each result as it arrives, and let the
+        calling thread `progress.poll()` while it waits."""
         raise NotImplementedError
 
-    def send_batch(self, mails: list[OutgoingMail]) -> list[SendResult]:
+    def send_batch(self, mails: list[OutgoingMail], progress: Progress | None = None) -> list[SendResult]:
         if len(mails) > self.max_batch:   # a caller's bug, not the mails' fault
             raise ValueError(f"at most {self.max_batch} mails per batch, got {len(mails)}")
         results: list[SendResult | None] = [None] * len(mails)
         ready, positions = [], []
+        outer = progress
         for i, m in enumerate(mails):
             try:
                 ready.append((m, self.prepare(m)))
@@ -97,11 +172,15 @@ class Provider:
             except Exception as exc:  # noqa: BLE001 - any per-mail problem fails that mail only
                 log.warning("%s: mail %s cannot be built: %s", self.name, m.idempotency_key, exc)
                 results[i] = SendResult(ok=False, error=f"cannot build mail: {exc}"[:1000], permanent=True)
+                if outer is not None:
+                    outer.add(i, results[i])
         if ready:
+            # deliver() counts in `ready`; the caller's progress in `mails`.
+            inner = _Renumbered(outer, positions) if outer is not None else Progress(lambda new: False)
             metrics.PROVIDER_IN_FLIGHT.labels(self.name).inc()
             started = time.perf_counter()
             try:
-                delivered = self.deliver(ready)
+                delivered = self.deliver(ready, inner)
             except ProviderError as exc:
                 metrics.provider_call(self.name, _result(exc), started)
                 raise
@@ -118,3 +197,26 @@ class Provider:
 
     def close(self) -> None:
         """Release pooled connections (called at worker shutdown)."""
+
+
+class _Renumbered(Progress):
+    """The caller's Progress seen through deliver()'s numbering (mails that could not be built are
+    not handed to deliver)."""
+
+    def __init__(self, outer: Progress, positions: list[int]):
+        self._outer, self._positions = outer, positions
+
+    def add(self, index: int, result: SendResult) -> None:
+        self._outer.add(self._positions[index], result)
+
+    def stop_requested(self) -> bool:
+        return self._outer.stop_requested()
+
+    def wait(self, until: float) -> None:
+        self._outer.wait(until)
+
+    def wake(self) -> None:
+        self._outer.wake()
+
+    def poll(self, final: bool = False) -> None:
+        self._outer.poll(final)

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from app import config, mail
-from app.providers.base import OutgoingMail, Provider, SendResult, TransientError
+from app.providers.base import STOPPED, OutgoingMail, Progress, Provider, SendResult, TransientError
 
 log = logging.getLogger("app.providers.file")
 
@@ -31,21 +31,29 @@ class FileProvider(Provider):
     def prepare(self, m: OutgoingMail) -> bytes:
         return mail.build(m)
 
-    def deliver(self, prepared: list[tuple[OutgoingMail, bytes]]) -> list[SendResult]:
+    def deliver(self, prepared: list[tuple[OutgoingMail, bytes]], progress: Progress) -> list[SendResult]:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TransientError(f"cannot create {self.directory}: {exc}") from exc
         results = []
         for m, raw in prepared:
-            path = self.directory / _file_name(m.idempotency_key)
-            tmp = path.with_suffix(".tmp")
-            try:
-                tmp.write_bytes(raw)
-                os.replace(tmp, path)  # readers never see half a file
-            except OSError as exc:
-                results.append(SendResult(ok=False, error=f"write {path}: {exc}"))
-                continue
-            results.append(SendResult(ok=True, message_id=mail.message_id_of(m)))
-            log.info("wrote %s to %s", m.idempotency_key, path)
+            progress.poll()
+            if progress.stop_requested():
+                result = STOPPED
+            else:
+                result = self._write(m, raw)
+            progress.add(len(results), result)
+            results.append(result)
         return results
+
+    def _write(self, m: OutgoingMail, raw: bytes) -> SendResult:
+        path = self.directory / _file_name(m.idempotency_key)
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_bytes(raw)
+            os.replace(tmp, path)  # readers never see half a file
+        except OSError as exc:
+            return SendResult(ok=False, error=f"write {path}: {exc}")
+        log.info("wrote %s to %s", m.idempotency_key, path)
+        return SendResult(ok=True, message_id=mail.message_id_of(m))

@@ -43,7 +43,7 @@ import orjson
 
 from app import config, mail
 from app.providers.base import (
-    OutgoingMail, PermanentError, Provider, SendResult, ThrottledError, TransientError,
+    STOPPED, OutgoingMail, PermanentError, Progress, Provider, SendResult, ThrottledError, TransientError,
 )
 
 log = logging.getLogger("app.providers.sendgrid")
@@ -89,14 +89,23 @@ class SendGridProvider(Provider):
             raise mail.MailBuildError(f"SendGrid cannot send to {to!r}: a non-ASCII local part needs SMTPUTF8")
         return dataclasses.replace(m, to=to, to_name=mail.one_line(m.to_name))
 
-    def deliver(self, prepared: list[tuple[OutgoingMail, OutgoingMail]]) -> list[SendResult]:
+    def deliver(self, prepared: list[tuple[OutgoingMail, OutgoingMail]], progress: Progress) -> list[SendResult]:
+        """One API call per request group: a stop request is honoured between two calls."""
         mails = [m for _, m in prepared]
         results: list[SendResult | None] = [None] * len(mails)
         rounds = [MAX_REFUSAL_ROUNDS]
         accepted = False
         for payload, indexes in build_requests(mails, self.default_from):
+            progress.poll()
+            if progress.stop_requested():
+                for i in indexes:
+                    results[i] = STOPPED
+                    progress.add(i, STOPPED)
+                continue
             try:
                 self._send_group(mails, payload, indexes, results, rounds)
+                for i in indexes:
+                    progress.add(i, results[i])
                 accepted = accepted or any(results[i] is not None and results[i].ok for i in indexes)
             except Rejected as exc:
                 if len(mails) == 1:

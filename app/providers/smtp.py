@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, unquote, urlparse
 
 from app import config, mail
-from app.providers.base import OutgoingMail, PermanentError, Provider, SendResult, TransientError
-from app.providers.smtp_async import LANE_TARGET_SECONDS, AsyncSender, out_of_time
+from app.providers.base import OutgoingMail, PermanentError, Progress, Provider, SendResult, TransientError
+from app.providers.smtp_async import LANE_TARGET_SECONDS, AsyncSender, Reported, not_started
 
 log = logging.getLogger("app.providers.smtp")
 
@@ -145,14 +145,17 @@ class SMTPProvider(Provider):
             conn.sendmail(sender, [m.to], raw)
         return SendResult(ok=True, message_id=mail.message_id_of(m))
 
-    def _send_chunk(self, items: list[tuple[int, OutgoingMail, bytes]], deadline: float) -> list[tuple[int, SendResult]]:
-        out = []
+    def _send_chunk(self, items: list[tuple[int, OutgoingMail, bytes]], deadline: float,
+                    progress: Progress) -> list[tuple[int, SendResult]]:
+        out = Reported(progress)
         conn = self._acquire()
         started = time.perf_counter()
         try:
             for pos, (index, m, raw) in enumerate(items):
-                if time.monotonic() > deadline:
-                    out.extend(out_of_time(items[pos:]))
+                progress.poll()     # inline on the caller's thread: record and check between mails
+                rest = not_started(items[pos:], deadline, progress)
+                if rest is not None:
+                    out.extend(rest)
                     break
                 for attempt in (1, 2):
                     try:
@@ -223,7 +226,8 @@ class SMTPProvider(Provider):
         m = dataclasses.replace(m, to=mail.check_address(m.to))    # the envelope's form (IDNA domain)
         return m, mail.build(m)
 
-    def deliver(self, prepared: list[tuple[OutgoingMail, tuple[OutgoingMail, bytes]]]) -> list[SendResult]:
+    def deliver(self, prepared: list[tuple[OutgoingMail, tuple[OutgoingMail, bytes]]],
+                progress: Progress) -> list[SendResult]:
         ready = [(i, m, raw) for i, (_, (m, raw)) in enumerate(prepared)]
         results: list[SendResult | None] = [None] * len(ready)
         # Bounds a batch's send phase (plus one mail's SMTP timeout in flight), so a batch never
@@ -231,13 +235,21 @@ class SMTPProvider(Provider):
         deadline = time.monotonic() + BATCH_TIMEOUTS * self.timeout
         if self.use_async:
             # All connections on one event loop: lanes are cheap; how many, Little's law decides.
-            done = [self._async_sender().send(ready, deadline)]
+            done = [self._async_sender().send(ready, deadline, progress)]
         else:
             # Each lane is one connection sending its share of the batch in sequence.
             lanes = self.lanes_for(len(ready))
             chunks = [ready[k::lanes] for k in range(lanes)]
-            done = [self._send_chunk(chunks[0], deadline)] if lanes == 1 else \
-                list(self._pool().map(self._send_chunk, chunks, [deadline] * lanes))
+            if lanes == 1:
+                done = [self._send_chunk(chunks[0], deadline, progress)]
+            else:
+                futures = [self._pool().submit(self._send_chunk, chunk, deadline, progress) for chunk in chunks]
+                for future in futures:
+                    future.add_done_callback(lambda _: progress.wake())
+                while not all(f.done() for f in futures):
+                    progress.wait(time.monotonic() + 1.0)
+                    progress.poll()
+                done = [f.result() for f in futures]
         for chunk in done:
             for index, result in chunk:
                 results[index] = result

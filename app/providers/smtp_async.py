@@ -23,7 +23,7 @@ import threading
 import time
 
 from app import mail
-from app.providers.base import PermanentError, SendResult, TransientError
+from app.providers.base import STOPPED, PermanentError, Progress, SendResult, TransientError
 
 log = logging.getLogger("app.providers.smtp_async")
 
@@ -36,6 +36,15 @@ BATCH_OUT_OF_TIME = "not attempted: the batch ran out of time (slow SMTP relay);
 def out_of_time(items) -> list:
     """A slow relay used up the batch's time: the mails not started retry later, counted."""
     return [(index, SendResult(ok=False, error=BATCH_OUT_OF_TIME)) for index, _, _ in items]
+
+
+def not_started(items, deadline: float, progress: Progress) -> list | None:
+    """The rest of a lane when it must not start its next mail: out of time, or asked to stop."""
+    if progress.stop_requested():
+        return [(index, STOPPED) for index, _, _ in items]
+    if time.monotonic() > deadline:
+        return out_of_time(items)
+    return None
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -201,14 +210,15 @@ class AsyncSender:
         wanted = math.ceil(count * self.latency / LANE_TARGET_SECONDS)
         return max(1, min(count, self.pool_max, max(self.pool_size, wanted)))
 
-    async def _send_lane(self, items, deadline: float) -> list:
-        out = []
+    async def _send_lane(self, items, deadline: float, progress: Progress) -> list:
+        out = Reported(progress)
         await self._slots.acquire()
         conn = self._idle.pop() if self._idle else None
         try:
             for pos, (index, m, raw) in enumerate(items):
-                if time.monotonic() > deadline:
-                    out.extend(out_of_time(items[pos:]))
+                rest = not_started(items[pos:], deadline, progress)
+                if rest is not None:
+                    out.extend(rest)
                     break
                 sender = mail.envelope_from(m.from_addr)
                 for attempt in (1, 2):
@@ -256,7 +266,7 @@ class AsyncSender:
             self._slots.release()
         return out
 
-    async def _send_all(self, ready, deadline: float) -> list:
+    async def _send_all(self, ready, deadline: float, progress: Progress) -> list:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.pool_max)
         first = []
@@ -264,22 +274,28 @@ class AsyncSender:
             # The relay's round trip is unknown until a mail has gone: one goes alone first, so the
             # rest of the first batch already gets the lanes Little's law asks for, instead of
             # pool_size lanes taking 100 round trips in turns of 8 (a 50 ms relay: ~0.6 s).
-            first, ready = await self._send_lane(ready[:1], deadline), ready[1:]
+            first, ready = await self._send_lane(ready[:1], deadline, progress), ready[1:]
         lanes = self.lanes_for(len(ready))
         chunks = [ready[k::lanes] for k in range(lanes)]
-        done = await asyncio.gather(*(self._send_lane(c, deadline) for c in chunks))
+        done = await asyncio.gather(*(self._send_lane(c, deadline, progress) for c in chunks))
         return first + [pair for chunk in done for pair in chunk]
 
-    def send(self, ready, deadline: float) -> list:
+    def send(self, ready, deadline: float, progress: Progress) -> list:
         """[(index, SendResult)] for [(index, mail, raw bytes)], from any thread. No mail is started
-        after `deadline` (time.monotonic()): those come back as transient failures."""
+        after `deadline` (time.monotonic()) or once `progress` asks to stop: those come back as
+        transient failures or STOPPED. The calling thread polls `progress` while it waits."""
         if not self._thread.is_alive():
             raise TransientError("SMTP event loop thread is not running")
-        future = asyncio.run_coroutine_threadsafe(self._send_all(ready, deadline), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._send_all(ready, deadline, progress), self._loop)
+        future.add_done_callback(lambda _: progress.wake())
         # Every step inside has its own timeout and no mail starts after `deadline`; this outer bound
         # only guards against a wedged loop (a lane may first wait for one that other batches hold).
+        limit = max(deadline, time.monotonic()) + 3 * self.timeout + 10
+        while not future.done() and time.monotonic() < limit:
+            progress.wait(limit)
+            progress.poll()
         try:
-            return future.result(timeout=max(0.0, deadline - time.monotonic()) + 3 * self.timeout + 10)
+            return future.result(timeout=0)
         except TimeoutError:
             future.cancel()
             raise TransientError("SMTP sending timed out as a whole") from None
@@ -301,3 +317,19 @@ class AsyncSender:
             except Exception:
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+class Reported(list):
+    """A lane's [(index, SendResult)] that also reports each result to the batch's Progress."""
+
+    def __init__(self, progress: Progress):
+        super().__init__()
+        self._progress = progress
+
+    def append(self, pair) -> None:
+        super().append(pair)
+        self._progress.add(*pair)
+
+    def extend(self, pairs) -> None:
+        for pair in pairs:
+            self.append(pair)
