@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from app import apikeys, config, db, migrate, observability
+from app import apikeys, config, db, migrate, observability, rekey
 
 
 def cmd_migrate(args) -> int:
@@ -61,8 +61,6 @@ def cmd_settings(args) -> int:
 
 
 def cmd_rekey_addresses(args) -> int:
-    from app import rekey
-
     conn = db.connect_raw(migrate.target_url(), autocommit=True)
     try:
         counts = rekey.rekey(conn)

@@ -93,7 +93,7 @@ def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
     if not unique:
         return results
     unique.sort(key=lambda r: r[0])
-    keyed = [(*row, webhook_apply.address_of(row[2]) or None) for row in unique]
+    keyed = [(*row, None if row[2] is None else webhook_apply.address_of(row[2])) for row in unique]
     inserted = psycopg2.extras.execute_values(cur, INSERT_SQL, keyed, template="(%s, %s, %s, %s::jsonb, %s)",
                                               page_size=len(keyed), fetch=True)
     for row_id, sg_id in inserted:
