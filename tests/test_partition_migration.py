@@ -13,6 +13,7 @@ import psycopg2
 import pytest
 
 from app import groupcommit, ingest, migrate, partitions
+from scripts.bench.partition_migration import webhook_writer_of_that_release
 from tests.scratch import scratch_url  # noqa: F401 - fixture
 from tracking import recorder, webhook_store
 
@@ -40,7 +41,7 @@ class Traffic:
 
     def __init__(self, url: str):
         self.events = ingest.new_writer(url)
-        self.webhooks = groupcommit.GroupCommitWriter("webhook-test", webhook_store.insert_jobs, url=url)
+        self.webhooks = groupcommit.GroupCommitWriter("webhook-test", webhook_writer_of_that_release, url=url)
         self.history = recorder.HistoryRecorder(url)
         self.batches = 0
         self.accepted, self.duplicates, self.resent = set(), 0, 0
