@@ -3,7 +3,6 @@ address is backfilled in committed batches while writers go on, colliding suppre
 constraint and the index end valid; and the runner's `-- migrate: python` step they rely on."""
 from __future__ import annotations
 
-import shutil
 from datetime import datetime, timedelta, timezone
 
 import psycopg2
@@ -12,6 +11,7 @@ import pytest
 
 from app import migrate, rekey
 from app.cli import main as cli_main
+from scripts.bench.partition_migration import migrate_until
 from app.addresses import canonical
 from tests.scratch import scratch_url  # noqa: F401 - fixture
 
@@ -28,19 +28,6 @@ def rows(conn, sql, params=None):
     with conn.cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
-
-
-def migrate_until(url: str, last: str, folder) -> None:
-    folder.mkdir()
-    for m in migrate.discover():
-        if m.version <= last:
-            shutil.copy(m.path, folder / m.path.name)
-    real_discover = migrate.discover
-    migrate.discover = lambda directory=folder: real_discover(directory)
-    try:
-        migrate.migrate(url)
-    finally:
-        migrate.discover = real_discover
 
 
 def old_rows(conn, n_more: int) -> None:
@@ -65,7 +52,7 @@ def old_rows(conn, n_more: int) -> None:
 
 
 def test_migration_keys_old_rows_merges_suppressions_and_ends_valid(scratch_url, tmp_path, monkeypatch):  # noqa: F811
-    migrate_until(scratch_url, "0599", tmp_path / "before")
+    migrate_until(scratch_url, "0599")
     conn = connect(scratch_url)
     old_rows(conn, 2500)
     ids = dict(rows(conn, "SELECT email, id FROM suppressions"))

@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ os.environ.setdefault("APP_ENV", "development")
 import psycopg2  # noqa: E402
 
 from app import config, migrate, rekey  # noqa: E402
+from scripts.bench.partition_migration import migrate_until  # noqa: E402
 
 config.reload()
 BASE = "postgresql://localhost"
@@ -82,17 +81,8 @@ def main() -> None:
     args = parser.parse_args()
     url = f"{BASE}/{args.db}"
     sql(f"{BASE}/postgres", f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
-    before = Path(tempfile.mkdtemp(prefix="rekey-bench-"))
     try:
-        for m in migrate.discover():
-            if m.version < "0600":
-                shutil.copy(m.path, before / m.path.name)
-        real_discover = migrate.discover
-        migrate.discover = lambda directory=before: real_discover(directory)
-        try:
-            migrate.migrate(url)
-        finally:
-            migrate.discover = real_discover
+        migrate_until(url, "0599")
         seed(url, args.rows)
         writer = Writer(url, args.rows)
         writer.start()
@@ -118,7 +108,6 @@ def main() -> None:
         conn.close()
         print(f"  rekey again (nothing to change: {counts}): {time.perf_counter() - started:.1f} s")
     finally:
-        shutil.rmtree(before, ignore_errors=True)
         sql(f"{BASE}/postgres", f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
 
 
