@@ -78,7 +78,8 @@ Category = Text(100, min_length=1)
 # A deliverable address, as the API takes it wherever one is given (subscribers, test sends).
 # `idn-email` (JSON Schema: RFC 6531, its domain an IDNA name) says what the pattern cannot: the domain
 # check, which refuses what a pattern-valid address may still have (a label over 63 characters, an `_`).
-Email = Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address", json_schema_extra={"format": "idn-email"},
+Email = Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address",
+                       json_schema_extra={"format": "idn-email"},
                        description="an email address whose domain is a valid IDNA name (UTS 46); compared "
                                    "with other addresses by its canonical form (README \"Address identity\")"),
                   AfterValidator(_email)]

@@ -113,7 +113,8 @@ def test_a_test_send_to_a_domain_that_is_not_idna_is_a_422_naming_to(client, adm
 
 def test_the_openapi_document_says_the_domain_must_be_idna(client):
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
-    for email in (schemas["SubscriberInput"]["properties"]["email"], schemas["TestSendInput"]["properties"]["to"]["items"]):
+    for email in (schemas["SubscriberInput"]["properties"]["email"],
+                  schemas["TestSendInput"]["properties"]["to"]["items"]):
         assert "IDNA" in email["description"] and email["format"] == "idn-email"   # what the pattern cannot say
 
 

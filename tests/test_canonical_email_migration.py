@@ -134,7 +134,8 @@ def step_that_fails(conn):
     raise RuntimeError("half-way")
 
 
-def test_a_python_step_runs_after_its_sql_and_a_failure_leaves_it_pending(scratch_url, tmp_path, monkeypatch):  # noqa: F811
+def test_a_python_step_runs_after_its_sql_and_a_failure_leaves_it_pending(scratch_url, tmp_path,  # noqa: F811
+                                                                           monkeypatch):
     real_discover = migrate.discover
     monkeypatch.setattr(migrate, "discover", lambda directory=tmp_path: real_discover(directory))
     (tmp_path / "0001_t.sql").write_text("CREATE TABLE t (id int PRIMARY KEY, v int);")

@@ -3,8 +3,8 @@
 Search is a substring of the stored address, which is in canonical form (README "Address
 identity"), so the text is compared in that form too: any case, full-width forms, and a Unicode
 domain or whole label in either spelling ("Bücher.example" finds `ana@xn--bcher-kva.example`) —
-"gmail.com", "ana@" — newest first, PAGE_SIZE per page and at most MAX_PAGE pages (a search narrower than that
-finds anything further back). LIKE wildcards typed by the operator are matched literally. With no
+"gmail.com", "ana@" — newest first, PAGE_SIZE per page and at most MAX_PAGE pages (a search
+narrower than that finds anything further back). LIKE wildcards typed by the operator are matched literally. With no
 search the newest rows come straight from the primary key; a search reads the table (bounded by
 the statement timeout), which at a million suppressions is a fraction of a second.
 

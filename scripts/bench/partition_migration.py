@@ -10,7 +10,8 @@ VACUUM ANALYZE; 0520 (the key tables and triggers this release's writers need: m
 release applies it before starting the new processes). Then writer threads start: each sends
 batches of 20 new events + 2 re-sent ones (one stored before the conversion, one by itself)
 through validation and the ingest group-commit writer (what POST /v1/events does), 5 + 1 re-sent webhook events through the webhook store's
-writer (as it was then: webhook_writer_of_that_release), and 5 opens through the click-history recorder. After --warmup seconds, `migrate` runs
+writer (as it was then: webhook_writer_of_that_release), and 5 opens through the click-history
+recorder. After --warmup seconds, `migrate` runs
 0521-0526 while they go on, and they go on for --after seconds more.
 
 Measured per phase (before / during / after the migration): batches/s and the commit wait of an
