@@ -42,6 +42,9 @@ def test_every_spelling_has_one_canonical_form(spelling):
 
 
 @pytest.mark.parametrize("given_, expected", [
+    ("Ana@Example.COM", "ana@example.com"), ("ANA@example.com", "ana@example.com"),   # README's table
+    ("ana@bücher.example", CANONICAL), ("Ana@BÜCHER.example", CANONICAL), ("ana@xn--bcher-kva.example", CANONICAL),
+    ("ａｎａ@ｅｘａｍｐｌｅ.ｃｏｍ", "ana@example.com"),
     ("Ana.Lima+x@Example.COM", "ana.lima+x@example.com"),          # case, in both parts
     ("ｊｏ@ｅｘａｍｐｌｅ.ｃｏｍ", "jo@example.com"),                      # full-width (NFKC) in both parts
     ("JÖ@example.com", "jö@example.com"),                           # a Unicode local part stays Unicode
@@ -195,6 +198,8 @@ def test_test_send_dedupes_finds_the_subscriber_and_refuses_the_suppressed_by_id
                                         {"email": "editor@example.test", "status": "sent"}]
     ana = next(m for m in sink.messages() if "Ana" in m["Subject"])
     assert ana["Subject"] == "[Test] Hello Ana Lima" and "List-Unsubscribe" in ana   # rendered as the subscriber's
+    assert sorted(rcpt for _, (rcpt,) in sink.envelopes) == sorted([addresses.sendable(reported),   # the first
+                                                                     "Editor@Example.test"])        # spelling
     webhook_event("bounce", stored, type="bounce")
     answer = client.post(f"/v1/newsletters/{nl}/test", json={"to": [reported]}, headers=auth(admin_key))
     assert answer.json()["results"] == [{"email": CANONICAL, "status": "suppressed"}]

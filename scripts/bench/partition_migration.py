@@ -12,7 +12,7 @@ batches of 20 new events + 2 re-sent ones (one stored before the conversion, one
 through validation and the ingest group-commit writer (what POST /v1/events does), 5 + 1 re-sent webhook events through the webhook store's
 writer (as it was then: webhook_writer_of_that_release), and 5 opens through the click-history
 recorder. After --warmup seconds, `migrate` runs
-0521-0526 while they go on, and they go on for --after seconds more.
+every migration after 0520 (0521-0526: the conversion) while they go on, and they go on for --after seconds more.
 
 Measured per phase (before / during / after the migration): batches/s and the commit wait of an
 event batch (submit to committed: p50, p99, max); during the migration a sampler polls
