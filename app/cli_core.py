@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from app import apikeys, config, db, migrate, observability
+from app import apikeys, config, db, migrate, observability, rekey
 
 
 def cmd_migrate(args) -> int:
@@ -60,6 +60,16 @@ def cmd_settings(args) -> int:
     return 0
 
 
+def cmd_rekey_addresses(args) -> int:
+    conn = db.connect_raw(migrate.target_url(), autocommit=True)
+    try:
+        counts = rekey.rekey(conn)
+    finally:
+        conn.close()
+    print(", ".join(f"{table}: {n} row(s) rekeyed" for table, n in counts.items()))
+    return 0
+
+
 def cmd_metrics_exporter(args) -> int:
     # Here, not at the top: the web stack costs every other command (migrate in the release phase)
     # ~0.16 s of start-up (app.health 156 ms, uvicorn 19 ms; python -X importtime).
@@ -79,6 +89,9 @@ def register(sub) -> None:
     p = sub.add_parser("migrate", help="apply pending SQL migrations (release phase)")
     p.add_argument("--status", action="store_true", help="list applied and pending migrations")
     p.set_defaults(func=cmd_migrate)
+    p = sub.add_parser("rekey-addresses", help="store every address's canonical form again where it is wrong "
+                                                "(after a deploy that changed non-ASCII addresses meanwhile)")
+    p.set_defaults(func=cmd_rekey_addresses)
     p = sub.add_parser("create-api-key", help="create an API key; prints it once")
     p.add_argument("name")
     p.add_argument("--scope", choices=apikeys.SCOPES, required=True)

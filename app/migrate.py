@@ -1,7 +1,10 @@
 """Plain-SQL migration runner: sql/migrations/NNNN_name.sql applied in order, recorded with duration.
 
 A file whose first lines contain `-- migrate: no-transaction` runs statement by statement in
-autocommit (needed for CREATE INDEX CONCURRENTLY). Every statement runs under a short lock_timeout
+autocommit (needed for CREATE INDEX CONCURRENTLY). One with `-- migrate: python module:function`
+runs the same way, then calls that function with the migrator's connection (autocommit), for data
+changes SQL cannot compute (the function commits its own batches and must be safe to run again:
+a failure leaves the file pending). Every statement runs under a short lock_timeout
 and is retried when the lock is not granted, so a migration never queues behind a long query while
 blocking every writer behind itself. An INVALID index left by a failed concurrent build is dropped
 and built again. CREATE INDEX CONCURRENTLY on a partitioned table, which Postgres refuses, is built
@@ -21,6 +24,7 @@ fails the release) and 0.2 s at most here with MIGRATION_LOCK_TIMEOUT=200ms, hen
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import time
@@ -38,6 +42,7 @@ log = logging.getLogger("app.migrate")
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "sql" / "migrations"
 FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 NO_TX_MARK = re.compile(r"^--\s*migrate:\s*no-transaction\s*$", re.MULTILINE | re.IGNORECASE)
+PYTHON_STEP_MARK = re.compile(r"^--\s*migrate:\s*python\s+(?P<target>[\w.]+:\w+)\s*$", re.MULTILINE | re.IGNORECASE)
 CONCURRENT_INDEX_RE = re.compile(
     r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(?P<name>[a-zA-Z0-9_\"]+)",
     re.IGNORECASE,
@@ -68,9 +73,17 @@ class Migration:
         return self.path.read_text()
 
     @property
+    def _head(self) -> str:
+        return "\n".join(self.sql.splitlines()[:5])
+
+    @property
     def transactional(self) -> bool:
-        head = "\n".join(self.sql.splitlines()[:5])
-        return not NO_TX_MARK.search(head)
+        return not NO_TX_MARK.search(self._head) and self.python_step is None
+
+    @property
+    def python_step(self) -> str | None:
+        found = PYTHON_STEP_MARK.search(self._head)
+        return found.group("target") if found else None
 
 
 def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
@@ -218,6 +231,13 @@ def _apply_autocommit(conn, m: Migration, pid: int) -> None:
         cur.execute("RESET lock_timeout")
 
 
+def _run_python_step(conn, m: Migration, pid: int) -> None:
+    module, _, function = m.python_step.partition(":")
+    _same_session(conn, pid)
+    conn.autocommit = True
+    getattr(importlib.import_module(module), function)(conn)
+
+
 def _take_migrator_lock(conn) -> int:
     """Poll rather than block: a backend blocked in pg_advisory_lock is an open transaction, and
     CREATE INDEX CONCURRENTLY in the lock holder would wait for it forever (deadlock). Returns this
@@ -282,6 +302,8 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
                     _apply_transactional(conn, m, pid)  # leaves the transaction open
                 else:
                     _apply_autocommit(conn, m, pid)
+                    if m.python_step:
+                        _run_python_step(conn, m, pid)
                     conn.autocommit = False
                 duration_ms = int((time.monotonic() - started) * 1000)
                 with conn.cursor() as cur:

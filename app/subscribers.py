@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
 
 from app import db
-from app.addresses import EMAIL_PATTERN, AddressError, sendable
+from app.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
 from app.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
 
 CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
@@ -41,6 +41,11 @@ def valid_timezone(name) -> bool:
 def _email(value: str) -> str:
     if not _sendable(value):
         raise fail("email", "must be a valid email address")
+    try:
+        check_domain(value)   # so that the address has one canonical form (README "Address identity")
+    except AddressError:
+        raise fail("email", "must be a valid email address: its domain is not a valid internationalised "
+                            "domain name (IDNA)") from None
     return value
 
 
@@ -71,7 +76,13 @@ Category = Text(100, min_length=1)
 
 
 # A deliverable address, as the API takes it wherever one is given (subscribers, test sends).
-Email = Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address"), AfterValidator(_email)]
+# `idn-email` (JSON Schema: RFC 6531, its domain an IDNA name) says what the pattern cannot: the domain
+# check, which refuses what a pattern-valid address may still have (a label over 63 characters, an `_`).
+Email = Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address",
+                       json_schema_extra={"format": "idn-email"},
+                       description="an email address whose domain is a valid IDNA name (UTS 46); compared "
+                                   "with other addresses by its canonical form (README \"Address identity\")"),
+                  AfterValidator(_email)]
 
 
 class SubscriberInput(Body):
@@ -135,10 +146,16 @@ def get(user_id: str) -> dict | None:
     return _as_dict(rows[0]) if rows else None
 
 
+def _with_canonical_email(values: dict) -> dict:
+    """The one place a subscriber's address gets its identity (app/addresses.py `canonical`)."""
+    return {**values, "canonical_email": canonical(values["email"])} if "email" in values else values
+
+
 def upsert(user_id: str, values: dict) -> tuple[dict, bool]:
     """Create or replace; returns (subscriber, created). A changed schedule cancels the pending runs
     planned for the old one (trigger subscribers_schedule_changed, migration 0004)."""
-    cols = [c for c in FIELDS if c in values]
+    values = _with_canonical_email(values)
+    cols = [c for c in (*FIELDS, "canonical_email") if c in values]
     params = [user_id] + [values[c] for c in cols]
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in cols)
     with db.database.connection_context(), db.database.atomic():
@@ -155,6 +172,7 @@ def update(subscriber_id: int, values: dict) -> None:
     """Partial update by id (preference pages). A changed schedule cancels pending runs (see upsert)."""
     if not values:
         return
+    values = _with_canonical_email(values)
     sets = ", ".join(f"{c} = %s" for c in values)
     db.query(f"UPDATE subscribers SET {sets}, updated_at = now() WHERE id = %s", [*values.values(), subscriber_id])
 
@@ -163,9 +181,16 @@ def update(subscriber_id: int, values: dict) -> None:
 # README (API, DELETE). Kept: the address in `suppressions` (reason 'erased'), the minimum needed to
 # never mail it again (honouring the objection needs the address: GDPR art. 17(3)(b), 21(3));
 # a hash would force every suppression check (claims, outbox, webhooks) to match on hashes.
+# Addresses are compared by their canonical form (README "Address identity"), so every spelling
+# SendGrid reported an event under is found and the suppression kept is the canonical one.
 # Raw SendGrid events carry the address (and our custom_args carry the subscriber id).
-ERASE_WEBHOOK_EVENTS = ("DELETE FROM webhook_events WHERE lower(email) = ANY(%(addresses)s) "
+ERASE_WEBHOOK_EVENTS = ("DELETE FROM webhook_events WHERE canonical_email = ANY(%(addresses)s) "
                         "OR payload ->> 'subscriber_id' = %(sid_text)s")
+# A newsletter's audience lists user_ids (jsonb {"kind": "user_ids", "user_ids": [...]}, app/newsletter/
+# service.py). The last step, so the newsletter rows it changes stay locked for the shortest time (a
+# pause or cancel of one waits for it; the outbox's inserts do not: a non-key update).
+ERASE_FROM_AUDIENCES = ("UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
+                        "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s")
 ERASE_STEPS = (
     # Keep any earlier reason in `source` (bounce, spamreport...: not personal, useful to support).
     "INSERT INTO suppressions (email, reason, source) VALUES (%(address)s, 'erased', 'erasure') "
@@ -182,23 +207,26 @@ ERASE_STEPS = (
     "UPDATE legacy_link_codes SET subscriber_id = NULL WHERE subscriber_id = %(sid)s",
     # Cascades to digest_runs and email_log (the outbox rows, with the address at send time).
     "DELETE FROM subscribers WHERE id = %(sid)s",
+    ERASE_FROM_AUDIENCES,
 )
 
 
 def erase(user_id: str) -> bool:
     """Right to erasure: everything about the subscriber is deleted or anonymised, their address
-    stays suppressed. True if a subscriber existed (their events are deleted either way)."""
+    stays suppressed. True if a subscriber existed (their events, and their user_id in newsletter
+    audiences, are deleted either way)."""
     with db.database.connection_context(), db.database.atomic():
         execute = db.database.execute_sql
         execute("DELETE FROM digest_events WHERE user_id = %s", (user_id,))
-        row = execute("SELECT id, lower(email) FROM subscribers WHERE user_id = %s", (user_id,)).fetchone()
+        row = execute("SELECT id, canonical_email FROM subscribers WHERE user_id = %s", (user_id,)).fetchone()
         if row is None:
+            execute(ERASE_FROM_AUDIENCES, {"user_id": user_id})
             return False
-        params = {"sid": row[0], "sid_text": str(row[0]), **_erasure_scope(execute, *row)}
+        params = {"sid": row[0], "sid_text": str(row[0]), "user_id": user_id, **_erasure_scope(execute, *row)}
         # Before any lock the webhook worker may wait for (this subscriber row, the suppression
         # key): it locks its webhook_events rows first, so taking them first too cannot deadlock.
         execute(ERASE_WEBHOOK_EVENTS, params)
-        locked = execute("SELECT lower(email) FROM subscribers WHERE id = %s FOR UPDATE", (row[0],)).fetchone()
+        locked = execute("SELECT canonical_email FROM subscribers WHERE id = %s FOR UPDATE", (row[0],)).fetchone()
         if locked is None:  # erased concurrently
             return False
         params["address"] = locked[0]  # the address as of now, should it have just changed
@@ -208,8 +236,9 @@ def erase(user_id: str) -> bool:
 
 
 def _erasure_scope(execute, sid: int, address: str) -> dict:
-    """Every address the subscriber was mailed at (it may have changed) and their digest runs."""
-    addresses = {address} | {e for (e,) in execute(
-        "SELECT DISTINCT lower(email) FROM email_log WHERE subscriber_id = %s", (sid,)).fetchall()}
+    """Every address the subscriber was mailed at (it may have changed), canonical, and their
+    digest runs."""
+    addresses = {address} | {canonical(e) for (e,) in execute(
+        "SELECT DISTINCT email FROM email_log WHERE subscriber_id = %s", (sid,)).fetchall()}
     run_ids = [r for (r,) in execute("SELECT id FROM digest_runs WHERE subscriber_id = %s", (sid,)).fetchall()]
     return {"addresses": sorted(addresses), "run_ids": run_ids}

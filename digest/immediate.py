@@ -47,7 +47,7 @@ WITH due AS (
     FROM due JOIN subscribers s ON s.id = due.subscriber_id
     WHERE s.digest_cadence <> 'off' AND s.unsubscribed_at IS NULL
       AND (s.paused_until IS NULL OR s.paused_until <= %(now)s)
-      AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE x.email = lower(s.email))
+      AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE x.email = s.canonical_email)
 ), eligible AS (
     SELECT subs.id FROM subs
     WHERE EXISTS (SELECT 1 FROM digest_events e

@@ -178,7 +178,7 @@ WHERE r.id = picked.id AND s.id = r.subscriber_id
 RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.digest_cadence,
           s.token_version, s.tracking_opt_out, s.unsubscribed_at IS NOT NULL,
           coalesce(s.paused_until > now(), false),
-          EXISTS (SELECT 1 FROM suppressions x WHERE x.email = lower(s.email)),
+          EXISTS (SELECT 1 FROM suppressions x WHERE x.email = s.canonical_email),
           s.timezone, """ + LAST_SENT_AT
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg2.extras
 
 from app import db, subscribers
+from app.addresses import canonical
 from app.newsletter import service
 
 HTML = ('<html><head><style>p { color: #333; }</style></head><body>'
@@ -39,7 +40,7 @@ def subscriber(user_id: str = "u1", email: str | None = None, **values) -> int:
     'Ana Lima', address <user_id>@example.test, then `values`. With id=… a plain INSERT instead."""
     data = {**subscribers.DEFAULTS, "name": "Ana Lima", "email": email or f"{user_id}@example.test", **values}
     if "id" in data:   # the app never picks an id itself
-        return insert("subscribers", user_id=user_id, **data)
+        return insert("subscribers", user_id=user_id, canonical_email=canonical(data["email"]), **data)
     record, _ = subscribers.upsert(user_id, data)
     return record["id"]
 
@@ -113,5 +114,5 @@ def outbox_row(newsletter_id: int, subscriber_id: int, email: str | None = None,
 
 
 def suppression(email: str, reason: str = "bounce", **columns) -> int:
-    """A suppressed address (stored as given: the app stores them lower-cased)."""
+    """A suppressed address (stored as given: the app stores them in canonical form, app/addresses.py)."""
     return insert("suppressions", email=email, reason=reason, **columns)

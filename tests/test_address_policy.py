@@ -23,8 +23,9 @@ def _mail(**changes) -> OutgoingMail:
     return OutgoingMail(**{**values, **changes})
 
 
-@pytest.mark.parametrize("address", ["jö@example.com", "ana@exämple.com", "ana@xn--exmple-cua.com",
-                                     "ana@" + "ü" * 70 + ".com"])   # not an IDNA name: SMTPUTF8 relays judge
+# A domain that is not an IDNA name ("ü" * 70: a label too long) is refused at the door since
+# issue 25.4 (tests/test_address_identity.py); the builder still hands one stored before to the relay.
+@pytest.mark.parametrize("address", ["jö@example.com", "ana@exämple.com", "ana@xn--exmple-cua.com"])
 def test_internationalised_addresses_are_accepted(client, admin_key, address):
     r = client.put("/v1/subscribers/intl", json={"email": address}, headers=auth(admin_key))
     assert r.status_code == 201, r.text

@@ -12,7 +12,7 @@ import redis as redis_lib
 
 from app import config, db
 from digest import send as digest_send
-from app.newsletter import sender
+from app.newsletter import sender, service
 from app.providers.base import Provider, SendResult
 from tests import factories
 from tests.conftest import auth
@@ -193,3 +193,88 @@ def test_an_address_suppressed_before_keeps_its_reason_in_source(client, admin_k
     assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
     assert db.query("SELECT email, reason, source FROM suppressions") == [
         (ADDRESS.lower(), "erased", "erasure, was bounce")]
+
+
+# -- every spelling of the address (issue 25, items 4 and 7) ---------------------------------------
+
+SPELLED = "Ana@Bücher.example"
+CANONICAL = "ana@xn--bcher-kva.example"
+OTHER_SPELLINGS = ("ana@xn--bcher-kva.example", "ANA@BÜCHER.EXAMPLE", "ａｎａ@ｂüｃｈｅｒ.example",
+                   "ANA@XN--BCHER-KVA.EXAMPLE")
+
+
+def post_webhook(client, *events):
+    body = [{"sg_event_id": f"sg-{i}-{e['event']}-{e['email']}", "timestamp": 1763700000, **e}
+            for i, e in enumerate(events)]
+    r = client.post("/webhooks/sendgrid", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
+    assert r.status_code == 200 and r.json()["stored"] == len(events)
+
+
+def test_erasure_deletes_the_webhook_events_of_every_spelling_and_keeps_the_canonical_suppression(client, admin_key):
+    put_subscriber(client, admin_key, USER_ID, SPELLED)
+    put_subscriber(client, admin_key, BO["user_id"], BO["email"])
+    post_webhook(client, *({"event": "open", "email": e} for e in (SPELLED, *OTHER_SPELLINGS, BO["email"])))
+    half = [i for (i,) in db.query("SELECT id FROM webhook_events ORDER BY id LIMIT 3")]
+    webhook_apply.apply_events(half)                      # processed or not: both go
+    post_webhook(client, {"event": "bounce", "type": "bounce", "email": OTHER_SPELLINGS[1]})
+    webhook_apply.apply_events([i for (i,) in db.query("SELECT id FROM webhook_events WHERE event = 'bounce'")])
+    assert db.query("SELECT email, reason FROM suppressions") == [(CANONICAL, "bounce")]
+
+    assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
+
+    assert db.query("SELECT email FROM webhook_events") == [(BO["email"],)]
+    assert db.query("SELECT email, reason, source FROM suppressions") == [(CANONICAL, "erased", "erasure, was bounce")]
+    # Events SendGrid keeps sending under any spelling are applied, then forgotten.
+    post_webhook(client, *({"event": "click", "email": e} for e in OTHER_SPELLINGS))
+    webhook_apply.apply_events([i for (i,) in db.query("SELECT id FROM webhook_events")])
+    assert db.query("SELECT email FROM webhook_events") == [(BO["email"],)]
+    assert db.query("SELECT email, reason FROM suppressions") == [(CANONICAL, "erased")]
+
+
+def test_erasure_finds_events_under_every_address_the_subscriber_was_mailed_at(client, admin_key):
+    sid = put_subscriber(client, admin_key, USER_ID, SPELLED)
+    nl = factories.newsletter()
+    factories.outbox_row(nl, sid, email="Old.Address@Exämple.test")    # the address they had then
+    post_webhook(client, {"event": "open", "email": "old.address@xn--exmple-cua.test"},
+                 {"event": "open", "email": "ＯＬＤ.ａｄｄｒｅｓｓ@exämple.test"})
+    assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
+    assert db.query("SELECT count(*) FROM webhook_events") == [(0,)]
+
+
+def test_erasure_removes_the_user_id_from_every_newsletter_audience(client, admin_key):
+    put_subscriber(client, admin_key, USER_ID, SPELLED)
+    put_subscriber(client, admin_key, BO["user_id"], BO["email"])
+    everyone, chosen, others = factories.newsletter(), factories.newsletter(), factories.newsletter()
+    requested = {"kind": "user_ids", "user_ids": sorted([USER_ID, BO["user_id"], "nobody"])}
+    service.request_send(everyone, {"kind": "all"})
+    service.request_send(chosen, requested)
+    service.request_send(others, {"kind": "user_ids", "user_ids": [BO["user_id"]]})
+
+    assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
+
+    audiences = dict(db.query("SELECT id, audience FROM newsletters"))
+    assert audiences == {everyone: {"kind": "all"},
+                         chosen: {"kind": "user_ids", "user_ids": sorted([BO["user_id"], "nobody"])},
+                         others: {"kind": "user_ids", "user_ids": [BO["user_id"]]}}
+    assert USER_ID not in "".join(t for (t,) in db.query("SELECT n::text FROM newsletters n"))
+    # The producer retrying its send request with the audience it sent is still the same request.
+    assert service.request_send(chosen, requested) in ("queued", "sending")
+    # A user_id with no subscriber (erased before, or never one) is removed all the same: 404.
+    service.request_send(others, {"kind": "user_ids", "user_ids": [BO["user_id"]]})
+    db.query("UPDATE newsletters SET audience = %s WHERE id = %s",
+             (orjson.dumps({"kind": "user_ids", "user_ids": ["ghost-1", "ghost-2"]}).decode(), others))
+    assert client.delete("/v1/subscribers/ghost-1", headers=auth(admin_key)).status_code == 404
+    assert db.query("SELECT audience FROM newsletters WHERE id = %s", (others,)) == [
+        ({"kind": "user_ids", "user_ids": ["ghost-2"]},)]
+
+
+def test_a_different_audience_is_still_a_conflict_after_an_erasure(client, admin_key):
+    put_subscriber(client, admin_key, USER_ID, SPELLED)
+    put_subscriber(client, admin_key, BO["user_id"], BO["email"])
+    nl = factories.newsletter()
+    service.request_send(nl, {"kind": "user_ids", "user_ids": sorted([USER_ID, BO["user_id"]])})
+    assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
+    put_subscriber(client, admin_key, "carla-1", "carla@example.test")
+    for audience in ({"kind": "all"}, {"kind": "user_ids", "user_ids": sorted([BO["user_id"], "carla-1"])}):
+        with pytest.raises(service.Conflict):
+            service.request_send(nl, audience)

@@ -13,9 +13,10 @@ import psycopg2
 import pytest
 
 from app import groupcommit, ingest, migrate, partitions
+from scripts.bench.partition_migration import webhook_writer_of_that_release
 from tests.batch_loop import BatchLoop
 from tests.scratch import scratch_url  # noqa: F401 - fixture
-from tracking import recorder, webhook_store
+from tracking import recorder
 
 SEEDED = 30_000
 EXPAND = "0520"     # the key tables and their triggers: what this release's writers need
@@ -42,7 +43,7 @@ class Traffic(BatchLoop):
     def __init__(self, url: str):
         super().__init__()
         self.events = ingest.new_writer(url)
-        self.webhooks = groupcommit.GroupCommitWriter("webhook-test", webhook_store.insert_jobs, url=url)
+        self.webhooks = groupcommit.GroupCommitWriter("webhook-test", webhook_writer_of_that_release, url=url)
         self.history = recorder.HistoryRecorder(url)
         self.accepted, self.duplicates, self.resent = set(), 0, 0
         self.webhook_stored, self.webhook_duplicates = set(), 0

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from app import config, db
 from app import groupcommit
+from tests.conftest import wait_for
 from tracking import webhook_apply, webhook_store
 
 
@@ -159,6 +160,8 @@ def test_concurrent_deliveries_of_the_same_batch(live_server, signed, enqueued):
 def test_database_down_is_503_and_nothing_enqueued(client, signed, settings, enqueued):
     body = orjson.dumps(events(2))
     assert client.post("/webhooks/sendgrid", content=body, headers=signed(body)).status_code == 200
+    # The hint is sent after the answer, from its own thread: wait for it, or it may land below.
+    wait_for(lambda: enqueued == [[1, 2]], 10, "the first delivery's hint")
     writer = webhook_store.writer()
     real_url = config.get().database_url
     settings(database_url="postgresql://127.0.0.1:1/nowhere")

@@ -7,8 +7,9 @@ CSV columns (a header row `code,url,mail,recipient` is optional):
   mail       "<kind>:<id>" with kind digest or newsletter, e.g. "newsletter:42" (newsletters.id)
              or "digest:17" (digest_runs.id): the mail the link belongs to. The mail row does not
              have to exist here (old mails usually don't); it only groups links for stats.
-  recipient  our subscriber id (digits), or the recipient's email (looked up case-insensitively
-             in subscribers), or empty when the old code was not per-recipient
+  recipient  our subscriber id (digits), or the recipient's email (looked up by its canonical
+             form, README "Address identity": any case, IDNA or full-width spelling finds the
+             subscriber), or empty when the old code was not per-recipient
 
 Each (mail, url) becomes one email_links row (shared with anything already there), each code one
 legacy_link_codes row. Re-running the same file is harmless: existing codes are kept as they are
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import psycopg2.extras
 
 from app import db
+from app.addresses import canonical
 from tracking import codes, links
 
 log = logging.getLogger("tracking.cli")
@@ -69,17 +71,17 @@ def _import_chunk(items: list[tuple], report: ImportReport) -> None:
     for (kind, mail_id), urls in by_mail.items():
         for url, link_id in links.ensure_links(kind, mail_id, urls).items():
             link_ids[(kind, mail_id, url)] = link_id
-    emails = sorted({r.lower() for *_, r in items if "@" in r})
+    emails = sorted({canonical(r) for *_, r in items if "@" in r})
     by_email = {}
     if emails:
-        by_email = dict(db.query("SELECT lower(email), min(id) FROM subscribers WHERE lower(email) = ANY(%s) "
-                                 "GROUP BY lower(email)", (emails,)))
+        by_email = dict(db.query("SELECT canonical_email, min(id) FROM subscribers WHERE canonical_email = ANY(%s) "
+                                 "GROUP BY canonical_email", (emails,)))
     values = []
     for code, url, kind, mail_id, recipient in items:
         if recipient.isdigit():
             subscriber_id = int(recipient)
         elif recipient:
-            subscriber_id = by_email.get(recipient.lower())
+            subscriber_id = by_email.get(canonical(recipient))
             if subscriber_id is None:
                 report.unknown_recipients += 1
         else:

@@ -11,7 +11,8 @@ nothing left to do.
 Mapping: custom_args come back flattened into each event (mail_kind, mail_id, row_id,
 subscriber_id); events without them still suppress by email.
 
-An event only touches the recipient whose address it names (`email`, case-insensitive). custom_args
+An event only touches the recipient whose address it names (`email`, compared by its canonical form:
+README "Address identity", so `Ana@Bücher.example` is `ana@xn--bcher-kva.example`). custom_args
 are a second opinion, trusted only where they agree with that address, so an event about a@x can
 never count against, reset or suppress b@x (a mis-mapped send, a replayed or, with the opt-out, an
 unsigned forged event):
@@ -40,7 +41,7 @@ What each event does:
   delivered                         → soft_bounce_count back to 0 (the limit counts consecutive
                                       trouble, not a lifetime total)
   every event with custom_args      → mail_event_counts(mail_kind, mail_id, event) + 1
-Suppressed emails are stored lower-cased. Events about an erased address (suppression reason
+Suppressed emails are stored in canonical form. Events about an erased address (suppression reason
 'erased', app/subscribers.py) are deleted once applied.
 """
 from __future__ import annotations
@@ -52,6 +53,7 @@ import psycopg2
 import psycopg2.extras
 
 from app import config, db, metrics, queue
+from app.addresses import canonical
 
 log = logging.getLogger("tracking.webhook_apply")
 
@@ -88,14 +90,16 @@ def is_counted_soft_bounce(event: str, payload: dict) -> bool:
     return attempt is None or str(attempt).strip() in ("", "1")
 
 
-def _suppress(cur, email: str | None, reason: str, source: str) -> None:
-    if email:
-        cur.execute("INSERT INTO suppressions (email, reason, source) VALUES (lower(%s), %s, %s) "
-                    "ON CONFLICT (email) DO NOTHING", (email.strip(), reason, source))
+def _suppress(cur, address: str, reason: str, source: str) -> None:
+    if address:
+        cur.execute("INSERT INTO suppressions (email, reason, source) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (email) DO NOTHING", (address, reason, source))
 
 
-def _address(email) -> str:
-    return email.strip().lower() if isinstance(email, str) else ""
+def address_of(email) -> str:
+    """The canonical form of an event's `email` ("" when it has none): what it is compared by,
+    and stored as webhook_events.canonical_email."""
+    return canonical(email.strip()) if isinstance(email, str) and email.strip() else ""
 
 
 class Owners:
@@ -109,10 +113,11 @@ class Owners:
                 row_ids.add(_int(p.get("row_id")))
             elif p.get("mail_kind") == "digest":
                 run_ids.add(_int(p.get("mail_id")))
-        self.subscribers = self._lookup(cur, "SELECT id, lower(email) FROM subscribers WHERE id = ANY(%s)", sub_ids)
-        self.outbox = {i: (nl, e) for i, nl, e in self._rows(
-            cur, "SELECT id, newsletter_id, lower(email) FROM email_log WHERE id = ANY(%s)", row_ids)}
-        self.runs = self._lookup(cur, "SELECT r.id, lower(s.email) FROM digest_runs r "
+        self.subscribers = self._lookup(cur, "SELECT id, canonical_email FROM subscribers WHERE id = ANY(%s)",
+                                        sub_ids)
+        self.outbox = {i: (nl, canonical(e)) for i, nl, e in self._rows(
+            cur, "SELECT id, newsletter_id, email FROM email_log WHERE id = ANY(%s)", row_ids)}
+        self.runs = self._lookup(cur, "SELECT r.id, s.canonical_email FROM digest_runs r "
                                       "JOIN subscribers s ON s.id = r.subscriber_id WHERE r.id = ANY(%s)", run_ids)
 
     @staticmethod
@@ -148,19 +153,18 @@ def _subscriber_filter(subscriber_id: int | None, address: str) -> tuple[str, tu
     if subscriber_id:
         return "id = %s", (subscriber_id,)
     if address:
-        return "lower(email) = %s", (address,)
+        return "canonical_email = %s", (address,)
     return None
 
 
-def _apply_one(cur, event: str, email: str | None, payload: dict, counts: Counter, owners: Owners) -> None:
-    address = _address(email)
+def _apply_one(cur, event: str, address: str, payload: dict, counts: Counter, owners: Owners) -> None:
     mail_kind = payload.get("mail_kind")
     mail_id = _int(payload.get("mail_id"))
     if mail_kind in MAIL_KINDS and mail_id and owners.counts(mail_kind, mail_id, payload, address):
         counts[(mail_kind, mail_id, event)] += 1
     reason = suppression_reason(event, payload)
     if reason:
-        _suppress(cur, email, reason, f"sendgrid:{event}")
+        _suppress(cur, address, reason, f"sendgrid:{event}")
         return
     where = _subscriber_filter(owners.subscriber(_int(payload.get("subscriber_id")), address), address)
     if where is None:
@@ -170,7 +174,7 @@ def _apply_one(cur, event: str, email: str | None, payload: dict, counts: Counte
                     "RETURNING soft_bounce_count", where[1])
         n = max((row[0] for row in cur.fetchall()), default=0)
         if n >= config.get().soft_bounce_limit:
-            _suppress(cur, email, "soft_bounce", f"sendgrid:deferred x{n}")
+            _suppress(cur, address, "soft_bounce", f"sendgrid:deferred x{n}")
     elif event == "delivered":
         cur.execute(f"UPDATE subscribers SET soft_bounce_count = 0 WHERE {where[0]} AND soft_bounce_count > 0",
                     where[1])
@@ -195,20 +199,21 @@ def _apply_chunk(ids: list[int]) -> int:
 
 
 def _apply_rows(cur, ids: list[int]) -> int:
-    cur.execute("SELECT id, event, email, payload FROM webhook_events WHERE id = ANY(%s) "
+    cur.execute("SELECT id, event, email, payload, canonical_email FROM webhook_events WHERE id = ANY(%s) "
                 "AND processed_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED", (ids,))
-    rows = cur.fetchall()
-    owners = Owners(cur, [payload for *_, payload in rows if isinstance(payload, dict)])
+    rows = [(row_id, event, key or address_of(email), payload, key)
+            for row_id, event, email, payload, key in cur.fetchall()]
+    owners = Owners(cur, [payload for _, _, _, payload, _ in rows if isinstance(payload, dict)])
     counts: Counter = Counter()
     errors: dict[int, str] = {}
-    for row_id, event, email, payload in rows:
+    for row_id, event, address, payload, _ in rows:
         if not isinstance(payload, dict):
             errors[row_id] = "payload is not a JSON object"
             continue
         cur.execute("SAVEPOINT one_event")
         one: Counter = Counter()  # merged only if this event's effects stand
         try:
-            _apply_one(cur, event, email, payload, one, owners)
+            _apply_one(cur, event, address, payload, one, owners)
         except db.UNAVAILABLE:
             raise            # the connection is gone: the whole chunk is retried by the actor
         except Exception as exc:  # noqa: BLE001 - one event's data (or a bug it hits) fails it alone
@@ -229,8 +234,9 @@ def _apply_rows(cur, ids: list[int]) -> int:
         cur.execute("UPDATE webhook_events SET processed_at = now(), error = (%s::jsonb ->> id::text) "
                     "WHERE id = ANY(%s)", (psycopg2.extras.Json({str(k): v for k, v in errors.items()}),
                                            [r[0] for r in rows]))
+        _key_unkeyed(cur, [(row_id, address) for row_id, _, address, _, key in rows if address and not key])
         _forget_erased(cur, [r[0] for r in rows])
-        metrics.webhook_events(event for _, event, _, _ in rows)
+        metrics.webhook_events(event for _, event, *_ in rows)
     return len(rows)
 
 
@@ -238,7 +244,16 @@ def _forget_erased(cur, ids: list[int]) -> None:
     """SendGrid keeps reporting on mail sent before an erasure (opens, clicks, weeks later). Once
     applied, such an event is not kept: the suppressions row is all we keep of an erased address."""
     cur.execute("DELETE FROM webhook_events w USING suppressions s WHERE w.id = ANY(%s) "
-                "AND s.email = lower(w.email) AND s.reason = 'erased'", (ids,))
+                "AND s.email = w.canonical_email AND s.reason = 'erased'", (ids,))
+
+
+def _key_unkeyed(cur, keys: list[tuple[int, str]]) -> None:
+    """Events stored without their canonical address (by a web process of the previous release,
+    during a deploy) get it, so that an erasure finds them."""
+    if keys:
+        cur.execute("UPDATE webhook_events w SET canonical_email = v.key FROM unnest(%s::bigint[], %s::text[]) "
+                    "AS v(id, key) WHERE w.id = v.id AND w.canonical_email IS NULL",
+                    ([i for i, _ in keys], [k for _, k in keys]))
 
 
 def enqueue(ids: list[int]) -> None:

@@ -73,13 +73,15 @@ class StoreResult:
     new_ids: list = field(default_factory=list)
 
 
-INSERT_SQL = ("INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES %s "
+INSERT_SQL = ("INSERT INTO webhook_events (sg_event_id, event, email, payload, canonical_email) VALUES %s "
               "RETURNING id, sg_event_id")
 
 
 def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
     """Insert several requests' rows in the caller's transaction. A sg_event_id repeated within the
-    group belongs to its first request; the others count it as a duplicate."""
+    group belongs to its first request; the others count it as a duplicate. Each row is stored with
+    its address's canonical form (what an erasure finds it by), computed here in the writer thread
+    rather than on the event loop."""
     owner: dict[str, int] = {}
     unique = []
     for j, rows in enumerate(jobs):
@@ -91,8 +93,9 @@ def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
     if not unique:
         return results
     unique.sort(key=lambda r: r[0])
-    inserted = psycopg2.extras.execute_values(cur, INSERT_SQL, unique, template="(%s, %s, %s, %s::jsonb)",
-                                              page_size=len(unique), fetch=True)
+    keyed = [(*row, None if row[2] is None else webhook_apply.address_of(row[2])) for row in unique]
+    inserted = psycopg2.extras.execute_values(cur, INSERT_SQL, keyed, template="(%s, %s, %s, %s::jsonb, %s)",
+                                              page_size=len(keyed), fetch=True)
     for row_id, sg_id in inserted:
         r = results[owner[sg_id]]
         r.stored += 1

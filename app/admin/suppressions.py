@@ -1,8 +1,10 @@
 """The suppression list for operators: search, and remove one address (audited).
 
-Search is a case-insensitive substring of the stored (lower-cased) address — "gmail.com",
-"ana@" — newest first, PAGE_SIZE per page and at most MAX_PAGE pages (a search narrower than that
-finds anything further back). LIKE wildcards typed by the operator are matched literally. With no
+Search is a substring of the stored address, which is in canonical form (README "Address
+identity"), so the text is compared in that form too: any case, full-width forms, and a Unicode
+domain or whole label in either spelling ("Bücher.example" finds `ana@xn--bcher-kva.example`) —
+"gmail.com", "ana@" — newest first, PAGE_SIZE per page and at most MAX_PAGE pages (a search
+narrower than that finds anything further back). LIKE wildcards typed by the operator are matched literally. With no
 search the newest rows come straight from the primary key; a search reads the table (bounded by
 the statement timeout), which at a million suppressions is a fraction of a second.
 
@@ -18,6 +20,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from app import db
+from app.addresses import canonical
 
 PAGE_SIZE = 50
 MAX_PAGE = 200
@@ -58,11 +61,20 @@ def _like_pattern(text: str) -> str:
     return f"%{escaped}%"
 
 
+def search_forms(text: str) -> list[str]:
+    """The canonical forms a search text may take in a stored address: the text as an address (or
+    its start), and, without an `@`, also as a domain (its Unicode labels as A-labels)."""
+    forms = {canonical(text)}
+    if "@" not in text:
+        forms.add(canonical("@" + text)[1:])
+    return sorted(forms)
+
+
 def search(text: str, page: int, size: int = PAGE_SIZE) -> tuple[list[Suppression], bool]:
     """Matching suppressions of page `page` (1-based), newest first, and whether a next page exists."""
     where, params = "", []
-    if text:
-        where, params = "WHERE email LIKE lower(%s) ESCAPE '\\'", [_like_pattern(text)]
+    if text:   # LIKE's default escape character is the backslash _like_pattern uses
+        where, params = "WHERE email LIKE ANY(%s)", [[_like_pattern(form) for form in search_forms(text)]]
     with db.raw_cursor() as cur:
         cur.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
         cur.execute(f"SELECT id, email, reason, source, created_at FROM suppressions {where} "
@@ -88,7 +100,7 @@ def remove(suppression_id: int, key_id: int, key_name: str, ip: str | None, note
         if row is None:
             return None
         removed = Suppression(*row)
-        cur.execute("UPDATE subscribers SET soft_bounce_count = 0 WHERE lower(email) = %s AND soft_bounce_count > 0",
+        cur.execute("UPDATE subscribers SET soft_bounce_count = 0 WHERE canonical_email = %s AND soft_bounce_count > 0",
                     (removed.email,))
         detail = {"suppression_id": removed.id, "reason": removed.reason, "source": removed.source,
                   "suppressed_at": removed.created_at.isoformat(), "note": note, "session_id": session_id}

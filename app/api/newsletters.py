@@ -218,13 +218,15 @@ class NewsletterStatus(BaseModel):
 
 
 class TestResult(BaseModel):
-    email: str
+    email: str = Field(description="the address's canonical form (README \"Address identity\"); the mail went "
+                                   "to the address as given")
     status: Literal["sent", "failed", "suppressed"]
     error: str | None = None
 
 
 class TestSendAnswer(BaseModel):
-    """POST /v1/newsletters/{id}/test: one result per address, in the order given."""
+    """POST /v1/newsletters/{id}/test: one result per address (spellings of one address are one), in the
+    order given."""
     id: int
     results: list[TestResult]
 

@@ -104,7 +104,7 @@ _ROW_VALUES = """
                 WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters'
                 WHEN sup.id IS NOT NULL THEN 'suppressed: ' || sup.reason END
     FROM subscribers s
-    LEFT JOIN suppressions sup ON sup.email = lower(s.email)
+    LEFT JOIN suppressions sup ON sup.email = s.canonical_email
 """
 INSERT_RANGE = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)" + _ROW_VALUES +
                 "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING")
@@ -139,7 +139,7 @@ UPDATE email_log e SET
     attempts = e.attempts + 1,
     claimed_at = now(),
     email = s.email
-FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = lower(s.email)
+FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = s.canonical_email
 WHERE e.id = p.id AND s.id = e.subscriber_id
 RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
 """

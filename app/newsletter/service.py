@@ -145,12 +145,24 @@ def request_send(newsletter_id: int, audience: dict) -> str:
         status, stored, outbox_done = _current(newsletter_id)
         if status in ("done", "cancelled"):
             raise Conflict(f"newsletter is {status}; create a new one to send again", status)
-        if stored != audience:
+        if not _same_audience(stored, audience):
             raise Conflict(f"newsletter is already {status} with a different audience", status)
         if outbox_done is not None:
             return status
     _kick_safely(kick.outbox, newsletter_id)
     return rows[0][0] if rows else status
+
+
+def _same_audience(stored: dict | None, requested: dict) -> bool:
+    """Whether a repeated send request names the stored audience: the same, or the same less
+    user_ids erased since (an erasure removes its user_id from every audience, app/subscribers.py)."""
+    if stored == requested:
+        return True
+    if (stored or {}).get("kind") != "user_ids" or requested.get("kind") != "user_ids":
+        return False
+    kept, asked = set(stored.get("user_ids", [])), set(requested.get("user_ids", []))
+    gone = sorted(asked - kept)
+    return kept < asked and not db.query("SELECT 1 FROM subscribers WHERE user_id = ANY(%s) LIMIT 1", (gone,))
 
 
 UNKNOWN_SHOWN = 1000   # unknown user_ids listed in a send answer (the count is always whole)

@@ -18,6 +18,7 @@ from typing import Annotated
 from pydantic import Field
 
 from app import config, db, mail, mail_stop, streams, subscribers, tokens
+from app.addresses import canonical
 from app.newsletter import template
 from app.providers import get_provider
 from app.providers.base import OutgoingMail, ProviderError
@@ -51,17 +52,21 @@ class Stopped(Exception):
 
 
 def validate(body) -> tuple[list[str] | None, list[dict]]:
-    """The addresses (lower-cased, duplicates dropped, in the given order) or the problems."""
+    """The addresses as given, in the given order, each address once (two spellings of one
+    address, README "Address identity", are one: the first is kept), or the problems."""
     request, errors = check(TestSendInput, body)
     if request is None:
         return None, errors
-    return list(dict.fromkeys(address.strip().lower() for address in request.to)), []
+    first = {}
+    for address in request.to:
+        first.setdefault(canonical(address), address)
+    return list(first.values()), []
 
 
 def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
-    """[{email, status: sent | failed | suppressed, error?}] in the order given. Raises NotFound,
-    Stopped (the emergency stop), or ProviderUnavailable when the provider call failed as a whole
-    (nothing was sent)."""
+    """[{email (canonical), status: sent | failed | suppressed, error?}] in the order given; each
+    mail goes to the address as given. Raises NotFound, Stopped (the emergency stop), or
+    ProviderUnavailable when the provider call failed as a whole (nothing was sent)."""
     found = db.query("SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,))
     if not found:
         raise NotFound(newsletter_id)
@@ -70,14 +75,17 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
     if stop is not None:
         raise Stopped(f"all outgoing mail is stopped (since {stop['engaged_at']} by {stop['engaged_by']}: "
                       f"{stop['reason'] or 'no reason given'}); nothing was sent")
+    keys = {address: canonical(address) for address in addresses}
     known = {row[0]: row[1:] for row in db.query(
-        "SELECT DISTINCT ON (lower(email)) lower(email), id, name, user_id, token_version FROM subscribers "
-        "WHERE lower(email) = ANY (%s) ORDER BY lower(email), id", (addresses,))}
-    suppressed = {row[0] for row in db.query("SELECT email FROM suppressions WHERE email = ANY (%s)", (addresses,))}
+        "SELECT DISTINCT ON (canonical_email) canonical_email, id, name, user_id, token_version FROM subscribers "
+        "WHERE canonical_email = ANY (%s) ORDER BY canonical_email, id", (list(keys.values()),))}
+    suppressed = {row[0] for row in db.query("SELECT email FROM suppressions WHERE email = ANY (%s)",
+                                             (list(keys.values()),))}
     compiled = template.compiled_for(newsletter_id, subject, html, text)
-    results = {address: {"email": address, "status": "suppressed"} for address in addresses if address in suppressed}
-    mails = [_render(newsletter_id, compiled, address, known.get(address), from_addr)
-             for address in addresses if address not in suppressed]
+    results = {address: {"email": keys[address], "status": "suppressed"} for address in addresses
+               if keys[address] in suppressed}
+    mails = [_render(newsletter_id, compiled, address, known.get(keys[address]), from_addr)
+             for address in addresses if keys[address] not in suppressed]
     if mails:
         provider = provider or get_provider()
         try:
@@ -86,8 +94,9 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
             log.warning("newsletter %s: test send to %d address(es) failed: %s", newsletter_id, len(mails), exc)
             raise ProviderUnavailable(str(exc)) from exc
         for sent, outcome in zip(mails, outcomes):
-            results[sent.to] = ({"email": sent.to, "status": "sent"} if outcome.ok else
-                                {"email": sent.to, "status": "failed", "error": outcome.error or "refused"})
+            key = keys[sent.to]
+            results[sent.to] = ({"email": key, "status": "sent"} if outcome.ok else
+                                {"email": key, "status": "failed", "error": outcome.error or "refused"})
     log.info("newsletter %s: test send %s", newsletter_id,
              ", ".join(f"{r['email']}={r['status']}" for r in results.values()))
     return [results[address] for address in addresses]

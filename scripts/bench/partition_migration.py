@@ -10,8 +10,9 @@ VACUUM ANALYZE; 0520 (the key tables and triggers this release's writers need: m
 release applies it before starting the new processes). Then writer threads start: each sends
 batches of 20 new events + 2 re-sent ones (one stored before the conversion, one by itself)
 through validation and the ingest group-commit writer (what POST /v1/events does), 5 + 1 re-sent webhook events through the webhook store's
-writer, and 5 opens through the click-history recorder. After --warmup seconds, `migrate` runs
-0521-0526 while they go on, and they go on for --after seconds more.
+writer (as it was then: webhook_writer_of_that_release), and 5 opens through the click-history
+recorder. After --warmup seconds, `migrate` runs
+every migration after 0520 (0521-0526: the conversion) while they go on, and they go on for --after seconds more.
 
 Measured per phase (before / during / after the migration): batches/s and the commit wait of an
 event batch (submit to committed: p50, p99, max); during the migration a sampler polls
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("APP_ENV", "development")
 
 import psycopg2  # noqa: E402
+import psycopg2.extras  # noqa: E402
 
 from app import config, groupcommit, ingest, migrate  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
@@ -45,6 +47,19 @@ from tracking import recorder, webhook_store  # noqa: E402
 config.reload()
 FIRST_NEW = "0520"
 EXPAND = "0520"
+
+
+def webhook_writer_of_that_release(cur, jobs: list[list[tuple]]) -> list[webhook_store.StoreResult]:
+    """webhook_store.insert_jobs as it was when this conversion shipped: migration 0600 (after it)
+    added canonical_email, which today's writer fills, to a webhook_events that does not have it yet
+    here. The same INSERT and dedup (the key table's trigger skips a taken key)."""
+    results = []
+    for rows in jobs:
+        stored = psycopg2.extras.execute_values(
+            cur, "INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES %s RETURNING id",
+            sorted(rows), template="(%s, %s, %s, %s::jsonb)", fetch=True)
+        results.append(webhook_store.StoreResult(len(stored), len(rows) - len(stored), [r[0] for r in stored]))
+    return results
 
 
 def parse_args():
@@ -141,7 +156,7 @@ class Writers:
 
     def __init__(self, url: str, threads: int):
         self.events = ingest.new_writer(url)
-        self.webhooks = groupcommit.GroupCommitWriter("bench-webhooks", webhook_store.insert_jobs, url=url)
+        self.webhooks = groupcommit.GroupCommitWriter("bench-webhooks", webhook_writer_of_that_release, url=url)
         self.history = recorder.HistoryRecorder(url)
         self.phase = "before"
         self.waits: dict[str, list[float]] = {"before": [], "during": [], "after": []}

@@ -1,0 +1,15 @@
+-- migrate: python app.rekey:backfill
+-- Issue 25.4, step 2 of 3: every stored address keyed by its canonical form, in Python (see 0600
+-- for why), in committed batches of 5,000 rows in id order, each under MIGRATION_LOCK_TIMEOUT and
+-- retried when a row lock is not granted: no lock is held across batches and writers go on.
+--   1. subscribers.canonical_email where it is missing or differs;
+--   2. the constraint subscribers_canonical_email_present, CHECK (canonical_email IS NOT NULL)
+--      NOT VALID (a brief exclusive lock, no scan): from now on no row is stored without its key;
+--      then one more pass for rows inserted without it behind pass 1 (0602 validates);
+--   3. suppressions.email rewritten to the canonical form; rows that become one merge: the
+--      earliest (created_at, then id) is kept with its reason, except that 'erased' wins over
+--      any reason (an erased address stays erased); the merged rows' reasons and sources are
+--      appended to the kept row's source;
+--   4. webhook_events.canonical_email (the largest table: last).
+-- `python -m app rekey-addresses` runs the same passes again: it changes only rows whose key is
+-- wrong, e.g. a non-ASCII address the previous release's processes changed during the deploy.
