@@ -12,16 +12,24 @@ processes that are gone (`mark_process_dead`); `process_stopped()` does it for t
 at a clean exit. Counter and histogram files of dead processes stay, so totals never go backwards
 while a deployment lives; empty the directory when a deployment starts from scratch.
 
+prometheus-client creates a file before it writes its header, so a scrape can meet one empty while
+another process starts, and a process killed in that moment leaves it so. A scrape leaves such a
+file out and counts it (FilesCollector, notify_metrics_files_unreadable) instead of failing as a
+whole; `setup()` removes those of processes that are gone.
+
 Gauges read from Postgres and Redis (age of the oldest due digest, queue depths) are computed at
 scrape time by StateCollector: one SQL statement under a short statement_timeout, and one LLEN per
 queue. A failed read leaves those gauges out and sets notify_scrape_source_up to 0.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import hmac
 import logging
 import os
 import re
+import threading
 import time
 from collections import Counter as Tally
 from pathlib import Path
@@ -173,12 +181,36 @@ def _alive(pid: int) -> bool:
 
 
 def setup() -> None:
-    """At a process's start-up: the directory exists, and live gauges of dead processes are gone."""
+    """At a process's start-up: the directory exists, and live gauges of dead processes are gone, as
+    are their files that cannot be read."""
     DIRECTORY.mkdir(parents=True, exist_ok=True)
-    pids = {int(m.group(1)) for name in os.listdir(DIRECTORY) if (m := _PID_FILE.search(name))}
-    for pid in pids:
-        if pid != os.getpid() and not _alive(pid):
-            multiprocess.mark_process_dead(pid, str(DIRECTORY))
+    files = {}
+    for name in os.listdir(DIRECTORY):
+        if m := _PID_FILE.search(name):
+            files.setdefault(int(m.group(1)), []).append(str(DIRECTORY / name))
+    dead = [pid for pid in files if pid != os.getpid() and not _alive(pid)]
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, str(DIRECTORY))
+    _remove_unreadable([path for pid in dead for path in files[pid]])
+
+
+def _remove_unreadable(paths: list[str]) -> None:
+    """Dead processes' files that cannot be read: nobody will complete one, and a new process given
+    the same pid would fail on its first increment while opening it. One pass first, as a scrape
+    reads them (the common case: all readable); one by one only when that fails."""
+    try:
+        _read_metrics(paths)
+        return
+    except Exception:  # noqa: BLE001 - which file it was is found one by one
+        pass
+    for path in paths:
+        try:
+            _read(path)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("metrics: removed %s: its process is gone and it cannot be read (%s: %s)",
+                        path, exc.__class__.__name__, exc)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
 
 def process_stopped() -> None:
@@ -187,6 +219,74 @@ def process_stopped() -> None:
 
 
 # -- scrape ---------------------------------------------------------------------------------------
+
+_read_metrics = multiprocess.MultiProcessCollector._read_metrics      # the parsing its merge() does
+_accumulate = multiprocess.MultiProcessCollector._accumulate_metrics  # the summing its merge() does
+
+
+def _read(path: str) -> dict:
+    """One file's metrics ({} when it is gone). Raises on a file that cannot be read."""
+    try:
+        return _read_metrics([path])
+    except FileNotFoundError:   # removed since the listing: mark_process_dead, an operator
+        return {}
+
+
+_named: set[str] = set()    # files found unreadable and named in a WARNING, until they read again
+_named_lock = threading.Lock()
+
+
+def _left_out(path: str, exc: Exception) -> None:
+    with _named_lock:
+        if path in _named:
+            return
+        _named.add(path)
+    log.warning("metrics: %s left out of the scrape until it can be read (%s: %s); a process may be "
+                "creating it, else it is broken", path, exc.__class__.__name__, exc)
+
+
+def _merge_into(merged: dict, part: dict) -> None:
+    """One file's metrics added to the others', as _read_metrics adds them."""
+    for name, metric in part.items():
+        seen = merged.setdefault(name, metric)
+        if seen is not metric:
+            seen.samples += metric.samples
+            if hasattr(metric, "_multiprocess_mode"):   # gauges: as the last file says
+                seen._multiprocess_mode = metric._multiprocess_mode
+
+
+class FilesCollector:
+    """The values of every process of this host, summed: prometheus-client's MultiProcessCollector,
+    except that a file that cannot be read (yet) is left out and counted instead of failing the
+    scrape. The files are read in one pass, as MultiProcessCollector reads them (it parses each key
+    once for all files); when that pass fails, one by one. A file found unreadable is read alone
+    until it reads, so a leftover does not send every scrape down the slow path."""
+
+    def collect(self):
+        paths = glob.glob(os.path.join(DIRECTORY, "*.db"))
+        with _named_lock:
+            _named.intersection_update(paths)      # forget files that are gone
+            suspect = set(_named)                  # one view: another scrape may add to _named meanwhile
+        alone = [path for path in paths if path in suspect]
+        try:
+            merged = _read_metrics([path for path in paths if path not in suspect])
+        except Exception:  # noqa: BLE001 - which file it was is found one by one
+            merged, alone = {}, paths
+        unreadable = 0
+        for path in alone:
+            try:
+                part = _read(path)
+            except Exception as exc:  # noqa: BLE001 - one file never fails the scrape
+                unreadable += 1
+                _left_out(path, exc)
+                continue
+            _named.discard(path)     # readable now: a later breakage is named again
+            _merge_into(merged, part)
+        yield from _accumulate(merged, accumulate=True)
+        yield GaugeMetricFamily("notify_metrics_files_unreadable", "Multiprocess metric files this scrape "
+                                "could not read and left out (a process creating one, or a broken file)",
+                                value=unreadable)
+
 
 # Recipients of the newsletters being sent, by email_log status, each read from its partial index
 # (email_log_pending_idx, email_log_sending_idx, email_log_sent_idx — sent rows only since the
@@ -268,7 +368,7 @@ class StateCollector:
 def scrape() -> bytes:
     """The exposition text: every process's values summed, plus the scrape-time gauges. Blocking."""
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=str(DIRECTORY))
+    registry.register(FilesCollector())
     registry.register(StateCollector())
     return generate_latest(registry)
 
