@@ -10,7 +10,9 @@ tell connections apart by backend pid) are skipped in that pass, with their reas
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import time
 
@@ -21,8 +23,11 @@ THROUGH_PGBOUNCER = os.environ.get("TEST_THROUGH_PGBOUNCER") == "1"
 DIRECT_DATABASE_URL = os.environ.get("TEST_DIRECT_DATABASE_URL") or os.environ["DATABASE_URL"]
 os.environ.setdefault("API_KEY_CACHE_SECONDS", "0")
 os.environ.setdefault("MAIL_PROVIDER", "file")
-# Prometheus values of this run (app/metrics.py): its own directory, not the checkout's .var/metrics.
-os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="notify-test-metrics-"))
+# Prometheus values of this run (app/metrics.py): its own directory, not the checkout's .var/metrics,
+# removed when the run ends.
+if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="notify-test-metrics-")
+    atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
 
 import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402
