@@ -139,8 +139,15 @@ def test_a_name_with_a_line_break_or_control_character_is_a_422_naming_it(api, c
 
 @pytest.mark.parametrize("char", LINE_BREAKS + ["\x00", "\x01", "\x7f", "\x80", "\x9f"])
 def test_a_sender_with_a_line_break_or_control_character_is_a_422_naming_from(api, char):
-    r = api.post("/v1/newsletters", json={"subject": "Hi", "html": "<p>x</p>", "from": f"News{char}Desk <n@example.com>"})
+    r = api.post("/v1/newsletters", json={"subject": "Hi", "html": "<p>x</p>",
+                                          "from": f"News{char}Desk <n@example.com>"})
     assert list(problems(r)) == ["from"]
+
+
+@pytest.mark.parametrize("email", ["a\u2028b@example.com", "a\u2029b@example.com", "a\x85b@example.com",
+                                   "ab@exa\u2028mple.com", "ab@example.co\u2029m"])
+def test_an_address_with_a_line_break_is_a_422_naming_email(api, email):
+    assert list(problems(api.put("/v1/subscribers/u1", json={"email": email}))) == ["email"]
 
 
 @pytest.mark.parametrize("char", LINE_BREAKS + ["\x01", "\x08", "\t", "\x7f", "\x85", "\x9f"])
