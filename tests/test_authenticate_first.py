@@ -13,7 +13,6 @@ import secrets
 import socket
 import threading
 import time
-from urllib.parse import urlsplit
 
 import httpx
 import psycopg2
@@ -23,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from app.admin import views
 from tests.conftest import wait_for
+from tests.raw_http import closed_by_server, connect
 from tracking import signature
 
 EIGHT_MIB = 8 * 1024 * 1024
@@ -38,11 +38,6 @@ def signing_key(settings):
     return private
 
 
-def connect(base_url: str) -> socket.socket:
-    parts = urlsplit(base_url)
-    return socket.create_connection((parts.hostname, parts.port), timeout=30)
-
-
 def headers_only(sock: socket.socket, extra: bytes) -> bytes:
     """Send a webhook request's headers declaring an 8 MiB body, none of it; the answer."""
     sock.sendall(b"POST /webhooks/sendgrid HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -53,15 +48,6 @@ def headers_only(sock: socket.socket, extra: bytes) -> bytes:
         assert chunk, f"closed without an answer: {answer!r}"
         answer += chunk
     return answer
-
-
-def closed_by_server(sock: socket.socket) -> bool:
-    try:
-        while sock.recv(65536):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
 
 
 SIG = b"X-Twilio-Email-Event-Webhook-Signature: "

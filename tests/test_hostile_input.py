@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import base64
 import re
-import socket
 import sys
 import time
-from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -19,6 +17,7 @@ from app import db, tokens
 from app.web import app
 from tests import factories
 from tests.conftest import auth
+from tests.raw_http import exchange
 from tracking import signature
 
 # Every character str.splitlines() breaks a line at: what the email package's header folding does.
@@ -166,16 +165,6 @@ def test_names_senders_and_subjects_without_them_are_still_accepted(api):
 
 # ---------------------------------------------------------------- the webhook's headers, raw
 
-def raw_exchange(base_url: str, request: bytes) -> bytes:
-    parts = urlsplit(base_url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-        sock.sendall(request)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 @pytest.fixture
 def signed_webhook(settings):
     from cryptography.hazmat.primitives import serialization
@@ -188,7 +177,7 @@ def signed_webhook(settings):
 @pytest.mark.parametrize("timestamp", [b"\xb2", b"\xb3\xb9", b"\xb9" * 10, b"1\xb2", b"--5", b"-1", b"+1", b"1 2",
                                        b"\xd9\xa3", b"1e9", b"9" * 30])
 def test_hostile_webhook_timestamps_are_a_403_before_anything_else(live_server, signed_webhook, timestamp):
-    answer = raw_exchange(live_server, b"POST /webhooks/sendgrid HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    answer = exchange(live_server, b"POST /webhooks/sendgrid HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
                                        b"X-Twilio-Email-Event-Webhook-Signature: MEUCIQ==\r\n"
                                        b"X-Twilio-Email-Event-Webhook-Timestamp: " + timestamp +
                                        b"\r\nConnection: close\r\n\r\n[]")

@@ -12,13 +12,13 @@ import socket
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from app import apikeys, tokens
 from tests import factories
 from tests.conftest import wait_for
+from tests.raw_http import closed_by_server, connect
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = "app.slow_clients:HeaderDeadlineHttpTools"
@@ -27,7 +27,7 @@ PROTOCOL = "app.slow_clients:HeaderDeadlineHttpTools"
 @pytest.fixture
 def deadline_server(settings):
     """The app under uvicorn with the Procfile's protocol and a short header deadline (0.5 s), a
-    long keep-alive (60 s), in a thread; yields (host, port)."""
+    long keep-alive (60 s), in a thread; yields its base URL."""
     import uvicorn
 
     from app.web import app
@@ -43,7 +43,7 @@ def deadline_server(settings):
     thread.start()
     wait_for(lambda: server.started or not thread.is_alive(), 15, "the server to start")
     assert server.started
-    yield "127.0.0.1", port
+    yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
 
@@ -62,15 +62,6 @@ def read_response(sock: socket.socket) -> bytes:
     return head
 
 
-def closed_by_server(sock: socket.socket) -> bool:
-    try:
-        while sock.recv(65536):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-
-
 def test_the_procfiles_web_commands_use_the_header_deadline():
     for procfile in ("Procfile", "Procfile.dev"):
         web = next(line for line in (ROOT / procfile).read_text().splitlines() if line.startswith("web:"))
@@ -78,7 +69,7 @@ def test_the_procfiles_web_commands_use_the_header_deadline():
 
 
 def test_a_client_trickling_header_bytes_is_answered_408_and_closed(deadline_server):
-    with socket.create_connection(deadline_server, timeout=10) as sock:
+    with connect(deadline_server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         answer = b""
         for _ in range(600):     # a byte every 0.1 s, for at most a minute: the server must end it
@@ -91,12 +82,12 @@ def test_a_client_trickling_header_bytes_is_answered_408_and_closed(deadline_ser
 
 
 def test_a_connection_that_never_sends_a_byte_is_closed(deadline_server):
-    with socket.create_connection(deadline_server, timeout=30) as sock:
+    with connect(deadline_server) as sock:
         assert sock.recv(65536).startswith(b"HTTP/1.1 408 ")
 
 
 def test_headers_sent_in_time_are_not_cut_off_by_a_slow_body_or_an_idle_keep_alive(deadline_server):
-    with socket.create_connection(deadline_server, timeout=30) as sock:
+    with connect(deadline_server) as sock:
         sock.sendall(b"POST /webhooks/sendgrid HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
         time.sleep(1.0)          # past the header deadline: the body is not under it
         sock.sendall(b"[]")
@@ -135,8 +126,7 @@ def captured():
 
 def half_a_request(base_url: str, head: bytes) -> None:
     """Headers promising 1000 bytes, then 500 of them, then the client hangs up."""
-    parts = urlsplit(base_url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+    with connect(base_url) as sock:
         sock.sendall(head + b"Content-Length: 1000\r\n\r\n" + b"a" * 500)
 
 
