@@ -15,7 +15,6 @@ from zoneinfo import ZoneInfo, available_timezones
 
 log = logging.getLogger("app.timezones")
 
-MAX_NAME = 64
 _NOT_A_ZONE = {"localtime"}
 
 
@@ -30,7 +29,7 @@ def _loads(name: str) -> bool:
 @lru_cache(maxsize=1)
 def names() -> frozenset[str]:
     """Every zone name a subscriber may have: known to this Python and loadable."""
-    return frozenset(n for n in available_timezones() - _NOT_A_ZONE if len(n) <= MAX_NAME and _loads(n))
+    return frozenset(n for n in available_timezones() - _NOT_A_ZONE if _loads(n))
 
 
 def valid(name) -> bool:

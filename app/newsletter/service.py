@@ -38,7 +38,8 @@ class Conflict(Exception):
 # specials and the address is plain ASCII (it goes in every envelope). Shared with the OpenAPI
 # document, so the documented pattern is exactly what is accepted.
 _SENDER_ADDR = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
-_SENDER_NAME = r"[^<>()\[\]:;@\\,.\"\x00-\x1f\x7f-\x9f\u2028\u2029]*"   # no specials, controls or line breaks
+# The name: none of RFC 5322's specials, no control character, no Unicode line break.
+_SENDER_NAME = r"[^<>()\[\]:;@\\,.\"\x00-\x1f\x7f-\x9f\u2028\u2029]*"
 SENDER_PATTERN = rf"^(?:{_SENDER_ADDR}|{_SENDER_NAME}<{_SENDER_ADDR}>)$"
 _TEMPLATE_HELP = (
     "is not a supported template: Mustache tags allowed are {{var}}, {{{var}}}, {{&var}}, {{! comment }}, "
