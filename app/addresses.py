@@ -26,8 +26,9 @@ from functools import lru_cache
 import idna
 
 # Deliberately loose (the provider is the real judge) but nothing that can break a header.
-_LOCAL = r"[^@\x00-\x20\x7f-\xa0<>\",;()\[\]\\:]"  # no controls, spaces or header specials
-_DOMAIN = r"[^@\x00-\x20\x7f-\xa0<>\",;()\[\]\\:'.]"
+# U+2028/U+2029 too: the email package folds a header at them, so no mail to such an address builds.
+_LOCAL = r"[^@\x00-\x20\x7f-\xa0\u2028\u2029<>\",;()\[\]\\:]"  # no controls, spaces or header specials
+_DOMAIN = r"[^@\x00-\x20\x7f-\xa0\u2028\u2029<>\",;()\[\]\\:'.]"
 EMAIL_PATTERN = rf"^{_LOCAL}+@{_DOMAIN}+(\.{_DOMAIN}+)+$"
 EMAIL_RE = re.compile(EMAIL_PATTERN)
 

@@ -21,14 +21,14 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field
 
 from app import db
-from app.validation import NO_CONTROL, SPACE_CLASS, Body, Text, check
+from app.validation import LINE_BREAK_OR_CONTROL, NO_CONTROL, SPACE_CLASS, Body, Text, check
 
 KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,100}$"
 KEY_RULE = "must be 1-100 characters: ASCII letters, digits, '.', '_', ':' or '-'"
 DELIVERIES = ("digest", "immediate")
 CACHE_SECONDS = 30.0
 # A label must show something: at least one visible character, no line breaks or control characters.
-_LABEL = f"^[^\\u0000-\\u001f\\u007f]*[^{SPACE_CLASS}\\u0000-\\u001f\\u007f][^\\u0000-\\u001f\\u007f]*$"
+_LABEL = f"^[^{LINE_BREAK_OR_CONTROL}]*[^{SPACE_CLASS}{LINE_BREAK_OR_CONTROL}][^{LINE_BREAK_OR_CONTROL}]*$"
 _KEY_RE = re.compile(KEY_PATTERN)
 _SEPARATORS = re.compile(r"[\s._:-]+")
 

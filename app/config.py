@@ -74,12 +74,19 @@ class Settings:
     # -- operator dashboard (/admin)
     admin_session_hours: float = setting(8.0, "how long an /admin sign-in lasts: the signed cookie and the server-side "
                                               "session expire together (signing out or revoking the key ends it at once)")
-    admin_login_max_failures: int = setting(10, "failed /admin sign-ins allowed per client address in 15 minutes; "
-                                                "then sign-in answers 429 until the window ends (each failure is "
-                                                "also answered only after a 1 s pause)")
+    admin_login_max_failures: int = setting(10, "/admin sign-in attempts checked per client address in 15 minutes, "
+                                                "each counted before its key is looked at (parallel attempts "
+                                                "cannot slip past; a successful sign-in clears the count); then "
+                                                "sign-in answers 429 until the window ends (each failure is also "
+                                                "answered only after a 1 s pause)")
     admin_cache_seconds: float = setting(60.0, "the dashboard's figures and charts are computed at most this often "
                                                "per web process and range")
     # -- ingestion
+    http_header_timeout_seconds: float = setting(10.0, "a web connection that has not sent a request's complete "
+                                                       "headers this long after it opened (or after the previous "
+                                                       "response) gets 408 and is closed: a client trickling header "
+                                                       "bytes holds no connection for longer (app/slow_clients.py; "
+                                                       "0: no deadline)")
     max_body_bytes: int = setting(1024 * 1024, "largest request body", shown="1 MiB")
     max_batch_events: int = setting(1000, "events per POST /v1/events")
     max_payload_bytes: int = setting(16 * 1024, "an event's payload as JSON", shown="16 KiB")

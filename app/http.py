@@ -7,7 +7,7 @@ import re
 
 import orjson
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from app import apikeys, config, db
@@ -40,10 +40,18 @@ async def api_error_handler(request: Request, exc: ApiError) -> Response:
     return exc.response()
 
 
+async def client_disconnected_handler(request: Request, exc: ClientDisconnect) -> Response:
+    """A client that went away while sending its request is no error of ours: one INFO line naming
+    the route (its template: a path may hold a token), no traceback. Nothing is sent back to it."""
+    route = getattr(request.scope.get("route"), "path", "?")
+    log.info("client went away during %s %s; request dropped", request.method, route)
+    return Response(status_code=499)
+
+
 def exception_handlers() -> dict:
     """Every Starlette app's (the web app, the metrics exporter): ApiError as its JSON body, Postgres
-    unavailable as 503."""
-    handlers = {ApiError: api_error_handler}
+    unavailable as 503, a client that disconnected mid-request as one INFO line."""
+    handlers = {ApiError: api_error_handler, ClientDisconnect: client_disconnected_handler}
     handlers.update({error: database_unavailable_handler for error in db.UNAVAILABLE})
     return handlers
 

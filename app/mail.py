@@ -88,13 +88,29 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9]+(?: [A-Za-z0-9]+)*")   # a display name t
 _POLICY = email.policy.SMTP
 
 
+# Where str.splitlines() breaks a line beyond the ASCII controls: the email package folds header
+# values there, so a display name holding one cannot be written as a header at all.
+_UNICODE_LINE_BREAKS = re.compile("[\x85\u2028\u2029]")
+_DISPLAY_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")   # C0, DEL, C1, separators
+
+
 def one_line(text) -> str:
     """Display text (a recipient's name, a digest subject built from event titles) made safe for a
-    header: line breaks and control characters become spaces. Such text is data, so it is cleaned
-    rather than failing the recipient; a subject or header value handed to build() with a line
-    break is refused instead (header injection)."""
+    header: line breaks (Unicode's too) and control characters become spaces. Such text is data,
+    so it is cleaned rather than failing the recipient; a subject or header value handed to build()
+    with a line break is refused instead (header injection)."""
     text = str(text or "")
-    return " ".join(_CONTROL.sub(" ", text).split()) if _CONTROL.search(text) or "  " in text else text.strip()
+    if _DISPLAY_UNSAFE.search(text) or "  " in text:
+        return " ".join(_DISPLAY_UNSAFE.sub(" ", text).split())
+    return text.strip()
+
+
+def sender(from_addr: str | None = None) -> str:
+    """The From value a mail goes out with (MAIL_FROM when it names none). A Unicode line or
+    paragraph separator in its display name (a newsletter stored before the API refused them)
+    becomes a space rather than failing every mail of the newsletter."""
+    value = from_addr or config.get().mail_from
+    return _UNICODE_LINE_BREAKS.sub(" ", value) if _UNICODE_LINE_BREAKS.search(value) else value
 
 
 def _clean(value, name: str) -> str:
@@ -232,13 +248,16 @@ def ascii_html(html: str) -> str:
 def _address(name: str, addr: str) -> str:
     if not name or _PLAIN_NAME.fullmatch(name):
         return f"{name} <{addr}>" if name else addr
-    return str(email.headerregistry.Address(display_name=name, addr_spec=addr))
+    # Local part and domain given apart: parsing addr_spec refuses a non-ASCII local part (a
+    # defect to the email package, an SMTPUTF8 address to us) once the name needs quoting.
+    local, _, domain = addr.rpartition("@")
+    return str(email.headerregistry.Address(display_name=name, username=local, domain=domain))
 
 
 def validate(mail: OutgoingMail) -> None:
     """Everything build() would refuse about this mail, for providers that do not build MIME."""
     check_address(mail.to)
-    parse_mailbox(mail.from_addr or config.get().mail_from)
+    parse_mailbox(sender(mail.from_addr))
     if _CONTROL.search(mail.subject):
         raise MailBuildError("the subject contains a line break or control character")
     for name, value in mail.headers.items():
@@ -253,8 +272,7 @@ def build(mail: OutgoingMail, now: datetime | None = None) -> bytes:
     Written by hand rather than through email.message.EmailMessage: that costs ~1.7 ms per mail,
     more than rendering the whole digest, and the digest pipeline sends 1000+ mails a second per
     core. tests/test_mail.py parses the result with the email package to prove it equivalent."""
-    settings = config.get()
-    from_addr = mail.from_addr or settings.mail_from
+    from_addr = sender(mail.from_addr)
     parse_mailbox(from_addr)                      # exactly one valid mailbox, or this mail fails
     to_addr = check_address(mail.to)
     # "=_" can never occur in quoted-printable text, and 96 random bits cannot be guessed by whoever
@@ -319,4 +337,4 @@ def envelope_from(from_addr: str | None = None) -> str:
 
 
 __all__ = ["build", "ascii_html", "validate", "check_address", "parse_mailbox", "message_id", "unsubscribe_headers",
-           "envelope_from", "MailBuildError"]
+           "envelope_from", "sender", "one_line", "MailBuildError"]

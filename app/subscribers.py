@@ -1,13 +1,11 @@
 """Subscriber records: validation shared by the admin API and the preference pages, upsert, erasure."""
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Annotated, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
 
-from app import db
+from app import db, timezones
 from app.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
 from app.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
 
@@ -23,21 +21,6 @@ def _sendable(addr: str) -> bool:
         return False
 
 
-@lru_cache(maxsize=1)
-def timezones() -> tuple[str, ...]:
-    return tuple(sorted(name for name in available_timezones() if valid_timezone(name)))
-
-
-def valid_timezone(name) -> bool:
-    if not isinstance(name, str) or not name or len(name) > 64 or ".." in name or name.startswith("/"):
-        return False
-    try:
-        ZoneInfo(name)
-        return True
-    except (ZoneInfoNotFoundError, ValueError):
-        return False
-
-
 def _email(value: str) -> str:
     if not _sendable(value):
         raise fail("email", "must be a valid email address")
@@ -50,13 +33,13 @@ def _email(value: str) -> str:
 
 
 def _timezone(value: str) -> str:
-    if not valid_timezone(value):
+    if not timezones.valid(value):
         raise fail("timezone", "must be an IANA time zone name, e.g. Europe/Lisbon")
     return value
 
 
 def _timezone_names(schema: dict) -> None:
-    schema.update(enum=list(timezones()), description="IANA zone")
+    schema.update(enum=sorted(timezones.names()), description="IANA zone")
 
 
 def _weekday(value) -> int:

@@ -20,6 +20,7 @@ import hmac
 from dataclasses import dataclass
 
 from app import config
+from app.validation import plain_int
 
 # "view": a sent digest's hosted copy (GET /v/{token}, scope "run:<id>"); like the others it never
 # expires and dies with the token_version, so it lives exactly as long as the unsubscribe link.
@@ -72,9 +73,8 @@ def verify(purpose: str, token: str) -> TokenClaims | None:
 
 
 def _is_id(text: str) -> bool:
-    # ASCII only: str.isdigit() also accepts '²' (int() refuses it) and '٣' (int() reads 3).
     # 18 digits: every bigint id fits, and Postgres is never asked about an out-of-range one.
-    return text.isascii() and text.isdigit() and len(text) <= 18
+    return plain_int(text, 18) is not None
 
 
 def unsubscribe_url(subscriber_id: int, token_version: int = 1, scope: str | None = None) -> str:

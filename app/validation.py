@@ -13,13 +13,15 @@ reports for it), `index` for an item of a batch, and messages in the API's own w
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Callable
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.json_schema import models_json_schema
 from pydantic_core import PydanticCustomError
 
-__all__ = ["Body", "Integer", "Text", "check", "fail", "problems", "schema_components", "ValidationError"]
+__all__ = ["Body", "Integer", "Text", "check", "fail", "plain_int", "problems", "schema_components",
+           "ValidationError"]
 
 
 class Body(BaseModel):
@@ -39,9 +41,13 @@ def fail(kind: str, message: str) -> PydanticCustomError:
 # they spell whitespace out.
 SPACE_CLASS = ("\\t-\\r\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f"
                "\\u3000")
+# Control characters (C0, DEL, C1) and the characters str.splitlines() breaks lines at besides
+# them (U+0085 is C1; U+2028, U+2029): text that becomes a mail header must hold none, or the
+# email package's folding splits the header and every mail built with it fails.
+LINE_BREAK_OR_CONTROL = "\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029"
 NO_NUL = "^[^\\u0000]*$"
 NOT_BLANK = f"^[^\\u0000]*[^{SPACE_CLASS}\\u0000][^\\u0000]*$"
-NO_CONTROL = "^[^\\u0000-\\u001f\\u007f]*$"
+NO_CONTROL = f"^[^{LINE_BREAK_OR_CONTROL}]*$"
 _PATTERN_MESSAGES = {
     NO_NUL: "must not contain NUL characters",
     NOT_BLANK: "must not be empty or contain NUL characters",
@@ -56,6 +62,19 @@ def Text(max_length: int, pattern: str = NO_NUL, min_length: int | None = None, 
     if message:
         _PATTERN_MESSAGES[pattern] = message
     return Annotated[str, Field(max_length=max_length, min_length=min_length, pattern=pattern, **field)]
+
+
+_PLAIN_INT = re.compile(r"-?[0-9]+")
+
+
+def plain_int(text, max_digits: int, signed: bool = False) -> int | None:
+    """The integer `text` spells in plain ASCII digits (with a leading '-' when `signed`) of at most
+    `max_digits` digits, or None. The one reading of a number from a URL, a form or a header:
+    str.isdigit() accepts '²' (int() refuses it) and '٣' (int() reads 3), lstrip('-') lets '--5'
+    through to int(), and a long run of digits is no id or hour."""
+    if not isinstance(text, str) or not _PLAIN_INT.fullmatch(text) or (text[0] == "-" and not signed):
+        return None
+    return int(text) if len(text) - (text[0] == "-") <= max_digits else None
 
 
 def whole_number(value):

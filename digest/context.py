@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import lru_cache
-from zoneinfo import ZoneInfo
 
-from app import config
+from app import config, timezones
 from app.categories import Category, humanise, lookup
 from digest import wording
 from digest.group import Digest, Group
@@ -36,13 +35,6 @@ def clip(text: str, limit: int = MAX_TITLE) -> str:
 
 
 @lru_cache(maxsize=1024)
-def zone(name: str | None):
-    try:
-        return ZoneInfo(name or "UTC")
-    except (KeyError, ValueError):   # ZoneInfoNotFoundError is a KeyError
-        return ZoneInfo("UTC")
-
-
 def entity_title(group: Group) -> str:
     return clip(group.title or f"{humanise(group.entity_type)} {group.entity_id}")
 
@@ -96,7 +88,7 @@ def build(digest: Digest, *, categories: dict[str, Category], cadence: str, name
     settings = config.get()
     if postal_address is None:
         postal_address = settings.mail_postal_address
-    tz = zone(timezone)
+    tz = timezones.load(timezone)
     items = [group_item(g, digest, categories, now, tz) for g in digest.groups]
     lead = wording.lead(digest.total_events, last_digest_at, now, tz)
     if items:

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import logging
 from datetime import date, datetime, time, timedelta, timezone
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
-from app import config, db, metrics
+from app import config, db, metrics, timezones
 from digest import immediate, runs
 
 log = logging.getLogger("digest.plan")
@@ -61,23 +61,15 @@ def stagger_seconds(subscriber_id: int, spread: int) -> int:
     return (subscriber_id * HASH_MULTIPLIER % HASH_MODULUS) % spread
 
 
-def _zone(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        log.error("subscriber time zone %r is unknown; planning in UTC", name)
-        return ZoneInfo("UTC")
-
-
 def next_slot(now: datetime, tz_name: str, cadence: str, hour: int, weekday: int = 0) -> tuple[date, datetime]:
     """(period, slot in UTC) of the first slot at or after `now`. period = the slot's local date.
     hourly: the next instant whose local minute is 0 (`hour` and `weekday` are ignored).
     immediately (and off) have no slots: ValueError."""
     if cadence == "hourly":
-        return _next_top_of_hour(now, _zone(tz_name))
+        return _next_top_of_hour(now, timezones.load(tz_name))
     if cadence not in ("daily", "weekly"):
         raise ValueError(f"no slots for cadence {cadence!r}")
-    tz = _zone(tz_name)
+    tz = timezones.load(tz_name)
     day = now.astimezone(tz).date()
     step = 1
     if cadence == "weekly":
@@ -115,7 +107,7 @@ def slot_number(cadence: str, period: date, slot: datetime, tz_name: str) -> int
     are 60 and 120 minutes (New York: 01:00 EDT, 01:00 EST) and never collide."""
     if cadence != "hourly":
         return 0
-    midnight = datetime.combine(period, time(0), tzinfo=_zone(tz_name)).astimezone(timezone.utc)
+    midnight = datetime.combine(period, time(0), tzinfo=timezones.load(tz_name)).astimezone(timezone.utc)
     return int((slot - midnight).total_seconds() // 60)
 
 

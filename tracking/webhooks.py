@@ -2,7 +2,9 @@
 
   403  a public key is configured and the signature/timestamp is missing, wrong or stale
        (outside development a key is required unless SENDGRID_WEBHOOK_ALLOW_UNSIGNED is set to
-       the phrase in app/config.py; start-up fails otherwise)
+       the phrase in app/config.py; start-up fails otherwise). Missing, malformed or stale
+       headers are refused before the body is read, and the connection is closed: an unsigned
+       client costs no body bytes, whatever Content-Length it declares.
   400  the body is not JSON / not an array of event objects (SendGrid will retry it; we log it)
   413  body over SENDGRID_WEBHOOK_MAX_BODY_BYTES
   503  the events could not be committed (database down, ...): SendGrid retries for 24 h
@@ -42,16 +44,25 @@ def check_config(settings: config.Settings) -> None:
                     "SENDGRID_WEBHOOK_PUBLIC_KEY instead.", settings.env)
 
 
+def _signed_headers(request: Request, settings: config.Settings) -> signature.SignedHeaders:
+    try:
+        return signature.check_headers(request.headers.get(signature.SIGNATURE_HEADER),
+                                       request.headers.get(signature.TIMESTAMP_HEADER),
+                                       settings.sendgrid_webhook_max_age_seconds)
+    except signature.SignatureError as exc:
+        log.warning("sendgrid webhook refused before reading its body: %s", exc)
+        # Closing the connection, so the server does not take in the unread body either.
+        raise ApiError(403, "bad_signature", str(exc), headers={"Connection": "close"}) from None
+
+
 async def sendgrid(request: Request):
     global _warned_unsigned
     settings = config.get()
+    signed = _signed_headers(request, settings) if settings.sendgrid_webhook_public_key else None
     body = await read_body(request, settings.sendgrid_webhook_max_body_bytes)
-    if settings.sendgrid_webhook_public_key:
+    if signed is not None:
         try:
-            signature.verify(settings.sendgrid_webhook_public_key, body,
-                             request.headers.get(signature.SIGNATURE_HEADER),
-                             request.headers.get(signature.TIMESTAMP_HEADER),
-                             settings.sendgrid_webhook_max_age_seconds)
+            signature.verify_body(settings.sendgrid_webhook_public_key, signed, body)
         except signature.SignatureError as exc:
             log.warning("sendgrid webhook refused: %s", exc)
             raise ApiError(403, "bad_signature", str(exc)) from None

@@ -29,6 +29,7 @@ from starlette.responses import Response
 from app import apikeys, mail_stop
 from app.admin import charts, newsletters, render, sending, session, stats, suppressions, throttle
 from app.pages import common, csrf
+from app.validation import plain_int
 from tracking.machines import client_ip
 
 log = logging.getLogger("app.admin")
@@ -68,10 +69,10 @@ class BadParam(ValueError):
 
 
 def _page_param(request: Request, limit: int) -> int:
-    raw = request.query_params.get("page", "1")
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 6 or not 1 <= int(raw) <= limit:
+    number = plain_int(request.query_params.get("page", "1"), 6)
+    if number is None or not 1 <= number <= limit:
         raise BadParam(f"page must be a whole number from 1 to {limit}")
-    return int(raw)
+    return number
 
 
 def _range_param(request: Request) -> str:
@@ -112,7 +113,7 @@ async def login_submit(request: Request) -> Response:
         return render.error(request, 403, "Please try again",
                             "This sign-in form expired or was sent from somewhere else. Open it again and retry.")
     client = _client(request)
-    wait = await run_in_threadpool(throttle.blocked_for, client)
+    wait = await run_in_threadpool(throttle.admit, client)   # counted before the key is looked at
     if wait:
         minutes = max(1, round(wait / 60))
         return _login_page(request, f"Too many failed sign-ins from your address. Try again in about "
@@ -123,7 +124,6 @@ async def login_submit(request: Request) -> Response:
     if key and len(key) <= MAX_KEY_CHARS:
         principal = await run_in_threadpool(apikeys.cache.lookup, key)
     if principal is None or principal.scope != "admin":
-        await run_in_threadpool(throttle.failed, client)
         log.warning("failed /admin sign-in from %s", client)
         await asyncio.sleep(FAILED_LOGIN_DELAY_SECONDS)   # slows a scripted guesser; holds no thread
         return _login_page(request, "That is not a valid admin API key (unknown, revoked, or not of scope admin).",

@@ -12,6 +12,7 @@ from starlette.routing import Route
 
 from app.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
 from app.newsletter import rows, service, template, test_send
+from app.validation import plain_int
 
 # Body limits are derived from the documented maxLength/maxItems, so every schema-valid request fits
 # (413 is never the answer to a valid request) and one over a field's limit still gets the precise
@@ -28,10 +29,10 @@ SEND_BODY_LIMIT = service.MAX_AUDIENCE_USER_IDS * (_JSON_BYTES_PER_CHAR * _USER_
 def _id(request: Request) -> int:
     # Matched as a string (not {newsletter_id:int}), so "/v1/newsletters/abc" gets the API's JSON 404
     # rather than the router's plain-text one.
-    raw = request.path_params["newsletter_id"]
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and 0 < int(raw) < 2 ** 63):
+    newsletter_id = plain_int(request.path_params["newsletter_id"], 19)
+    if newsletter_id is None or not 0 < newsletter_id < 2 ** 63:
         raise ApiError(404, "not_found", "no newsletter with that id")
-    return int(raw)
+    return newsletter_id
 
 
 async def _call(fn, *args):

@@ -1,6 +1,7 @@
 """Admin API for subscribers: PUT (create or replace), GET, DELETE (right to erasure)."""
 from __future__ import annotations
 
+from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
@@ -8,12 +9,17 @@ from starlette.routing import Route
 
 from app import subscribers
 from app.http import ApiError, FastJSONResponse, read_put_body, require_key, validation_error
+from app.validation import Text, check
+
+
+# What Postgres text can hold (no U+0000), declared once for the check and the OpenAPI document.
+_USER_ID = TypeAdapter(Text(200, min_length=1))
 
 
 def _user_id(request: Request) -> str:
-    user_id = request.path_params["user_id"]
-    if not user_id or len(user_id) > 200:
-        raise validation_error([{"field": "user_id", "message": "must be 1-200 characters"}])
+    user_id, errors = check(_USER_ID, request.path_params["user_id"], root="user_id")
+    if errors:
+        raise validation_error(errors)
     return user_id
 
 
@@ -50,7 +56,7 @@ async def subscriber(request: Request):
 
 routes = [Route("/v1/subscribers/{user_id:str}", subscriber, methods=["GET", "PUT", "DELETE"])]
 
-_user_param = [{"name": "user_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}]
+_user_param = [{"name": "user_id", "in": "path", "required": True, "schema": _USER_ID.json_schema()}]
 _err = {"$ref": "#/components/responses/Error"}
 
 OPENAPI_MODELS = [subscribers.SubscriberInput]

@@ -38,7 +38,8 @@ class Conflict(Exception):
 # specials and the address is plain ASCII (it goes in every envelope). Shared with the OpenAPI
 # document, so the documented pattern is exactly what is accepted.
 _SENDER_ADDR = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
-_SENDER_NAME = r"[^<>()\[\]:;@\\,.\"\x00-\x1f\x7f]*"
+# The name: none of RFC 5322's specials, no control character, no Unicode line break.
+_SENDER_NAME = r"[^<>()\[\]:;@\\,.\"\x00-\x1f\x7f-\x9f\u2028\u2029]*"
 SENDER_PATTERN = rf"^(?:{_SENDER_ADDR}|{_SENDER_NAME}<{_SENDER_ADDR}>)$"
 _TEMPLATE_HELP = (
     "is not a supported template: Mustache tags allowed are {{var}}, {{{var}}}, {{&var}}, {{! comment }}, "
@@ -66,8 +67,8 @@ def _template(field: str, max_length: int, description: str):
             raise fail("blank", "must be a non-empty string")
         if "\x00" in value:
             raise fail("nul", "must not contain NUL characters")
-        if field == "subject" and ("\n" in value or "\r" in value):
-            raise fail("line", "must be a single line")
+        if field == "subject" and any(c in template.SUBJECT_FORBIDDEN for c in value):
+            raise fail("line", "must be a single line without control characters")
         if not template.matches_grammar(field, value):
             explained = template.check(field, value)
             raise fail("template", explained[0]["message"] if explained else _TEMPLATE_HELP)

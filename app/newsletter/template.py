@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import chevron
 from chevron.tokenizer import ChevronError
 
-from app import config, layout
+from app import config, layout, mail
 
 log = logging.getLogger("app.newsletter.template")
 
@@ -224,7 +224,8 @@ class Compiled:
             context = {**context, DISPLAY_NAME: context.get("name") or self.name_fallback}
         subject = chevron.render(self.subject_tokens, context, partials_path=None)
         return Rendered(
-            subject=" ".join(subject.split()),  # no header injection through a name with a newline
+            # One line whatever the variables hold (a user_id may hold a control character).
+            subject=mail.one_line(subject),
             html=chevron.render(self.html_tokens, context, partials_path=None),
             text=chevron.render(self.text_tokens, context, partials_path=None),
         )
@@ -321,7 +322,10 @@ def template_pattern(forbidden: str = "") -> str:
     return f"^{blank}*(?:(?:{start})(?:{rest})*\\{{?|\\{{)$"
 
 
-SUBJECT_PATTERN = template_pattern("\r\n")
+# A subject is one header line: no control character and no line break, Unicode's included
+# (app/validation.py LINE_BREAK_OR_CONTROL); build() refuses a subject that holds one.
+SUBJECT_FORBIDDEN = "".join(map(chr, [*range(1, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]))
+SUBJECT_PATTERN = template_pattern(SUBJECT_FORBIDDEN)
 BODY_PATTERN = template_pattern()
 _GRAMMAR = {"subject": re.compile(SUBJECT_PATTERN[1:-1]), "html": re.compile(BODY_PATTERN[1:-1]),
             "text": re.compile(BODY_PATTERN[1:-1])}

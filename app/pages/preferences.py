@@ -12,14 +12,14 @@ import logging
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from urllib.parse import quote
-from zoneinfo import ZoneInfo
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import subscribers
+from app import subscribers, timezones
 from app.pages import common, csrf, schedule, store
+from app.validation import plain_int
 
 log = logging.getLogger("app.pages.preferences")
 
@@ -69,10 +69,7 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
     now = datetime.now(timezone.utc)
     paused_label = None
     if paused_until is not None and paused_until > now:
-        try:
-            local = paused_until.astimezone(ZoneInfo(subscriber["timezone"]))
-        except (KeyError, ValueError):
-            local = paused_until
+        local = paused_until.astimezone(timezones.load(subscriber["timezone"]))
         paused_label = local.strftime("%A %d %B %Y, %H:%M ") + (local.tzname() or "")
     return {
         "subscriber": subscriber,
@@ -112,12 +109,12 @@ _AREAS = ("Africa/", "America/", "Antarctica/", "Arctic/", "Asia/", "Atlantic/",
 
 @lru_cache(maxsize=1)
 def suggested_timezones() -> tuple[str, ...]:
-    return ("UTC", *(name for name in subscribers.timezones() if name.startswith(_AREAS)))
+    return ("UTC", *sorted(name for name in timezones.names() if name.startswith(_AREAS)))
 
 
 @lru_cache(maxsize=1)
 def _timezones_by_folded_name() -> dict:
-    return {_fold(name): name for name in subscribers.timezones()}
+    return {_fold(name): name for name in sorted(timezones.names())}
 
 
 def _fold(name: str) -> str:
@@ -127,18 +124,16 @@ def _fold(name: str) -> str:
 def canonical_timezone(typed: str) -> str:
     """"europe/lisbon" or "America/New York" -> the IANA spelling; anything else is returned as
     typed, for validation to reject (and the page to show back)."""
-    if subscribers.valid_timezone(typed):
+    if timezones.valid(typed):
         return typed
     return _timezones_by_folded_name().get(_fold(typed), typed)
 
 
 def _form_number(text: str) -> int | str:
-    """Forms send numbers as text. ASCII and short only: str.isdigit() also accepts '²', '٣' and '３',
-    which int() then rejects or silently reads, and a 5000-digit run is no hour. Anything else is
-    returned as typed, for validation to name."""
-    if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 6:
-        return int(text)
-    return text
+    """Forms send numbers as text: a plain number of at most 6 digits becomes an int, anything else
+    is returned as typed, for validation to name."""
+    number = plain_int(text, 6, signed=True)
+    return text if number is None else number
 
 
 def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
@@ -164,11 +159,11 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
 
     pause_raw = (common.text(posted, "pause_days") or "").strip()
     if pause_raw:
-        if not (pause_raw.isascii() and pause_raw.isdigit() and len(pause_raw) <= 4) \
-                or not 1 <= int(pause_raw) <= MAX_PAUSE_DAYS:
+        days = plain_int(pause_raw, 4)
+        if days is None or not 1 <= days <= MAX_PAUSE_DAYS:
             errors["pause_days"] = f"must be a whole number of days from 1 to {MAX_PAUSE_DAYS}, or empty"
         else:
-            values["paused_until"] = datetime.now(timezone.utc) + timedelta(days=int(pause_raw))
+            values["paused_until"] = datetime.now(timezone.utc) + timedelta(days=days)
 
     # Digests turned off here come back on the same cadence from a digest's unsubscribe page.
     if values.get("digest_cadence") == "off" and subscriber["digest_cadence"] != "off":

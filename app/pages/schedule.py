@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from app import config, db
+from app import config, db, timezones
 from digest import plan
-from digest.context import zone
 
 
 def when(moment: datetime, tz_name: str) -> str:
-    local = moment.astimezone(zone(tz_name))
+    local = moment.astimezone(timezones.load(tz_name))
     return f"{local:%A} {local.day} {local:%b}, {local:%H:%M} {tz_name}"
 
 

@@ -87,7 +87,8 @@ class SendGridProvider(Provider):
         to = mail.check_address(m.to)
         if mail.needs_smtputf8(to):
             raise mail.MailBuildError(f"SendGrid cannot send to {to!r}: a non-ASCII local part needs SMTPUTF8")
-        return dataclasses.replace(m, to=to, to_name=mail.one_line(m.to_name))
+        return dataclasses.replace(m, to=to, to_name=mail.one_line(m.to_name),
+                                   from_addr=m.from_addr and mail.sender(m.from_addr))
 
     def deliver(self, prepared: list[tuple[OutgoingMail, OutgoingMail]], progress: Progress) -> list[SendResult]:
         """One API call per request group: a stop request is honoured between two calls."""

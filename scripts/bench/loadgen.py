@@ -91,10 +91,14 @@ async def run_load(port: int, requests, concurrency: int, duration: float, keep_
     return result
 
 
+# The service runs with the Procfile's protocol (httptools plus a header deadline); baselines with httptools.
+SERVICE_HTTP = {"app.web:app": "app.slow_clients:HeaderDeadlineHttpTools"}
+
+
 def start_server(app: str, port: int, env: dict, workers: int = 1, app_dir: str | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
-           "--log-level", "warning"]
+           "--workers", str(workers), "--loop", "uvloop", "--http", SERVICE_HTTP.get(app, "httptools"),
+           "--no-access-log", "--log-level", "warning"]
     if app_dir:
         cmd += ["--app-dir", app_dir]
     proc = subprocess.Popen(cmd, env=env)
