@@ -78,6 +78,14 @@ class TcpProxy:
         except OSError:
             pass
         for s in (source, target):
+            # Shut down before closing: the other direction's thread may be blocked in recv() on this
+            # socket, and on Linux a close() alone neither wakes it nor sends FIN while it is blocked,
+            # so the application's end would wait for an answer forever (and cut() would then find
+            # the socket already closed and be unable to shut it down).
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 s.close()
             except OSError:
