@@ -36,6 +36,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DEAD_PID = 2 ** 22 + 12345   # above any pid_max: never alive
 
 
+@pytest.fixture(autouse=True)
+def _no_dead_processes():
+    """What every process of a deployment does when it starts: the live gauges of processes that are
+    gone (workers other tests started and killed) no longer count, so these tests see only their own."""
+    metrics.setup()
+
+
 def scrape(client, key: str) -> dict:
     response = client.get("/metrics", headers=auth(key))
     assert response.status_code == 200, response.text
