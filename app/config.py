@@ -167,6 +167,8 @@ class Settings:
                                       "per-client limit (a default Postfix allows 50: use 24 with two processes); "
                                       "refused connections are retried, never lost")
     smtp_timeout_seconds: float = setting(30.0, "per SMTP step; a batch starts no mail after twice this")
+    smtp_idle_timeout_seconds: float = setting(30.0, "an SMTP connection unused this long is closed (QUIT), so a burst's "
+                                                     "connections go back to the relay")
     smtp_async: bool = setting(True, "drive the pool from one asyncio loop (off: a thread per connection)")
     # -- newsletters
     send_batch_size: int = setting(0, "rows per claim and per provider call; 0: the provider's own size "

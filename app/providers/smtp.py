@@ -19,9 +19,9 @@ rejects raise PermanentError (every mail would fail the same way).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
-import queue
 import re
 import smtplib
 import socket
@@ -33,11 +33,13 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from app import config, mail
 from app.providers.base import OutgoingMail, PermanentError, Provider, SendResult, TransientError
-from app.providers.smtp_async import LANE_TARGET_SECONDS, AsyncSender, out_of_time
+from app.providers.smtp_async import BATCH_OUT_OF_TIME, AsyncSender, out_of_time
+from app.providers.smtp_sizing import RelayCeiling, RelayRefused, refuses_connections
 
 log = logging.getLogger("app.providers.smtp")
 
 BATCH_TIMEOUTS = 2          # a batch starts no mail after 2 x SMTP_TIMEOUT_SECONDS (60 s by default)
+LANE_TARGET_SECONDS = 0.025   # threads: lanes enough that a batch's share per connection takes about this
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 _DISCONNECTS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, TimeoutError, ssl.SSLError)
 
@@ -59,6 +61,125 @@ def parse_url(url: str) -> dict:
     }
 
 
+class ThreadedPool:
+    """The threaded pool's connections (SMTP_ASYNC=0): at most `size` open, fewer once the relay
+    refused one more (smtp_sizing.RelayCeiling); a lane that finds none idle and no room waits
+    for one until its batch's deadline; idle ones are closed after `idle_timeout`."""
+
+    def __init__(self, size: int, connect, idle_timeout: float):
+        self.size, self._connect, self.idle_timeout = size, connect, idle_timeout
+        self.ceiling = RelayCeiling()
+        self._lock = threading.Condition()
+        self._idle: collections.deque = collections.deque()   # (connection, idle since), most recent on the right
+        self._conns: set = set()       # every connection opened, until seen closed
+        self._connecting = 0
+        self._reaper: threading.Timer | None = None
+        self._closed = False
+
+    def limit(self) -> int:
+        ceiling = self.ceiling.current()
+        return self.size if ceiling is None else max(1, min(self.size, ceiling))
+
+    def checkout(self, deadline: float, fresh: bool = False) -> smtplib.SMTP:
+        """A connection to send on: an idle one (unless `fresh`: the last one just died) or a new
+        one when there is room. Raises TransientError (out of time, relay unreachable) or
+        PermanentError (login refused)."""
+        while True:
+            stale = None
+            with self._lock:
+                while True:
+                    if not fresh and self._idle:
+                        conn = self._idle.pop()[0]
+                        if conn.sock is not None:
+                            return conn
+                        continue
+                    if self._open() + self._connecting < self.limit():
+                        self._connecting += 1
+                        epoch = self.ceiling.epoch
+                        break
+                    if fresh and self._idle:
+                        stale = self._idle.popleft()[0]      # room for a new one: its elders may be as dead
+                        self._conns.discard(stale)
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TransientError(BATCH_OUT_OF_TIME)
+                    self._lock.wait(min(remaining, 1.0))    # also re-counts connections lanes closed
+            if stale is not None:
+                _quit(stale)
+                continue
+            try:
+                conn = self._connect()
+            except RelayRefused as exc:
+                with self._lock:
+                    self._connecting -= 1
+                    established = self._open()
+                    self._lock.notify()
+                    if established == 0:
+                        self.ceiling.forget()   # the relay is down or full with others: no limit of ours
+                        raise
+                    if self.ceiling.refused(established, epoch):
+                        log.warning("SMTP relay refused connection %d (%s); this process keeps at most %d",
+                                    established + 1, exc, self.limit())
+                continue
+            except BaseException:
+                with self._lock:
+                    self._connecting -= 1
+                    self._lock.notify()
+                raise
+            with self._lock:
+                self._connecting -= 1
+                self._conns.add(conn)
+                self.ceiling.accepted(self._open(), epoch)
+            return conn
+
+    def checkin(self, conn: smtplib.SMTP | None) -> None:
+        surplus = None
+        with self._lock:
+            if conn is not None and conn.sock is not None:
+                if self._closed or self._open() > self.limit():
+                    surplus = conn
+                    self._conns.discard(conn)
+                else:
+                    self._idle.append((conn, time.monotonic()))
+                    self._schedule_reap()
+            self._lock.notify()
+        _quit(surplus)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._reaper is not None:
+                self._reaper.cancel()
+            idle = [conn for conn, _ in self._idle]
+            self._idle.clear()
+        for conn in idle:
+            _quit(conn)
+
+    def _open(self) -> int:
+        """Connections open (idle or in use); the caller holds the lock."""
+        self._conns = {conn for conn in self._conns if conn.sock is not None}
+        return len(self._conns)
+
+    def _schedule_reap(self) -> None:
+        if self._reaper is None and self._idle and not self._closed:
+            due = self._idle[0][1] + self.idle_timeout - time.monotonic()
+            self._reaper = threading.Timer(max(0.0, due), self._reap)
+            self._reaper.daemon = True
+            self._reaper.start()
+
+    def _reap(self) -> None:
+        expired = []
+        with self._lock:
+            self._reaper = None
+            cutoff = time.monotonic() - self.idle_timeout
+            while self._idle and self._idle[0][1] <= cutoff:
+                expired.append(self._idle.popleft()[0])
+            self._schedule_reap()
+        for conn in expired:
+            _quit(conn)
+
+
 class SMTPProvider(Provider):
     name = "smtp"
     max_batch = 1000
@@ -78,11 +199,11 @@ class SMTPProvider(Provider):
         self.pool_size = max(1, pool_size or settings.smtp_pool_size)
         self.pool_max = self.pool_size if pool_size else max(self.pool_size, settings.smtp_pool_max)
         self.timeout = timeout or settings.smtp_timeout_seconds
+        self.idle_timeout = settings.smtp_idle_timeout_seconds
         self._latency = 0.05     # seconds per mail on one connection; measured as batches go
         self.use_async = config.get().smtp_async if use_async is None else use_async
         self._async = None
-        self._idle: queue.LifoQueue = queue.LifoQueue()   # most recently used first: likeliest still open
-        self._slots = threading.BoundedSemaphore(self.pool_size)
+        self._threaded = ThreadedPool(self.pool_size, self._connect, self.idle_timeout)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self._closed = False
@@ -97,39 +218,42 @@ class SMTPProvider(Provider):
 
     def _connect(self) -> smtplib.SMTP:
         o = self.options
+        conn = None
+        greeted = False     # refusals come before or in answer to the greeting and EHLO
+        failed = f"cannot connect to SMTP {o['host']}:{o['port']}"
         try:
             if o["ssl"]:
                 conn = smtplib.SMTP_SSL(o["host"], o["port"], timeout=self.timeout, context=self._tls_context())
             else:
                 conn = smtplib.SMTP(o["host"], o["port"], timeout=self.timeout)
-            conn.ehlo()
+            code, text = conn.ehlo()
+            if refuses_connections(code, text.decode("utf-8", "replace")):
+                raise RelayRefused(f"{failed}: {code} {text!r}")
+            greeted = True
             if o["starttls"]:
                 conn.starttls(context=self._tls_context())
                 conn.ehlo()
             if o["username"]:
                 conn.login(o["username"], o["password"] or "")
-        except smtplib.SMTPAuthenticationError as exc:
-            raise PermanentError(f"SMTP login refused by {o['host']}: {exc.smtp_code} {exc.smtp_error!r}") from exc
-        except smtplib.SMTPNotSupportedError as exc:  # e.g. AUTH only offered after STARTTLS
-            raise PermanentError(f"SMTP server {o['host']}: {exc} (check SMTP_URL, e.g. ?starttls=1)") from exc
-        except (smtplib.SMTPException, OSError) as exc:
-            raise TransientError(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc}") from exc
-        return conn
-
-    def _acquire(self) -> smtplib.SMTP | None:
-        """A slot plus an idle connection if one exists (None: the caller opens a new one)."""
-        self._slots.acquire()
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            return None
-
-    def _release(self, conn: smtplib.SMTP | None) -> None:
-        if conn is not None and not self._closed:
-            self._idle.put(conn)
-        elif conn is not None:
-            _quit(conn)
-        self._slots.release()
+            return conn
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, RelayRefused):
+                raise
+            if isinstance(exc, smtplib.SMTPAuthenticationError):
+                raise PermanentError(f"SMTP login refused by {o['host']}: {exc.smtp_code} {exc.smtp_error!r}") from exc
+            if isinstance(exc, smtplib.SMTPNotSupportedError):   # e.g. AUTH only offered after STARTTLS
+                raise PermanentError(f"SMTP server {o['host']}: {exc} (check SMTP_URL, e.g. ?starttls=1)") from exc
+            if isinstance(exc, smtplib.SMTPConnectError):        # the greeting was not a 220
+                text = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc)
+                error = RelayRefused if refuses_connections(exc.smtp_code, text) else TransientError
+                raise error(f"{failed}: {exc}") from exc
+            if not greeted and isinstance(exc, (ConnectionError, smtplib.SMTPServerDisconnected)):
+                raise RelayRefused(f"{failed}: {exc!r}") from exc     # refused, reset or closed at the greeting
+            if isinstance(exc, (smtplib.SMTPException, OSError)):
+                raise TransientError(f"{failed}: {exc}") from exc
+            raise
 
     # -- sending -----------------------------------------------------------------------------
     def _send_one(self, conn, m: OutgoingMail, raw: bytes) -> SendResult:
@@ -147,7 +271,7 @@ class SMTPProvider(Provider):
 
     def _send_chunk(self, items: list[tuple[int, OutgoingMail, bytes]], deadline: float) -> list[tuple[int, SendResult]]:
         out = []
-        conn = self._acquire()
+        conn = None
         started = time.perf_counter()
         try:
             for pos, (index, m, raw) in enumerate(items):
@@ -157,7 +281,7 @@ class SMTPProvider(Provider):
                 for attempt in (1, 2):
                     try:
                         if conn is None:
-                            conn = self._connect()
+                            conn = self._threaded.checkout(deadline, fresh=attempt > 1)
                         out.append((index, self._send_one(conn, m, raw)))
                         break
                     except smtplib.SMTPRecipientsRefused as exc:
@@ -191,7 +315,7 @@ class SMTPProvider(Provider):
                         out.append((index, SendResult(ok=False, error=f"unexpected SMTP client error: {exc!r}")))
                         break
         finally:
-            self._release(conn)
+            self._threaded.checkin(conn)
             if items:
                 per_mail = (time.perf_counter() - started) / len(items)
                 self._latency += 0.2 * (per_mail - self._latency)   # EWMA; races only blur it
@@ -202,14 +326,14 @@ class SMTPProvider(Provider):
         LANE_TARGET_SECONDS. A fast relay gets one lane (no thread hand-offs, which cost more CPU
         than a loopback send); a 50 ms ESP round trip gets many, up to the pool size."""
         wanted = -(-count * self._latency // LANE_TARGET_SECONDS)
-        return int(min(self.pool_size, count, max(1, wanted)))
+        return int(min(self._threaded.limit(), count, max(1, wanted)))
 
     def _async_sender(self):
         if self._async is None:
             with self._executor_lock:
                 if self._async is None:
                     self._async = AsyncSender(self.options, self.pool_size, self.pool_max, self.timeout,
-                                              self._tls_context)
+                                              self._tls_context, self.idle_timeout)
         return self._async
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -248,12 +372,7 @@ class SMTPProvider(Provider):
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        self._closed = True
-        while True:
-            try:
-                _quit(self._idle.get_nowait())
-            except queue.Empty:
-                break
+        self._threaded.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         if self._async is not None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import logging
-import math
 import re
 import ssl
 import threading
@@ -24,12 +24,12 @@ import time
 
 from app import mail
 from app.providers.base import PermanentError, SendResult, TransientError
+from app.providers.smtp_sizing import CONNECT_BURST, LaneSizer, RelayRefused, refuses_connections
 
 log = logging.getLogger("app.providers.smtp_async")
 
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 MAX_REPLY_LINES = 100
-LANE_TARGET_SECONDS = 0.025   # lanes enough that a batch's share per connection takes about this
 BATCH_OUT_OF_TIME = "not attempted: the batch ran out of time (slow SMTP relay); retried later"
 
 
@@ -58,6 +58,8 @@ class Connection:
         self.extensions: set[str] = set()
         self.auth_mechanisms: set[str] = set()
         self.broken = False
+        self.idle_since = 0.0
+        self.on_close = None      # the pool's bookkeeping, called once when the connection closes
 
     async def reply(self) -> tuple[int, str]:
         lines = []
@@ -88,7 +90,22 @@ class Connection:
             if word.upper() == "AUTH":
                 self.auth_mechanisms = {m.upper() for m in rest.split()}
 
+    def alive(self) -> bool:
+        """False when the server closed it (or said something) while it sat idle."""
+        return not (self.broken or self.writer.is_closing() or self.reader.at_eof() or self.reader.exception())
+
+    def quit(self) -> None:
+        """Close politely without waiting for the answer (the pool is done with it)."""
+        if not self.broken:
+            try:
+                self.writer.write(b"QUIT\r\n")
+            except Exception:
+                pass
+        self.close()
+
     def close(self) -> None:
+        if not self.broken and self.on_close is not None:
+            self.on_close(self)
         self.broken = True
         try:
             self.writer.close()
@@ -96,25 +113,181 @@ class Connection:
             pass
 
 
-class AsyncSender:
-    """Owns an event loop thread and up to pool_max open connections (for every thread of the
-    process). A batch gets pool_size lanes (connections) at least, and more when the relay is
-    slow: by Little's law, lanes = mails x observed seconds per mail / LANE_TARGET_SECONDS, so a
-    batch takes about that long whatever the relay's round trip, up to pool_max."""
+class AsyncPool:
+    """The connections of one AsyncSender: at most `sizer.limit()` open, a lane that finds none idle
+    and no room waits for one (FIFO, until its batch's deadline), at most CONNECT_BURST being opened
+    at once, idle ones closed after `idle_timeout`. Every method runs on the sender's loop thread."""
 
-    def __init__(self, options: dict, pool_size: int, pool_max: int, timeout: float, tls_context_factory):
+    def __init__(self, sizer: LaneSizer, connect, idle_timeout: float):
+        self.sizer, self._connect, self.idle_timeout = sizer, connect, idle_timeout
+        self.open = 0                 # established connections, idle or in use
+        self.peak = 0                 # most open at once (for tests and logs)
+        self._connecting = 0
+        self._idle: collections.deque[Connection] = collections.deque()   # most recently used on the right
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._reaper: asyncio.TimerHandle | None = None
+
+    async def checkout(self, deadline: float, fresh: bool = False) -> Connection:
+        """A connection to send on: an idle one (unless `fresh`: the last one just died) or a new
+        one when the limit has room. Raises TransientError (out of time, relay unreachable) or
+        PermanentError (login refused)."""
+        while True:
+            if not fresh:
+                conn = self._take_idle()
+                if conn is not None:
+                    return conn
+            if self.open + self._connecting < self.sizer.limit() and self._connecting < CONNECT_BURST:
+                conn = await self._open()
+                if conn is not None:
+                    return conn
+            elif fresh and self._idle:
+                self._idle.popleft().quit()      # room for a new one: its elders may be as dead
+            else:
+                self.sizer.waited()
+                await self._wait(deadline)
+
+    def checkin(self, conn: Connection | None) -> None:
+        if conn is not None and not conn.broken:
+            if self.open > self.sizer.limit():
+                conn.quit()
+            else:
+                conn.idle_since = time.monotonic()
+                self._idle.append(conn)
+                self._schedule_reap()
+        self._wake()
+        if self.open == len(self._idle) and not self._waiters and not self._connecting:
+            self.sizer.paused()
+
+    def delivered(self, seconds: float) -> None:
+        limit = self.sizer.limit()
+        settled = not self._connecting and (self.open == limit or (self.open < limit and not self._waiters))
+        if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), settled):
+            self._trim()
+            self._wake()
+
+    def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        while self._idle:
+            self._idle.pop().quit()
+
+    # -- inside ------------------------------------------------------------------------------
+    def _take_idle(self) -> Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.alive():
+                return conn
+            conn.close()
+        return None
+
+    async def _open(self) -> Connection | None:
+        """A new connection, or None when the relay refused it because of how many we hold."""
+        epoch = self.sizer.ceiling.epoch
+        self._connecting += 1
+        try:
+            conn = await self._connect()
+            conn.on_close = self._closed
+            self.open += 1
+            self.peak = max(self.peak, self.open)
+            self.sizer.ceiling.accepted(self.open, epoch)
+            return conn
+        except RelayRefused as exc:
+            if self.open == 0:
+                # Nothing of ours is open: the relay is down, restarting or full with others, which
+                # says nothing about how many it takes from us.
+                self.sizer.ceiling.forget()
+                raise
+            if self.sizer.refused(self.open, epoch):
+                log.warning("SMTP relay refused connection %d (%s); this process keeps at most %d",
+                            self.open + 1, exc, self.sizer.limit())
+                self._trim()
+            return None
+        finally:
+            self._connecting -= 1
+            self._wake()
+
+    def _closed(self, conn: Connection) -> None:
+        self.open -= 1
+        try:
+            self._idle.remove(conn)
+        except ValueError:
+            pass
+        self._wake()
+
+    async def _wait(self, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TransientError(BATCH_OUT_OF_TIME)
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(remaining):
+                await waiter
+        except TimeoutError:
+            raise TransientError(BATCH_OUT_OF_TIME) from None
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            try:
+                self._waiters.remove(waiter)
+            except ValueError:
+                pass
+
+    def _wake(self) -> None:
+        """Wake as many waiters as there are idle connections and room to open new ones."""
+        room = min(self.sizer.limit() - self.open - self._connecting, CONNECT_BURST - self._connecting)
+        wake = len(self._idle) + max(0, room)
+        while wake > 0 and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                wake -= 1
+
+    def _trim(self) -> None:
+        """The limit went down: close idle connections above it (busy ones close when handed back)."""
+        while self.open > self.sizer.limit() and self._idle:
+            self._idle.popleft().quit()
+
+    def _schedule_reap(self) -> None:
+        if self._reaper is None and self._idle:
+            due = self._idle[0].idle_since + self.idle_timeout - time.monotonic()
+            self._reaper = asyncio.get_running_loop().call_later(max(0.0, due), self._reap)
+
+    def _reap(self) -> None:
+        self._reaper = None
+        expired = time.monotonic() - self.idle_timeout
+        while self._idle and self._idle[0].idle_since <= expired:
+            self._idle.popleft().quit()
+        self._schedule_reap()
+
+
+class AsyncSender:
+    """Owns an event loop thread and the process's pool of connections (for every thread of the
+    process). The pool holds SMTP_POOL_SIZE connections and grows towards pool_max only while more
+    connections raise the measured throughput (smtp_sizing.LaneSizer); a batch is split into as
+    many lanes as the pool may use."""
+
+    def __init__(self, options: dict, pool_size: int, pool_max: int, timeout: float, tls_context_factory,
+                 idle_timeout: float = 30.0):
         self.options, self.pool_size, self.pool_max, self.timeout = options, pool_size, max(pool_size, pool_max), timeout
-        self.latency = 0.0      # seconds per mail transaction (EWMA of the relay's round trips)
         self._tls = tls_context_factory
+        self.sizer = LaneSizer(pool_size, self.pool_max)
+        self._pool = AsyncPool(self.sizer, self._connect, idle_timeout)
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="smtp-async", daemon=True)
         self._thread.start()
-        self._idle: list[Connection] = []
-        self._slots: asyncio.Semaphore | None = None
+
+    @property
+    def latency(self) -> float:
+        """Seconds per mail transaction (EWMA of the relay's round trips)."""
+        return self.sizer.latency
 
     # -- connection set-up -----------------------------------------------------------------
     async def _connect(self) -> Connection:
         o = self.options
+        conn = None
+        greeted = False     # refusals come before or in answer to the greeting and EHLO
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(
                 o["host"], o["port"], ssl=self._tls() if o["ssl"] else None,
@@ -124,6 +297,7 @@ class AsyncSender:
             if code != 220:
                 raise ReplyError(code, text)
             await asyncio.wait_for(conn.ehlo("localhost"), self.timeout)
+            greeted = True
             if o["starttls"]:
                 if "starttls" not in conn.extensions:
                     raise PermanentError(f"SMTP server {o['host']} does not offer STARTTLS")
@@ -135,14 +309,22 @@ class AsyncSender:
             if o["username"]:
                 await asyncio.wait_for(self._login(conn), self.timeout)
             return conn
-        except PermanentError:
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, PermanentError):
+                raise
+            if isinstance(exc, ReplyError):
+                if exc.code in (530, 534, 535, 538):
+                    raise PermanentError(f"SMTP login refused by {o['host']}: {exc}") from exc
+                error = RelayRefused if not greeted and refuses_connections(exc.code, exc.text) else TransientError
+                raise error(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc}") from exc
+            if not greeted and isinstance(exc, (ConnectionError, asyncio.IncompleteReadError)):
+                # refused or reset at connect, or closed before answering EHLO
+                raise RelayRefused(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc!r}") from exc
+            if isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError)):
+                raise TransientError(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc!r}") from exc
             raise
-        except ReplyError as exc:
-            if exc.code in (530, 534, 535, 538):
-                raise PermanentError(f"SMTP login refused by {o['host']}: {exc}") from exc
-            raise TransientError(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc}") from exc
-        except (OSError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
-            raise TransientError(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc!r}") from exc
 
     async def _login(self, conn: Connection) -> None:
         user, password = self.options["username"], self.options["password"] or ""
@@ -198,13 +380,15 @@ class AsyncSender:
         raise ReplyError(*failed)
 
     def lanes_for(self, count: int) -> int:
-        wanted = math.ceil(count * self.latency / LANE_TARGET_SECONDS)
-        return max(1, min(count, self.pool_max, max(self.pool_size, wanted)))
+        """Lanes for a batch of `count`: as many as the pool may grow to while it is looking for its
+        size (a step up needs lanes to give its connections to), the limit while it holds still."""
+        ceiling = self.sizer.ceiling.current()
+        most = self.sizer.limit() if self.sizer.held() else min(self.pool_max, ceiling or self.pool_max)
+        return max(1, min(count, most))
 
     async def _send_lane(self, items, deadline: float) -> list:
         out = []
-        await self._slots.acquire()
-        conn = self._idle.pop() if self._idle else None
+        conn = None
         try:
             for pos, (index, m, raw) in enumerate(items):
                 if time.monotonic() > deadline:
@@ -214,14 +398,12 @@ class AsyncSender:
                 for attempt in (1, 2):
                     try:
                         if conn is None or conn.broken:
-                            conn = await self._connect()
+                            conn = await self._pool.checkout(deadline, fresh=attempt > 1)
                         began = time.perf_counter()
                         # asyncio.timeout, not wait_for: wait_for wraps each mail in a new task
                         async with asyncio.timeout(self.timeout):
                             await self._transaction(conn, sender, m.to, raw)
-                        took = time.perf_counter() - began
-                        # EWMA (one thread: the loop's); the first round trip is taken as it is
-                        self.latency = took if not self.latency else self.latency + 0.05 * (took - self.latency)
+                        self._pool.delivered(time.perf_counter() - began)
                         out.append((index, SendResult(ok=True, message_id=mail.message_id_of(m))))
                         break
                     except ReplyError as exc:
@@ -251,24 +433,14 @@ class AsyncSender:
                         out.append((index, SendResult(ok=False, error=f"unexpected SMTP client error: {exc!r}")))
                         break
         finally:
-            if conn is not None and not conn.broken:
-                self._idle.append(conn)
-            self._slots.release()
+            self._pool.checkin(conn)
         return out
 
     async def _send_all(self, ready, deadline: float) -> list:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.pool_max)
-        first = []
-        if not self.latency and len(ready) > self.pool_size:
-            # The relay's round trip is unknown until a mail has gone: one goes alone first, so the
-            # rest of the first batch already gets the lanes Little's law asks for, instead of
-            # pool_size lanes taking 100 round trips in turns of 8 (a 50 ms relay: ~0.6 s).
-            first, ready = await self._send_lane(ready[:1], deadline), ready[1:]
         lanes = self.lanes_for(len(ready))
         chunks = [ready[k::lanes] for k in range(lanes)]
         done = await asyncio.gather(*(self._send_lane(c, deadline) for c in chunks))
-        return first + [pair for chunk in done for pair in chunk]
+        return [pair for chunk in done for pair in chunk]
 
     def send(self, ready, deadline: float) -> list:
         """[(index, SendResult)] for [(index, mail, raw bytes)], from any thread. No mail is started
@@ -286,14 +458,7 @@ class AsyncSender:
 
     def close(self) -> None:
         async def shutdown():
-            for conn in self._idle:
-                try:
-                    conn.writer.write(b"QUIT\r\n")
-                    await asyncio.wait_for(conn.writer.drain(), 1)
-                except Exception:
-                    pass
-                conn.close()
-            self._idle.clear()
+            self._pool.close()
 
         if self._loop.is_running():
             try:

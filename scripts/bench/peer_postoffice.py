@@ -470,6 +470,8 @@ def run_ours(n: int) -> dict:
         statuses = dict(cur.fetchall())
     conn.close()
     ok = reached and status == "done" and statuses == {"sent": n} and stats.get("received") == n
+    log(f"ours: the sink saw {stats.get('connections', 0):,} SMTP connections, at most "
+        f"{stats.get('peak_connections', 0):,} open at once")
     if not ok:
         log(f"ours: NOT all delivered exactly once: newsletter {status}, rows {statuses}, sink {stats}; "
             f"worker log: {worker_log}")

@@ -1,0 +1,297 @@
+"""How many SMTP connections a worker process holds (the policy; the pools in smtp_async.py and
+smtp.py apply it).
+
+Three rules, each answering a way the pool used to go wrong:
+
+- **Grow only while it pays.** LaneSizer (the async pool) starts at SMTP_POOL_SIZE and measures
+  delivered mails per second over short windows. When lanes had to wait for a connection (there is
+  more work than connections) it tries a step up and keeps it only if throughput rose by at least
+  GAIN_PER_DOUBLING per doubling of connections; otherwise it goes back and waits before trying
+  again (HOLD_MIN_SECONDS, doubling up to HOLD_MAX_SECONDS). A round trip the relay dominates
+  (the event loop mostly idle) takes big steps, so a relay 50 ms away is filled within a few round
+  trips; on a relay next door the bottleneck is the CPU, more connections do not raise throughput,
+  and the pool stays at its floor. A kept step that paid less than half of what it cost is refined
+  downwards, and a pool above its floor tries fewer connections now and then, keeping them when
+  throughput held.
+- **Stop where the relay refuses, and remember it.** A relay that refuses one more connection (421
+  at the greeting, "too many connections", a refused or reset connect) while this process holds N
+  is taken at its word: RelayCeiling keeps N as this process's most, for REPROBE_AFTER_SECONDS,
+  then lets it rise by one step at a time. Refusals of attempts made before the ceiling was lowered
+  do not lower it again, so a burst of connects costs one decrease.
+- **Give back what is idle.** Connections unused for SMTP_IDLE_TIMEOUT_SECONDS are closed.
+
+A stock Postfix accepts 50 connections per client (smtpd_client_connection_count_limit): the
+default floor (8 per process, 16 for the Procfile's two workers) fits under it, and growth above
+it stops at the first refusal.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass
+
+from app.providers.base import TransientError
+
+log = logging.getLogger("app.providers.smtp_sizing")
+
+WINDOW_MIN_SECONDS = 0.05   # a judgement covers at least this long ...
+WINDOW_MIN_MAILS = 8        # ... and at least this many mails, and one per connection allowed
+GAIN_PER_DOUBLING = 0.2     # a step up is kept when throughput rose this much per doubling of connections
+MIN_GAIN = 0.05
+CLEAR_GAIN = 3.0            # a gain under this many times the one needed, or made by a process that was
+                            # using CPU_TARGET of a core, is confirmed: back for one window first
+MAX_LOSS = 0.05             # a step down is kept when throughput fell less than this
+STEADY = 0.8                # a step is tried from two windows within this ratio of each other (one is
+                            # enough while the process mostly waits: below half of CPU_TARGET)
+MAX_STEP = 8.0              # the largest step up (a relay far away, event loop idle)
+MIN_STEP = 2.0
+CPU_TARGET = 0.5            # a step up aims at the process using this share of one core ...
+CPU_BUSY = 0.8              # ... and above this share (the GIL's limit is one core) none is tried
+DOWN_STEP = 0.85
+HOLD_MIN_SECONDS = 1.0
+HOLD_MAX_SECONDS = 300.0
+REPROBE_AFTER_SECONDS = 300.0
+CONNECT_BURST = 4           # connections being opened at once per process: bounds the refusals a limit costs
+
+_LIMIT_WORDS = re.compile(r"too many|connection limit|concurrent|maximum number", re.IGNORECASE)
+
+
+class RelayRefused(TransientError):
+    """The relay refused a new connection (421 at the greeting, too many connections, refused or
+    reset at connect): a limit when this process already holds connections, an outage when not."""
+
+
+def refuses_connections(code: int, text: str) -> bool:
+    """A reply to the greeting or to EHLO that means "no more connections from you"."""
+    return code == 421 or (code >= 400 and bool(_LIMIT_WORDS.search(text or "")))
+
+
+class RelayCeiling:
+    """The most connections the relay accepted from this process, learned from its refusals."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._value: int | None = None
+        self._since = 0.0
+        self.epoch = 0          # bumped by every decrease; attempts carry the epoch they began in
+        self.refusals = 0       # refused connection attempts seen (for tests and logs)
+
+    def current(self) -> int | None:
+        """None: no limit seen. After REPROBE_AFTER_SECONDS without a refusal it rises by a tenth
+        (at least one), and again after each further period."""
+        if self._value is not None:
+            now = self._clock()
+            if now - self._since >= REPROBE_AFTER_SECONDS:   # the limit may have been lifted: one step
+                self._value += max(1, self._value // 10)
+                self._since = now
+        return self._value
+
+    def accepted(self, established: int, epoch: int) -> None:
+        """An attempt begun before the last decrease got through after all: the relay takes at least
+        `established` (the refusal that lowered the ceiling overtook this connect's greeting)."""
+        if self._value is not None and epoch != self.epoch and established > self._value:
+            self._value = established
+
+    def forget(self) -> None:
+        """The relay refused us with nothing of ours open (down, restarting, or full with other
+        clients): what it refused before may have been that too, so no limit is kept."""
+        if self._value is not None:
+            self._value = None
+            self.epoch += 1
+
+    def refused(self, established: int, epoch: int) -> bool:
+        """An attempt begun in `epoch` was refused while this process held `established`
+        connections. True when that lowered the ceiling."""
+        self.refusals += 1
+        if epoch != self.epoch:
+            return False
+        self._value = max(1, established if self._value is None else min(established, self._value - 1))
+        self._since = self._clock()
+        self.epoch += 1
+        return True
+
+
+@dataclass
+class _Trial:
+    kind: str                   # up | confirm (back at `before` after a marginal up) | refine | down
+    before: int                 # the limit before the step ...
+    before_rate: float          # ... and the throughput it gave
+    cpu_share: float = 0.0      # the process's CPU share before the step
+    level: int = 0              # confirm: the step's limit ...
+    rate: float = 0.0           # ... and its throughput
+
+
+class LaneSizer:
+    """The async pool's connection limit, judged on measured throughput. Not thread-safe: every call
+    comes from the pool's event loop thread."""
+
+    def __init__(self, floor: int, cap: int, ceiling: RelayCeiling | None = None, clock=time.monotonic,
+                 cpu=time.process_time):
+        self.floor, self.cap = max(1, floor), max(1, floor, cap)
+        self.ceiling = ceiling or RelayCeiling(clock)
+        self.level = self.floor
+        self.latency = 0.0          # seconds per mail transaction, EWMA (informational)
+        self.steps: list[tuple[int, int, bool]] = []   # recent judgements (from, to, kept), for logs and tests
+        self._clock, self._cpu = clock, cpu
+        self._trial: _Trial | None = None
+        self._next = "up"
+        self._rates: list[float] = []   # saturated windows at the current limit since it last changed
+        self._hold, self._hold_until = HOLD_MIN_SECONDS, 0.0
+        self._start: float | None = None
+        self._settling = False      # after a change, the window starts once the new connections are open
+        self._mails, self._cpu0, self._waited, self._busy, self._seconds = 0, 0.0, False, 0, 0.0
+
+    def limit(self) -> int:
+        """Connections this process may hold now."""
+        ceiling = self.ceiling.current()
+        return self.level if ceiling is None else max(1, min(self.level, ceiling))
+
+    def held(self) -> bool:
+        """True while no step will be tried: a batch then needs no more lanes than the limit."""
+        return self._trial is None and self._clock() < self._hold_until
+
+    # -- inputs -------------------------------------------------------------------------------
+    def delivered(self, seconds: float, busy: int, waiting: bool, settled: bool = True) -> bool:
+        """A mail was accepted after `seconds` on its connection; `busy` connections are in use,
+        `waiting`: lanes wait for one; `settled`: none is being opened or closed for the current
+        limit. True when the limit changed."""
+        self.latency = seconds if not self.latency else self.latency + 0.05 * (seconds - self.latency)
+        if self._settling:
+            if not settled:
+                return False
+            self._settling, self._start = False, None
+        if self._start is None:
+            self._begin()
+        self._mails += 1
+        self._busy += busy
+        self._seconds += seconds
+        self._waited = self._waited or waiting
+        limit = self.limit()
+        if self._mails < max(WINDOW_MIN_MAILS, limit):
+            return False
+        now = self._clock()
+        elapsed = now - self._start
+        if elapsed < WINDOW_MIN_SECONDS:
+            return False
+        # Mails per second by Little's law: connections in use / seconds a mail holds one. Counting
+        # the mails of a short window would swing with the phase of the replies, which arrive in
+        # bursts when every connection waits out the same round trip.
+        rate = self._busy / max(self._seconds, 1e-9)
+        cpu_share, saturated = (self._cpu() - self._cpu0) / elapsed, self._waited
+        self._begin()
+        return self._judge(rate, cpu_share, saturated, limit, now)
+
+    def waited(self) -> None:
+        """A lane had to wait for a connection: more work than connections."""
+        self._waited = True
+
+    def paused(self) -> None:
+        """Nothing in flight: the next window starts with the next mail, not now."""
+        self._start = None
+
+    def refused(self, established: int, epoch: int) -> bool:
+        """A connection attempt begun in `epoch` was refused while `established` were open. True
+        when the limit went down."""
+        if not self.ceiling.refused(established, epoch):
+            return False
+        self._settling = True
+        return True
+
+    # -- the decision -------------------------------------------------------------------------
+    def _begin(self) -> None:
+        self._start, self._cpu0, self._waited = self._clock(), self._cpu(), False
+        self._mails, self._busy, self._seconds = 0, 0, 0.0
+
+    def _judge(self, rate: float, cpu_share: float, saturated: bool, limit: int, now: float) -> bool:
+        """`saturated`: lanes waited for a connection during the window, so the connections (not the
+        amount of work) set `rate`. `cpu_share`: of one core, used by the whole process (the event
+        loop shares the GIL with the threads that render and claim)."""
+        trial = self._trial
+        log.debug("window: limit %d, %.0f mails/s, CPU %.2f, saturated %s, trial %s", limit, rate, cpu_share,
+                  saturated, trial)
+        if trial is None:
+            if not saturated:
+                return False
+            # Steps start from a steady rate: two windows that agree. A window in which the rendering
+            # threads held the GIL, or another process the CPU, must not pass for the level's
+            # throughput and make a step look good.
+            self._rates = (self._rates + [rate])[-2:]
+            steady = len(self._rates) == 2 and min(self._rates) >= STEADY * max(self._rates)
+            if now < self._hold_until or not (steady or cpu_share < CPU_TARGET / 2):
+                return False
+            return self._probe(max(self._rates), cpu_share, limit)
+        if trial.kind == "up" and limit <= trial.before:
+            self._trial = None
+            return False            # a refusal cut the step short: the ceiling decided instead
+        if trial.kind == "up":
+            need = max(MIN_GAIN, GAIN_PER_DOUBLING * math.log2(limit / trial.before))
+            if rate >= trial.before_rate * (1 + CLEAR_GAIN * need) and trial.cpu_share < CPU_TARGET:
+                return self._kept(trial.before, trial.before_rate, limit, rate, now)
+            if rate < trial.before_rate * (1 + need):
+                return saturated and self._undo(trial.before, limit, "down", now)
+            # A marginal gain may be the host's load drifting: measure the old limit once more and
+            # keep the step only if it beats both measurements.
+            self._trial = _Trial("confirm", trial.before, trial.before_rate, trial.cpu_share, limit, rate)
+            self.level, self._settling = trial.before, True
+            return True
+        if not saturated:
+            return False            # too little work to tell: judge on a later window
+        if trial.kind == "confirm":
+            need = max(MIN_GAIN, GAIN_PER_DOUBLING * math.log2(trial.level / trial.before))
+            if trial.rate >= max(trial.before_rate, rate) * (1 + need):
+                self.level, self._settling = trial.level, True
+                self._kept(trial.before, max(trial.before_rate, rate), trial.level, trial.rate, now)
+                return True
+            return self._undo(trial.before, trial.level, "down", now, moved=False)
+        if rate < trial.before_rate * (1 - MAX_LOSS):
+            return self._undo(trial.before, limit, "up", now)
+        self._trial, self._rates = None, [rate]
+        self.steps = (self.steps + [(trial.before, limit, True)])[-32:]
+        if trial.kind == "refine":
+            self._next, self._hold_until = "up", now + self._hold
+        else:
+            self._next = "down"     # fewer held: try fewer still
+        return False
+
+    def _probe(self, rate: float, cpu_share: float, limit: int) -> bool:
+        ceiling = self.ceiling.current()
+        cap = self.cap if ceiling is None else min(self.cap, ceiling)
+        if self._next == "up" and limit < cap and cpu_share < CPU_BUSY:
+            # A process mostly waiting for the relay takes a big step, one near its CPU a small one.
+            step = min(MAX_STEP, max(MIN_STEP, CPU_TARGET / max(cpu_share, 1e-6)))
+            return self._try("up", min(cap, math.ceil(limit * step)), rate, cpu_share)
+        if limit > self.floor:
+            return self._try("down", max(self.floor, int(limit * DOWN_STEP)), rate, cpu_share)
+        self._next = "up"
+        return False
+
+    def _kept(self, before: int, before_rate: float, limit: int, rate: float, now: float) -> bool:
+        """An up-step from `before` to `limit` paid: keep it, and go on up unless it paid little."""
+        self._trial, self._rates = None, [rate]
+        self.steps = (self.steps + [(before, limit, True)])[-32:]
+        self._hold = HOLD_MIN_SECONDS
+        paid = (rate / before_rate - 1) / max(1e-9, limit / before - 1)
+        middle = round(math.sqrt(before * limit))
+        if paid < 0.5 and before < middle < limit:
+            # More than half of the step bought nothing: the knee lies between. Try the geometric
+            # middle, keep it if throughput holds.
+            return self._try("refine", middle, rate, 0.0)
+        self._next = "up"
+        return False
+
+    def _undo(self, before: int, limit: int, next_probe: str, now: float, moved: bool = True) -> bool:
+        """The step from `before` to `limit` did not pay: back, and wait longer before the next."""
+        self._trial, self._rates = None, []
+        self.steps = (self.steps + [(before, limit, False)])[-32:]
+        self.level, self._next = before, next_probe
+        self._settling = self._settling or moved
+        self._hold_until = now + self._hold
+        self._hold = min(self._hold * 2, HOLD_MAX_SECONDS)
+        return moved
+
+    def _try(self, kind: str, level: int, rate: float, cpu_share: float) -> bool:
+        self._trial, self._rates = _Trial(kind, self.limit(), rate, cpu_share), []
+        self.level, self._settling = level, True
+        return True
