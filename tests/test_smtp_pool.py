@@ -36,16 +36,19 @@ def _close_providers():
 # -- the policy, against a model relay --------------------------------------------------------
 class ModelRelay:
     """Feeds a LaneSizer what a pool would see: a relay `round_trip` seconds away and a host that
-    can process at most `capacity` mails/s, the sending process's own CPU being `cpu_cost` of the
-    host's (the rest: Postgres, the relay, other processes); `demand` lanes want a connection. Time
-    is fake."""
+    can process at most `capacity` mails/s; at that rate the sending process uses `cpu_cost` of a
+    core (the rest of the host: Postgres, the relay, other processes) and its event loop `loop_cost`
+    (the rest of the process: threads rendering mail); `demand` lanes want a connection. Time is
+    fake."""
 
     def __init__(self, round_trip: float, capacity: float, demand: int = 10_000, floor: int = 8, cap: int = 256,
-                 cpu_cost: float = 0.4):
+                 cpu_cost: float = 0.6, loop_cost: float = 0.3):
         self.now = 0.0
-        self.round_trip, self.capacity, self.demand, self.cpu_cost = round_trip, capacity, demand, cpu_cost
-        self.cpu = 0.0
-        self.sizer = LaneSizer(floor, cap, clock=lambda: self.now, cpu=lambda: self.cpu)
+        self.round_trip, self.capacity, self.demand = round_trip, capacity, demand
+        self.cpu_cost, self.loop_cost = cpu_cost, loop_cost
+        self.cpu = self.loop_cpu = 0.0
+        self.sizer = LaneSizer(floor, cap, clock=lambda: self.now, cpu=lambda: self.cpu,
+                               loop_cpu=lambda: self.loop_cpu)
         self.ceiling = self.sizer.ceiling
         self.ceiling._clock = lambda: self.now
         self.most = 0
@@ -60,6 +63,7 @@ class ModelRelay:
             rate = busy / took
             self.now += 1 / rate
             self.cpu += self.cpu_cost / self.capacity
+            self.loop_cpu += self.loop_cost / self.capacity
             self.sizer.delivered(took, busy, waiting=self.demand > limit)
         return self.sizer
 
@@ -84,7 +88,7 @@ def test_a_relay_next_door_keeps_the_floor():
     tried = [step for step in relay.sizer.steps if step[1] > step[0]]
     assert tried and not any(kept for _, _, kept in tried)
     assert len(tried) <= 12          # ten minutes: 1 + 2 + 4 + ... seconds apart, then every 5 minutes
-    busy = ModelRelay(round_trip=0.0002, capacity=1000, cpu_cost=0.9)    # the process is the bottleneck (GIL)
+    busy = ModelRelay(round_trip=0.0002, capacity=1000, cpu_cost=0.95)   # the process is the bottleneck (GIL)
     busy.run(60)
     assert busy.most == 8 and busy.sizer.steps == []                    # not even tried
 

@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from app import config, mail
 from app.providers.base import OutgoingMail, PermanentError, Provider, SendResult, TransientError
 from app.providers.smtp_async import BATCH_OUT_OF_TIME, AsyncSender, out_of_time
-from app.providers.smtp_sizing import RelayCeiling, RelayRefused, refuses_connections
+from app.providers.smtp_sizing import CONNECT_BURST, RelayCeiling, RelayRefused, refuses_connections
 
 log = logging.getLogger("app.providers.smtp")
 
@@ -63,8 +63,9 @@ def parse_url(url: str) -> dict:
 
 class ThreadedPool:
     """The threaded pool's connections (SMTP_ASYNC=0): at most `size` open, fewer once the relay
-    refused one more (smtp_sizing.RelayCeiling); a lane that finds none idle and no room waits
-    for one until its batch's deadline; idle ones are closed after `idle_timeout`."""
+    refused one more (smtp_sizing.RelayCeiling), at most CONNECT_BURST being opened at once; a lane
+    that finds none idle and no room waits for one until its batch's deadline; idle ones are closed
+    after `idle_timeout`."""
 
     def __init__(self, size: int, connect, idle_timeout: float):
         self.size, self._connect, self.idle_timeout = size, connect, idle_timeout
@@ -93,7 +94,7 @@ class ThreadedPool:
                         if conn.sock is not None:
                             return conn
                         continue
-                    if self._open() + self._connecting < self.limit():
+                    if self._open() + self._connecting < self.limit() and self._connecting < CONNECT_BURST:
                         self._connecting += 1
                         epoch = self.ceiling.epoch
                         break
@@ -113,8 +114,13 @@ class ThreadedPool:
             except RelayRefused as exc:
                 with self._lock:
                     self._connecting -= 1
+                    self._lock.notify_all()
+                    while self._open() == 0 and self._connecting:     # the others' connects may yet get in
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise TransientError(BATCH_OUT_OF_TIME) from None
+                        self._lock.wait(min(remaining, 1.0))
                     established = self._open()
-                    self._lock.notify()
                     if established == 0:
                         self.ceiling.forget()   # the relay is down or full with others: no limit of ours
                         raise
@@ -125,12 +131,13 @@ class ThreadedPool:
             except BaseException:
                 with self._lock:
                     self._connecting -= 1
-                    self._lock.notify()
+                    self._lock.notify_all()
                 raise
             with self._lock:
                 self._connecting -= 1
                 self._conns.add(conn)
                 self.ceiling.accepted(self._open(), epoch)
+                self._lock.notify_all()
             return conn
 
     def checkin(self, conn: smtplib.SMTP | None) -> None:

@@ -24,7 +24,7 @@ import time
 
 from app import mail
 from app.providers.base import PermanentError, SendResult, TransientError
-from app.providers.smtp_sizing import CONNECT_BURST, LaneSizer, RelayRefused, refuses_connections
+from app.providers.smtp_sizing import CONNECT_BURST, SMALL_LIMITS, LaneSizer, RelayRefused, refuses_connections
 
 log = logging.getLogger("app.providers.smtp_async")
 
@@ -115,8 +115,9 @@ class Connection:
 
 class AsyncPool:
     """The connections of one AsyncSender: at most `sizer.limit()` open, a lane that finds none idle
-    and no room waits for one (FIFO, until its batch's deadline), at most CONNECT_BURST being opened
-    at once, idle ones closed after `idle_timeout`. Every method runs on the sender's loop thread."""
+    and no room waits for one (FIFO, until its batch's deadline), at most CONNECT_BURST (or a
+    quarter of those open) being opened at once, idle ones closed after `idle_timeout`. Every method
+    runs on the sender's loop thread."""
 
     def __init__(self, sizer: LaneSizer, connect, idle_timeout: float):
         self.sizer, self._connect, self.idle_timeout = sizer, connect, idle_timeout
@@ -125,19 +126,21 @@ class AsyncPool:
         self._connecting = 0
         self._idle: collections.deque[Connection] = collections.deque()   # most recently used on the right
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._connects_waiters: list[asyncio.Future] = []   # refused lanes waiting for the others' connects
         self._reaper: asyncio.TimerHandle | None = None
 
     async def checkout(self, deadline: float, fresh: bool = False) -> Connection:
         """A connection to send on: an idle one (unless `fresh`: the last one just died) or a new
         one when the limit has room. Raises TransientError (out of time, relay unreachable) or
         PermanentError (login refused)."""
+        self.sizer.resumed()
         while True:
             if not fresh:
                 conn = self._take_idle()
                 if conn is not None:
                     return conn
-            if self.open + self._connecting < self.sizer.limit() and self._connecting < CONNECT_BURST:
-                conn = await self._open()
+            if self.open + self._connecting < self.sizer.limit() and self._connecting < self._burst():
+                conn = await self._open(deadline)
                 if conn is not None:
                     return conn
             elif fresh and self._idle:
@@ -159,11 +162,14 @@ class AsyncPool:
             self.sizer.paused()
 
     def delivered(self, seconds: float) -> None:
-        limit = self.sizer.limit()
-        settled = not self._connecting and (self.open == limit or (self.open < limit and not self._waiters))
-        if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), settled):
+        if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), self._settled()):
             self._trim()
             self._wake()
+
+    def _settled(self) -> bool:
+        """No connection being opened, and as many open as the limit allows (or the work needs)."""
+        limit = self.sizer.limit()
+        return not self._connecting and (self.open == limit or (self.open < limit and not self._waiters))
 
     def close(self) -> None:
         if self._reaper is not None:
@@ -181,7 +187,7 @@ class AsyncPool:
             conn.close()
         return None
 
-    async def _open(self) -> Connection | None:
+    async def _open(self, deadline: float) -> Connection | None:
         """A new connection, or None when the relay refused it because of how many we hold."""
         epoch = self.sizer.ceiling.epoch
         self._connecting += 1
@@ -193,19 +199,28 @@ class AsyncPool:
             self.sizer.ceiling.accepted(self.open, epoch)
             return conn
         except RelayRefused as exc:
-            if self.open == 0:
-                # Nothing of ours is open: the relay is down, restarting or full with others, which
-                # says nothing about how many it takes from us.
-                self.sizer.ceiling.forget()
-                raise
-            if self.sizer.refused(self.open, epoch):
-                log.warning("SMTP relay refused connection %d (%s); this process keeps at most %d",
-                            self.open + 1, exc, self.sizer.limit())
-                self._trim()
-            return None
+            refused = exc
         finally:
             self._connecting -= 1
+            for waiter in self._connects_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._connects_waiters.clear()
             self._wake()
+            if self.sizer.settling and self._settled():
+                self.sizer.settled()
+        while self.open == 0 and self._connecting:     # the others' connects may yet get in
+            await self._wait(deadline, self._connects_waiters)
+        if self.open == 0:
+            # Nothing of ours is open: the relay is down, restarting or full with others, which
+            # says nothing about how many it takes from us.
+            self.sizer.ceiling.forget()
+            raise refused
+        if self.sizer.refused(self.open, epoch):
+            log.warning("SMTP relay refused connection %d (%s); this process keeps at most %d",
+                        self.open + 1, refused, self.sizer.limit())
+            self._trim()
+        return None
 
     def _closed(self, conn: Connection) -> None:
         self.open -= 1
@@ -214,13 +229,18 @@ class AsyncPool:
         except ValueError:
             pass
         self._wake()
+        if self.sizer.settling and self._settled():
+            self.sizer.settled()
 
-    async def _wait(self, deadline: float) -> None:
+    async def _wait(self, deadline: float, queue=None) -> None:
+        """Until woken (a place in `queue`, the lanes waiting for a connection by default), at most
+        until `deadline`."""
+        queue = self._waiters if queue is None else queue
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TransientError(BATCH_OUT_OF_TIME)
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        queue.append(waiter)
         try:
             async with asyncio.timeout(remaining):
                 await waiter
@@ -230,19 +250,24 @@ class AsyncPool:
             if not waiter.done():
                 waiter.cancel()
             try:
-                self._waiters.remove(waiter)
+                queue.remove(waiter)
             except ValueError:
                 pass
 
     def _wake(self) -> None:
         """Wake as many waiters as there are idle connections and room to open new ones."""
-        room = min(self.sizer.limit() - self.open - self._connecting, CONNECT_BURST - self._connecting)
+        room = min(self.sizer.limit() - self.open - self._connecting, self._burst() - self._connecting)
         wake = len(self._idle) + max(0, room)
         while wake > 0 and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 wake -= 1
+
+    def _burst(self) -> int:
+        """Connects at once: CONNECT_BURST, half of those open, all of those open past
+        SMALL_LIMITS (relays that cap connections per client mostly cap below it)."""
+        return max(CONNECT_BURST, self.open if self.open >= SMALL_LIMITS else self.open // 2)
 
     def _trim(self) -> None:
         """The limit went down: close idle connections above it (busy ones close when handed back)."""
@@ -288,26 +313,35 @@ class AsyncSender:
         o = self.options
         conn = None
         greeted = False     # refusals come before or in answer to the greeting and EHLO
+        # asyncio.timeout per step, not wait_for: wait_for runs each step as a task of its own, one
+        # more turn of the event loop per step, which a busy process pays dearly in connect time.
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                o["host"], o["port"], ssl=self._tls() if o["ssl"] else None,
-                server_hostname=o["host"] if o["ssl"] else None), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(
+                    o["host"], o["port"], ssl=self._tls() if o["ssl"] else None,
+                    server_hostname=o["host"] if o["ssl"] else None)
             conn = Connection(reader, writer)
-            code, text = await asyncio.wait_for(conn.reply(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                code, text = await conn.reply()
             if code != 220:
                 raise ReplyError(code, text)
-            await asyncio.wait_for(conn.ehlo("localhost"), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await conn.ehlo("localhost")
             greeted = True
             if o["starttls"]:
                 if "starttls" not in conn.extensions:
                     raise PermanentError(f"SMTP server {o['host']} does not offer STARTTLS")
-                code, text = await asyncio.wait_for(conn.command("STARTTLS"), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    code, text = await conn.command("STARTTLS")
                 if code != 220:
                     raise ReplyError(code, text)
-                await asyncio.wait_for(writer.start_tls(self._tls(), server_hostname=o["host"]), self.timeout)
-                await asyncio.wait_for(conn.ehlo("localhost"), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    await writer.start_tls(self._tls(), server_hostname=o["host"])
+                async with asyncio.timeout(self.timeout):
+                    await conn.ehlo("localhost")
             if o["username"]:
-                await asyncio.wait_for(self._login(conn), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    await self._login(conn)
             return conn
         except BaseException as exc:
             if conn is not None:

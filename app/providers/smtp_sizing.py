@@ -36,24 +36,30 @@ from app.providers.base import TransientError
 
 log = logging.getLogger("app.providers.smtp_sizing")
 
-WINDOW_MIN_SECONDS = 0.05   # a judgement covers at least this long ...
-WINDOW_MIN_MAILS = 8        # ... and at least this many mails, and one per connection allowed
-GAIN_PER_DOUBLING = 0.2     # a step up is kept when throughput rose this much per doubling of connections
-MIN_GAIN = 0.05
-CLEAR_GAIN = 3.0            # a gain under this many times the one needed, or made by a process that was
-                            # using CPU_TARGET of a core, is confirmed: back for one window first
+WINDOW_MIN_SECONDS = 0.05   # a judgement covers at least this long, WINDOW_MIN_MAILS mails and one mail
+WINDOW_MIN_MAILS = 8        # per connection allowed
+GAIN_PER_DOUBLING = 0.2     # a step up is kept when throughput rose this much per doubling of connections,
+MIN_GAIN = 0.05             # and at least this much
+CLEAR_GAIN = 3.0            # a gain below this many times the one needed is confirmed by one more window
 MAX_LOSS = 0.05             # a step down is kept when throughput fell less than this
-STEADY = 0.8                # a step is tried from two windows within this ratio of each other (one is
-                            # enough while the process mostly waits: below half of CPU_TARGET)
-MAX_STEP = 8.0              # the largest step up (a relay far away, event loop idle)
-MIN_STEP = 2.0
-CPU_TARGET = 0.5            # a step up aims at the process using this share of one core ...
-CPU_BUSY = 0.8              # ... and above this share (the GIL's limit is one core) none is tried
+STEADY = 0.8                # a step starts from two windows within this ratio of each other (one window
+                            # is enough when the relay is far)
+FAR_ROUND_TRIP = 0.01       # the relay is far when even the quickest mail of a window took this long (three
+EVEN = 0.5                  # times this while the process is busy) and at least EVEN of the mean: the
+                            # relay's round trip, not this host's CPU, sets the rate. A process starved of
+                            # the CPU or the GIL also makes every mail slow, but unevenly.
+CPU_BUSY = 0.8              # the process used this share of a core (the GIL's limit is one): busy
+FAR_STEP = 4.0              # the step up from one far window ...
+MAX_STEP = 32.0             # ... from two in a row: CPU_TARGET / the event
+CPU_TARGET = 2.0            # loop's CPU share, up to MAX_STEP (an overshoot the judgement refines) ...
+MIN_STEP = 2.0              # ... from a relay that is not far: a doubling, none while the process is busy
 DOWN_STEP = 0.85
-HOLD_MIN_SECONDS = 1.0
-HOLD_MAX_SECONDS = 300.0
+HOLD_MIN_SECONDS = 1.0      # after a step that did not pay, the next waits this long, twice as long after
+HOLD_MAX_SECONDS = 300.0    # each further one, up to this
 REPROBE_AFTER_SECONDS = 300.0
-CONNECT_BURST = 4           # connections being opened at once per process: bounds the refusals a limit costs
+CONNECT_BURST = 8           # connections being opened at once per process, or half of those open if more,
+SMALL_LIMITS = 64           # or as many as are open past this: bounds the refusals learning a limit costs
+                            # (Postfix allows 50 per client, Exchange 20) and still fills a big step fast
 
 _LIMIT_WORDS = re.compile(r"too many|connection limit|concurrent|maximum number", re.IGNORECASE)
 
@@ -115,10 +121,10 @@ class RelayCeiling:
 
 @dataclass
 class _Trial:
-    kind: str                   # up | confirm (back at `before` after a marginal up) | refine | down
+    kind: str                   # up | confirm (one more window after a marginal up) | refine | down
     before: int                 # the limit before the step ...
     before_rate: float          # ... and the throughput it gave
-    cpu_share: float = 0.0      # the process's CPU share before the step
+    far: bool = False           # the relay was far before the step
     level: int = 0              # confirm: the step's limit ...
     rate: float = 0.0           # ... and its throughput
 
@@ -128,20 +134,22 @@ class LaneSizer:
     comes from the pool's event loop thread."""
 
     def __init__(self, floor: int, cap: int, ceiling: RelayCeiling | None = None, clock=time.monotonic,
-                 cpu=time.process_time):
+                 cpu=time.process_time, loop_cpu=time.thread_time):
         self.floor, self.cap = max(1, floor), max(1, floor, cap)
         self.ceiling = ceiling or RelayCeiling(clock)
         self.level = self.floor
         self.latency = 0.0          # seconds per mail transaction, EWMA (informational)
         self.steps: list[tuple[int, int, bool]] = []   # recent judgements (from, to, kept), for logs and tests
-        self._clock, self._cpu = clock, cpu
+        self._clock, self._cpu, self._loop_cpu = clock, cpu, loop_cpu
         self._trial: _Trial | None = None
         self._next = "up"
-        self._rates: list[float] = []   # saturated windows at the current limit since it last changed
         self._hold, self._hold_until = HOLD_MIN_SECONDS, 0.0
+        self._rates: list[float] = []   # saturated windows at the current limit since it last changed
+        self._far_before = False    # the previous window found the relay far
+        self._settling = False      # after a change, the window starts once the connections are open
         self._start: float | None = None
-        self._settling = False      # after a change, the window starts once the new connections are open
-        self._mails, self._cpu0, self._waited, self._busy, self._seconds = 0, 0.0, False, 0, 0.0
+        self._begin()
+        self._start = None
 
     def limit(self) -> int:
         """Connections this process may hold now."""
@@ -152,6 +160,10 @@ class LaneSizer:
         """True while no step will be tried: a batch then needs no more lanes than the limit."""
         return self._trial is None and self._clock() < self._hold_until
 
+    @property
+    def settling(self) -> bool:
+        return self._settling
+
     # -- inputs -------------------------------------------------------------------------------
     def delivered(self, seconds: float, busy: int, waiting: bool, settled: bool = True) -> bool:
         """A mail was accepted after `seconds` on its connection; `busy` connections are in use,
@@ -161,12 +173,13 @@ class LaneSizer:
         if self._settling:
             if not settled:
                 return False
-            self._settling, self._start = False, None
+            self.settled()
         if self._start is None:
             self._begin()
         self._mails += 1
         self._busy += busy
         self._seconds += seconds
+        self._quickest = min(self._quickest, seconds)
         self._waited = self._waited or waiting
         limit = self.limit()
         if self._mails < max(WINDOW_MIN_MAILS, limit):
@@ -179,17 +192,34 @@ class LaneSizer:
         # the mails of a short window would swing with the phase of the replies, which arrive in
         # bursts when every connection waits out the same round trip.
         rate = self._busy / max(self._seconds, 1e-9)
-        cpu_share, saturated = (self._cpu() - self._cpu0) / elapsed, self._waited
+        loop_share = (self._loop_cpu() - self._loop0) / elapsed
+        cpu_busy = (self._cpu() - self._cpu0) / elapsed >= CPU_BUSY
+        far = self._quickest >= FAR_ROUND_TRIP * (3 if cpu_busy else 1) \
+            and self._quickest >= EVEN * self._seconds / self._mails
+        saturated = self._waited
         self._begin()
-        return self._judge(rate, cpu_share, saturated, limit, now)
+        changed = self._judge(rate, loop_share, cpu_busy, far, saturated, limit, now)
+        self._far_before = far
+        return changed
 
     def waited(self) -> None:
         """A lane had to wait for a connection: more work than connections."""
         self._waited = True
 
+    def settled(self) -> None:
+        """The connections for the current limit are open (or closed): the next window starts now."""
+        if self._settling:
+            self._settling = False
+            self._begin()
+
     def paused(self) -> None:
-        """Nothing in flight: the next window starts with the next mail, not now."""
+        """Nothing in flight: the next window starts when a lane takes a connection again."""
         self._start = None
+
+    def resumed(self) -> None:
+        """A lane takes a connection: the window starts now if nothing was in flight."""
+        if self._start is None and not self._settling:
+            self._begin()
 
     def refused(self, established: int, epoch: int) -> bool:
         """A connection attempt begun in `epoch` was refused while `established` were open. True
@@ -201,48 +231,68 @@ class LaneSizer:
 
     # -- the decision -------------------------------------------------------------------------
     def _begin(self) -> None:
-        self._start, self._cpu0, self._waited = self._clock(), self._cpu(), False
-        self._mails, self._busy, self._seconds = 0, 0, 0.0
+        self._start, self._cpu0, self._loop0, self._waited = self._clock(), self._cpu(), self._loop_cpu(), False
+        self._mails, self._busy, self._seconds, self._quickest = 0, 0, 0.0, math.inf
 
-    def _judge(self, rate: float, cpu_share: float, saturated: bool, limit: int, now: float) -> bool:
-        """`saturated`: lanes waited for a connection during the window, so the connections (not the
-        amount of work) set `rate`. `cpu_share`: of one core, used by the whole process (the event
-        loop shares the GIL with the threads that render and claim)."""
+    def _judge(self, rate: float, loop_share: float, cpu_busy: bool, far: bool, saturated: bool,
+               limit: int, now: float) -> bool:
+        """One window: `rate` mails/s at `limit`; `loop_share` of a core used by the event loop's
+        thread; `cpu_busy`: the whole process near one core (the loop shares the GIL with the
+        threads that render and claim); `far`: the relay's round trip sets the rate; `saturated`:
+        lanes waited for a connection, so the connections (not the amount of work) set the rate."""
         trial = self._trial
-        log.debug("window: limit %d, %.0f mails/s, CPU %.2f, saturated %s, trial %s", limit, rate, cpu_share,
-                  saturated, trial)
+        log.debug("window: limit %d, %.0f mails/s, loop CPU %.2f, busy %s, far %s, saturated %s, trial %s",
+                  limit, rate, loop_share, cpu_busy, far, saturated, trial)
         if trial is None:
             if not saturated:
                 return False
-            # Steps start from a steady rate: two windows that agree. A window in which the rendering
-            # threads held the GIL, or another process the CPU, must not pass for the level's
-            # throughput and make a step look good.
+            # A step starts from a steady rate: two windows that agree. A window in which the
+            # rendering threads held the GIL, or another process the CPU, must not pass for the
+            # limit's throughput and make a step look good.
             self._rates = (self._rates + [rate])[-2:]
             steady = len(self._rates) == 2 and min(self._rates) >= STEADY * max(self._rates)
-            if now < self._hold_until or not (steady or cpu_share < CPU_TARGET / 2):
+            if now < self._hold_until or not (steady or far):
                 return False
-            return self._probe(max(self._rates), cpu_share, limit)
-        if trial.kind == "up" and limit <= trial.before:
-            self._trial = None
-            return False            # a refusal cut the step short: the ceiling decided instead
+            return self._probe(max(self._rates), loop_share, cpu_busy, far, limit)
         if trial.kind == "up":
+            if limit <= trial.before:
+                self._trial = None
+                return False        # a refusal cut the step short: the ceiling decided instead
             need = max(MIN_GAIN, GAIN_PER_DOUBLING * math.log2(limit / trial.before))
-            if rate >= trial.before_rate * (1 + CLEAR_GAIN * need) and trial.cpu_share < CPU_TARGET:
-                return self._kept(trial.before, trial.before_rate, limit, rate, now)
+            if rate >= trial.before_rate * (1 + CLEAR_GAIN * need) and trial.far and far:
+                # Clearly paid: keep it and, unless it paid little, go on from this window at once.
+                return self._kept(trial.before, trial.before_rate, limit, rate) \
+                    or (self._trial is None and self._probe(rate, loop_share, cpu_busy, far, limit))
             if rate < trial.before_rate * (1 + need):
-                return saturated and self._undo(trial.before, limit, "down", now)
-            # A marginal gain may be the host's load drifting: measure the old limit once more and
-            # keep the step only if it beats both measurements.
-            self._trial = _Trial("confirm", trial.before, trial.before_rate, trial.cpu_share, limit, rate)
+                if not saturated:
+                    return False
+                middle = round(math.sqrt(trial.before * limit))
+                if rate >= trial.before_rate * (1 + GAIN_PER_DOUBLING) and trial.before < middle < limit:
+                    # It paid, less than so big a step must: the knee lies between. Try the middle.
+                    self.steps = (self.steps + [(trial.before, limit, False)])[-32:]
+                    self._trial = _Trial("up", trial.before, trial.before_rate, trial.far)
+                    self.level, self._settling = middle, True
+                    return True
+                return self._undo(trial.before, limit, "down", now)
+            # A marginal gain may be the host's load drifting. From a far relay one more window at
+            # the new limit must agree; otherwise the old limit is measured once more and the step
+            # is kept only if it beats both measurements.
+            self._trial = _Trial("confirm", trial.before, trial.before_rate, trial.far and far, limit, rate)
+            if self._trial.far:
+                return False
             self.level, self._settling = trial.before, True
             return True
         if not saturated:
             return False            # too little work to tell: judge on a later window
         if trial.kind == "confirm":
             need = max(MIN_GAIN, GAIN_PER_DOUBLING * math.log2(trial.level / trial.before))
+            if trial.far:           # this window was at the new limit too
+                if min(trial.rate, rate) >= trial.before_rate * (1 + need):
+                    return self._kept(trial.before, trial.before_rate, trial.level, min(trial.rate, rate))
+                return self._undo(trial.before, trial.level, "down", now)
             if trial.rate >= max(trial.before_rate, rate) * (1 + need):
                 self.level, self._settling = trial.level, True
-                self._kept(trial.before, max(trial.before_rate, rate), trial.level, trial.rate, now)
+                self._kept(trial.before, max(trial.before_rate, rate), trial.level, trial.rate)
                 return True
             return self._undo(trial.before, trial.level, "down", now, moved=False)
         if rate < trial.before_rate * (1 - MAX_LOSS):
@@ -252,22 +302,28 @@ class LaneSizer:
         if trial.kind == "refine":
             self._next, self._hold_until = "up", now + self._hold
         else:
-            self._next = "down"     # fewer held: try fewer still
+            self._next = "down"     # fewer did as well: try fewer still
         return False
 
-    def _probe(self, rate: float, cpu_share: float, limit: int) -> bool:
+    def _probe(self, rate: float, loop_share: float, cpu_busy: bool, far: bool, limit: int) -> bool:
         ceiling = self.ceiling.current()
         cap = self.cap if ceiling is None else min(self.cap, ceiling)
-        if self._next == "up" and limit < cap and cpu_share < CPU_BUSY:
-            # A process mostly waiting for the relay takes a big step, one near its CPU a small one.
-            step = min(MAX_STEP, max(MIN_STEP, CPU_TARGET / max(cpu_share, 1e-6)))
-            return self._try("up", min(cap, math.ceil(limit * step)), rate, cpu_share)
+        if self._next == "up" and limit >= cap:
+            # At the most it may hold: fewer may do as well, but try that only after a while.
+            self._next, self._hold_until = "down", self._clock() + self._hold
+            return False
+        if self._next == "up" and (far or not cpu_busy):
+            if far and self._far_before:
+                step = min(MAX_STEP, max(MIN_STEP, CPU_TARGET / max(loop_share, 1e-6)))
+            else:
+                step = FAR_STEP if far else MIN_STEP
+            return self._try("up", min(cap, math.ceil(limit * step)), rate, far)
         if limit > self.floor:
-            return self._try("down", max(self.floor, int(limit * DOWN_STEP)), rate, cpu_share)
-        self._next = "up"
+            return self._try("down", max(self.floor, int(limit * DOWN_STEP)), rate, far)
+        self._next = "up"           # at the floor with the CPU busy: nothing to try now
         return False
 
-    def _kept(self, before: int, before_rate: float, limit: int, rate: float, now: float) -> bool:
+    def _kept(self, before: int, before_rate: float, limit: int, rate: float) -> bool:
         """An up-step from `before` to `limit` paid: keep it, and go on up unless it paid little."""
         self._trial, self._rates = None, [rate]
         self.steps = (self.steps + [(before, limit, True)])[-32:]
@@ -277,7 +333,7 @@ class LaneSizer:
         if paid < 0.5 and before < middle < limit:
             # More than half of the step bought nothing: the knee lies between. Try the geometric
             # middle, keep it if throughput holds.
-            return self._try("refine", middle, rate, 0.0)
+            return self._try("refine", middle, rate, False)
         self._next = "up"
         return False
 
@@ -291,7 +347,7 @@ class LaneSizer:
         self._hold = min(self._hold * 2, HOLD_MAX_SECONDS)
         return moved
 
-    def _try(self, kind: str, level: int, rate: float, cpu_share: float) -> bool:
-        self._trial, self._rates = _Trial(kind, self.limit(), rate, cpu_share), []
+    def _try(self, kind: str, level: int, rate: float, far: bool) -> bool:
+        self._trial, self._rates = _Trial(kind, self.limit(), rate, far), []
         self.level, self._settling = level, True
         return True
