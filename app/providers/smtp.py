@@ -62,10 +62,11 @@ def parse_url(url: str) -> dict:
 
 
 class ThreadedPool:
-    """The threaded pool's connections (SMTP_ASYNC=0): at most `size` open, fewer once the relay
-    refused one more (smtp_sizing.RelayCeiling), at most CONNECT_BURST being opened at once; a lane
-    that finds none idle and no room waits for one until its batch's deadline; idle ones are closed
-    after `idle_timeout`."""
+    """The threaded pool's connections (SMTP_ASYNC=0). A lane holds a place while it sends: an idle
+    connection, or room to open one; places held and idle connections together stay within
+    `limit()` (`size`, fewer once the relay refused one more: smtp_sizing.RelayCeiling). A lane
+    that finds neither waits; at most CONNECT_BURST connects run at once; connections idle for
+    `idle_timeout` are closed."""
 
     def __init__(self, size: int, connect, idle_timeout: float):
         self.size, self._connect, self.idle_timeout = size, connect, idle_timeout
@@ -73,6 +74,7 @@ class ThreadedPool:
         self._lock = threading.Condition()
         self._idle: collections.deque = collections.deque()   # (connection, idle since), most recent on the right
         self._conns: set = set()       # every connection opened, until seen closed
+        self._held = 0                 # places held by lanes
         self._connecting = 0
         self._reaper: threading.Timer | None = None
         self._closed = False
@@ -81,31 +83,36 @@ class ThreadedPool:
         ceiling = self.ceiling.current()
         return self.size if ceiling is None else max(1, min(self.size, ceiling))
 
-    def checkout(self, deadline: float, fresh: bool = False) -> smtplib.SMTP:
-        """A connection to send on: an idle one (unless `fresh`: the last one just died) or a new
-        one when there is room. Raises TransientError (out of time, relay unreachable) or
-        PermanentError (login refused)."""
+    def acquire(self) -> smtplib.SMTP | None:
+        """A place for a lane: an idle connection, or None with room to open one."""
+        with self._lock:
+            while True:
+                conn = self._take_idle()
+                if conn is not None or self._held + len(self._idle) < self.limit():
+                    self._held += 1
+                    return conn
+                self._lock.wait(1.0)     # also re-counts what lanes closed
+
+    def connect(self, deadline: float, fresh: bool = False) -> smtplib.SMTP:
+        """A connection for a lane that holds a place but no connection: an idle one (not when
+        `fresh`: the lane's last one just died, the idle ones may be as dead) or a new one. Raises
+        TransientError (the relay is unreachable, the batch out of time) or PermanentError."""
         while True:
             stale = None
             with self._lock:
                 while True:
-                    if not fresh and self._idle:
-                        conn = self._idle.pop()[0]
-                        if conn.sock is not None:
-                            return conn
-                        continue
+                    conn = None if fresh else self._take_idle()
+                    if conn is not None:
+                        return conn
                     if self._open() + self._connecting < self.limit() and self._connecting < CONNECT_BURST:
                         self._connecting += 1
                         epoch = self.ceiling.epoch
                         break
                     if fresh and self._idle:
-                        stale = self._idle.popleft()[0]      # room for a new one: its elders may be as dead
+                        stale = self._idle.popleft()[0]      # room for a new one
                         self._conns.discard(stale)
                         break
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TransientError(BATCH_OUT_OF_TIME)
-                    self._lock.wait(min(remaining, 1.0))    # also re-counts connections lanes closed
+                    self._wait(deadline)     # refused at the limit, or connects under way
             if stale is not None:
                 _quit(stale)
                 continue
@@ -116,10 +123,7 @@ class ThreadedPool:
                     self._connecting -= 1
                     self._lock.notify_all()
                     while self._open() == 0 and self._connecting:     # the others' connects may yet get in
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            raise TransientError(BATCH_OUT_OF_TIME) from None
-                        self._lock.wait(min(remaining, 1.0))
+                        self._wait(deadline)
                     established = self._open()
                     if established == 0:
                         self.ceiling.forget()   # the relay is down or full with others: no limit of ours
@@ -140,9 +144,11 @@ class ThreadedPool:
                 self._lock.notify_all()
             return conn
 
-    def checkin(self, conn: smtplib.SMTP | None) -> None:
+    def release(self, conn: smtplib.SMTP | None) -> None:
+        """The lane is done: its place is free, its connection idle (or closed above the limit)."""
         surplus = None
         with self._lock:
+            self._held -= 1
             if conn is not None and conn.sock is not None:
                 if self._closed or self._open() > self.limit():
                     surplus = conn
@@ -150,8 +156,23 @@ class ThreadedPool:
                 else:
                     self._idle.append((conn, time.monotonic()))
                     self._schedule_reap()
-            self._lock.notify()
+            self._lock.notify_all()
         _quit(surplus)
+
+    def _take_idle(self) -> smtplib.SMTP | None:
+        """The most recently used idle connection still open; the caller holds the lock."""
+        while self._idle:
+            conn = self._idle.pop()[0]
+            if conn.sock is not None:
+                return conn
+        return None
+
+    def _wait(self, deadline: float) -> None:
+        """The caller holds the lock: until notified (at most a second), TransientError at `deadline`."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TransientError(BATCH_OUT_OF_TIME)
+        self._lock.wait(min(remaining, 1.0))
 
     def close(self) -> None:
         with self._lock:
@@ -262,6 +283,14 @@ class SMTPProvider(Provider):
                 raise TransientError(f"{failed}: {exc}") from exc
             raise
 
+    def _acquire(self) -> smtplib.SMTP | None:
+        """A place among the threaded pool's connections, with an idle connection if one exists
+        (None: the lane opens one)."""
+        return self._threaded.acquire()
+
+    def _release(self, conn: smtplib.SMTP | None) -> None:
+        self._threaded.release(conn)
+
     # -- sending -----------------------------------------------------------------------------
     def _send_one(self, conn, m: OutgoingMail, raw: bytes) -> SendResult:
         sender = mail.envelope_from(m.from_addr)
@@ -278,7 +307,7 @@ class SMTPProvider(Provider):
 
     def _send_chunk(self, items: list[tuple[int, OutgoingMail, bytes]], deadline: float) -> list[tuple[int, SendResult]]:
         out = []
-        conn = None
+        conn = self._acquire()
         started = time.perf_counter()
         try:
             for pos, (index, m, raw) in enumerate(items):
@@ -288,7 +317,7 @@ class SMTPProvider(Provider):
                 for attempt in (1, 2):
                     try:
                         if conn is None:
-                            conn = self._threaded.checkout(deadline, fresh=attempt > 1)
+                            conn = self._threaded.connect(deadline, fresh=attempt > 1)
                         out.append((index, self._send_one(conn, m, raw)))
                         break
                     except smtplib.SMTPRecipientsRefused as exc:
@@ -322,7 +351,7 @@ class SMTPProvider(Provider):
                         out.append((index, SendResult(ok=False, error=f"unexpected SMTP client error: {exc!r}")))
                         break
         finally:
-            self._threaded.checkin(conn)
+            self._release(conn)
             if items:
                 per_mail = (time.perf_counter() - started) / len(items)
                 self._latency += 0.2 * (per_mail - self._latency)   # EWMA; races only blur it

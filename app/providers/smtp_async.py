@@ -114,26 +114,37 @@ class Connection:
 
 
 class AsyncPool:
-    """The connections of one AsyncSender: at most `sizer.limit()` open, a lane that finds none idle
-    and no room waits for one (FIFO, until its batch's deadline), at most CONNECT_BURST (or a
-    quarter of those open) being opened at once, idle ones closed after `idle_timeout`. Every method
-    runs on the sender's loop thread."""
+    """The connections of one AsyncSender. A lane holds a place while it sends: an idle connection,
+    or room to open one; places held and idle connections together stay within `sizer.limit()`, so
+    open connections do. A lane that finds neither waits (FIFO). At most `_burst()` connects run at
+    once; connections idle for `idle_timeout` are closed. Every method runs on the loop thread."""
 
     def __init__(self, sizer: LaneSizer, connect, idle_timeout: float):
         self.sizer, self._connect, self.idle_timeout = sizer, connect, idle_timeout
         self.open = 0                 # established connections, idle or in use
         self.peak = 0                 # most open at once (for tests and logs)
+        self._held = 0                # places held by lanes
         self._connecting = 0
         self._idle: collections.deque[Connection] = collections.deque()   # most recently used on the right
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
-        self._connects_waiters: list[asyncio.Future] = []   # refused lanes waiting for the others' connects
-        self._reaper: asyncio.TimerHandle | None = None
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()    # lanes waiting for a place
+        self._holders: collections.deque[asyncio.Future] = collections.deque()    # lanes with a place, waiting
+        self._reaper: asyncio.TimerHandle | None = None                           # for a connection
 
-    async def checkout(self, deadline: float, fresh: bool = False) -> Connection:
-        """A connection to send on: an idle one (unless `fresh`: the last one just died) or a new
-        one when the limit has room. Raises TransientError (out of time, relay unreachable) or
-        PermanentError (login refused)."""
+    async def acquire(self) -> Connection | None:
+        """A place for a lane: an idle connection, or None with room to open one."""
         self.sizer.resumed()
+        while True:
+            conn = self._take_idle()
+            if conn is not None or self._held + len(self._idle) < self.sizer.limit():
+                self._held += 1
+                return conn
+            self.sizer.waited()
+            await self._wait(self._waiters)
+
+    async def connect(self, deadline: float, fresh: bool = False) -> Connection:
+        """A connection for a lane that holds a place but no connection: an idle one (not when
+        `fresh`: the lane's last one just died, the idle ones may be as dead) or a new one. Raises
+        TransientError (the relay is unreachable, the batch out of time) or PermanentError."""
         while True:
             if not fresh:
                 conn = self._take_idle()
@@ -144,12 +155,13 @@ class AsyncPool:
                 if conn is not None:
                     return conn
             elif fresh and self._idle:
-                self._idle.popleft().quit()      # room for a new one: its elders may be as dead
-            else:
-                self.sizer.waited()
-                await self._wait(deadline)
+                self._idle.popleft().quit()      # room for a new one
+            else:               # refused at the limit, or connects under way: wait for a connection
+                await self._wait(self._holders, deadline)
 
-    def checkin(self, conn: Connection | None) -> None:
+    def release(self, conn: Connection | None) -> None:
+        """The lane is done: its place is free, its connection idle (or closed above the limit)."""
+        self._held -= 1
         if conn is not None and not conn.broken:
             if self.open > self.sizer.limit():
                 conn.quit()
@@ -158,18 +170,13 @@ class AsyncPool:
                 self._idle.append(conn)
                 self._schedule_reap()
         self._wake()
-        if self.open == len(self._idle) and not self._waiters and not self._connecting:
+        if not self._held and not self._connecting:
             self.sizer.paused()
 
     def delivered(self, seconds: float) -> None:
         if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), self._settled()):
             self._trim()
             self._wake()
-
-    def _settled(self) -> bool:
-        """No connection being opened, and as many open as the limit allows (or the work needs)."""
-        limit = self.sizer.limit()
-        return not self._connecting and (self.open == limit or (self.open < limit and not self._waiters))
 
     def close(self) -> None:
         if self._reaper is not None:
@@ -179,6 +186,11 @@ class AsyncPool:
             self._idle.pop().quit()
 
     # -- inside ------------------------------------------------------------------------------
+    def _settled(self) -> bool:
+        """No connection being opened, and as many open as the limit allows (or the work needs)."""
+        limit = self.sizer.limit()
+        return not self._connecting and (self.open == limit or (self.open < limit and not self._waiters))
+
     def _take_idle(self) -> Connection | None:
         while self._idle:
             conn = self._idle.pop()
@@ -202,15 +214,11 @@ class AsyncPool:
             refused = exc
         finally:
             self._connecting -= 1
-            for waiter in self._connects_waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-            self._connects_waiters.clear()
             self._wake()
             if self.sizer.settling and self._settled():
                 self.sizer.settled()
         while self.open == 0 and self._connecting:     # the others' connects may yet get in
-            await self._wait(deadline, self._connects_waiters)
+            await self._wait(self._holders, deadline)
         if self.open == 0:
             # Nothing of ours is open: the relay is down, restarting or full with others, which
             # says nothing about how many it takes from us.
@@ -232,12 +240,11 @@ class AsyncPool:
         if self.sizer.settling and self._settled():
             self.sizer.settled()
 
-    async def _wait(self, deadline: float, queue=None) -> None:
-        """Until woken (a place in `queue`, the lanes waiting for a connection by default), at most
-        until `deadline`."""
-        queue = self._waiters if queue is None else queue
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    @staticmethod
+    async def _wait(queue: collections.deque, deadline: float | None = None) -> None:
+        """Until woken from `queue`; TransientError (out of time) at `deadline`."""
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
             raise TransientError(BATCH_OUT_OF_TIME)
         waiter = asyncio.get_running_loop().create_future()
         queue.append(waiter)
@@ -255,14 +262,21 @@ class AsyncPool:
                 pass
 
     def _wake(self) -> None:
-        """Wake as many waiters as there are idle connections and room to open new ones."""
-        room = min(self.sizer.limit() - self.open - self._connecting, self._burst() - self._connecting)
-        wake = len(self._idle) + max(0, room)
-        while wake > 0 and self._waiters:
-            waiter = self._waiters.popleft()
+        """Wake lanes for the idle connections and the room there is: first those that hold a place
+        (their mails are in hand), then those waiting for one."""
+        limit = self.sizer.limit()
+        room = min(limit - self.open - self._connecting, self._burst() - self._connecting)
+        left = self._wake_some(self._holders, len(self._idle) + max(0, room))
+        self._wake_some(self._waiters, min(left, len(self._idle)) + max(0, limit - self._held - len(self._idle)))
+
+    @staticmethod
+    def _wake_some(queue: collections.deque, count: int) -> int:
+        while count > 0 and queue:
+            waiter = queue.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                wake -= 1
+                count -= 1
+        return count
 
     def _burst(self) -> int:
         """Connects at once: CONNECT_BURST, half of those open, all of those open past
@@ -422,7 +436,7 @@ class AsyncSender:
 
     async def _send_lane(self, items, deadline: float) -> list:
         out = []
-        conn = None
+        conn = await self._pool.acquire()
         try:
             for pos, (index, m, raw) in enumerate(items):
                 if time.monotonic() > deadline:
@@ -432,7 +446,7 @@ class AsyncSender:
                 for attempt in (1, 2):
                     try:
                         if conn is None or conn.broken:
-                            conn = await self._pool.checkout(deadline, fresh=attempt > 1)
+                            conn = await self._pool.connect(deadline, fresh=attempt > 1)
                         began = time.perf_counter()
                         # asyncio.timeout, not wait_for: wait_for wraps each mail in a new task
                         async with asyncio.timeout(self.timeout):
@@ -467,7 +481,7 @@ class AsyncSender:
                         out.append((index, SendResult(ok=False, error=f"unexpected SMTP client error: {exc!r}")))
                         break
         finally:
-            self._pool.checkin(conn)
+            self._pool.release(conn)
         return out
 
     async def _send_all(self, ready, deadline: float) -> list:

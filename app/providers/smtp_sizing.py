@@ -194,11 +194,10 @@ class LaneSizer:
         rate = self._busy / max(self._seconds, 1e-9)
         loop_share = (self._loop_cpu() - self._loop0) / elapsed
         cpu_busy = (self._cpu() - self._cpu0) / elapsed >= CPU_BUSY
-        far = self._quickest >= FAR_ROUND_TRIP * (3 if cpu_busy else 1) \
-            and self._quickest >= EVEN * self._seconds / self._mails
-        saturated = self._waited
+        slow = self._quickest >= FAR_ROUND_TRIP * (3 if cpu_busy else 1)
+        far, saturated = slow and self._quickest >= EVEN * self._seconds / self._mails, self._waited
         self._begin()
-        changed = self._judge(rate, loop_share, cpu_busy, far, saturated, limit, now)
+        changed = self._judge(rate, loop_share, cpu_busy, far, slow, saturated, limit, now)
         self._far_before = far
         return changed
 
@@ -234,12 +233,14 @@ class LaneSizer:
         self._start, self._cpu0, self._loop0, self._waited = self._clock(), self._cpu(), self._loop_cpu(), False
         self._mails, self._busy, self._seconds, self._quickest = 0, 0, 0.0, math.inf
 
-    def _judge(self, rate: float, loop_share: float, cpu_busy: bool, far: bool, saturated: bool,
+    def _judge(self, rate: float, loop_share: float, cpu_busy: bool, far: bool, slow: bool, saturated: bool,
                limit: int, now: float) -> bool:
         """One window: `rate` mails/s at `limit`; `loop_share` of a core used by the event loop's
         thread; `cpu_busy`: the whole process near one core (the loop shares the GIL with the
-        threads that render and claim); `far`: the relay's round trip sets the rate; `saturated`:
-        lanes waited for a connection, so the connections (not the amount of work) set the rate."""
+        threads that render and claim); `far`: the relay's round trip sets the rate; `slow`: every
+        mail took FAR_ROUND_TRIP (at a step from a far relay, that is enough: the new connections'
+        first mails may be uneven); `saturated`: lanes waited for a connection, so the connections
+        (not the amount of work) set the rate."""
         trial = self._trial
         log.debug("window: limit %d, %.0f mails/s, loop CPU %.2f, busy %s, far %s, saturated %s, trial %s",
                   limit, rate, loop_share, cpu_busy, far, saturated, trial)
@@ -259,7 +260,7 @@ class LaneSizer:
                 self._trial = None
                 return False        # a refusal cut the step short: the ceiling decided instead
             need = max(MIN_GAIN, GAIN_PER_DOUBLING * math.log2(limit / trial.before))
-            if rate >= trial.before_rate * (1 + CLEAR_GAIN * need) and trial.far and far:
+            if rate >= trial.before_rate * (1 + CLEAR_GAIN * need) and trial.far and slow:
                 # Clearly paid: keep it and, unless it paid little, go on from this window at once.
                 return self._kept(trial.before, trial.before_rate, limit, rate) \
                     or (self._trial is None and self._probe(rate, loop_share, cpu_busy, far, limit))
@@ -277,7 +278,7 @@ class LaneSizer:
             # A marginal gain may be the host's load drifting. From a far relay one more window at
             # the new limit must agree; otherwise the old limit is measured once more and the step
             # is kept only if it beats both measurements.
-            self._trial = _Trial("confirm", trial.before, trial.before_rate, trial.far and far, limit, rate)
+            self._trial = _Trial("confirm", trial.before, trial.before_rate, trial.far and slow, limit, rate)
             if self._trial.far:
                 return False
             self.level, self._settling = trial.before, True
@@ -300,7 +301,7 @@ class LaneSizer:
         self._trial, self._rates = None, [rate]
         self.steps = (self.steps + [(trial.before, limit, True)])[-32:]
         if trial.kind == "refine":
-            self._next, self._hold_until = "up", now + self._hold
+            self._next = "up"       # the knee lies above: the next step up will tell (or hold back)
         else:
             self._next = "down"     # fewer did as well: try fewer still
         return False
