@@ -4,13 +4,17 @@ SMTP_URL:  smtp://[user:pass@]host[:port][?starttls=1]   plain, STARTTLS when st
            smtps://[user:pass@]host[:port]               implicit TLS (port 465 by default)
            ?insecure=1 skips certificate checks (a local relay with a self-signed certificate)
 
-A batch is spread over up to SMTP_POOL_SIZE connections sending in parallel; each connection stays
-open for the next batch. With a 50 ms round trip per message a single connection caps at 20
-mails/s, so throughput comes from several connections, not from one. By default all connections
-are driven by one asyncio event loop thread (app/providers/smtp_async.py: ~70 us less CPU per mail
-than a thread per connection at 50 ms); SMTP_ASYNC=0 uses smtplib with a thread per connection,
-as many as the measured latency calls for (one, inline, for a fast local relay). Both use
-PIPELINING (RFC 2920) when the server offers it: two round trips per mail instead of four.
+A batch is spread over the worker process's pool of connections sending in parallel; each
+connection stays open for the next batch, until it has been idle SMTP_IDLE_TIMEOUT_SECONDS. With a
+50 ms round trip per message a single connection caps at 20 mails/s, so throughput comes from
+several connections, not from one. By default all connections are driven by one asyncio event loop
+thread (app/providers/smtp_async.py: ~70 us less CPU per mail than a thread per connection at
+50 ms), SMTP_POOL_SIZE of them and more, up to SMTP_POOL_MAX, only while more raise the measured
+throughput (app/providers/smtp_sizing.py); SMTP_ASYNC=0 uses smtplib with a thread per connection,
+as many as the measured latency calls for up to SMTP_POOL_SIZE (one, inline, for a fast local
+relay). Both use PIPELINING (RFC 2920) when the server offers it: two round trips per mail instead
+of four, and both stop below a connection limit the relay enforces (a 421 at the greeting, a
+refused connect) and keep below it: the lane it refused waits for one of the pool's connections.
 
 Error mapping: a 5xx reply is permanent for that mail (SendResult.permanent); 4xx replies,
 timeouts and dropped connections are transient (the caller retries with the same idempotency key).
@@ -221,7 +225,7 @@ class SMTPProvider(Provider):
     def __init__(self, url: str | None = None, pool_size: int | None = None, timeout: float | None = None,
                  use_async: bool | None = None):
         """`pool_size` given: exactly that many connections at most. Not given: SMTP_POOL_SIZE
-        connections always, growing towards SMTP_POOL_MAX when the relay is slow (async pool)."""
+        connections, growing towards SMTP_POOL_MAX while that raises throughput (async pool)."""
         settings = config.get()
         self.options = parse_url(url or settings.smtp_url)
         self.pool_size = max(1, pool_size or settings.smtp_pool_size)
@@ -390,7 +394,7 @@ class SMTPProvider(Provider):
         # outlives DIGEST_PROCESSING_TIMEOUT_SECONDS / RECLAIM_AFTER_SECONDS, however slow the relay.
         deadline = time.monotonic() + BATCH_TIMEOUTS * self.timeout
         if self.use_async:
-            # All connections on one event loop: lanes are cheap; how many, Little's law decides.
+            # All connections on one event loop: lanes are cheap; how many, the measured throughput decides.
             done = [self._async_sender().send(ready, deadline)]
         else:
             # Each lane is one connection sending its share of the batch in sequence.

@@ -4,7 +4,8 @@ Why: with a 50 ms round trip per message, 1000 mails/s needs ~50 messages in fli
 thread per connection every reply wakes a thread that must win the GIL back: measured ~120 us of
 CPU per mail on top of the send itself. One event loop multiplexing all connections pays for
 readiness events only. The SMTP dialogue is the same as smtplib's (EHLO, STARTTLS, AUTH PLAIN/LOGIN,
-PIPELINING when offered, dot-stuffing), and reply codes map to results the same way.
+PIPELINING when offered, dot-stuffing), and reply codes map to results the same way. How many
+connections the process holds, AsyncPool keeps as app/providers/smtp_sizing.py decides.
 
 Kept over the libraries a user would reach for: `scripts/bench/smtp_client.py` (6,000 mails, 50
 connections, client CPU per mail with mail building) measured ours 112 µs, smtplib 243 µs and
@@ -174,7 +175,8 @@ class AsyncPool:
             self.sizer.paused()
 
     def delivered(self, seconds: float) -> None:
-        if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), self._settled()):
+        settled = not self.sizer.settling or self._settled()
+        if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), settled):
             self._trim()
             self._wake()
 
@@ -428,10 +430,10 @@ class AsyncSender:
         raise ReplyError(*failed)
 
     def lanes_for(self, count: int) -> int:
-        """Lanes for a batch of `count`: as many as the pool may grow to while it is looking for its
-        size (a step up needs lanes to give its connections to), the limit while it holds still."""
+        """Lanes for a batch of `count`: as many as the pool may grow to while it may grow (a step
+        up needs lanes to give its connections to), the limit otherwise."""
         ceiling = self.sizer.ceiling.current()
-        most = self.sizer.limit() if self.sizer.held() else min(self.pool_max, ceiling or self.pool_max)
+        most = min(self.pool_max, ceiling or self.pool_max) if self.sizer.may_grow() else self.sizer.limit()
         return max(1, min(count, most))
 
     async def _send_lane(self, items, deadline: float) -> list:
