@@ -188,19 +188,21 @@ def test_two_worker_processes_share_a_postfix_cap_of_50_without_a_storm_of_refus
     """Two pools with the default settings (two worker processes) against a relay that answers 421
     to a 51st connection from this host, 50 ms per mail: every mail goes exactly once; the pools
     learn the limit with a few refusals each and do not climb back into it on later batches."""
-    defaults = config.Settings()
-    assert (config.get().smtp_pool_size, config.get().smtp_pool_max) == (defaults.smtp_pool_size, defaults.smtp_pool_max)
+    defaults, settings = config.Settings(), config.get()
+    assert (settings.smtp_pool_size, settings.smtp_pool_max) == (defaults.smtp_pool_size, defaults.smtp_pool_max)
     sink = SmtpSink(max_connections=50).start()
     sink.delay = 0.05
     pools = [SMTPProvider(sink.url, use_async=True) for _ in range(2)]
     accepted, retried = [[], []], collections.Counter()
+
+    def send(k: int, *rounds: str) -> None:
+        accepted[k].extend(_send_all(pools[k], [_mails(600, f"p{k}-{r}") for r in rounds], retried))
+
     try:
-        _in_threads(*(lambda k=k: accepted[k].extend(_send_all(pools[k], [_mails(600, f"p{k}-a"), _mails(600, f"p{k}-b")],
-                                                                retried)) for k in range(2)))
+        _in_threads(lambda: send(0, "a", "b"), lambda: send(1, "a", "b"))
         learned = sink.refused
         assert 1 <= learned <= 2 * (CONNECT_BURST + 2)        # the limit was reached, and learned at once
-        _in_threads(*(lambda k=k: accepted[k].extend(_send_all(pools[k], [_mails(600, f"p{k}-c")], retried))
-                      for k in range(2)))
+        _in_threads(lambda: send(0, "c"), lambda: send(1, "c"))
         assert sink.refused - learned <= 2                    # remembered: later batches stay under it
         ids = _message_ids(sink)
         assert len(ids) == 2 * 1800 and set(ids.values()) == {1}            # every mail, exactly once
