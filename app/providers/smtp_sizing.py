@@ -1,28 +1,33 @@
 """How many SMTP connections a worker process holds (the policy; the pools in smtp_async.py and
 smtp.py apply it).
 
-Three rules, each answering a way the pool used to go wrong:
+Three rules, each answering a way the pool used to go wrong (it sized batches by Little's law on a
+latency that included CPU queueing, so on a busy host every process grew to SMTP_POOL_MAX and kept
+it; idle connections were never closed; a relay's 421 only failed mails):
 
-- **Grow only while it pays.** LaneSizer (the async pool) starts at SMTP_POOL_SIZE and measures
-  delivered mails per second over short windows. When lanes had to wait for a connection (there is
-  more work than connections) it tries a step up and keeps it only if throughput rose by at least
-  GAIN_PER_DOUBLING per doubling of connections; otherwise it goes back and waits before trying
-  again (HOLD_MIN_SECONDS, doubling up to HOLD_MAX_SECONDS). A round trip the relay dominates
-  (the event loop mostly idle) takes big steps, so a relay 50 ms away is filled within a few round
-  trips; on a relay next door the bottleneck is the CPU, more connections do not raise throughput,
-  and the pool stays at its floor. A kept step that paid less than half of what it cost is refined
-  downwards, and a pool above its floor tries fewer connections now and then, keeping them when
-  throughput held.
-- **Stop where the relay refuses, and remember it.** A relay that refuses one more connection (421
-  at the greeting, "too many connections", a refused or reset connect) while this process holds N
-  is taken at its word: RelayCeiling keeps N as this process's most, for REPROBE_AFTER_SECONDS,
-  then lets it rise by one step at a time. Refusals of attempts made before the ceiling was lowered
-  do not lower it again, so a burst of connects costs one decrease.
-- **Give back what is idle.** Connections unused for SMTP_IDLE_TIMEOUT_SECONDS are closed.
+- **Grow only while it pays** (LaneSizer, the async pool). The pool starts at SMTP_POOL_SIZE. Over
+  short windows it measures mails per second (Little's law: connections in use / seconds each mail
+  holds one). When lanes waited for a connection it tries a step up and keeps it only if the
+  throughput rose by GAIN_PER_DOUBLING per doubling of connections; otherwise it goes back and waits
+  before trying again (HOLD_MIN_SECONDS, doubling up to HOLD_MAX_SECONDS). Steps are big only to a
+  far relay, one whose every mail takes FAR_ROUND_TRIP or more: there the round trip, not this
+  host's CPU, sets the rate, and a relay 50 ms away is filled in a few round trips. A relay next
+  door gets doublings, none while the process is at one core (the GIL's limit), so the CPU being
+  the bottleneck there, the pool stays at its floor. A gain that is not clear is confirmed by one
+  more window; a step that paid less than half of what it cost is refined to the middle; above its
+  floor the pool tries fewer connections now and then and keeps them when throughput held.
+- **Stop where the relay refuses, and remember it** (RelayCeiling, both pools). A relay that
+  refuses one more connection (421 or "too many connections" at the greeting or EHLO, a connect
+  refused or reset) while this process holds N is taken at its word: N is this process's most for
+  REPROBE_AFTER_SECONDS, then it rises by a tenth at a time. The refused lane waits for one of the
+  pool's connections; no mail fails for it. Refusals of connects begun before the decrease do not
+  lower it again, and connects run a few at a time (CONNECT_BURST), so learning a limit costs a
+  handful of refusals. A refusal with nothing of ours open is an outage, not a limit.
+- **Give back what is idle.** Connections unused for SMTP_IDLE_TIMEOUT_SECONDS are closed (QUIT).
 
 A stock Postfix accepts 50 connections per client (smtpd_client_connection_count_limit): the
-default floor (8 per process, 16 for the Procfile's two workers) fits under it, and growth above
-it stops at the first refusal.
+default floor (8 per process, 16 for the Procfile's two workers) fits under it, a relay next door
+never needs more, and growth towards a far one stops at the first refusal.
 """
 from __future__ import annotations
 
@@ -146,6 +151,7 @@ class LaneSizer:
         self._hold, self._hold_until = HOLD_MIN_SECONDS, 0.0
         self._rates: list[float] = []   # saturated windows at the current limit since it last changed
         self._far_before = False    # the previous window found the relay far
+        self._could_grow = True     # the previous window allowed a step up
         self._settling = False      # after a change, the window starts once the connections are open
         self._start: float | None = None
         self._begin()
@@ -156,9 +162,10 @@ class LaneSizer:
         ceiling = self.ceiling.current()
         return self.level if ceiling is None else max(1, min(self.level, ceiling))
 
-    def held(self) -> bool:
-        """True while no step will be tried: a batch then needs no more lanes than the limit."""
-        return self._trial is None and self._clock() < self._hold_until
+    def may_grow(self) -> bool:
+        """False while no step up will be tried (held back after one that did not pay, or the last
+        window had the CPU as its bottleneck): a batch then needs no more lanes than the limit."""
+        return self._trial is not None or (self._could_grow and self._clock() >= self._hold_until)
 
     @property
     def settling(self) -> bool:
@@ -198,7 +205,7 @@ class LaneSizer:
         far, saturated = slow and self._quickest >= EVEN * self._seconds / self._mails, self._waited
         self._begin()
         changed = self._judge(rate, loop_share, cpu_busy, far, slow, saturated, limit, now)
-        self._far_before = far
+        self._far_before, self._could_grow = far, far or not cpu_busy
         return changed
 
     def waited(self) -> None:
