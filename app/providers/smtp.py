@@ -238,7 +238,6 @@ class SMTPProvider(Provider):
         self._threaded = ThreadedPool(self.pool_size, self._connect, self.idle_timeout)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
-        self._closed = False
 
     # -- connections -------------------------------------------------------------------------
     def _tls_context(self) -> ssl.SSLContext:
