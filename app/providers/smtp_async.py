@@ -128,8 +128,9 @@ class AsyncPool:
         self._connecting = 0
         self._idle: collections.deque[Connection] = collections.deque()   # most recently used on the right
         self._waiters: collections.deque[asyncio.Future] = collections.deque()    # lanes waiting for a place
-        self._holders: collections.deque[asyncio.Future] = collections.deque()    # lanes with a place, waiting
-        self._reaper: asyncio.TimerHandle | None = None                           # for a connection
+        # lanes that hold a place and wait for a connection (refused at the limit, connects under way)
+        self._holders: collections.deque[asyncio.Future] = collections.deque()
+        self._reaper: asyncio.TimerHandle | None = None
 
     async def acquire(self) -> Connection | None:
         """A place for a lane: an idle connection, or None with room to open one."""
