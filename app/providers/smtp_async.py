@@ -92,7 +92,7 @@ class Connection:
                 self.auth_mechanisms = {m.upper() for m in rest.split()}
 
     def alive(self) -> bool:
-        """False when the server closed it (or said something) while it sat idle."""
+        """False once the server closed it (a relay drops idle clients) or it broke."""
         return not (self.broken or self.writer.is_closing() or self.reader.at_eof() or self.reader.exception())
 
     def quit(self) -> None:
