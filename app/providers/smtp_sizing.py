@@ -54,10 +54,10 @@ EVEN = 0.5                  # times this while the process is busy) and at least
                             # relay's round trip, not this host's CPU, sets the rate. A process starved of
                             # the CPU or the GIL also makes every mail slow, but unevenly.
 CPU_BUSY = 0.8              # the process used this share of a core (the GIL's limit is one): busy
-FAR_STEP = 4.0              # the step up from one far window ...
-MAX_STEP = 32.0             # ... from two in a row: CPU_TARGET / the event
-CPU_TARGET = 2.0            # loop's CPU share, up to MAX_STEP (an overshoot the judgement refines) ...
-MIN_STEP = 2.0              # ... from a relay that is not far: a doubling, none while the process is busy
+FAR_STEP = 4.0              # the step up from one far window; from two in a row CPU_TARGET / the event
+MAX_STEP = 32.0             # loop's CPU share, up to MAX_STEP (an overshoot the judgement refines); from
+CPU_TARGET = 2.0            # a relay that is not far MIN_STEP, and none while the process is busy
+MIN_STEP = 2.0
 DOWN_STEP = 0.85
 HOLD_MIN_SECONDS = 1.0      # after a step that did not pay, the next waits this long, twice as long after
 HOLD_MAX_SECONDS = 300.0    # each further one, up to this
