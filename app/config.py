@@ -165,15 +165,21 @@ class Settings:
                                              "allowed one (0 = no limit)")
     immediate_recheck_seconds: int = setting(3600, "how often every `immediately` subscriber is looked at anyway "
                                                    "(events left behind by a pause or a resubscribe)")
-    smtp_pool_size: int = setting(8, "SMTP connections a batch always gets (per worker process)")
-    smtp_pool_max: int = setting(256, "most SMTP connections per worker process: the async pool grows towards it "
-                                      "by Little's law only when the relay is slow (a relay 50 ms away needs about "
-                                      "100 per batch in flight; 256 measured within 10 % of the best hand-tuned "
-                                      "setting at 0 and 50 ms, scripts/bench/knobs.py). A relay next door never "
-                                      "grows it past SMTP_POOL_SIZE. Keep processes x this under the relay's "
-                                      "per-client limit (a default Postfix allows 50: use 24 with two processes); "
-                                      "refused connections are retried, never lost")
+    smtp_pool_size: int = setting(8, "SMTP connections each worker process starts with and may always hold (fewer only "
+                                     "if the relay refuses them); the threaded pool (SMTP_ASYNC=0) holds no more. "
+                                     "Two worker processes at 8 fit a stock Postfix (50 per client)")
+    smtp_pool_max: int = setting(256, "most SMTP connections per worker process. The async pool grows towards it "
+                                      "only while more connections raise the measured throughput: to a relay far "
+                                      "away (every mail takes 10 ms or more) in a few big steps, to a relay next "
+                                      "door by doublings that are undone when they do not pay, so it stays at "
+                                      "SMTP_POOL_SIZE. A relay that refuses one more (421 or \"too many "
+                                      "connections\" at the greeting, a refused connect) sets the process's most "
+                                      "where it refused, for 5 minutes, then a tenth higher at a time; no mail fails "
+                                      "for it (app/providers/smtp_sizing.py)")
     smtp_timeout_seconds: float = setting(30.0, "per SMTP step; a batch starts no mail after twice this")
+    smtp_idle_timeout_seconds: float = setting(30.0, "an SMTP connection unused this long is closed (QUIT): a burst's "
+                                                     "connections go back to the relay instead of holding its "
+                                                     "processes (Postfix itself drops a silent client after 300 s)")
     smtp_async: bool = setting(True, "drive the pool from one asyncio loop (off: a thread per connection)")
     # -- newsletters
     send_batch_size: int = setting(0, "rows per claim and per provider call; 0: the provider's own size "

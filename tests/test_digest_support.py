@@ -2,7 +2,10 @@
 
 SmtpSink is a real SMTP server (aiosmtpd) on 127.0.0.1 started by the test; it can answer with an
 error code instead of 250 to exercise transient/permanent failures, for every mail (`reply`) or for
-one recipient (`reject_rcpt` at RCPT, `reject_data` at the end of DATA).
+one recipient (`reject_rcpt` at RCPT, `reject_data` at the end of DATA), and cap the connections
+open at once like a stock Postfix (`max_connections`: beyond it the greeting is `421 4.7.0 Error:
+too many connections from ...` and the connection is closed). It counts connections: accepted,
+refused, open now and the most open at once.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import threading
 import time
 
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP
 
 from app import db, providers
 
@@ -55,8 +59,51 @@ class _Handler:
         return reply
 
 
+class _CountingSMTP(SMTP):
+    """aiosmtpd's server, counting connections and refusing those above the sink's cap as Postfix
+    does (smtpd_client_connection_count_limit: the 421 greeting, then close)."""
+
+    def __init__(self, sink, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sink, self._counted = sink, False
+
+    async def _handle_client(self):
+        sink = self._sink
+        with sink.lock:
+            refuse = sink.max_connections is not None and sink.open_connections >= sink.max_connections
+            if refuse:
+                sink.refused += 1
+            else:
+                self._counted = True
+                sink.connections += 1
+                sink.open_connections += 1
+                sink.peak_connections = max(sink.peak_connections, sink.open_connections)
+        if refuse:
+            await self.push("421 4.7.0 Error: too many connections from 127.0.0.1")
+            self.transport.close()
+            return
+        await super()._handle_client()
+
+    def connection_lost(self, error):
+        if self._counted:
+            self._counted = False
+            with self._sink.lock:
+                self._sink.open_connections -= 1
+        super().connection_lost(error)
+
+
+class _Controller(Controller):
+    def __init__(self, sink, *args, **kwargs):
+        self._sink = sink
+        super().__init__(*args, **kwargs)
+
+    def factory(self):
+        return _CountingSMTP(self._sink, self.handler, **self.SMTP_kwargs)
+
+
 class SmtpSink:
-    def __init__(self, port: int | None = None, pipelining: bool = True, **controller_kwargs):
+    def __init__(self, port: int | None = None, pipelining: bool = True, max_connections: int | None = None,
+                 **controller_kwargs):
         self.raw: list[bytes] = []
         self.envelopes = []
         self.sessions = set()   # distinct SMTP connections that sent mail
@@ -66,9 +113,15 @@ class SmtpSink:
         self.reply = "250 OK"
         self.delay = 0.0                          # seconds before answering DATA
         self.data_at: list[float] = []            # time.monotonic() of every message's DATA, refused ones too
+        self.max_connections = max_connections    # None: no cap
+        self.connections = 0                      # accepted so far
+        self.refused = 0                          # answered 421 (over the cap)
+        self.open_connections = 0
+        self.peak_connections = 0
         self.lock = threading.Lock()
         self.port = port or free_port()
-        self.controller = Controller(_Handler(self), hostname="127.0.0.1", port=self.port, **controller_kwargs)
+        self.controller = _Controller(self, _Handler(self), hostname="127.0.0.1", port=self.port,
+                                      **controller_kwargs)
 
     @property
     def url(self) -> str:

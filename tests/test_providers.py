@@ -93,8 +93,8 @@ def test_smtp_batch_reuses_a_small_pool_of_connections(sink, use_async):
 
 
 def test_async_pool_grows_for_a_slow_relay_within_its_max(settings):
-    """Little's law: a relay with a 50 ms round trip gets more connections than SMTP_POOL_SIZE,
-    never more than SMTP_POOL_MAX; a fast one keeps the floor."""
+    """A relay with a 50 ms round trip gets more connections than SMTP_POOL_SIZE (they raise the
+    throughput), never more than SMTP_POOL_MAX. (A fast one keeps the floor: tests/test_smtp_pool.py.)"""
     settings(smtp_pool_size=2, smtp_pool_max=6)
     slow = SmtpSink().start()
     slow.delay = 0.05
@@ -104,8 +104,6 @@ def test_async_pool_grows_for_a_slow_relay_within_its_max(settings):
         assert all(r.ok for r in p.send_batch(_mails(60, prefix="big")))
         assert 2 < len(slow.sessions) <= 6
         assert p._async.lanes_for(1000) == 6 and p._async.lanes_for(1) == 1
-        p._async.latency = 0.0002                                            # a loopback relay
-        assert p._async.lanes_for(100) == 2
     finally:
         p.close()
         slow.stop()

@@ -4,13 +4,17 @@ SMTP_URL:  smtp://[user:pass@]host[:port][?starttls=1]   plain, STARTTLS when st
            smtps://[user:pass@]host[:port]               implicit TLS (port 465 by default)
            ?insecure=1 skips certificate checks (a local relay with a self-signed certificate)
 
-A batch is spread over up to SMTP_POOL_SIZE connections sending in parallel; each connection stays
-open for the next batch. With a 50 ms round trip per message a single connection caps at 20
-mails/s, so throughput comes from several connections, not from one. By default all connections
-are driven by one asyncio event loop thread (app/providers/smtp_async.py: ~70 us less CPU per mail
-than a thread per connection at 50 ms); SMTP_ASYNC=0 uses smtplib with a thread per connection,
-as many as the measured latency calls for (one, inline, for a fast local relay). Both use
-PIPELINING (RFC 2920) when the server offers it: two round trips per mail instead of four.
+A batch is spread over the worker process's pool of connections sending in parallel; each
+connection stays open for the next batch, until it has been idle SMTP_IDLE_TIMEOUT_SECONDS. With a
+50 ms round trip per message a single connection caps at 20 mails/s, so throughput comes from
+several connections, not from one. By default all connections are driven by one asyncio event loop
+thread (app/providers/smtp_async.py: ~70 us less CPU per mail than a thread per connection at
+50 ms), SMTP_POOL_SIZE of them and more, up to SMTP_POOL_MAX, only while more raise the measured
+throughput (app/providers/smtp_sizing.py); SMTP_ASYNC=0 uses smtplib with a thread per connection,
+as many as the measured latency calls for up to SMTP_POOL_SIZE (one, inline, for a fast local
+relay). Both use PIPELINING (RFC 2920) when the server offers it: two round trips per mail instead
+of four, and both stop below a connection limit the relay enforces (a 421 at the greeting, a
+refused connect) and keep below it: the lane it refused waits for one of the pool's connections.
 
 Error mapping: a 5xx reply is permanent for that mail (SendResult.permanent); 4xx replies,
 timeouts and dropped connections are transient (the caller retries with the same idempotency key).
@@ -19,9 +23,9 @@ rejects raise PermanentError (every mail would fail the same way).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
-import queue
 import re
 import smtplib
 import socket
@@ -33,11 +37,13 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from app import config, mail
 from app.providers.base import OutgoingMail, PermanentError, Progress, Provider, SendResult, TransientError
-from app.providers.smtp_async import LANE_TARGET_SECONDS, AsyncSender, Reported, not_started
+from app.providers.smtp_async import BATCH_OUT_OF_TIME, AsyncSender, Reported, not_started
+from app.providers.smtp_sizing import CONNECT_BURST, RelayCeiling, RelayRefused, refuses_connections
 
 log = logging.getLogger("app.providers.smtp")
 
 BATCH_TIMEOUTS = 2          # a batch starts no mail after 2 x SMTP_TIMEOUT_SECONDS (60 s by default)
+LANE_TARGET_SECONDS = 0.025   # threads: lanes enough that a batch's share per connection takes about this
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 _DISCONNECTS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, TimeoutError, ssl.SSLError)
 
@@ -59,6 +65,153 @@ def parse_url(url: str) -> dict:
     }
 
 
+class ThreadedPool:
+    """The threaded pool's connections (SMTP_ASYNC=0). A lane holds a place while it sends: an idle
+    connection, or room to open one; places held and idle connections together stay within
+    `limit()` (`size`, fewer once the relay refused one more: smtp_sizing.RelayCeiling). A lane
+    that finds neither waits; at most CONNECT_BURST connects run at once; connections idle for
+    `idle_timeout` are closed."""
+
+    def __init__(self, size: int, connect, idle_timeout: float):
+        self.size, self._connect, self.idle_timeout = size, connect, idle_timeout
+        self.ceiling = RelayCeiling()
+        self._lock = threading.Condition()
+        self._idle: collections.deque = collections.deque()   # (connection, idle since), most recent on the right
+        self._conns: set = set()       # every connection opened, until seen closed
+        self._held = 0                 # places held by lanes
+        self._connecting = 0
+        self._reaper: threading.Timer | None = None
+        self._closed = False
+
+    def limit(self) -> int:
+        ceiling = self.ceiling.current()
+        return self.size if ceiling is None else max(1, min(self.size, ceiling))
+
+    def acquire(self) -> smtplib.SMTP | None:
+        """A place for a lane: an idle connection, or None with room to open one."""
+        with self._lock:
+            while True:
+                conn = self._take_idle()
+                if conn is not None or self._held + len(self._idle) < self.limit():
+                    self._held += 1
+                    return conn
+                self._lock.wait(1.0)     # also re-counts what lanes closed
+
+    def connect(self, deadline: float, fresh: bool = False) -> smtplib.SMTP:
+        """A connection for a lane that holds a place but no connection: an idle one (not when
+        `fresh`: the lane's last one just died, the idle ones may be as dead) or a new one. Raises
+        TransientError (the relay is unreachable, the batch out of time) or PermanentError."""
+        while True:
+            stale = None
+            with self._lock:
+                while True:
+                    conn = None if fresh else self._take_idle()
+                    if conn is not None:
+                        return conn
+                    if self._open() + self._connecting < self.limit() and self._connecting < CONNECT_BURST:
+                        self._connecting += 1
+                        epoch = self.ceiling.epoch
+                        break
+                    if fresh and self._idle:
+                        stale = self._idle.popleft()[0]      # room for a new one
+                        self._conns.discard(stale)
+                        break
+                    self._wait(deadline)     # refused at the limit, or connects under way
+            if stale is not None:
+                _quit(stale)
+                continue
+            try:
+                conn = self._connect()
+            except RelayRefused as exc:
+                with self._lock:
+                    self._connecting -= 1
+                    self._lock.notify_all()
+                    while self._open() == 0 and self._connecting:     # the others' connects may yet get in
+                        self._wait(deadline)
+                    established = self._open()
+                    if established == 0:
+                        self.ceiling.forget()   # the relay is down or full with others: no limit of ours
+                        raise
+                    if self.ceiling.refused(established, epoch):
+                        log.warning("SMTP relay refused connection %d (%s); this process keeps at most %d",
+                                    established + 1, exc, self.limit())
+                continue
+            except BaseException:
+                with self._lock:
+                    self._connecting -= 1
+                    self._lock.notify_all()
+                raise
+            with self._lock:
+                self._connecting -= 1
+                self._conns.add(conn)
+                self.ceiling.accepted(self._open(), epoch)
+                self._lock.notify_all()
+            return conn
+
+    def release(self, conn: smtplib.SMTP | None) -> None:
+        """The lane is done: its place is free, its connection idle (or closed above the limit)."""
+        surplus = None
+        with self._lock:
+            self._held -= 1
+            if conn is not None and conn.sock is not None:
+                if self._closed or self._open() > self.limit():
+                    surplus = conn
+                    self._conns.discard(conn)
+                else:
+                    self._idle.append((conn, time.monotonic()))
+                    self._schedule_reap()
+            self._lock.notify_all()
+        _quit(surplus)
+
+    def _take_idle(self) -> smtplib.SMTP | None:
+        """The most recently used idle connection still open; the caller holds the lock."""
+        while self._idle:
+            conn = self._idle.pop()[0]
+            if conn.sock is not None:
+                return conn
+        return None
+
+    def _wait(self, deadline: float) -> None:
+        """The caller holds the lock: until notified (at most a second), TransientError at `deadline`."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TransientError(BATCH_OUT_OF_TIME)
+        self._lock.wait(min(remaining, 1.0))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._reaper is not None:
+                self._reaper.cancel()
+            idle = [conn for conn, _ in self._idle]
+            self._idle.clear()
+        for conn in idle:
+            _quit(conn)
+
+    def _open(self) -> int:
+        """Connections open (idle or in use); the caller holds the lock."""
+        self._conns = {conn for conn in self._conns if conn.sock is not None}
+        return len(self._conns)
+
+    def _schedule_reap(self) -> None:
+        if self._reaper is None and self._idle and not self._closed:
+            due = self._idle[0][1] + self.idle_timeout - time.monotonic()
+            self._reaper = threading.Timer(max(0.0, due), self._reap)
+            self._reaper.daemon = True
+            self._reaper.start()
+
+    def _reap(self) -> None:
+        expired = []
+        with self._lock:
+            self._reaper = None
+            cutoff = time.monotonic() - self.idle_timeout
+            while self._idle and self._idle[0][1] <= cutoff:
+                expired.append(self._idle.popleft()[0])
+            self._schedule_reap()
+        for conn in expired:
+            _quit(conn)
+
+
 class SMTPProvider(Provider):
     name = "smtp"
     max_batch = 1000
@@ -72,20 +225,19 @@ class SMTPProvider(Provider):
     def __init__(self, url: str | None = None, pool_size: int | None = None, timeout: float | None = None,
                  use_async: bool | None = None):
         """`pool_size` given: exactly that many connections at most. Not given: SMTP_POOL_SIZE
-        connections always, growing towards SMTP_POOL_MAX when the relay is slow (async pool)."""
+        connections, growing towards SMTP_POOL_MAX while that raises throughput (async pool)."""
         settings = config.get()
         self.options = parse_url(url or settings.smtp_url)
         self.pool_size = max(1, pool_size or settings.smtp_pool_size)
         self.pool_max = self.pool_size if pool_size else max(self.pool_size, settings.smtp_pool_max)
         self.timeout = timeout or settings.smtp_timeout_seconds
+        self.idle_timeout = settings.smtp_idle_timeout_seconds
         self._latency = 0.05     # seconds per mail on one connection; measured as batches go
         self.use_async = config.get().smtp_async if use_async is None else use_async
         self._async = None
-        self._idle: queue.LifoQueue = queue.LifoQueue()   # most recently used first: likeliest still open
-        self._slots = threading.BoundedSemaphore(self.pool_size)
+        self._threaded = ThreadedPool(self.pool_size, self._connect, self.idle_timeout)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
-        self._closed = False
 
     # -- connections -------------------------------------------------------------------------
     def _tls_context(self) -> ssl.SSLContext:
@@ -97,39 +249,50 @@ class SMTPProvider(Provider):
 
     def _connect(self) -> smtplib.SMTP:
         o = self.options
+        conn = None
+        greeted = False     # refusals come before or in answer to the greeting and EHLO
+        failed = f"cannot connect to SMTP {o['host']}:{o['port']}"
         try:
             if o["ssl"]:
                 conn = smtplib.SMTP_SSL(o["host"], o["port"], timeout=self.timeout, context=self._tls_context())
             else:
                 conn = smtplib.SMTP(o["host"], o["port"], timeout=self.timeout)
-            conn.ehlo()
+            code, text = conn.ehlo()
+            if refuses_connections(code, text.decode("utf-8", "replace")):
+                raise RelayRefused(f"{failed}: {code} {text!r}")
+            greeted = True
             if o["starttls"]:
                 conn.starttls(context=self._tls_context())
                 conn.ehlo()
             if o["username"]:
                 conn.login(o["username"], o["password"] or "")
-        except smtplib.SMTPAuthenticationError as exc:
-            raise PermanentError(f"SMTP login refused by {o['host']}: {exc.smtp_code} {exc.smtp_error!r}") from exc
-        except smtplib.SMTPNotSupportedError as exc:  # e.g. AUTH only offered after STARTTLS
-            raise PermanentError(f"SMTP server {o['host']}: {exc} (check SMTP_URL, e.g. ?starttls=1)") from exc
-        except (smtplib.SMTPException, OSError) as exc:
-            raise TransientError(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc}") from exc
-        return conn
+            return conn
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, RelayRefused):
+                raise
+            if isinstance(exc, smtplib.SMTPAuthenticationError):
+                raise PermanentError(f"SMTP login refused by {o['host']}: {exc.smtp_code} {exc.smtp_error!r}") from exc
+            if isinstance(exc, smtplib.SMTPNotSupportedError):   # e.g. AUTH only offered after STARTTLS
+                raise PermanentError(f"SMTP server {o['host']}: {exc} (check SMTP_URL, e.g. ?starttls=1)") from exc
+            if isinstance(exc, smtplib.SMTPConnectError):        # the greeting was not a 220
+                text = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc)
+                error = RelayRefused if refuses_connections(exc.smtp_code, text) else TransientError
+                raise error(f"{failed}: {exc}") from exc
+            if not greeted and isinstance(exc, (ConnectionError, smtplib.SMTPServerDisconnected)):
+                raise RelayRefused(f"{failed}: {exc!r}") from exc     # refused, reset or closed at the greeting
+            if isinstance(exc, (smtplib.SMTPException, OSError)):
+                raise TransientError(f"{failed}: {exc}") from exc
+            raise
 
     def _acquire(self) -> smtplib.SMTP | None:
-        """A slot plus an idle connection if one exists (None: the caller opens a new one)."""
-        self._slots.acquire()
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            return None
+        """A place among the threaded pool's connections, with an idle connection if one exists
+        (None: the lane opens one)."""
+        return self._threaded.acquire()
 
     def _release(self, conn: smtplib.SMTP | None) -> None:
-        if conn is not None and not self._closed:
-            self._idle.put(conn)
-        elif conn is not None:
-            _quit(conn)
-        self._slots.release()
+        self._threaded.release(conn)
 
     # -- sending -----------------------------------------------------------------------------
     def _send_one(self, conn, m: OutgoingMail, raw: bytes) -> SendResult:
@@ -160,7 +323,7 @@ class SMTPProvider(Provider):
                 for attempt in (1, 2):
                     try:
                         if conn is None:
-                            conn = self._connect()
+                            conn = self._threaded.connect(deadline, fresh=attempt > 1)
                         out.append((index, self._send_one(conn, m, raw)))
                         break
                     except smtplib.SMTPRecipientsRefused as exc:
@@ -205,14 +368,14 @@ class SMTPProvider(Provider):
         LANE_TARGET_SECONDS. A fast relay gets one lane (no thread hand-offs, which cost more CPU
         than a loopback send); a 50 ms ESP round trip gets many, up to the pool size."""
         wanted = -(-count * self._latency // LANE_TARGET_SECONDS)
-        return int(min(self.pool_size, count, max(1, wanted)))
+        return int(min(self._threaded.limit(), count, max(1, wanted)))
 
     def _async_sender(self):
         if self._async is None:
             with self._executor_lock:
                 if self._async is None:
                     self._async = AsyncSender(self.options, self.pool_size, self.pool_max, self.timeout,
-                                              self._tls_context)
+                                              self._tls_context, self.idle_timeout)
         return self._async
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -234,7 +397,7 @@ class SMTPProvider(Provider):
         # outlives DIGEST_PROCESSING_TIMEOUT_SECONDS / RECLAIM_AFTER_SECONDS, however slow the relay.
         deadline = time.monotonic() + BATCH_TIMEOUTS * self.timeout
         if self.use_async:
-            # All connections on one event loop: lanes are cheap; how many, Little's law decides.
+            # All connections on one event loop: lanes are cheap; how many, the measured throughput decides.
             done = [self._async_sender().send(ready, deadline, progress)]
         else:
             # Each lane is one connection sending its share of the batch in sequence.
@@ -260,12 +423,7 @@ class SMTPProvider(Provider):
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        self._closed = True
-        while True:
-            try:
-                _quit(self._idle.get_nowait())
-            except queue.Empty:
-                break
+        self._threaded.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         if self._async is not None:

@@ -4,7 +4,8 @@ Why: with a 50 ms round trip per message, 1000 mails/s needs ~50 messages in fli
 thread per connection every reply wakes a thread that must win the GIL back: measured ~120 us of
 CPU per mail on top of the send itself. One event loop multiplexing all connections pays for
 readiness events only. The SMTP dialogue is the same as smtplib's (EHLO, STARTTLS, AUTH PLAIN/LOGIN,
-PIPELINING when offered, dot-stuffing), and reply codes map to results the same way.
+PIPELINING when offered, dot-stuffing), and reply codes map to results the same way. How many
+connections the process holds, AsyncPool keeps as app/providers/smtp_sizing.py decides.
 
 Kept over the libraries a user would reach for: `scripts/bench/smtp_client.py` (6,000 mails, 50
 connections, client CPU per mail with mail building) measured ours 112 µs, smtplib 243 µs and
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import logging
-import math
 import re
 import ssl
 import threading
@@ -24,12 +25,12 @@ import time
 
 from app import mail
 from app.providers.base import STOPPED, PermanentError, Progress, SendResult, TransientError
+from app.providers.smtp_sizing import CONNECT_BURST, SMALL_LIMITS, LaneSizer, RelayRefused, refuses_connections
 
 log = logging.getLogger("app.providers.smtp_async")
 
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 MAX_REPLY_LINES = 100
-LANE_TARGET_SECONDS = 0.025   # lanes enough that a batch's share per connection takes about this
 BATCH_OUT_OF_TIME = "not attempted: the batch ran out of time (slow SMTP relay); retried later"
 
 
@@ -67,6 +68,8 @@ class Connection:
         self.extensions: set[str] = set()
         self.auth_mechanisms: set[str] = set()
         self.broken = False
+        self.idle_since = 0.0
+        self.on_close = None      # the pool's bookkeeping, called once when the connection closes
 
     async def reply(self) -> tuple[int, str]:
         lines = []
@@ -97,7 +100,22 @@ class Connection:
             if word.upper() == "AUTH":
                 self.auth_mechanisms = {m.upper() for m in rest.split()}
 
+    def alive(self) -> bool:
+        """False once the server closed it (a relay drops idle clients) or it broke."""
+        return not (self.broken or self.writer.is_closing() or self.reader.at_eof() or self.reader.exception())
+
+    def quit(self) -> None:
+        """Close politely without waiting for the answer (the pool is done with it)."""
+        if not self.broken:
+            try:
+                self.writer.write(b"QUIT\r\n")
+            except Exception:
+                pass
+        self.close()
+
     def close(self) -> None:
+        if not self.broken and self.on_close is not None:
+            self.on_close(self)
         self.broken = True
         try:
             self.writer.close()
@@ -105,53 +123,268 @@ class Connection:
             pass
 
 
-class AsyncSender:
-    """Owns an event loop thread and up to pool_max open connections (for every thread of the
-    process). A batch gets pool_size lanes (connections) at least, and more when the relay is
-    slow: by Little's law, lanes = mails x observed seconds per mail / LANE_TARGET_SECONDS, so a
-    batch takes about that long whatever the relay's round trip, up to pool_max."""
+class AsyncPool:
+    """The connections of one AsyncSender. A lane holds a place while it sends: an idle connection,
+    or room to open one; places held and idle connections together stay within `sizer.limit()`, so
+    open connections do. A lane that finds neither waits (FIFO). At most `_burst()` connects run at
+    once; connections idle for `idle_timeout` are closed. Every method runs on the loop thread."""
 
-    def __init__(self, options: dict, pool_size: int, pool_max: int, timeout: float, tls_context_factory):
+    def __init__(self, sizer: LaneSizer, connect, idle_timeout: float):
+        self.sizer, self._connect, self.idle_timeout = sizer, connect, idle_timeout
+        self.open = 0                 # established connections, idle or in use
+        self.peak = 0                 # most open at once (for tests and logs)
+        self._held = 0                # places held by lanes
+        self._connecting = 0
+        self._idle: collections.deque[Connection] = collections.deque()   # most recently used on the right
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()    # lanes waiting for a place
+        # lanes that hold a place and wait for a connection (refused at the limit, connects under way)
+        self._holders: collections.deque[asyncio.Future] = collections.deque()
+        self._reaper: asyncio.TimerHandle | None = None
+
+    async def acquire(self) -> Connection | None:
+        """A place for a lane: an idle connection, or None with room to open one."""
+        self.sizer.resumed()
+        while True:
+            conn = self._take_idle()
+            if conn is not None or self._held + len(self._idle) < self.sizer.limit():
+                self._held += 1
+                return conn
+            self.sizer.waited()
+            await self._wait(self._waiters)
+
+    async def connect(self, deadline: float, fresh: bool = False) -> Connection:
+        """A connection for a lane that holds a place but no connection: an idle one (not when
+        `fresh`: the lane's last one just died, the idle ones may be as dead) or a new one. Raises
+        TransientError (the relay is unreachable, the batch out of time) or PermanentError."""
+        while True:
+            if not fresh:
+                conn = self._take_idle()
+                if conn is not None:
+                    return conn
+            if self.open + self._connecting < self.sizer.limit() and self._connecting < self._burst():
+                conn = await self._open(deadline)
+                if conn is not None:
+                    return conn
+            elif fresh and self._idle:
+                self._idle.popleft().quit()      # room for a new one
+            else:               # refused at the limit, or connects under way: wait for a connection
+                await self._wait(self._holders, deadline)
+
+    def release(self, conn: Connection | None) -> None:
+        """The lane is done: its place is free, its connection idle (or closed above the limit)."""
+        self._held -= 1
+        if conn is not None and not conn.broken:
+            if self.open > self.sizer.limit():
+                conn.quit()
+            else:
+                conn.idle_since = time.monotonic()
+                self._idle.append(conn)
+                self._schedule_reap()
+        self._wake()
+        if not self._held and not self._connecting:
+            self.sizer.paused()
+
+    def delivered(self, seconds: float) -> None:
+        settled = not self.sizer.settling or self._settled()
+        if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), settled):
+            self._trim()
+            self._wake()
+
+    def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        while self._idle:
+            self._idle.pop().quit()
+
+    # -- inside ------------------------------------------------------------------------------
+    def _settled(self) -> bool:
+        """No connection being opened, and as many open as the limit allows (or the work needs)."""
+        limit = self.sizer.limit()
+        return not self._connecting and (self.open == limit or (self.open < limit and not self._waiters))
+
+    def _take_idle(self) -> Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.alive():
+                return conn
+            conn.close()
+        return None
+
+    async def _open(self, deadline: float) -> Connection | None:
+        """A new connection, or None when the relay refused it because of how many we hold."""
+        epoch = self.sizer.ceiling.epoch
+        self._connecting += 1
+        try:
+            conn = await self._connect()
+            conn.on_close = self._closed
+            self.open += 1
+            self.peak = max(self.peak, self.open)
+            self.sizer.ceiling.accepted(self.open, epoch)
+            return conn
+        except RelayRefused as exc:
+            refused = exc
+        finally:
+            self._connecting -= 1
+            self._wake()
+            if self.sizer.settling and self._settled():
+                self.sizer.settled()
+        while self.open == 0 and self._connecting:     # the others' connects may yet get in
+            await self._wait(self._holders, deadline)
+        if self.open == 0:
+            # Nothing of ours is open: the relay is down, restarting or full with others, which
+            # says nothing about how many it takes from us.
+            self.sizer.ceiling.forget()
+            raise refused
+        if self.sizer.refused(self.open, epoch):
+            log.warning("SMTP relay refused connection %d (%s); this process keeps at most %d",
+                        self.open + 1, refused, self.sizer.limit())
+            self._trim()
+        return None
+
+    def _closed(self, conn: Connection) -> None:
+        self.open -= 1
+        try:
+            self._idle.remove(conn)
+        except ValueError:
+            pass
+        self._wake()
+        if self.sizer.settling and self._settled():
+            self.sizer.settled()
+
+    @staticmethod
+    async def _wait(queue: collections.deque, deadline: float | None = None) -> None:
+        """Until woken from `queue`; TransientError (out of time) at `deadline`."""
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TransientError(BATCH_OUT_OF_TIME)
+        waiter = asyncio.get_running_loop().create_future()
+        queue.append(waiter)
+        try:
+            async with asyncio.timeout(remaining):
+                await waiter
+        except TimeoutError:
+            raise TransientError(BATCH_OUT_OF_TIME) from None
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            try:
+                queue.remove(waiter)
+            except ValueError:
+                pass
+
+    def _wake(self) -> None:
+        """Wake lanes for the idle connections and the room there is: first those that hold a place
+        (their mails are in hand), then those waiting for one."""
+        limit = self.sizer.limit()
+        room = min(limit - self.open - self._connecting, self._burst() - self._connecting)
+        left = self._wake_some(self._holders, len(self._idle) + max(0, room))
+        self._wake_some(self._waiters, min(left, len(self._idle)) + max(0, limit - self._held - len(self._idle)))
+
+    @staticmethod
+    def _wake_some(queue: collections.deque, count: int) -> int:
+        while count > 0 and queue:
+            waiter = queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                count -= 1
+        return count
+
+    def _burst(self) -> int:
+        """Connects at once: CONNECT_BURST, half of those open, all of those open past
+        SMALL_LIMITS (relays that cap connections per client mostly cap below it)."""
+        return max(CONNECT_BURST, self.open if self.open >= SMALL_LIMITS else self.open // 2)
+
+    def _trim(self) -> None:
+        """The limit went down: close idle connections above it (busy ones close when handed back)."""
+        while self.open > self.sizer.limit() and self._idle:
+            self._idle.popleft().quit()
+
+    def _schedule_reap(self) -> None:
+        if self._reaper is None and self._idle:
+            due = self._idle[0].idle_since + self.idle_timeout - time.monotonic()
+            self._reaper = asyncio.get_running_loop().call_later(max(0.0, due), self._reap)
+
+    def _reap(self) -> None:
+        self._reaper = None
+        expired = time.monotonic() - self.idle_timeout
+        while self._idle and self._idle[0].idle_since <= expired:
+            self._idle.popleft().quit()
+        self._schedule_reap()
+
+
+class AsyncSender:
+    """Owns an event loop thread and the process's pool of connections (for every thread of the
+    process). The pool holds SMTP_POOL_SIZE connections and grows towards pool_max only while more
+    connections raise the measured throughput (smtp_sizing.LaneSizer); a batch is split into as
+    many lanes as the pool may use."""
+
+    def __init__(self, options: dict, pool_size: int, pool_max: int, timeout: float, tls_context_factory,
+                 idle_timeout: float = 30.0):
         self.options, self.pool_size, self.pool_max, self.timeout = options, pool_size, max(pool_size, pool_max), timeout
-        self.latency = 0.0      # seconds per mail transaction (EWMA of the relay's round trips)
         self._tls = tls_context_factory
+        self.sizer = LaneSizer(pool_size, self.pool_max)
+        self._pool = AsyncPool(self.sizer, self._connect, idle_timeout)
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="smtp-async", daemon=True)
         self._thread.start()
-        self._idle: list[Connection] = []
-        self._slots: asyncio.Semaphore | None = None
+
+    @property
+    def latency(self) -> float:
+        """Seconds per mail transaction (EWMA of the relay's round trips)."""
+        return self.sizer.latency
 
     # -- connection set-up -----------------------------------------------------------------
     async def _connect(self) -> Connection:
         o = self.options
+        conn = None
+        greeted = False     # refusals come before or in answer to the greeting and EHLO
+        # asyncio.timeout per step, not wait_for: wait_for runs each step as a task of its own, one
+        # more turn of the event loop per step, which a busy process pays dearly in connect time.
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                o["host"], o["port"], ssl=self._tls() if o["ssl"] else None,
-                server_hostname=o["host"] if o["ssl"] else None), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(
+                    o["host"], o["port"], ssl=self._tls() if o["ssl"] else None,
+                    server_hostname=o["host"] if o["ssl"] else None)
             conn = Connection(reader, writer)
-            code, text = await asyncio.wait_for(conn.reply(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                code, text = await conn.reply()
             if code != 220:
                 raise ReplyError(code, text)
-            await asyncio.wait_for(conn.ehlo("localhost"), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await conn.ehlo("localhost")
+            greeted = True
             if o["starttls"]:
                 if "starttls" not in conn.extensions:
                     raise PermanentError(f"SMTP server {o['host']} does not offer STARTTLS")
-                code, text = await asyncio.wait_for(conn.command("STARTTLS"), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    code, text = await conn.command("STARTTLS")
                 if code != 220:
                     raise ReplyError(code, text)
-                await asyncio.wait_for(writer.start_tls(self._tls(), server_hostname=o["host"]), self.timeout)
-                await asyncio.wait_for(conn.ehlo("localhost"), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    await writer.start_tls(self._tls(), server_hostname=o["host"])
+                async with asyncio.timeout(self.timeout):
+                    await conn.ehlo("localhost")
             if o["username"]:
-                await asyncio.wait_for(self._login(conn), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    await self._login(conn)
             return conn
-        except PermanentError:
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, PermanentError):
+                raise
+            if isinstance(exc, ReplyError):
+                if exc.code in (530, 534, 535, 538):
+                    raise PermanentError(f"SMTP login refused by {o['host']}: {exc}") from exc
+                error = RelayRefused if not greeted and refuses_connections(exc.code, exc.text) else TransientError
+                raise error(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc}") from exc
+            if not greeted and isinstance(exc, (ConnectionError, asyncio.IncompleteReadError)):
+                # refused or reset at connect, or closed before answering EHLO
+                raise RelayRefused(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc!r}") from exc
+            if isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError)):
+                raise TransientError(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc!r}") from exc
             raise
-        except ReplyError as exc:
-            if exc.code in (530, 534, 535, 538):
-                raise PermanentError(f"SMTP login refused by {o['host']}: {exc}") from exc
-            raise TransientError(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc}") from exc
-        except (OSError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
-            raise TransientError(f"cannot connect to SMTP {o['host']}:{o['port']}: {exc!r}") from exc
 
     async def _login(self, conn: Connection) -> None:
         user, password = self.options["username"], self.options["password"] or ""
@@ -207,13 +440,15 @@ class AsyncSender:
         raise ReplyError(*failed)
 
     def lanes_for(self, count: int) -> int:
-        wanted = math.ceil(count * self.latency / LANE_TARGET_SECONDS)
-        return max(1, min(count, self.pool_max, max(self.pool_size, wanted)))
+        """Lanes for a batch of `count`: as many as the pool may grow to while it may grow (a step
+        up needs lanes to give its connections to), the limit otherwise."""
+        ceiling = self.sizer.ceiling.current()
+        most = min(self.pool_max, ceiling or self.pool_max) if self.sizer.may_grow() else self.sizer.limit()
+        return max(1, min(count, most))
 
     async def _send_lane(self, items, deadline: float, progress: Progress) -> list:
         out = Reported(progress)
-        await self._slots.acquire()
-        conn = self._idle.pop() if self._idle else None
+        conn = await self._pool.acquire()
         try:
             for pos, (index, m, raw) in enumerate(items):
                 rest = not_started(items[pos:], deadline, progress)
@@ -224,14 +459,12 @@ class AsyncSender:
                 for attempt in (1, 2):
                     try:
                         if conn is None or conn.broken:
-                            conn = await self._connect()
+                            conn = await self._pool.connect(deadline, fresh=attempt > 1)
                         began = time.perf_counter()
                         # asyncio.timeout, not wait_for: wait_for wraps each mail in a new task
                         async with asyncio.timeout(self.timeout):
                             await self._transaction(conn, sender, m.to, raw)
-                        took = time.perf_counter() - began
-                        # EWMA (one thread: the loop's); the first round trip is taken as it is
-                        self.latency = took if not self.latency else self.latency + 0.05 * (took - self.latency)
+                        self._pool.delivered(time.perf_counter() - began)
                         out.append((index, SendResult(ok=True, message_id=mail.message_id_of(m))))
                         break
                     except ReplyError as exc:
@@ -261,24 +494,14 @@ class AsyncSender:
                         out.append((index, SendResult(ok=False, error=f"unexpected SMTP client error: {exc!r}")))
                         break
         finally:
-            if conn is not None and not conn.broken:
-                self._idle.append(conn)
-            self._slots.release()
+            self._pool.release(conn)
         return out
 
     async def _send_all(self, ready, deadline: float, progress: Progress) -> list:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.pool_max)
-        first = []
-        if not self.latency and len(ready) > self.pool_size:
-            # The relay's round trip is unknown until a mail has gone: one goes alone first, so the
-            # rest of the first batch already gets the lanes Little's law asks for, instead of
-            # pool_size lanes taking 100 round trips in turns of 8 (a 50 ms relay: ~0.6 s).
-            first, ready = await self._send_lane(ready[:1], deadline, progress), ready[1:]
         lanes = self.lanes_for(len(ready))
         chunks = [ready[k::lanes] for k in range(lanes)]
         done = await asyncio.gather(*(self._send_lane(c, deadline, progress) for c in chunks))
-        return first + [pair for chunk in done for pair in chunk]
+        return [pair for chunk in done for pair in chunk]
 
     def send(self, ready, deadline: float, progress: Progress) -> list:
         """[(index, SendResult)] for [(index, mail, raw bytes)], from any thread. No mail is started
@@ -302,14 +525,7 @@ class AsyncSender:
 
     def close(self) -> None:
         async def shutdown():
-            for conn in self._idle:
-                try:
-                    conn.writer.write(b"QUIT\r\n")
-                    await asyncio.wait_for(conn.writer.drain(), 1)
-                except Exception:
-                    pass
-                conn.close()
-            self._idle.clear()
+            self._pool.close()
 
         if self._loop.is_running():
             try:

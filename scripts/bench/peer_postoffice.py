@@ -27,7 +27,8 @@ finished (send_queued_mail exited, resp. the newsletter is `done`), split into
   redis     ours only: the whole redis-server process over the window (the broker; a shared server,
             so other users' commands would count against ours)
 and bytes per mail received by the sink (message = the DATA payload; wire = everything the client
-sent, SMTP commands included). Target: ours >= 2x the peer's mails/s at default settings.
+sent, SMTP commands included); ours also logs the SMTP connections the sink saw and the most open
+at once (what the worker processes' pools held). Target: ours >= 2x the peer's mails/s at default settings.
 Everything on 127.0.0.1; every wait bounded (--timeout per phase).
 """
 from __future__ import annotations
@@ -470,6 +471,8 @@ def run_ours(n: int) -> dict:
         statuses = dict(cur.fetchall())
     conn.close()
     ok = reached and status == "done" and statuses == {"sent": n} and stats.get("received") == n
+    log(f"ours: the sink saw {stats.get('connections', 0):,} SMTP connections, at most "
+        f"{stats.get('peak_connections', 0):,} open at once")
     if not ok:
         log(f"ours: NOT all delivered exactly once: newsletter {status}, rows {statuses}, sink {stats}; "
             f"worker log: {worker_log}")

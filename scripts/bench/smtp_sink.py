@@ -5,8 +5,9 @@
 Plain asyncio protocol (uvloop when installed) rather than aiosmtpd, so the sink's own CPU cost —
 it shares the machine with the workers being measured — stays small. The delay is applied to the
 reply to the end of DATA (a real ESP's per-message round trip) without blocking other connections.
-Counts messages, message bytes (the DATA payload, dot-stuffed as sent, without the final dot) and
-wire bytes (everything the clients sent: commands and data). With --expect N it prints
+Counts messages, message bytes (the DATA payload, dot-stuffed as sent, without the final dot),
+wire bytes (everything the clients sent: commands and data), connections opened and the most open
+at once (how many the clients' pools held). With --expect N it prints
 `reached N <CLOCK_MONOTONIC seconds>` the moment the N-th message's data has arrived; SIGUSR1 prints a
 `stats {json}` line; when stopped (SIGTERM / SIGINT) it prints the stats line, then
 `received <count>` as its last line.
@@ -24,6 +25,9 @@ received = 0
 message_bytes = 0
 wire_bytes = 0
 expect = 0
+connections = 0        # opened so far
+open_connections = 0
+peak_connections = 0   # most open at once
 
 
 class SinkProtocol(asyncio.Protocol):
@@ -33,8 +37,16 @@ class SinkProtocol(asyncio.Protocol):
         self.in_data = False
 
     def connection_made(self, transport):
+        global connections, open_connections, peak_connections
+        connections += 1
+        open_connections += 1
+        peak_connections = max(peak_connections, open_connections)
         self.transport = transport
         transport.write(b"220 bench-sink ESMTP\r\n")
+
+    def connection_lost(self, exc):
+        global open_connections
+        open_connections -= 1
 
     def _reply(self, line: bytes):
         if not self.transport.is_closing():
@@ -81,7 +93,8 @@ class SinkProtocol(asyncio.Protocol):
 
 
 def stats_line() -> str:
-    return "stats " + json.dumps({"received": received, "message_bytes": message_bytes, "wire_bytes": wire_bytes})
+    return "stats " + json.dumps({"received": received, "message_bytes": message_bytes, "wire_bytes": wire_bytes,
+                                  "connections": connections, "peak_connections": peak_connections})
 
 
 async def serve(host: str, port: int, delay: float) -> None:
