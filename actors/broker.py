@@ -9,7 +9,7 @@ import signal
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
-from app import config, db, memory, metrics, observability, queue, shutdown
+from app.platform import config, db, memory, metrics, observability, queue, shutdown
 
 log = logging.getLogger("actors.broker")
 

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from app import config, providers
-from digest import immediate, render
+from app.platform import config, providers
+from digest import immediate, messages, render
 from digest import send as digest_send
 
 MAX_IDS_PER_MESSAGE = 1000
@@ -42,7 +42,8 @@ if not any(isinstance(m, DigestTemplateWarmup) for m in _broker.middleware):
 
 
 # Ends a batch before the watchdog may take its runs back (config.digest_processing_timeout_seconds).
-@dramatiq.actor(queue_name="digest", max_retries=3, min_backoff=1_000, max_backoff=60_000,
+@dramatiq.actor(actor_name=messages.DIGEST_BATCH.actor, queue_name=messages.DIGEST_BATCH.queue, max_retries=3,
+                min_backoff=1_000, max_backoff=60_000,
                 time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000)
 def build_and_send_digest(run_ids: list[int] | None = None) -> None:
     if run_ids is not None:
@@ -54,7 +55,8 @@ def build_and_send_digest(run_ids: list[int] | None = None) -> None:
 
 # A hint sent after an ingest commit that asked for it (app/ingest.py): one send-now pass, then
 # the runs it made due now are sent here. Losing it only delays them to the scheduler's next tick.
-@dramatiq.actor(queue_name="digest", max_retries=3, min_backoff=1_000, max_backoff=60_000,
+@dramatiq.actor(actor_name=messages.SEND_NOW.actor, queue_name=messages.SEND_NOW.queue, max_retries=3,
+                min_backoff=1_000, max_backoff=60_000,
                 time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000)
 def send_now() -> None:
     _, run_ids = immediate.plan(datetime.now(timezone.utc), sending_now=True)

@@ -21,24 +21,26 @@ import logging
 
 import dramatiq
 
-from app import config
-from app.newsletter import outbox, sender
+from app.platform import config
+from app.newsletter import messages, outbox, sender
 
 log = logging.getLogger("actors.newsletter")
 
 NEWSLETTER_PRIORITY = 100
 
 
-@dramatiq.actor(queue_name="newsletter", priority=NEWSLETTER_PRIORITY, max_retries=10, min_backoff=1_000,
-                max_backoff=60_000, time_limit=60 * 60_000)
+@dramatiq.actor(actor_name=messages.CREATE_OUTBOX.actor, queue_name=messages.CREATE_OUTBOX.queue,
+                priority=NEWSLETTER_PRIORITY, max_retries=10, min_backoff=1_000, max_backoff=60_000,
+                time_limit=60 * 60_000)
 def create_outbox(newsletter_id: int) -> None:
     """Build the outbox. Acked only after it returns: a worker killed mid-way leaves the message
     un-acked, Dramatiq redelivers it, and the re-run skips rows already written."""
     outbox.create_outbox(int(newsletter_id))
 
 
-@dramatiq.actor(queue_name="newsletter", priority=NEWSLETTER_PRIORITY, max_retries=20, min_backoff=1_000,
-                max_backoff=60_000, time_limit=max(30, config.get().reclaim_after_seconds - 15) * 1000)
+@dramatiq.actor(actor_name=messages.SEND_BATCH.actor, queue_name=messages.SEND_BATCH.queue,
+                priority=NEWSLETTER_PRIORITY, max_retries=20, min_backoff=1_000, max_backoff=60_000,
+                time_limit=max(30, config.get().reclaim_after_seconds - 15) * 1000)
 def send_batch(newsletter_id: int) -> None:
     stats = sender.send_batch(int(newsletter_id))
     if stats["claimed"]:

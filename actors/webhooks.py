@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dramatiq
 
-from tracking import webhook_apply
+from tracking import messages, webhook_apply
 
 
-@dramatiq.actor(queue_name="webhooks", max_retries=20, min_backoff=1_000, max_backoff=300_000,
-                time_limit=120_000)
+@dramatiq.actor(actor_name=messages.APPLY_WEBHOOK_EVENTS.actor, queue_name=messages.APPLY_WEBHOOK_EVENTS.queue,
+                max_retries=20, min_backoff=1_000, max_backoff=300_000, time_limit=120_000)
 def apply_webhook_events(ids: list[int]) -> None:
     webhook_apply.apply_events(ids)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 
-from app import categories, config, db, mail, streams, tokens
-from app.providers.base import OutgoingMail
+from app.subscribers import categories, streams
+from app.platform import config, db, mail, tokens
+from app.platform.providers.base import OutgoingMail
 from digest import context as digest_context
 from digest import details as digest_details
 from digest import group as digest_group

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.providers.base import OutgoingMail
+from app.platform.providers.base import OutgoingMail
 from digest import group as digest_group
 from digest import runs
 

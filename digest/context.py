@@ -13,8 +13,8 @@ from __future__ import annotations
 from datetime import datetime
 from functools import lru_cache
 
-from app import config, timezones
-from app.categories import Category, humanise, lookup
+from app.platform import config, timezones
+from app.subscribers.categories import Category, humanise, lookup
 from digest import wording
 from digest.group import Digest, Group
 

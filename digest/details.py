@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from app import urls
+from app.platform import urls
 from digest import load as digest_load
 from digest.group import Digest, Event, Group, newest_ids
 

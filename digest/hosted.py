@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from app import categories, config, db, tokens
+from app.subscribers import categories
+from app.platform import config, db, tokens
 from digest import build as digest_build
 from digest import context as digest_context
 from digest import details as digest_details

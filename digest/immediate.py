@@ -29,7 +29,8 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from app import categories, config, db
+from app.subscribers import categories
+from app.platform import config, db
 from digest import runs
 
 log = logging.getLogger("digest.immediate")

@@ -39,7 +39,7 @@ import logging
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
 
-from app import config, db, metrics, timezones
+from app.platform import config, db, metrics, timezones
 from digest import immediate, runs
 
 log = logging.getLogger("digest.plan")

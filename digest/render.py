@@ -21,7 +21,7 @@ from pathlib import Path
 
 import chevron
 
-from app import config, layout, mail
+from app.platform import config, layout, mail
 from digest import mustache
 
 log = logging.getLogger("digest.render")

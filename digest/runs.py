@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
-from app.mail_stop import NOT_ENGAGED
+from app.platform.mail_stop import NOT_ENGAGED
 
 MAX_BACKOFF_SECONDS = 6 * 3600
 

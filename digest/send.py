@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import psycopg2
 
-from app import config, db, mail_stop, metrics
-from app.providers import get_provider
-from app.providers.base import PermanentError, Progress, Provider, ProviderError, SendResult
+from app.platform import config, db, mail_stop, metrics
+from app.platform.providers import get_provider
+from app.platform.providers.base import PermanentError, Progress, Provider, ProviderError, SendResult
 from digest import runs as run_rows
 from digest.build import build_digests
 from digest.claim import ClaimedRun, claim

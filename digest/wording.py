@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, tzinfo
 
-from app.categories import Category
+from app.subscribers.categories import Category
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")

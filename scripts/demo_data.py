@@ -8,7 +8,9 @@ import random
 import sys
 from datetime import datetime, timedelta, timezone
 
-from app import apikeys, categories, db, ingest, subscribers
+from app.platform import apikeys, db
+from app.subscribers import categories, records as subscribers
+from digest import ingest
 from app.newsletter import service as newsletters
 from scripts import demo_history
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg2.extras
 
-from app import db
+from app.platform import db
 
 USERS = 300
 DAYS = 7

@@ -32,7 +32,8 @@ if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
 import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402
 
-from app import apikeys, categories, config, db, migrate  # noqa: E402
+from app.platform import apikeys, config, db, migrate  # noqa: E402
+from app.subscribers import categories
 
 config.reload()
 
@@ -74,9 +75,9 @@ _DIRTY_SQL = " UNION ".join(
 
 @pytest.fixture(autouse=True)
 def process_not_stopping():
-    """An in-process Dramatiq worker's stop() sets app.shutdown.requested (the SIGTERM path), which
+    """An in-process Dramatiq worker's stop() sets app.platform.shutdown.requested (the SIGTERM path), which
     would make every later send loop in this test process stop after one batch."""
-    from app import shutdown
+    from app.platform import shutdown
 
     shutdown.requested.clear()
     yield
@@ -173,7 +174,7 @@ def fake(redis_client):
 
 @pytest.fixture
 def provider(fake):
-    from app.providers.sendgrid import SendGridProvider
+    from app.platform.providers.sendgrid import SendGridProvider
 
     p = SendGridProvider(api_key="test-key", api_url=fake.url)
     yield p

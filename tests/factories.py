@@ -12,8 +12,9 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg2.extras
 
-from app import db, subscribers
-from app.addresses import canonical
+from app.platform import db
+from app.subscribers import records as subscribers
+from app.platform.addresses import canonical
 from app.newsletter import service
 
 HTML = ('<html><head><style>p { color: #333; }</style></head><body>'

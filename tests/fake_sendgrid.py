@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import orjson
 
-from app.providers.sendgrid import render_personalization
+from app.platform.providers.sendgrid import render_personalization
 
 
 class FakeSendGrid:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from app import db
+from app.platform import db
 from app.newsletter import outbox, sender, service
 
 

@@ -10,7 +10,7 @@ import uuid
 import psycopg2
 import pytest
 
-from app import migrate
+from app.platform import migrate
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def released_on_first_lock_retry(holder):
     moment the migrator reports its first lock timeout: the retry path is taken every time,
     without timers. Yields the handler: `.fired` says whether it happened."""
     handler = _OnFirstLockRetry(holder.commit)
-    logger = logging.getLogger("app.migrate")
+    logger = logging.getLogger("app.platform.migrate")
     logger.addHandler(handler)
     try:
         yield handler

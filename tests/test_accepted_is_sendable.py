@@ -17,11 +17,12 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, note, settings as hsettings
 
-from app import apikeys, config, db, mail, subscribers
+from app.platform import apikeys, config, db, mail
+from app.subscribers import records as subscribers
 from app.newsletter import sender, template
-from app.providers.file import FileProvider
-from app.providers.sendgrid import SendGridProvider, build_requests
-from app.providers.smtp import SMTPProvider
+from app.platform.providers.file import FileProvider
+from app.platform.providers.sendgrid import SendGridProvider, build_requests
+from app.platform.providers.smtp import SMTPProvider
 from app.web import app
 from digest.build import build_digests
 from digest.claim import ClaimedRun

@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from app import addresses, db, subscribers
-from app.addresses import canonical
-from app.admin import suppressions as admin_suppressions
+from app.platform import addresses, db
+from app.subscribers import records as subscribers
+from app.platform.addresses import canonical
+from app.web.admin import suppressions as admin_suppressions
 from digest import immediate
 from digest import send as digest_send
 from tests import factories
@@ -22,7 +23,7 @@ from tests.conftest import auth
 from tests.newsletter_support import counts, drain, start
 from tests.test_digest_support import run_row, sink_as_provider
 from tracking import webhook_apply, webhook_store
-from tracking.cli import import_legacy_links
+from app.cli.tracking import import_legacy_links
 
 CANONICAL = "ana@xn--bcher-kva.example"
 # (how the subscriber gave it, how SendGrid / an operator / a file names it): case, U-label vs

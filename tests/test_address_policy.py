@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import mail
-from app.providers.base import OutgoingMail
-from app.providers.smtp import SMTPProvider
+from app.platform import mail
+from app.platform.providers.base import OutgoingMail
+from app.platform.providers.smtp import SMTPProvider
 from tests.conftest import auth
 from tests.test_digest_support import SmtpSink
 

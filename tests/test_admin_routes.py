@@ -10,8 +10,8 @@ from http.cookies import SimpleCookie
 import pytest
 from starlette.testclient import TestClient
 
-from app import apikeys, db, tokens
-from app.admin import session, stats, suppressions, views
+from app.platform import apikeys, db, tokens
+from app.web.admin import session, stats, suppressions, views
 from tests import factories
 
 PAGES = ["/admin", "/admin?range=7d", "/admin/newsletters", "/admin/suppressions"]
@@ -415,7 +415,7 @@ def test_a_failed_sign_in_is_answered_after_a_pause(client, monkeypatch):
 def test_throttle_counts_in_process_while_redis_is_down(client, admin_key, settings, monkeypatch):
     import redis as redis_lib
 
-    from app.admin import throttle
+    from app.web.admin import throttle
 
     down = redis_lib.Redis(host="127.0.0.1", port=9, socket_connect_timeout=0.2)
     monkeypatch.setattr(throttle, "_client", lambda: down)
@@ -432,7 +432,7 @@ def test_a_key_that_is_no_longer_admin_ends_its_sessions(admin):
 
 
 def test_audit_rows_outlive_the_erasure_of_the_subscriber(admin):
-    from app import subscribers
+    from app.subscribers import records as subscribers
 
     factories.subscriber("ana", email="ana@x.test")
     sid = factories.suppression("ana@x.test")

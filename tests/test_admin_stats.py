@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app import db
-from app.admin import charts, render, stats
+from app.platform import db
+from app.web.admin import charts, render, stats
 from tests import factories
 
 NOW = datetime(2026, 3, 10, 12, 30, tzinfo=timezone.utc)   # 24 h window: 03-09 13:00 to 03-10 13:00

@@ -6,7 +6,8 @@ from urllib.parse import quote
 
 import pytest
 
-from app import categories, db
+from app.subscribers import categories
+from app.platform import db
 from tests.conftest import auth
 
 BODY = {"label": "Comments", "description": "Replies to your posts", "verb": "commented on"}

@@ -6,7 +6,7 @@ import concurrent.futures
 import httpx
 import pytest
 
-from app import apikeys, db
+from app.platform import apikeys, db
 from tests.conftest import auth
 
 
@@ -188,7 +188,7 @@ def test_concurrent_duplicate_posts_store_one_row(live_server, events_key):
 
 def test_concurrent_inserts_from_two_writers_store_one_row(events_key):
     """Two independent group-commit writers (as in two web processes) racing on the same ids."""
-    from app.ingest import new_writer, validate_batch
+    from digest.ingest import new_writer, validate_batch
 
     rows, errors = validate_batch([event(i) for i in range(200)], True, "producer-test")
     assert not errors
@@ -200,7 +200,7 @@ def test_concurrent_inserts_from_two_writers_store_one_row(events_key):
 
 
 def test_database_down_answers_503_and_stores_nothing(client, events_key, monkeypatch):
-    from app import ingest
+    from digest import ingest
 
     broken = ingest.new_writer(url="postgresql://127.0.0.1:1/nowhere")
     monkeypatch.setattr(ingest.writer, "instance", broken)

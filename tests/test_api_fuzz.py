@@ -8,7 +8,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, assume, settings
 
-from app import apikeys
+from app.platform import apikeys
 from app.web import app
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)

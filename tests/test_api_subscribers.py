@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import db
+from app.platform import db
 from tests import factories
 from tests.conftest import auth
 
@@ -92,8 +92,8 @@ def test_email_with_trailing_newline_is_rejected(client, admin_key, email):
 
 
 def test_apostrophe_addresses_are_accepted_and_mailable(client, admin_key):
-    from app.mail import build
-    from app.providers.base import OutgoingMail
+    from app.platform.mail import build
+    from app.platform.providers.base import OutgoingMail
 
     assert put(client, admin_key, email="o'brien@example.com").status_code == 201
     raw = build(OutgoingMail(to="o'brien@example.com", subject="s", html="<p>h</p>", text="t",

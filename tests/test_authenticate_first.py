@@ -20,7 +20,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from app.admin import views
+from app.web.admin import views
 from tests.conftest import wait_for
 from tests.raw_http import closed_by_server, connect
 from tracking import signature

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app import apikeys, db
+from app.platform import apikeys, db
 from tests import factories
 from tests.test_browser_pages import (UNLABELLED_CONTROLS_JS, browser, live_server, pytestmark,  # noqa: F401
                                       shot)

@@ -12,7 +12,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app import categories, layout, providers, streams, tokens
+from app.subscribers import categories, streams
+from app.platform import layout, providers, tokens
 from app.newsletter import template
 from digest import send as digest_send
 from tests import factories

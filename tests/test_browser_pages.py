@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app import config, db, tokens
+from app.platform import config, db, tokens
 from tests import factories
 
 CHROMIUM = "/usr/bin/chromium"

@@ -8,7 +8,9 @@ from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
-from app import db, queue, scheduler, subscribers
+from app.platform import db, queue
+from app.cli import scheduler
+from app.subscribers import records as subscribers
 from digest import immediate
 from digest import plan as digest_plan
 from digest import send as digest_send
@@ -385,7 +387,7 @@ def test_digest_now_sends_an_immediately_subscribers_waiting_events(sink):
 def test_the_url_rule_is_the_same_in_the_schema_and_the_check():
     """Adding `priority` to the Event schema made the API fuzzer generate a URL with U+0085, which
     `\\s` in Python refused and the documented pattern allowed (app/urls.py spells whitespace out)."""
-    from app import urls
+    from app.platform import urls
 
     assert "\\s" not in urls.PATTERN
     for odd in ("\x85", "\ufeff", "\u00a0", "\u2028", " "):

@@ -9,10 +9,11 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from app import migrate, rekey
+from app.platform import migrate
+from app.subscribers import rekey
 from app.cli import main as cli_main
 from scripts.bench.partition_migration import migrate_until
-from app.addresses import canonical
+from app.platform.addresses import canonical
 from tests.scratch import scratch_url  # noqa: F401 - fixture
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from app import config, db, tokens
+from app.platform import config, db, tokens
 from app.newsletter import template
 from digest import send as digest_send
 from tests import factories

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app import config
+from app.platform import config
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from app import config
+from app.platform import config
 
 GOOD_KEY = "k" * 48
 PRODUCTION_VARS = ("APP_ENV", "SECRET_KEY", "SECRET_KEY_FALLBACKS", "SENDGRID_WEBHOOK_PUBLIC_KEY",

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from app import cli, config, db, metrics, providers
+from app import cli
+from app.platform import config, db, metrics, providers
 from app.newsletter import reclaim, sender
 from digest import send as digest_send
 from tests import factories
@@ -223,7 +224,7 @@ def test_the_dashboard_button_stops_all_mail_with_a_reason_and_is_audited(client
 
 CRASH_SCRIPT = textwrap.dedent("""
     import sys
-    from app import db
+    from app.platform import db
     from app.newsletter import sender
     db.init()
     sender.send_batch(int(sys.argv[1]), reenqueue=False, budget_seconds=600)

@@ -10,7 +10,7 @@ import logging
 import pytest
 from starlette.testclient import TestClient
 
-from app import config, db, tokens
+from app.platform import config, db, tokens
 from tracking.links import click_url, pixel_url
 
 DOWN_URL = "postgresql://127.0.0.1:1/notify_down"

@@ -9,7 +9,7 @@ import orjson
 import psycopg2
 import pytest
 
-from app import db
+from app.platform import db
 from app.newsletter import store as newsletter_store
 from tests.conftest import wait_for
 from tests.tcp_proxy import TcpProxy

@@ -2,8 +2,8 @@
 to show, can be loaded again without piling up, leaves other rows alone and sends nothing."""
 from __future__ import annotations
 
-from app import db
-from app.admin import stats
+from app.platform import db
+from app.web.admin import stats
 from scripts import demo_history
 from tests import factories
 

@@ -8,7 +8,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from app import categories, db
+from app.subscribers import categories
+from app.platform import db
 from digest import build as digest_build
 from digest import send as digest_send
 from digest import wording

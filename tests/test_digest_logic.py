@@ -8,8 +8,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from app import categories, urls
-from app.categories import Category
+from app.subscribers import categories
+from app.platform import urls
+from app.subscribers.categories import Category
 from digest import context, details, group, wording
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
@@ -131,14 +132,14 @@ def test_only_http_urls_are_links():
 def test_url_pattern_uses_explicit_classes_only():
     """The same pattern is the OpenAPI document's (ECMA-262) and the server's (Python re): their \\s,
     \\w and \\d differ (Python's \\s matches U+0085, ECMA's does not), so none may appear."""
-    from app import validation
+    from app.platform import validation
 
     for pattern in (urls.PATTERN, validation.NOT_BLANK, categories._LABEL):
         assert not any(escape in pattern for escape in ("\\s", "\\S", "\\w", "\\W", "\\d", "\\D")), pattern
 
 
 def test_not_blank_means_what_strip_removes():
-    from app import validation
+    from app.platform import validation
 
     not_blank = re.compile(validation.NOT_BLANK)
     for c in map(chr, range(0x3100)):

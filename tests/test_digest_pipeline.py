@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app import config, db, providers, subscribers
+from app.platform import config, db, providers
+from app.subscribers import records as subscribers
 from digest import build as digest_build
 from digest import plan as digest_plan
 from digest import send as digest_send
@@ -258,9 +259,9 @@ def test_too_many_transient_failures_end_in_failed(sink, settings):
 
 CRASH_SCRIPT = textwrap.dedent("""
     import os, sys
-    from app import db
+    from app.platform import db
     from digest import send as digest_send
-    from app.providers import get_provider
+    from app.platform.providers import get_provider
     db.init()
     provider = get_provider()
     real_send = provider.send_batch

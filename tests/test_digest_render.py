@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import chevron
 import pytest
 
-from app.categories import Category
+from app.subscribers.categories import Category
 from digest import context, group, mustache, render
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)

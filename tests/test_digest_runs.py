@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta, timezone
 
-from app import db
+from app.platform import db
 from digest import immediate
 from digest import plan as digest_plan
 from digest import runs

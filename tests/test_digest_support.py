@@ -20,7 +20,7 @@ import time
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP
 
-from app import db, providers
+from app.platform import db, providers
 
 
 def free_port() -> int:

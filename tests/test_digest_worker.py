@@ -5,7 +5,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app import db, scheduler
+from app.platform import db
+from app.cli import scheduler
 from tests import factories
 from tests.conftest import wait_for
 from tests.test_digest_support import marked, sink_as_provider

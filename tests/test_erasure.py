@@ -10,10 +10,10 @@ import orjson
 import pytest
 import redis as redis_lib
 
-from app import config, db
+from app.platform import config, db
 from digest import send as digest_send
 from app.newsletter import sender, service
-from app.providers.base import Provider, SendResult
+from app.platform.providers.base import Provider, SendResult
 from tests import factories
 from tests.conftest import auth
 from tests.newsletter_support import start

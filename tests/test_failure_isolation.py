@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import pytest
 
-from app import db
+from app.platform import db
 from app.newsletter import sender as newsletter_sender
-from app.providers.sendgrid import SendGridProvider
-from app.providers.smtp import SMTPProvider
+from app.platform.providers.sendgrid import SendGridProvider
+from app.platform.providers.smtp import SMTPProvider
 from digest import build as digest_build
 from digest import send as digest_send
 from tests import factories
@@ -162,7 +162,7 @@ def test_a_cleaned_name_never_injects_a_header():
 def test_an_unexpected_provider_error_retries_the_batch_counted_never_forever(settings):
     """A bug inside a provider is a batch-level failure: every run retries with backoff and the
     attempt counts, so it ends `failed` instead of looping on every tick."""
-    from app.providers.base import Provider
+    from app.platform.providers.base import Provider
 
     class Broken(Provider):
         name, max_batch = "broken", 100

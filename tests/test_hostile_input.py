@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from starlette.testclient import TestClient
 
-from app import db, tokens
+from app.platform import db, tokens
 from app.web import app
 from tests import factories
 from tests.conftest import auth
@@ -69,7 +69,7 @@ def test_a_time_zone_that_does_not_load_is_a_422_on_the_api(api, name):
 
 
 def test_every_zone_offered_loads_and_every_loadable_zone_is_accepted(api):
-    from app import timezones
+    from app.platform import timezones
     offered = api.get("/openapi.json").json()["components"]["schemas"]["SubscriberInput"]["properties"]["timezone"]
     assert set(offered["enum"]) == timezones.names() and "Europe/Lisbon" in offered["enum"]
     for name in timezones.names():
@@ -78,7 +78,7 @@ def test_every_zone_offered_loads_and_every_loadable_zone_is_accepted(api):
 
 
 def test_the_preference_page_offers_only_zones_that_load(client):
-    from app import timezones
+    from app.platform import timezones
     sid = factories.subscriber("tz")
     page = client.get("/preferences/" + tokens.make("preferences", sid, 1)).text
     datalist = page.split('<datalist id="timezone-list">', 1)[1].split("</datalist>", 1)[0]
@@ -88,7 +88,7 @@ def test_the_preference_page_offers_only_zones_that_load(client):
 
 
 def test_a_stored_zone_this_python_cannot_load_is_read_as_utc():
-    from app import timezones
+    from app.platform import timezones
     assert timezones.load("Europe") == ZoneInfo("UTC") and timezones.load("Mars/Olympus") == ZoneInfo("UTC")
     assert timezones.load("Asia/Tokyo") == ZoneInfo("Asia/Tokyo") and timezones.load(None) == ZoneInfo("UTC")
 
@@ -120,8 +120,8 @@ def test_hostile_preference_values_answer_the_page_with_the_field_error(client, 
 
 
 def test_plain_numbers_are_read_one_way():
-    from app.pages import preferences
-    from app.validation import plain_int
+    from app.web.pages import preferences
+    from app.platform.validation import plain_int
     assert [plain_int(t, 6, signed=True) for t in ("7", "-3", "007", "-0")] == [7, -3, 7, 0]
     for text in ("--5", "-", "", "5-", "+5", "\u00b2", "\u0663", "\uff13", "1_0", " 5", "5\n", "1234567", None, 5):
         assert plain_int(text, 6, signed=True) is None, text

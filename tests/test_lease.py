@@ -3,7 +3,7 @@ They are rows, so they hold behind PgBouncer in transaction pooling mode (the Pg
 `make test` runs this module through one)."""
 from __future__ import annotations
 
-from app import db, lease
+from app.platform import db, lease
 from tests.conftest import wait_for
 
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from app import mail
-from app.providers.base import OutgoingMail
+from app.platform import mail
+from app.platform.providers.base import OutgoingMail
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 

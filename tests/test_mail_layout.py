@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app import config, layout
+from app.platform import config, layout
 from app.newsletter import template
 from digest import context, group, render
 from tests import factories

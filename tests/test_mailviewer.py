@@ -7,9 +7,9 @@ from aiosmtpd.controller import Controller
 import pytest
 from starlette.testclient import TestClient
 
-from app import mail
-from app.providers.base import OutgoingMail
-from app.providers.smtp import SMTPProvider
+from app.platform import mail
+from app.platform.providers.base import OutgoingMail
+from app.platform.providers.smtp import SMTPProvider
 from scripts.dev import mailviewer
 from tests.test_digest_support import free_port
 

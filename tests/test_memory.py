@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from app import memory
+from app.platform import memory
 
 pytestmark = pytest.mark.pure
 
@@ -17,6 +17,6 @@ def test_zero_leaves_glibc_alone():
 
 def test_the_cap_is_accepted_in_a_fresh_process():
     # A child process, so this test run's own allocator keeps its settings.
-    code = "from app import memory; import sys; sys.exit(0 if memory.limit_malloc_arenas(2) else 3)"
+    code = "from app.platform import memory; import sys; sys.exit(0 if memory.limit_malloc_arenas(2) else 3)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -18,7 +18,8 @@ from playhouse.pool import MaxConnectionsExceeded
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import apikeys, config, db, metrics, scheduler
+from app.platform import apikeys, config, db, metrics
+from app.cli import scheduler
 from app.newsletter import sender, service
 from digest import plan as digest_plan
 from digest import runs as digest_runs
@@ -309,7 +310,7 @@ def test_unreadable_multiprocess_files_are_left_out_and_counted(client, admin_ke
     before = scrape(client, admin_key)
     assert value(before, "notify_events_total", result="rejected") >= 7
     paths = unreadable(metrics.DIRECTORY)
-    with caplog.at_level(logging.WARNING, logger="app.metrics"):
+    with caplog.at_level(logging.WARNING, logger="app.platform.metrics"):
         scrapes = [scrape(client, admin_key) for _ in range(3)]
     for sample in scrapes:     # this session's killed workers may have left some too
         assert value(sample, "notify_metrics_files_unreadable") - \
@@ -371,7 +372,7 @@ def test_values_of_other_processes_are_summed(client, admin_key):
     """Multiprocess mode: what a worker process counted shows in the web process's scrape, also
     after that process has exited."""
     before = scrape(client, admin_key)
-    subprocess.run([sys.executable, "-c", "from app import metrics; metrics.EVENTS.labels('duplicate').inc(5)"],
+    subprocess.run([sys.executable, "-c", "from app.platform import metrics; metrics.EVENTS.labels('duplicate').inc(5)"],
                    check=True, cwd=ROOT, env={**os.environ, "APP_ENV": "test"})
     after = scrape(client, admin_key)
     assert value(after, "notify_events_total", result="duplicate") - \

@@ -7,7 +7,7 @@ import uuid
 import psycopg2
 import pytest
 
-from app import config, db, migrate
+from app.platform import config, db, migrate
 from app.cli import main as cli_main
 from tests.conftest import THROUGH_PGBOUNCER
 from tests.scratch import migrations_dir, released_on_first_lock_retry  # noqa: F401 - fixture
@@ -157,7 +157,7 @@ def test_lock_timeout_is_retried_until_the_lock_frees(scratch_url, migrations_di
         cur.execute("SELECT * FROM t")  # holds ACCESS SHARE until commit
     releaser = threading.Timer(1.0, reader.commit)
     releaser.start()
-    with caplog.at_level("WARNING", logger="app.migrate"):
+    with caplog.at_level("WARNING", logger="app.platform.migrate"):
         assert migrate.migrate(scratch_url) == ["0002"]
     releaser.join()
     reader.close()

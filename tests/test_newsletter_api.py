@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from app import db
-from app.api import newsletters
+from app.platform import db
+from app.web.api import newsletters
 from app.newsletter import service
 from tests import factories
 from tests.conftest import auth

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import threading
 
-from app import db, newsletter_cli
+from app.platform import db
+from app.cli import newsletter as newsletter_cli
 from app.newsletter import service
 from tests import factories
 

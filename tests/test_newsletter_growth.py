@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import queue
+from app.platform import queue
 from app.newsletter import growth, sender
 from tests import factories
 from tests.newsletter_support import counts, start

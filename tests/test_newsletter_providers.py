@@ -6,8 +6,8 @@ import socket
 import pytest
 
 from app.newsletter import template
-from app.providers.base import OutgoingMail, PermanentError, ThrottledError, TransientError
-from app.providers.sendgrid import MAX_SUBSTITUTION_BYTES, SendGridProvider, build_requests
+from app.platform.providers.base import OutgoingMail, PermanentError, ThrottledError, TransientError
+from app.platform.providers.sendgrid import MAX_SUBSTITUTION_BYTES, SendGridProvider, build_requests
 
 HTML = ('<html><body><p class="x">Hi {{name}}</p><a href="{{unsubscribe_url}}">unsubscribe</a>'
         '<p>{{{user_id}}}</p><img src="https://t.example/o/{{user_id}}.gif"></body></html>')

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg2.extras
 
-from app import db
+from app.platform import db
 from app.newsletter import rows
 from app.newsletter.rows import NEWSLETTER_TRANSITIONS, ROW_TRANSITIONS, NewsletterStatus, RowStatus
 from tests import factories

@@ -5,7 +5,7 @@ import collections
 
 import pytest
 
-from app import db
+from app.platform import db
 from app.newsletter import outbox, ratelimit, rows, sender, service
 from tests import factories
 from tests.newsletter_support import counts, drain, newsletter_status, start
@@ -146,7 +146,7 @@ def test_one_outbox_builder_at_a_time_and_a_dead_ones_lease_runs_out(monkeypatch
     """The builder holds a lease (a row: it works behind PgBouncer). While a living builder renews
     it, a duplicate message gives up; a builder that died leaves its lease to run out, and the
     redelivered message waits for that, then builds."""
-    from app import lease
+    from app.platform import lease
 
     monkeypatch.setattr(outbox, "LEASE_SECONDS", 1.0)
     factories.seed_subscribers(30)
@@ -166,7 +166,7 @@ def test_one_outbox_builder_at_a_time_and_a_dead_ones_lease_runs_out(monkeypatch
 
 
 def test_reclaim_leaves_an_outbox_alone_while_its_builder_lives(redis_client):
-    from app import lease
+    from app.platform import lease
     from app.newsletter import reclaim
 
     factories.seed_subscribers(5)
@@ -382,7 +382,7 @@ def test_works_with_the_file_provider_too(tmp_path, redis_client):
     """The send loop is provider-agnostic: the development file provider gets the same mails."""
     import email
 
-    from app.providers.file import FileProvider
+    from app.platform.providers.file import FileProvider
 
     factories.seed_subscribers(3)
     nl = factories.newsletter()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import db
+from app.platform import db
 from tests import factories
 from tests.conftest import auth
 from tests.test_digest_support import sink_as_provider

@@ -14,7 +14,7 @@ import psycopg2
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 
-from app import config, db
+from app.platform import config, db
 from app.newsletter import outbox, reclaim, service
 from tests import factories
 from tests.conftest import wait_for

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from app import config, db
-from app.providers.smtp import SMTPProvider
+from app.platform import config, db
+from app.platform.providers.smtp import SMTPProvider
 from digest import send as digest_send
 from tests import factories
 from tests import newsletter_support as nl
@@ -73,7 +73,7 @@ def test_digests_sent_during_an_outage_are_recorded_when_postgres_returns(postgr
 def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(postgres_through_proxy,
                                                                                 redis_client, caplog):
     from app.newsletter import sender
-    from app.providers.sendgrid import SendGridProvider
+    from app.platform.providers.sendgrid import SendGridProvider
 
     factories.seed_subscribers(20)
     newsletter_id = factories.newsletter()

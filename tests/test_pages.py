@@ -7,7 +7,8 @@ from datetime import date, datetime, timedelta, timezone
 import pytest
 from starlette.testclient import TestClient
 
-from app import categories, db, subscribers, tokens
+from app.subscribers import categories, records as subscribers
+from app.platform import db, tokens
 from tests import factories
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from app import db, tokens
+from app.platform import db, tokens
 from digest import send as digest_sender_module
-from app.providers.base import Provider, SendResult
+from app.platform.providers.base import Provider, SendResult
 from tests import factories, newsletter_support
 
 

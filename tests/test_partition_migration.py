@@ -12,7 +12,8 @@ import time
 import psycopg2
 import pytest
 
-from app import groupcommit, ingest, migrate, partitions
+from app.platform import groupcommit, migrate, partitions
+from digest import ingest
 from scripts.bench.partition_migration import webhook_writer_of_that_release
 from tests.batch_loop import BatchLoop
 from tests.scratch import scratch_url  # noqa: F401 - fixture
@@ -112,7 +113,7 @@ def test_conversion_is_online_while_writes_go_on(scratch_url, tmp_path, monkeypa
 
     monkeypatch.setattr(migrate, "_apply_transactional", interleaved("tx"))
     monkeypatch.setattr(migrate, "_apply_autocommit", interleaved("auto"))
-    with caplog.at_level("WARNING", logger="app.migrate"):
+    with caplog.at_level("WARNING", logger="app.platform.migrate"):
         applied = migrate.migrate(scratch_url)
     traffic.wait_batches(5)
     traffic.stop()

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg2
 import pytest
 
-from app import migrate, partitioned_index, partitions
+from app.platform import migrate, partitioned_index, partitions
 from tests.batch_loop import BatchLoop
 from tests.scratch import migrations_dir, released_on_first_lock_retry, scratch_url  # noqa: F401 - fixtures
 
@@ -348,7 +348,7 @@ def test_an_index_on_digest_events_is_built_while_events_keep_arriving(
     holder = psycopg2.connect(events_db)
     holder.cursor().execute("LOCK TABLE digest_events IN ROW EXCLUSIVE MODE")   # what an open write holds
     batches_before = writer.batches
-    with caplog.at_level("WARNING", logger="app.migrate"), released_on_first_lock_retry(holder) as released:
+    with caplog.at_level("WARNING", logger="app.platform.migrate"), released_on_first_lock_retry(holder) as released:
         applied = migrate.migrate(events_db)
     batches_during = writer.batches - batches_before
     writer.wait_batches(3)

@@ -10,7 +10,8 @@ import peewee
 import psycopg2.errors
 import pytest
 
-from app import db, metrics, partitions, subscribers
+from app.platform import db, metrics, partitions
+from app.subscribers import records as subscribers
 from tests import factories
 from tests.conftest import auth, wait_for
 from tracking import webhook_store

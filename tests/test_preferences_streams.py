@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app import db, tokens
-from app.pages import schedule
+from app.platform import db, tokens
+from app.web.pages import schedule
 from digest import plan
 from tests import factories
 

@@ -13,10 +13,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from app import config, mail, providers
-from app.providers.base import OutgoingMail, PermanentError, TransientError
-from app.providers.file import FileProvider
-from app.providers.smtp import SMTPProvider, parse_url
+from app.platform import config, mail, providers
+from app.platform.providers.base import OutgoingMail, PermanentError, TransientError
+from app.platform.providers.file import FileProvider
+from app.platform.providers.smtp import SMTPProvider, parse_url
 from tests.test_digest_support import SmtpSink, free_port
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
@@ -58,7 +58,7 @@ def test_registry_picks_by_mail_provider(settings, tmp_path):
 
 
 def test_sendgrid_is_loaded_lazily_by_name():
-    sendgrid = pytest.importorskip("app.providers.sendgrid")
+    sendgrid = pytest.importorskip("app.platform.providers.sendgrid")
     assert providers.provider_class("sendgrid") is sendgrid.SendGridProvider
 
 

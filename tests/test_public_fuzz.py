@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from schemathesis.checks import not_a_server_error
 from starlette.testclient import TestClient
 
-from app import apikeys, db, http, negcache, tokens
+from app.platform import apikeys, db, http, negcache, tokens
 from app.web import app
 from tests import factories
 from tests.conftest import auth, wait_for

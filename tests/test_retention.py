@@ -10,7 +10,8 @@ from datetime import timedelta
 import psycopg2
 import pytest
 
-from app import config, db, ingest, metrics, migrate, partitions, retention
+from app.platform import config, db, metrics, migrate, partitions, retention
+from digest import ingest
 from tests.scratch import scratch_url  # noqa: F401 - fixture
 from tracking import webhook_store
 
@@ -81,7 +82,7 @@ def test_expired_months_go_whole_and_never_used_rows_are_counted_first(scratch, 
     before = {t: counter(metrics.RETENTION_NEVER_USED, t) for t in ("digest_events", "webhook_events")}
     dropped_before = counter(metrics.RETENTION_PARTITIONS, "digest_events")
 
-    with caplog.at_level("INFO", logger="app.retention"):
+    with caplog.at_level("INFO", logger="app.platform.retention"):
         result = retention.maintain(now=future, url=url)
 
     assert result["dropped"] == [n for t in partitions.TABLES for n in expired[t.name]]
@@ -150,7 +151,7 @@ def test_an_interrupted_detach_is_finalized_and_never_blocks_ingestion(scratch, 
     reader = psycopg2.connect(url)     # a long query still reading digest_events
     with contextlib.closing(reader), reader.cursor() as cur:
         cur.execute("SELECT count(*) FROM digest_events")
-        with caplog.at_level("WARNING", logger="app.retention"):
+        with caplog.at_level("WARNING", logger="app.platform.retention"):
             retention.run(conn, now=future)
         assert "retention of digest_events: lock not granted" in caplog.text
         assert [p.detach_pending for p in partitions.list_partitions(conn.cursor(), "digest_events")

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from app import config, db, scheduler, subscribers
+from app.platform import config, db
+from app.cli import scheduler
+from app.subscribers import records as subscribers
 from digest import plan as digest_plan
 from tests import factories
 from tests.conftest import wait_for

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from app import apikeys, tokens
+from app.platform import apikeys, tokens
 from tests import factories
 from tests.conftest import wait_for
 from tests.raw_http import closed_by_server, connect
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOCOL = "app.slow_clients:HeaderDeadlineHttpTools"
+PROTOCOL = "app.platform.slow_clients:HeaderDeadlineHttpTools"
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from app import config, providers
-from app.providers import smtp_sizing
-from app.providers.base import OutgoingMail, TransientError
-from app.providers.smtp import SMTPProvider
-from app.providers.smtp_sizing import CONNECT_BURST, LaneSizer, RelayCeiling, refuses_connections
+from app.platform import config, providers
+from app.platform.providers import smtp_sizing
+from app.platform.providers.base import OutgoingMail, TransientError
+from app.platform.providers.smtp import SMTPProvider
+from app.platform.providers.smtp_sizing import CONNECT_BURST, LaneSizer, RelayCeiling, refuses_connections
 from tests.test_digest_support import SmtpSink, free_port
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)

@@ -40,7 +40,7 @@ def test_a_digest_to_a_stored_name_with_line_separators_is_sent_with_spaces(sink
 
 
 def test_a_newsletter_with_a_stored_sender_and_name_with_line_separators_is_sent_over_smtp(sink, old_rows):
-    from app import providers
+    from app.platform import providers
 
     _, nid = old_rows
     start(nid)

@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 import pytest
 from starlette.testclient import TestClient
 
-from app import db, streams, tokens
+from app.platform import db, tokens
+from app.subscribers import streams
 from digest import send as digest_send
 from tests import factories
 from tests.newsletter_support import counts, drain, start

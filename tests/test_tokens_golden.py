@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import tokens
+from app.platform import tokens
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app import config, db
+from app.platform import config, db
 from tracking import links
 
 ROOT = Path(__file__).resolve().parent.parent

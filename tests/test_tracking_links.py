@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from app import db
+from app.platform import db
 from tracking import codes, links
 
 HTML = """<html><body>

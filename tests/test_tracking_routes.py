@@ -7,10 +7,10 @@ import os
 import pytest
 from starlette.testclient import TestClient
 
-from app import db
+from app.platform import db
 from tests import factories
 from tracking import codes, links, recorder, resolve, stats
-from tracking.cli import import_legacy_links
+from app.cli.tracking import import_legacy_links
 
 UA_HUMAN = "Mozilla/5.0 (Macintosh; Intel Mac OS X 14_0) AppleWebKit/605.1.15 Version/17.0 Safari/605.1.15"
 
@@ -146,7 +146,7 @@ def test_cli_command_is_registered(tmp_path, capsys):
 
 
 def test_open_pixel_records_open(client):
-    from tracking.routes import PIXEL_GIF
+    from app.web.tracking import PIXEL_GIF
 
     # A code's subscriber must exist: history of an erased one is stored anonymised.
     factories.subscriber("u34", "u34@example.com", id=34)

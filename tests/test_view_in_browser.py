@@ -7,7 +7,7 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from app import db, tokens
+from app.platform import db, tokens
 from digest import send as digest_send
 from tests import factories
 from tests.test_digest_support import sink_as_provider

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from app import apikeys, config, db
+from app.platform import apikeys, config, db
 from app.cli import main as cli_main
 
 

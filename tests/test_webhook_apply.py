@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from app import db
+from app.platform import db
 from tests import factories
 from tracking import stats, webhook_apply
 

@@ -12,8 +12,8 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from app import config, db
-from app import groupcommit
+from app.platform import config, db
+from app.platform import groupcommit
 from tests.conftest import wait_for
 from tracking import webhook_apply, webhook_store
 

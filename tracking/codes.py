@@ -22,7 +22,7 @@ import hmac
 import re
 from typing import NamedTuple
 
-from app import config
+from app.platform import config
 
 CURRENT_VERSION = "1"
 MAX_CODE_LENGTH = 200

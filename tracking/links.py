@@ -22,7 +22,7 @@ import html as html_lib
 import logging
 import re
 
-from app import config, db
+from app.platform import config, db
 from tracking import codes
 
 log = logging.getLogger("tracking.links")

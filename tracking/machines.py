@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from app import forwarded
+from app.platform import forwarded
 
 _SCANNER_RE = re.compile(
     "|".join([

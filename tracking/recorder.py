@@ -27,7 +27,7 @@ import time
 
 import psycopg2
 
-from app import config, db
+from app.platform import config, db
 
 log = logging.getLogger("tracking.recorder")
 

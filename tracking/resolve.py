@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
 
-from app import db
-from app.negcache import NegativeCache
+from app.platform import db
+from app.platform.negcache import NegativeCache
 from tracking import codes
 
 MAX_CACHED_LINKS = 500_000

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.hazmat.primitives.serialization import load_der_public_key, load_pem_public_key
 
-from app.validation import plain_int
+from app.platform.validation import plain_int
 
 SIGNATURE_HEADER = "x-twilio-email-event-webhook-signature"
 TIMESTAMP_HEADER = "x-twilio-email-event-webhook-timestamp"

@@ -10,7 +10,7 @@ TRACKING_FLUSH_SECONDS may not be visible yet (it is still in the web process bu
 """
 from __future__ import annotations
 
-from app import db
+from app.platform import db
 
 
 def mail_stats(mail_kind: str, mail_id: int) -> dict:

@@ -52,8 +52,9 @@ from collections import Counter
 import psycopg2
 import psycopg2.extras
 
-from app import config, db, metrics, queue
-from app.addresses import canonical
+from app.platform import config, db, metrics, queue
+from app.platform.addresses import canonical
+from tracking import messages
 
 log = logging.getLogger("tracking.webhook_apply")
 
@@ -260,7 +261,7 @@ def enqueue(ids: list[int]) -> None:
     """Hint the worker; a failure here loses nothing (requeue_unprocessed finds the rows)."""
     try:
         for start in range(0, len(ids), APPLY_CHUNK):
-            queue.send(queue.APPLY_WEBHOOK_EVENTS, ids[start:start + APPLY_CHUNK])
+            queue.send(messages.APPLY_WEBHOOK_EVENTS, ids[start:start + APPLY_CHUNK])
     except Exception as exc:
         log.warning("could not enqueue %d webhook events (the scheduler will): %s", len(ids), exc)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import orjson
 import psycopg2.extras
 
-from app import config, http
-from app.groupcommit import GroupCommitWriter, OnFirstUse
+from app.platform import config, http
+from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
 from tracking import webhook_apply
 
 log = logging.getLogger("tracking.webhook_store")

@@ -8,7 +8,8 @@ import logging
 
 import redis as redis_lib
 
-from app import config, db, queue
+from app.platform import config, db, queue
+from app.newsletter import messages
 
 log = logging.getLogger("app.newsletter.kick")
 
@@ -43,19 +44,19 @@ def is_alive(newsletter_id: int) -> bool:
 
 
 def outbox(newsletter_id: int) -> None:
-    queue.send(queue.CREATE_OUTBOX, newsletter_id)
+    queue.send(messages.CREATE_OUTBOX, newsletter_id)
 
 
 def send_chains(newsletter_id: int, count: int | None = None, delay_ms: int | None = None) -> None:
     count = count or config.get().newsletter_send_chains
     for _ in range(max(1, count)):
-        queue.send(queue.SEND_BATCH, newsletter_id, delay_ms=delay_ms)
+        queue.send(messages.SEND_BATCH, newsletter_id, delay_ms=delay_ms)
     mark_alive(newsletter_id)
     log.info("newsletter %s: %d send chain(s) enqueued", newsletter_id, count)
 
 
 def continue_chain(newsletter_id: int, delay_ms: int = 0) -> None:
-    queue.send(queue.SEND_BATCH, newsletter_id, delay_ms=delay_ms)
+    queue.send(messages.SEND_BATCH, newsletter_id, delay_ms=delay_ms)
 
 
 def restart_sending() -> list[int]:

@@ -14,7 +14,7 @@ import time
 
 import psycopg2.errors
 
-from app import db, lease
+from app.platform import db, lease
 from app.newsletter import kick, rows, store
 
 log = logging.getLogger("app.newsletter.outbox")

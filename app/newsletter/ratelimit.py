@@ -25,7 +25,7 @@ import time
 
 import redis as redis_lib
 
-from app import config
+from app.platform import config
 from app.newsletter import kick
 
 log = logging.getLogger("app.newsletter.ratelimit")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from app import config
+from app.platform import config
 from app.newsletter import kick, outbox, rows, store
 
 log = logging.getLogger("app.newsletter.reclaim")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 
-from app.mail_stop import NOT_ENGAGED
+from app.platform.mail_stop import NOT_ENGAGED
 
 
 class NewsletterStatus(enum.StrEnum):

@@ -24,11 +24,12 @@ import random
 import time
 from datetime import datetime, timedelta, timezone
 
-from app import config, db, mail, metrics, shutdown, streams, tokens
-from app.mail_stop import SEND_CHECK_SECONDS
+from app.platform import config, db, mail, metrics, shutdown, tokens
+from app.subscribers import streams
+from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.newsletter import growth, kick, ratelimit, rows, store, template
-from app.providers import get_provider
-from app.providers.base import OutgoingMail, PermanentError, Progress, SendResult, ThrottledError, TransientError
+from app.platform.providers import get_provider
+from app.platform.providers.base import OutgoingMail, PermanentError, Progress, SendResult, ThrottledError, TransientError
 from tracking.links import LinkRewriter
 
 log = logging.getLogger("app.newsletter.sender")

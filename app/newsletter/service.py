@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import AfterValidator, Field
 
-from app import db, mail
+from app.platform import db, mail
 from app.newsletter import kick, outbox, template
 from app.newsletter import rows as statements
-from app.validation import Body, Text, check, documented, fail
+from app.platform.validation import Body, Text, check, documented, fail
 from tracking.stats import mail_stats
 
 log = logging.getLogger("app.newsletter.service")

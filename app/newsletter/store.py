@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg2.extras
 
-from app import db
+from app.platform import db
 
 
 def run(sql: str, params=None, fetch: bool = True):

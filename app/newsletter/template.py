@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import chevron
 from chevron.tokenizer import ChevronError
 
-from app import config, layout, mail
+from app.platform import config, layout, mail
 
 log = logging.getLogger("app.newsletter.template")
 

@@ -17,12 +17,13 @@ from typing import Annotated
 
 from pydantic import Field
 
-from app import config, db, mail, mail_stop, streams, subscribers, tokens
-from app.addresses import canonical
+from app.platform import config, db, mail, mail_stop, tokens
+from app.subscribers import streams, records as subscribers
+from app.platform.addresses import canonical
 from app.newsletter import template
-from app.providers import get_provider
-from app.providers.base import OutgoingMail, ProviderError
-from app.validation import Body, check
+from app.platform.providers import get_provider
+from app.platform.providers.base import OutgoingMail, ProviderError
+from app.platform.validation import Body, check
 
 log = logging.getLogger("app.newsletter.test_send")
 

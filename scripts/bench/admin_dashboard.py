@@ -5,7 +5,7 @@
 
 Loads 30 days of history — sent digest runs, newsletter mails, opens and clicks (email_link_history,
 about 35 % of mails, one click in four), bounces and complaints (webhook_events) — then times
-app.admin.stats.compute() for the 24 h and 7 d ranges (the work behind one uncached dashboard
+app.web.admin.stats.compute() for the 24 h and 7 d ranges (the work behind one uncached dashboard
 view: four statements), best of 3. The baseline is the same statements with the dashboard's
 partial indexes (sql/migrations/0531) dropped: what every view would cost without them.
 email_link_history and webhook_events are plain tables here: time partitions (by occurred_at /
@@ -33,8 +33,8 @@ if urlparse(args.database_url).hostname not in ("127.0.0.1", "localhost"):
     sys.exit("the benchmark runs against 127.0.0.1 only")
 os.environ.update(APP_ENV="development", DATABASE_URL=args.database_url, LOG_LEVEL="WARNING")
 
-from app import config, db, migrate  # noqa: E402
-from app.admin import stats  # noqa: E402
+from app.platform import config, db, migrate  # noqa: E402
+from app.web.admin import stats  # noqa: E402
 
 config.reload()
 

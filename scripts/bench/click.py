@@ -32,7 +32,7 @@ os.environ["DATABASE_URL"] = BENCH_DB
 os.environ.setdefault("APP_ENV", "development")
 os.environ["BASE_URL"] = "http://127.0.0.1"
 
-from app import config, db, migrate  # noqa: E402
+from app.platform import config, db, migrate  # noqa: E402
 from scripts.bench.loadgen import build_request, free_port, run_load, start_server  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 from tracking import links  # noqa: E402

@@ -94,7 +94,7 @@ import psycopg2  # noqa: E402
 import psycopg2.extras  # noqa: E402
 import redis  # noqa: E402
 
-from app import config, db, migrate  # noqa: E402
+from app.platform import config, db, migrate  # noqa: E402
 from scripts.bench import shared  # noqa: E402
 
 config.reload()
@@ -219,7 +219,7 @@ def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: 
 
 
 def drive_ours(now: datetime, started: float) -> tuple[bool, dict]:
-    from app import scheduler
+    from app.cli import scheduler
     from digest import plan as digest_plan
 
     due = now + timedelta(hours=2)              # past every slot + stagger

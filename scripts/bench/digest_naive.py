@@ -17,7 +17,8 @@ import chevron
 import dramatiq
 
 import actors  # noqa: F401  (broker first, then this module's actor binds to it)
-from app import categories, config, db, mail, tokens
+from app.subscribers import categories
+from app.platform import config, db, mail, tokens
 from digest import claim as digest_claim
 from digest import context as digest_context
 from digest import details as digest_details

@@ -32,7 +32,8 @@ os.environ.setdefault("APP_ENV", "development")
 import psycopg2  # noqa: E402
 import psycopg2.extras  # noqa: E402
 
-from app import config, ingest, migrate  # noqa: E402
+from app.platform import config, migrate  # noqa: E402
+from digest import ingest
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()

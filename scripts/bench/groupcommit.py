@@ -24,7 +24,8 @@ os.environ.setdefault("APP_ENV", "development")
 
 from psycopg2.pool import ThreadedConnectionPool  # noqa: E402
 
-from app import config, db, ingest, migrate  # noqa: E402
+from app.platform import config, db, migrate  # noqa: E402
+from digest import ingest
 from scripts.bench.shared import record  # noqa: E402
 
 

@@ -20,7 +20,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app import apikeys, config, db, migrate  # noqa: E402
+from app.platform import apikeys, config, db, migrate  # noqa: E402
 from scripts.bench.loadgen import build_request, free_port, run_load, start_server  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 

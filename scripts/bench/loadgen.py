@@ -92,7 +92,7 @@ async def run_load(port: int, requests, concurrency: int, duration: float, keep_
 
 
 # The service runs with the Procfile's protocol (httptools plus a header deadline); baselines with httptools.
-SERVICE_HTTP = {"app.web:app": "app.slow_clients:HeaderDeadlineHttpTools"}
+SERVICE_HTTP = {"app.web:app": "app.platform.slow_clients:HeaderDeadlineHttpTools"}
 
 
 def start_server(app: str, port: int, env: dict, workers: int = 1, app_dir: str | None = None) -> subprocess.Popen:

@@ -11,7 +11,7 @@ conversion. Measured:
   (b) the no-op run (everything applied: what every release pays), in process and as the CLI an
       operator runs (`python -m app migrate` / `yoyo apply --batch`), process start included; our
       CLI imports every command module (dramatiq, redis, ...), so a process importing only
-      app.migrate is shown too
+      app.platform.migrate is shown too
   (c) 0004-0420 pending while a transaction holds subscribers open for --hold seconds and a writer
       keeps updating subscribers: when the migration finished, and how long the writer was stalled
       behind the migrator's queued ACCESS EXCLUSIVE request (ours at the shipped 200ms lock_timeout
@@ -45,7 +45,7 @@ os.environ.setdefault("APP_ENV", "development")
 import psycopg2  # noqa: E402
 from yoyo import get_backend, read_migrations  # noqa: E402
 
-from app import config, migrate  # noqa: E402
+from app.platform import config, migrate  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
@@ -66,7 +66,7 @@ class _Retries(logging.Handler):
             _Retries.count += 1
 
 
-_log = logging.getLogger("app.migrate")
+_log = logging.getLogger("app.platform.migrate")
 _log.addHandler(_Retries())
 _log.propagate = False
 
@@ -340,7 +340,7 @@ def main() -> None:
                 noop_cli[tool].append(time.perf_counter() - started)
             url = f"{BASE}/{PREFIX}ours_a"
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "from app import migrate; migrate.migrate()"], env=cli_env(url),
+            subprocess.run([sys.executable, "-c", "from app.platform import migrate; migrate.migrate()"], env=cli_env(url),
                            cwd=ROOT, check=True, capture_output=True)
             noop_runner.append(time.perf_counter() - started)
         med = statistics.median

@@ -10,7 +10,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app import db, health
+from app.platform import db
+from app.web import health
 from tracking import codes
 
 

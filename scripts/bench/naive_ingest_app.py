@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from app import apikeys, db, ingest
+from app.platform import apikeys, db
+from digest import ingest
 
 
 async def post_events(request: Request):

@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from app import config, db, health
+from app.platform import config, db
+from app.web import health
 from tracking import signature, webhook_store
 
 

@@ -54,7 +54,7 @@ os.environ.update(APP_ENV="test", DATABASE_URL=ARGS.database_url, REDIS_URL=ARGS
 
 import redis  # noqa: E402
 
-from app import db, migrate  # noqa: E402
+from app.platform import db, migrate  # noqa: E402
 from scripts.bench.shared import HTML, peak_rss_mb, record, seed_subscribers, stop_group, wait_heartbeats  # noqa: E402
 
 RSS_TARGET_MB = 150

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dramatiq
 
 import actors  # noqa: F401,I001  (sets up the broker before the actor below binds to it)
-from app import config, db
+from app.platform import config, db
 from app.newsletter import rows, sender, store, template
 
 CLAIM_ONE = rows.CLAIM.replace("ORDER BY e.id", "AND e.id = %(row)s")
@@ -15,7 +15,7 @@ CLAIM_ONE = rows.CLAIM.replace("ORDER BY e.id", "AND e.id = %(row)s")
 
 @dramatiq.actor(queue_name="newsletter", max_retries=0)
 def naive_send_one(newsletter_id: int, row_id: int) -> None:
-    from app.providers import get_provider
+    from app.platform.providers import get_provider
     from tracking.links import LinkRewriter
 
     settings = config.get()

@@ -40,7 +40,8 @@ os.environ.setdefault("APP_ENV", "development")
 import psycopg2  # noqa: E402
 import psycopg2.extras  # noqa: E402
 
-from app import config, groupcommit, ingest, migrate  # noqa: E402
+from app.platform import config, groupcommit, migrate  # noqa: E402
+from digest import ingest
 from scripts.bench.shared import record  # noqa: E402
 from tracking import recorder, webhook_store  # noqa: E402
 
@@ -273,7 +274,7 @@ def main() -> int:
     url = args.database_url
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     retries = _Retries()
-    logging.getLogger("app.migrate").addHandler(retries)
+    logging.getLogger("app.platform.migrate").addHandler(retries)
 
     recreate(url)
     migrate_until(url, "0519")

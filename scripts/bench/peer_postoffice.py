@@ -369,7 +369,7 @@ def run_peer(n: int) -> dict:
 def our_env() -> dict:
     """Every Settings variable at its default except where the run needs its own (databases, the
     SMTP sink, the dev secret key); WORKER_THREADS unset so the Procfile's default applies."""
-    from app.config import Settings, env_name
+    from app.platform.config import Settings, env_name
     from dataclasses import fields
 
     env = dict(os.environ)
@@ -409,7 +409,7 @@ def run_ours(n: int) -> dict:
     os.environ.update(env)
     import redis
 
-    from app import apikeys, config, db, migrate
+    from app.platform import apikeys, config, db, migrate
 
     config.reload()
     settings = config.get()

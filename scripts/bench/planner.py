@@ -32,7 +32,7 @@ if urlparse(args.database_url).hostname not in ("127.0.0.1", "localhost"):
     sys.exit("the benchmark runs against 127.0.0.1 only")
 os.environ.update(APP_ENV="development", DATABASE_URL=args.database_url, LOG_LEVEL="WARNING")
 
-from app import config, db, migrate  # noqa: E402
+from app.platform import config, db, migrate  # noqa: E402
 from digest import plan as digest_planner  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 

@@ -70,7 +70,7 @@ os.environ.update({"APP_ENV": "development", "DATABASE_URL": args.database_url, 
 
 import psycopg2  # noqa: E402
 
-from app import config, db, migrate, providers  # noqa: E402
+from app.platform import config, db, migrate, providers  # noqa: E402
 from digest import plan as digest_plan  # noqa: E402
 from digest import send as digest_send  # noqa: E402
 from scripts.bench import shared  # noqa: E402

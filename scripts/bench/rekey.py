@@ -24,7 +24,8 @@ os.environ.setdefault("APP_ENV", "development")
 
 import psycopg2  # noqa: E402
 
-from app import config, migrate, rekey  # noqa: E402
+from app.platform import config, migrate  # noqa: E402
+from app.subscribers import rekey
 from scripts.bench.partition_migration import migrate_until  # noqa: E402
 
 config.reload()

@@ -22,7 +22,7 @@ os.environ.setdefault("APP_ENV", "development")
 
 import chevron  # noqa: E402
 
-from app import config  # noqa: E402
+from app.platform import config  # noqa: E402
 from digest import context, group, render  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 

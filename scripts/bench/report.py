@@ -167,7 +167,7 @@ def machine_facts() -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    from app import config
+    from app.platform import config
 
     try:
         import psycopg2

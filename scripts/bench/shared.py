@@ -82,7 +82,7 @@ Unsubscribe: {{unsubscribe_url}}
 def seed_subscribers(n: int, log=print) -> None:
     """Empty the newsletter tables and make subscribers exactly u1..uN (user{i}@example.com,
     'User {i}'), reusing them when already there. db.init() must have been called."""
-    from app import db
+    from app.platform import db
 
     with db.raw_cursor() as cur:
         cur.execute("SELECT count(*), coalesce(max(id), 0) FROM subscribers")
@@ -107,7 +107,7 @@ def seed_digest_data(n: int, events: int, now) -> None:
 
     import psycopg2.extras
 
-    from app import db
+    from app.platform import db
 
     with db.raw_cursor() as cur:
         cur.execute("TRUNCATE " + ", ".join(db.ALL_TABLES) + " RESTART IDENTITY CASCADE")

@@ -31,9 +31,9 @@ p.add_argument("--delay-ms", type=float, default=0.0, help="the sink's delay per
 p.add_argument("--port", type=int, default=2599)
 args = p.parse_args()
 
-from app import config, mail  # noqa: E402
-from app.providers.base import OutgoingMail  # noqa: E402
-from app.providers.smtp import SMTPProvider  # noqa: E402
+from app.platform import config, mail  # noqa: E402
+from app.platform.providers.base import OutgoingMail  # noqa: E402
+from app.platform.providers.smtp import SMTPProvider  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()

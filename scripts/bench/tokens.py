@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("APP_ENV", "development")
 
-from app import config, tokens  # noqa: E402
+from app.platform import config, tokens  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()

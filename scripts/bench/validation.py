@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("APP_ENV", "development")
 
-from app import config, ingest  # noqa: E402
+from app.platform import config  # noqa: E402
+from digest import ingest
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()

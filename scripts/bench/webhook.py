@@ -33,7 +33,7 @@ BENCH_REDIS = os.environ.get("BENCH_REDIS_URL", "redis://localhost:6379/13")
 os.environ["DATABASE_URL"] = BENCH_DB
 os.environ.setdefault("APP_ENV", "development")
 
-from app import config, db, migrate  # noqa: E402
+from app.platform import config, db, migrate  # noqa: E402
 from scripts.bench.loadgen import build_request, free_port, run_load, start_server  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from app import config, observability
+from app.platform import config, observability
 
 log = logging.getLogger("scripts.dev.mailviewer")
 

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         users.add(urlparse(upstream).username)
     # A database PgBouncer once failed to log in to is retried only after server_login_retry (15 s):
     # make sure it exists before anything connects through PgBouncer.
-    from app.migrate import ensure_database
+    from app.platform.migrate import ensure_database
     ensure_database(upstream)
     workdir = Path(tempfile.mkdtemp(prefix="notify-pgbouncer-"))
     proc, log_path = start(binary, workdir, port, upstream, args.pool_size, users)

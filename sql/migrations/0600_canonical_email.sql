@@ -9,7 +9,7 @@
 -- partitioned: the column reaches every partition the same way).
 --
 -- The canonical form needs Python's `idna` (UTS 46 mapping tables Postgres has no equivalent
--- of), so the backfill is a Python step of the runner (0601, app/rekey.py), not SQL. Rejected: a
+-- of), so the backfill is a Python step of the runner (0601, app/subscribers/rekey.py), not SQL. Rejected: a
 -- PL/pgSQL port of UTS 46 (a second definition that would drift from the one the application
 -- compares with), PL/Python (an untrusted language most managed Postgres services do not offer).
 --

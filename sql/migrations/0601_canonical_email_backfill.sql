@@ -1,4 +1,4 @@
--- migrate: python app.rekey:backfill
+-- migrate: python app.subscribers.rekey:backfill
 -- Issue 25.4, step 2 of 3: every stored address keyed by its canonical form, in Python (see 0600
 -- for why), in committed batches of 5,000 rows in id order, each under MIGRATION_LOCK_TIMEOUT and
 -- retried when a row lock is not granted: no lock is held across batches and writers go on.

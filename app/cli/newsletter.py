@@ -1,0 +1,63 @@
+"""`python -m app newsletter-status ID`: a live progress bar until the newsletter is finished."""
+from __future__ import annotations
+
+import sys
+import time
+
+from app.platform import db
+from app.newsletter import service
+
+FINAL = ("done", "cancelled")
+BAR_WIDTH = 40
+
+
+def progress_line(s: dict, elapsed: float | None = None, rate: float | None = None) -> str:
+    c = s["counts"]
+    finished = c["sent"] + c["failed"] + c["suppressed"] + c["cancelled"]
+    total = c["total"]
+    fraction = finished / total if total else (1.0 if s["status"] == "done" else 0.0)
+    filled = int(BAR_WIDTH * fraction)
+    bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+    extra = f"  {rate:,.0f}/s" if rate else ""
+    if s["status"] == "draft":
+        return f"[{'-' * BAR_WIDTH}]   0.0%  draft: not sent yet (waiting for POST /v1/newsletters/{s['id']}/send)"
+    outbox = "" if s["outbox_completed_at"] or s["status"] in FINAL else " (outbox building)"
+    return (f"[{bar}] {fraction * 100:5.1f}%  {s['status']}{outbox}  sent {c['sent']:,}  failed {c['failed']:,}  "
+            f"suppressed {c['suppressed']:,}  pending {c['pending']:,}  sending {c['sending']:,}  "
+            f"of {total:,}{extra}")
+
+
+def cmd_status(args) -> int:
+    db.init()
+    try:
+        s = service.status(args.id)
+    except service.NotFound:
+        print(f"no newsletter {args.id}", file=sys.stderr)
+        return 1
+    tty = sys.stdout.isatty() and not args.once
+    last_sent, last_t = s["counts"]["sent"], time.monotonic()
+    rate = None
+    while True:
+        line = progress_line(s, rate=rate)
+        if args.once or s["status"] in FINAL:
+            print(("\r" if tty else "") + line)
+            break
+        print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
+        time.sleep(args.interval)
+        s = service.status(args.id)
+        now = time.monotonic()
+        rate = (s["counts"]["sent"] - last_sent) / max(1e-6, now - last_t)
+        last_sent, last_t = s["counts"]["sent"], now
+    e = s
+    print(f"opens {e['opens']['human']:,} human / {e['opens']['machine']:,} machine, clicks "
+          f"{e['clicks']['human']:,} human / {e['clicks']['machine']:,} machine, bounces {e['bounces']:,}, "
+          f"unsubscribes {e['unsubscribes']:,}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("newsletter-status", help="progress of a newsletter send (live bar until done)")
+    p.add_argument("id", type=int)
+    p.add_argument("--once", action="store_true", help="print the current state once and exit")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    p.set_defaults(func=cmd_status)

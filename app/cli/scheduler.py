@@ -1,0 +1,238 @@
+"""`python -m app scheduler`: the clock of the system. Safe to run twice.
+
+Leadership: a lease row (app/lease.py), renewed in the background every few seconds. Only the
+process holding it ticks; a second scheduler stands by and takes over within one interval when the
+leader dies (at once when it stops cleanly). A row and not a session advisory lock: it works behind
+PgBouncer in transaction pooling mode. Every job is idempotent anyway (unique keys, SKIP LOCKED), so
+a brief overlap could not double-send.
+
+Each tick (every SCHEDULER_INTERVAL_SECONDS):
+  1. plan digest runs (digest/plan.py), then send-now runs (digest/immediate.py)
+  2. watchdog: stuck `processing` runs back to `pending` / `failed`
+  3. checker: enqueue due pending runs to the digest queue, bounded by queue depth
+  4. hooks of other domains, if installed: stale newsletter sends, unapplied webhook events,
+     event-table partitions ahead and retention (app/retention.py)
+
+Also `python -m app preview-digest USER_ID`: render a subscriber's digest as it would be sent now,
+without sending or marking anything; and `python -m app digest-now USER_ID… | --all`: make the
+next digest due now (development: see digests arrive in the mail viewer without waiting for 9 am).
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from app.platform import config, db, lease, observability, queue, retention
+from app.cli import print_json
+from app.newsletter.reclaim import reclaim_stale
+from digest import build as digest_build
+from digest import messages
+from digest import immediate as digest_immediate
+from digest import plan as digest_plan
+from tracking.webhook_apply import requeue_unprocessed
+
+log = logging.getLogger("app.cli.scheduler")
+
+LEASE_NAME = "scheduler"
+
+
+def lease_seconds(interval: float) -> float:
+    """Half an interval, at least 2 s. A standby tries every third of that, so it takes over within
+    two thirds of an interval after the leader died (one interval at most for intervals of 4 s and
+    more), while a leader renews twice before its lease could run out."""
+    return max(2.0, interval / 2)
+
+
+class Leadership:
+    """The scheduler's lease (app/lease.py, row `scheduler` in `leases`): a row rather than a
+    session advisory lock, so leadership holds behind PgBouncer in transaction pooling mode."""
+
+    def __init__(self, interval: float | None = None):
+        interval = interval if interval is not None else config.get().scheduler_interval_seconds
+        self.lease = lease.Lease(LEASE_NAME, lease_seconds(max(0.5, interval)))
+
+    def acquire(self) -> bool:
+        """Take or renew leadership now (one statement)."""
+        return self.lease.try_acquire()
+
+    def keep(self) -> None:
+        """Renew in the background while leading; while standing by, try to take over."""
+        self.lease.keep()
+
+    def is_leader(self) -> bool:
+        return self.lease.held()
+
+    def release(self) -> None:
+        self.lease.release()
+
+
+def _digest_sender():
+    """send(ids) for the checker, and the current queue depth."""
+    return (lambda run_ids: queue.send(messages.DIGEST_BATCH, run_ids)), lambda: queue.depth(messages.DIGEST_BATCH.queue)
+
+
+def _hooks() -> dict:
+    """Jobs owned by other packages, run each tick as plain functions."""
+    return {"newsletter_reclaim": reclaim_stale, "webhook_requeue": requeue_unprocessed,
+            "partitions": retention.maintain}
+
+
+def run_hooks(hooks: dict | None = None) -> dict:
+    results = {}
+    for name, func in (hooks if hooks is not None else _hooks()).items():
+        try:
+            results[name] = func()
+        except Exception:
+            log.exception("hook %s failed; continuing the tick", name)
+            results[name] = "error"
+    return results
+
+
+def tick(now: datetime | None = None, send=None, depth=None) -> dict:
+    """One pass of every job. `send`/`depth` default to the real digest actor and Redis queue.
+    Jobs are independent: one failing (logged, reported as "error") does not skip the others."""
+    now = now or datetime.now(timezone.utc)
+    result: dict = {"now": now.isoformat()}
+
+    def job(name, fn, default):
+        try:
+            return fn()
+        except Exception:
+            log.exception("scheduler job %s failed; the next tick tries again", name)
+            result.setdefault("errors", []).append(name)
+            return default
+
+    result["planned"] = job("plan", lambda: digest_plan.plan(now), 0)
+    result["send_now"] = job("send_now", lambda: digest_immediate.plan(now)[0], 0)
+    result["reclaimed"], result["failed"] = job("watchdog", lambda: digest_plan.watchdog(now), (0, 0))
+
+    def check():
+        nonlocal send, depth
+        if send is None or depth is None:
+            default_send, default_depth = _digest_sender()
+            send, depth = send or default_send, depth or default_depth
+        return digest_plan.check(now, send, depth())   # depth() fails when Redis is down
+
+    result["enqueued"] = job("checker", check, 0)
+    result["hooks"] = run_hooks()
+    if any(result[k] for k in ("planned", "send_now", "enqueued", "reclaimed", "failed")) or "errors" in result:
+        log.info("tick: %s", result)
+    return result
+
+
+def parse_now(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError("--now needs a UTC offset, e.g. 2026-03-08T14:00:00Z")
+    return parsed.astimezone(timezone.utc)
+
+
+def cmd_scheduler(args) -> int:
+    observability.init_sentry("scheduler")
+    db.init()
+    try:
+        pinned = parse_now(args.now)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+
+    def clock() -> datetime:
+        if pinned is None:
+            return datetime.now(timezone.utc)
+        return pinned + timedelta(seconds=time.monotonic() - started)
+
+    interval = max(0.5, config.get().scheduler_interval_seconds)
+    leadership = Leadership(interval)
+    if args.once:
+        if not leadership.acquire():
+            print("another scheduler holds the lease; nothing done", file=sys.stderr)
+            return 0
+        leadership.keep()   # a first tick after a large import outlasts the lease
+        try:
+            print_json(tick(pinned or clock()))
+        finally:
+            leadership.release()
+        return 0
+
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    log.info("scheduler up (interval %.1f s)", interval)
+    was_leader, last_tick = None, None
+    try:
+        leadership.acquire()
+        leadership.keep()
+        while not stopping:
+            leader = leadership.is_leader()
+            if leader != was_leader:
+                log.info("scheduler is %s", "the leader" if leader else "standing by (another scheduler leads)")
+                was_leader, last_tick = leader, None   # a new leader ticks at once
+            if leader and (last_tick is None or time.monotonic() - last_tick >= interval):
+                last_tick = time.monotonic()
+                try:
+                    tick(clock())
+                except Exception:
+                    log.exception("tick failed; retrying next interval")
+            time.sleep(min(0.5, interval))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        leadership.release()
+    log.info("scheduler stopped")
+    return 0
+
+
+def cmd_digest_now(args) -> int:
+    db.init()
+    if not args.all and not args.user_ids:
+        print("error: name USER_IDs or pass --all", file=sys.stderr)
+        return 2
+    run_ids = digest_plan.send_next_now(None if args.all else args.user_ids)
+    send, _ = _digest_sender()
+    batch = max(1, config.get().digest_claim_batch)
+    for start in range(0, len(run_ids), batch):
+        send(run_ids[start:start + batch])
+    print(f"{len(run_ids)} digest run(s) due now and enqueued; a worker sends them (make run: the mail viewer on port 8025)")
+    return 0
+
+
+def cmd_preview_digest(args) -> int:
+    db.init()
+    try:
+        rendered = digest_build.preview(args.user_id)
+    except LookupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if rendered is None:
+        print(f"{args.user_id} has no unsent events: no digest would be sent now", file=sys.stderr)
+        return 0
+    body = rendered.text if args.text else rendered.html
+    if args.output and args.output != "-":
+        Path(args.output).write_text(body, encoding="utf-8")
+        print(f"subject: {rendered.subject}\nwrote {args.output}", file=sys.stderr)
+    else:
+        print(f"subject: {rendered.subject}", file=sys.stderr)
+        sys.stdout.write(body)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("scheduler", help="plan, enqueue and watch digest runs (leader-elected loop)")
+    p.add_argument("--once", action="store_true", help="run a single tick and print its result")
+    p.add_argument("--now", metavar="ISO8601", help="pin the clock, e.g. 2026-03-08T14:00:00Z")
+    p.set_defaults(func=cmd_scheduler)
+    p = sub.add_parser("digest-now", help="make the next digest of some (or all) subscribers due now")
+    p.add_argument("user_ids", nargs="*", metavar="USER_ID")
+    p.add_argument("--all", action="store_true", help="every subscriber with unsent events")
+    p.set_defaults(func=cmd_digest_now)
+    p = sub.add_parser("preview-digest", help="render a subscriber's digest now; sends and marks nothing")
+    p.add_argument("user_id")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--text", action="store_true", help="the plain-text part instead of the HTML")
+    p.set_defaults(func=cmd_preview_digest)

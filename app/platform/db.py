@@ -1,0 +1,314 @@
+"""Database access: one connection factory, one pool, one transaction helper.
+
+The SQL files in sql/migrations are the schema; there are no ORM models (they were never queried
+and had drifted from the schema). Every connection comes from `connect_raw()`, the one factory
+(it also counts what it opened: `connections_opened()`). There are three ways to hold one:
+
+1. The pool — peewee's PooledPostgresqlExtDatabase (`database`, DB_POOL_SIZE connections per
+   process, DB_POOL_TIMEOUT_SECONDS to wait for one) — for every short-lived unit of work: a web
+   request, a CLI command, a scheduler job. The connection is the calling thread's for the unit
+   and goes back to the pool after it; a connection that does not answer when handed out (peewee
+   pings it) or whose server went away during the unit is discarded, never handed out again.
+     * `query(sql, params)`: one statement, autocommit — most of the admin API, pages, health.
+     * `raw_cursor()`: a psycopg2 cursor inside `transaction()` — several statements that commit
+       or roll back together (claims and marks from the scheduler, API keys, CLI, tests).
+     * `database.connection_context()` / `database.atomic()`: peewee's own API on the same pool,
+       where it already reads best (subscribers, pages, newsletter admin).
+   peewee runs its connections in autocommit and sends BEGIN itself; `transaction()` does the same.
+
+2. `thread_connection` — the one way a worker thread keeps a connection across messages (digest
+   sending, newsletter sending, link recording, webhook apply): opening or even checking one out
+   per message would cost more than the work it serves. One per thread, shared by those paths,
+   autocommit like the pool's (so `transaction()` groups statements, as a savepoint when one is
+   already open); `retry_once(work)` reopens it once when the server went away, `reset()` drops it
+   after an error that may have left it in an unknown state. It follows DATABASE_URL.
+
+3. Owned connections, `connect_raw()` kept by one owner, where a thread writes a stream of
+   transactions of its own: the group-commit writer threads (app/groupcommit.py) and the
+   click-history writer (tracking/recorder.py). The migrator (app/migrate.py) is the one user
+   whose *session* matters (an advisory lock, a session lock_timeout around CREATE INDEX
+   CONCURRENTLY), and it connects to MIGRATION_DATABASE_URL when that is set.
+
+Nothing else keeps state in a session, so everything but the migrator works behind PgBouncer in
+transaction pooling mode (README "Running behind PgBouncer"; `make test` runs the integration tests
+through one): settings that must hold for a unit of work are `SET LOCAL` inside its transaction,
+temp tables are created in the transaction that uses them, roles held across transactions (the
+scheduler's leadership, a newsletter's outbox builder) are lease rows (app/lease.py), not advisory
+locks, and there are no LISTEN/NOTIFY, WITH HOLD cursors or named prepared statements (psycopg2
+sends every query as plain text).
+
+Why the hot paths (claims, marks, group commits, click history, webhook apply) are plain SQL on
+psycopg2 cursors rather than peewee queries: they are `FOR UPDATE SKIP LOCKED` claims, `INSERT …
+SELECT … ON CONFLICT`, execute_values, COPY and arrays as literals — SQL an ORM would only wrap —
+and each has to pick its transaction boundaries (never open across an SMTP call). peewee stays
+for what it does well here: the pool and a few readable admin writes.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from urllib.parse import urlparse
+
+import peewee
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import tenacity
+from playhouse.pool import MaxConnectionsExceeded, _PooledPostgresqlDatabase
+from playhouse.postgres_ext import PostgresqlExtDatabase
+
+from app.platform import config
+
+log = logging.getLogger("app.platform.db")
+
+# Every way "the database is not answering" surfaces: a refused or dropped connection (psycopg2 or
+# peewee's wrappers), or no pooled connection free within DB_POOL_TIMEOUT_SECONDS.
+UNAVAILABLE = (psycopg2.OperationalError, psycopg2.InterfaceError, peewee.OperationalError,
+               peewee.InterfaceError, MaxConnectionsExceeded)
+
+_IN_TRANSACTION = psycopg2.extensions.TRANSACTION_STATUS_INTRANS
+_IN_ERROR = psycopg2.extensions.TRANSACTION_STATUS_INERROR
+_opened = 0
+_opened_lock = threading.Lock()
+_opened_here = threading.local()
+
+
+def connect_raw(url: str | None = None, autocommit: bool = False):
+    """The one connection factory: a new psycopg2 connection to `url` (default DATABASE_URL). The
+    pool, the worker threads' kept connections and the owned ones all come from here."""
+    global _opened
+    conn = psycopg2.connect(url or config.get().database_url)
+    conn.autocommit = autocommit
+    with _opened_lock:
+        _opened += 1
+    _opened_here.count = getattr(_opened_here, "count", 0) + 1
+    return conn
+
+
+def connections_opened(this_thread: bool = False) -> int:
+    """How many connections this process (or only the calling thread) has opened (observability,
+    tests: a background thread's reconnect must not count against the thread under test)."""
+    return getattr(_opened_here, "count", 0) if this_thread else _opened
+
+
+class _FromFactory(PostgresqlExtDatabase):
+    def _connect(self):
+        # peewee sends BEGIN/COMMIT itself and requires autocommit; self.database is the URL.
+        return connect_raw(self.database, autocommit=True)
+
+
+# Called with (seconds waited, timed out) after every pool check-out: app/metrics.py registers the
+# pool-wait histogram here (metrics imports this module, so it cannot be called from here directly).
+checkout_observers: list = []
+
+
+class Pool(_PooledPostgresqlDatabase, _FromFactory):
+    """peewee's Postgres pool (playhouse.pool: bounded, waits, pings on check-out, discards broken
+    connections on check-in) whose new connections come from connect_raw()."""
+
+    def connect(self, reuse_if_open=False):
+        started = time.perf_counter()
+        try:
+            opened = super().connect(reuse_if_open)
+        except MaxConnectionsExceeded:
+            _observe_checkout(time.perf_counter() - started, True)
+            raise
+        if opened:   # False: this thread already held its connection, nothing was checked out
+            _observe_checkout(time.perf_counter() - started, False)
+        return opened
+
+
+def _observe_checkout(seconds: float, timed_out: bool) -> None:
+    for observe in checkout_observers:
+        observe(seconds, timed_out)
+
+
+database = Pool(None, autoconnect=True)
+_bound_url: str | None = None
+_bind_lock = threading.Lock()
+
+
+def init(url: str | None = None) -> Pool:
+    """Point the pool at `url` (default DATABASE_URL); idempotent. A different URL closes the
+    old pool's connections first."""
+    global _bound_url
+    settings = config.get()
+    url = url or settings.database_url
+    if _bound_url == url:
+        return database
+    with _bind_lock:
+        if _bound_url != url:
+            if _bound_url is not None:
+                database.close_all()
+            # timeout: a burst of threadpool requests waits for a free connection instead of failing.
+            database.init(url, max_connections=settings.db_pool_size, stale_timeout=300,
+                          timeout=settings.db_pool_timeout_seconds)
+            _bound_url = url
+    return database
+
+
+def _pool() -> Pool:
+    return database if _bound_url is not None else init()
+
+
+@contextlib.contextmanager
+def transaction(conn):
+    """The one transaction helper: a cursor whose work commits on success and rolls back on error.
+
+    Works on the pool's and the worker threads' connections (autocommit, as peewee keeps them: BEGIN
+    and COMMIT are sent here) and on owned ones without autocommit. Inside a transaction already
+    open on `conn` it is a savepoint: the inner work rolls back alone, the outer one commits it.
+    A transaction that an error aborted is never reported as committed. A connection that cannot
+    even roll back (the server went away) is closed: the pool discards it, its owner reopens it."""
+    if conn.get_transaction_status() in (_IN_TRANSACTION, _IN_ERROR):
+        with _savepoint(conn) as cur:
+            yield cur
+        return
+    explicit = conn.autocommit
+    try:
+        with conn.cursor() as cur:
+            if explicit:
+                cur.execute("BEGIN")
+            yield cur
+            _refuse_aborted(conn)
+            if explicit:
+                cur.execute("COMMIT")
+        if not explicit:
+            conn.commit()
+    except BaseException:
+        _rollback(conn, "ROLLBACK")
+        raise
+
+
+@contextlib.contextmanager
+def _savepoint(conn):
+    with conn.cursor() as cur:
+        cur.execute("SAVEPOINT db_transaction")
+        try:
+            yield cur
+            _refuse_aborted(conn)
+        except BaseException:
+            _rollback(conn, "ROLLBACK TO SAVEPOINT db_transaction", "RELEASE SAVEPOINT db_transaction")
+            raise
+        cur.execute("RELEASE SAVEPOINT db_transaction")
+
+
+def _refuse_aborted(conn) -> None:
+    # Postgres answers COMMIT in an aborted transaction with ROLLBACK, and psycopg2 does not raise:
+    # work whose error was caught inside the block would silently vanish.
+    if conn.get_transaction_status() == _IN_ERROR:
+        raise psycopg2.errors.InFailedSqlTransaction("an error inside the transaction aborted it; nothing committed")
+
+
+def _rollback(conn, *statements: str) -> None:
+    """Send the statements (conn.rollback() is a no-op in autocommit); close a connection that
+    cannot take them."""
+    try:
+        if conn.autocommit or statements[0] != "ROLLBACK":
+            with conn.cursor() as cur:
+                for statement in statements:
+                    cur.execute(statement)
+        else:
+            conn.rollback()
+    except psycopg2.Error:
+        conn.close()
+
+
+@contextlib.contextmanager
+def raw_cursor():
+    """A transaction (`transaction()`) on a pooled connection, for one short unit of work."""
+    pool = _pool()
+    with pool.connection_context():
+        with transaction(pool.connection()) as cur:
+            yield cur
+
+
+def query(sql: str, params=None) -> list[tuple]:
+    """One statement on a pooled connection (autocommit); returns rows if any."""
+    pool = _pool()
+    with pool.connection_context():
+        cursor = pool.execute_sql(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+class ThreadConnection:
+    """A worker thread's kept connection (see the module docstring): one per thread, reopened when
+    closed or when DATABASE_URL changed. A thread that ends takes its connection with it."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def get(self):
+        url = config.get().database_url
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and (conn.closed or self._local.url != url):
+            self.reset()
+            conn = None
+        if conn is None:
+            conn = connect_raw(url, autocommit=True)
+            self._local.conn, self._local.url = conn, url
+        return conn
+
+    def reset(self) -> None:
+        """Drop this thread's connection (after an error that may have left it in an unknown state)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # already broken: nothing to release
+                pass
+
+    def retry_once(self, work):
+        """work(connection). A connection that died while kept open (server restart, idle
+        timeout) is reopened and the work tried once more: only for idempotent work."""
+        for attempt in (1, 2):
+            try:
+                return work(self.get())
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                self.reset()
+                if attempt == 2:
+                    raise
+                log.warning("database connection lost; reconnecting")
+
+
+thread_connection = ThreadConnection()
+
+
+def write_deadline(claimed_at: float, timeout_seconds: float) -> float:
+    """Until when a worker keeps retrying the write of outcomes it claimed at `claimed_at`
+    (time.monotonic()): comfortably before the watchdog or reclaimer may take the rows back after
+    `timeout_seconds` — 30 s before, or a fifth of the timeout when that is shorter."""
+    return claimed_at + timeout_seconds - min(30.0, timeout_seconds / 5)
+
+
+def until_written(work, deadline: float, what: str):
+    """work() — a write whose outcome must not be lost (mail the provider already accepted) —
+    retried while the database is unavailable, with backoff, until `deadline` (time.monotonic()).
+    Past it the last error is raised: the caller's rows are then returned by the watchdog or the
+    reclaimer, whose timeouts are chosen to come after this deadline."""
+    def log_wait(state):
+        log.warning("%s: database unavailable (%s); retrying in %.1f s", what, state.outcome.exception(),
+                    state.next_action.sleep)
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(UNAVAILABLE),
+        stop=tenacity.stop_before_delay(max(0.0, deadline - time.monotonic())),
+        wait=tenacity.wait_exponential_jitter(multiplier=0.2, max=5.0),
+        before_sleep=log_wait, reraise=True)
+    return retrying(work)
+
+
+def database_name(url: str) -> str:
+    return urlparse(url).path.lstrip("/") or "postgres"
+
+
+ALL_TABLES = [
+    "api_keys", "subscribers", "digest_runs", "digest_events", "newsletters", "email_log",
+    "email_links", "email_link_history", "legacy_link_codes", "webhook_events", "suppressions",
+    "mail_event_counts", "leases", "admin_sessions", "admin_audit", "categories",
+    "digest_event_keys", "webhook_event_keys", "retention_drops", "digest_send_now", "mail_stop",
+]
+

@@ -1,0 +1,214 @@
+"""Shared HTTP plumbing for the JSON API: error bodies, bounded body reading, bearer auth."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import orjson
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import PlainTextResponse, Response
+
+from app.platform import apikeys, config, db
+
+log = logging.getLogger("app.platform.http")
+
+
+class FastJSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return orjson.dumps(content)
+
+
+class ApiError(Exception):
+    """Raised anywhere in an API endpoint; rendered as {"error", "message", "errors"?}."""
+
+    def __init__(self, status: int, code: str, message: str, errors: list | None = None, headers=None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.errors, self.headers = status, code, message, errors, headers
+
+    def response(self) -> Response:
+        body = {"error": self.code, "message": self.message}
+        if self.errors is not None:
+            body["errors"] = self.errors
+        return FastJSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+async def api_error_handler(request: Request, exc: ApiError) -> Response:
+    return exc.response()
+
+
+async def client_disconnected_handler(request: Request, exc: ClientDisconnect) -> Response:
+    """A client that went away while sending its request is no error of ours: one INFO line naming
+    the route (its template: a path may hold a token), no traceback. Nothing is sent back to it."""
+    route = getattr(request.scope.get("route"), "path", "?")
+    log.info("client went away during %s %s; request dropped", request.method, route)
+    return Response(status_code=499)
+
+
+def exception_handlers() -> dict:
+    """Every Starlette app's (the web app, the metrics exporter): ApiError as its JSON body, Postgres
+    unavailable as 503, a client that disconnected mid-request as one INFO line."""
+    handlers = {ApiError: api_error_handler, ClientDisconnect: client_disconnected_handler}
+    handlers.update({error: database_unavailable_handler for error in db.UNAVAILABLE})
+    return handlers
+
+
+RETRY_AFTER_SECONDS = "5"
+
+
+async def database_unavailable_handler(request: Request, exc: Exception) -> Response:
+    """503 + Retry-After on every route (authentication included) while Postgres is unavailable:
+    the client retries, nothing was committed. Never a 500."""
+    log.warning("database unavailable for %s %s: %s", request.method, request.url.path,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    headers = {"Retry-After": RETRY_AFTER_SECONDS}
+    if request.url.path.startswith(("/v1/", "/webhooks/")):
+        return ApiError(503, "unavailable", "the database is unavailable; nothing was changed, retry later",
+                        headers=headers).response()
+    return PlainTextResponse("Temporarily unavailable, please try again in a moment.", status_code=503,
+                             headers=headers)
+
+
+def field_error(field: str, message: str, index: int | None = None) -> dict:
+    err = {"field": field, "message": message}
+    if index is not None:
+        err = {"index": index, **err}
+    return err
+
+
+def validation_error(errors: list[dict]) -> ApiError:
+    return ApiError(422, "validation_failed", f"{len(errors)} problem(s) in the request; nothing was stored",
+                    errors)
+
+
+class BadContentLength(ValueError):
+    pass
+
+
+def declared_length(headers) -> int | None:
+    """The Content-Length the client declared, or None. BadContentLength unless every copy of the
+    header is the same plain ASCII number: str.isdigit() alone accepts '²' and '٣', which int()
+    then refuses or reads as another number."""
+    values = {v.strip() for v in headers.getlist("content-length")}
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadContentLength("conflicting Content-Length headers")
+    raw = values.pop()
+    if not (raw.isascii() and raw.isdigit()):
+        raise BadContentLength("Content-Length is not a number")
+    raw = raw.lstrip("0") or "0"
+    # Past 18 digits it is over any limit; int() of a long run is slow and refuses > 4300 digits.
+    return int(raw) if len(raw) <= 18 else 10 ** 18
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body; 413 past the limit, checked on Content-Length and again while streaming."""
+    try:
+        declared = declared_length(request.headers)
+    except BadContentLength as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    if declared is not None and declared > limit:
+        raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "body_too_large", f"request body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_LONG_DIGITS = re.compile(rb"\d{19}")   # -2**63 - 1 has 19 digits, 2**64 has 20
+# Nothing we accept nests deeper than a few levels (SendGrid events are flat, event payloads are
+# small objects). The bound keeps every later recursive step safe: orjson.dumps stops at 255
+# levels, the standard library's parser at the interpreter's recursion limit.
+MAX_JSON_DEPTH = 64
+# The standard library refuses to convert more than 4300 digits (a ValueError, not a parse error);
+# no field here holds more than 64 bits.
+MAX_JSON_INT_DIGITS = 1000
+
+
+class JSONBodyError(ValueError):
+    """The body is not JSON we accept; the message names the problem and is safe to return."""
+
+
+def _too_deep(value, limit: int) -> bool:
+    stack = [(value, 1)]   # iterative: a recursive walk would hit the limit it is checking
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in (node.values() if type(node) is dict else node):
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return False
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise JSONBodyError(f"request body has an integer of more than {MAX_JSON_INT_DIGITS} digits")
+    return int(text)
+
+
+def parse_json(body: bytes, exact_integers: bool = False):
+    """JSON from untrusted bytes; JSONBodyError when malformed or nested deeper than MAX_JSON_DEPTH.
+    exact_integers: integers past 64 bits stay exact instead of becoming floats."""
+    try:
+        value = orjson.loads(body)      # strict RFC 8259 (no NaN, no lone surrogates): the syntax check
+    except orjson.JSONDecodeError as exc:
+        raise JSONBodyError(f"request body is not valid JSON: {exc}") from None
+    # Cheap first: a body with few brackets cannot be deep, so single objects skip the walk.
+    if type(value) in (dict, list) and body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH \
+            and _too_deep(value, MAX_JSON_DEPTH):
+        raise JSONBodyError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    if exact_integers and _LONG_DIGITS.search(body):
+        # orjson reads an integer past 64 bits as a float, silently rounding it. The standard
+        # library keeps it exact, so validation refuses it by field name instead of storing a
+        # different number. Safe to recurse now: the depth is bounded above.
+        value = json.loads(body, parse_int=_bounded_int)
+    return value
+
+
+async def read_json(request: Request, limit: int | None = None):
+    """The body parsed as JSON; 413 past the limit, 400 if empty, malformed or too deep."""
+    body = await read_body(request, limit or config.get().max_body_bytes)
+    if not body:
+        raise ApiError(400, "malformed_json", "request body is empty; expected JSON")
+    try:
+        return parse_json(body, exact_integers=True)
+    except JSONBodyError as exc:
+        raise ApiError(400, "malformed_json", str(exc)) from None
+
+
+async def read_put_body(request: Request, key_field: str, key: str, validate, limit: int) -> dict:
+    """The validated body of a PUT to the resource the URL names. What GET returns can be PUT back,
+    so the body may repeat the URL's key: it is not a field, and a different value is a 422."""
+    body = await read_json(request, limit=limit)
+    echoed = body.pop(key_field, None) if isinstance(body, dict) else None
+    values, errors = validate(body)
+    if echoed not in (None, key):
+        errors.append({"field": key_field, "message": "does not match the URL"})
+    if errors:
+        raise validation_error(errors)
+    return values
+
+
+async def require_key(request: Request, scope: str) -> apikeys.Principal:
+    header = request.headers.get("authorization", "")
+    kind, _, key = header.partition(" ")
+    if kind.lower() != "bearer" or not key.strip():
+        raise ApiError(401, "unauthorized", "missing API key: send 'Authorization: Bearer <key>'",
+                       headers={"WWW-Authenticate": "Bearer"})
+    key = key.strip()
+    principal = apikeys.cache.peek(key)
+    if principal is None and not apikeys.cache.known_unknown(key):
+        principal = await run_in_threadpool(apikeys.cache.lookup, key)
+    if principal is None:
+        raise ApiError(401, "unauthorized", "unknown or revoked API key", headers={"WWW-Authenticate": "Bearer"})
+    if not principal.allows(scope):
+        raise ApiError(403, "forbidden", f"this key has scope '{principal.scope}'; '{scope}' is required")
+    return principal

@@ -1,0 +1,59 @@
+"""Mail providers behind one interface (base.py); chosen by MAIL_PROVIDER.
+
+  smtp      real smtplib, pooled connections reused across batches (app/providers/smtp.py)
+  file      writes .eml files to MAIL_FILE_DIR, for development (app/providers/file.py)
+  sendgrid  SendGrid v3 mail/send (app/providers/sendgrid.py)
+
+get_provider() returns one shared instance per process (providers are thread-safe), rebuilt when
+the settings change (tests override SMTP_URL and friends).
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+
+from app.platform import config
+from app.platform.providers.base import Provider
+
+PROVIDERS = {
+    "smtp": "app.platform.providers.smtp:SMTPProvider",
+    "file": "app.platform.providers.file:FileProvider",
+    "sendgrid": "app.platform.providers.sendgrid:SendGridProvider",
+}
+
+_lock = threading.Lock()
+_instances: dict[str, tuple] = {}   # name -> (settings it was built with, provider)
+
+
+def provider_class(name: str):
+    target = PROVIDERS.get(name)
+    if target is None:
+        raise config.ConfigError(f"MAIL_PROVIDER must be one of {', '.join(sorted(PROVIDERS))}, got {name!r}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)  # lazy: sendgrid code loads only when used
+
+
+def get_provider(name: str | None = None) -> Provider:
+    settings = config.get()
+    name = (name or settings.mail_provider).strip().lower()
+    entry = _instances.get(name)
+    if entry is not None and entry[0] is settings:
+        return entry[1]
+    with _lock:
+        entry = _instances.get(name)
+        if entry is not None and entry[0] is settings:
+            return entry[1]
+        provider = provider_class(name)()
+        _instances[name] = (settings, provider)
+    if entry is not None:
+        entry[1].close()
+    return provider
+
+
+def close_all() -> None:
+    """Worker shutdown and tests: close pooled connections."""
+    with _lock:
+        entries = list(_instances.values())
+        _instances.clear()
+    for _, provider in entries:
+        provider.close()

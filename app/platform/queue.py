@@ -1,0 +1,79 @@
+"""Handing work to Dramatiq: the Redis broker, and enqueueing by actor name.
+
+Domains enqueue with send(TARGET, …) and never import the actors: each domain names its messages
+in its own `messages` module (digest/messages.py, app/newsletter/messages.py, tracking/messages.py)
+and the actors take their names and queues from there, so imports point one way (platform ←
+domains ← actors) and this module knows no message; tests/test_queue.py checks every target is an
+actor on its queue. Messages are hints — the rows
+in Postgres are the truth — so every enqueue is safe to repeat and safe to lose.
+
+Queues, highest priority first (each worker process consumes all of them; run a dedicated worker
+with `--queues transactional digest` if a big newsletter must never share threads with digests):
+  transactional  one-off mail a user is waiting for
+  digest         build_and_send_digest, send_now
+  newsletter     outbox creation and send batches
+  webhooks       applying stored SendGrid events
+"""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
+
+from app.platform import config
+
+QUEUES = ("transactional", "digest", "newsletter", "webhooks")
+
+
+class Target(NamedTuple):
+    """A message's queue and the name of the actor that reads it."""
+    queue: str
+    actor: str
+
+
+
+_lock = threading.Lock()
+_broker: RedisBroker | None = None
+
+
+def make_broker(url: str | None = None, namespace: str = "dramatiq", extra_middleware=()) -> RedisBroker:
+    middleware = [AgeLimit(), TimeLimit(), ShutdownNotifications(), Callbacks(), Pipelines(), Retries(),
+                  *extra_middleware]
+    return RedisBroker(url=url or config.get().redis_url, namespace=namespace, middleware=middleware)
+
+
+def _set(new: RedisBroker) -> RedisBroker:
+    global _broker
+    _broker = new
+    dramatiq.set_broker(new)
+    return new
+
+
+def install(new: RedisBroker) -> RedisBroker:
+    """Make `new` the process's broker (Dramatiq's global one, which actors bind to)."""
+    with _lock:
+        return _set(new)
+
+
+def broker() -> RedisBroker:
+    """The process's broker; a process that only enqueues (web, scheduler) gets one on first use."""
+    if _broker is None:
+        with _lock:
+            if _broker is None:
+                _set(make_broker())
+    return _broker
+
+
+def send(target: Target, *args, delay_ms: int | None = None) -> None:
+    message = dramatiq.Message(queue_name=target.queue, actor_name=target.actor, args=args, kwargs={},
+                               options={})
+    broker().enqueue(message, delay=int(delay_ms) if delay_ms else None)
+
+
+def depth(queue_name: str) -> int:
+    """Messages waiting in Redis for this queue (ready + delayed)."""
+    b = broker()
+    return int(b.client.llen(f"{b.namespace}:{queue_name}")) + int(b.client.llen(f"{b.namespace}:{queue_name}.DQ"))

@@ -1,0 +1,1 @@
+"""The people we mail: their records, preferences, categories, streams, suppressions and address identity."""

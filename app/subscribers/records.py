@@ -1,0 +1,227 @@
+"""Subscriber records: validation shared by the admin API and the preference pages, upsert, erasure."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
+
+from app.platform import db, timezones
+from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
+from app.platform.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
+
+CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+MAX_CATEGORIES = 100
+
+def _sendable(addr: str) -> bool:
+    try:
+        sendable(addr)
+        return True
+    except AddressError:
+        return False
+
+
+def _email(value: str) -> str:
+    if not _sendable(value):
+        raise fail("email", "must be a valid email address")
+    try:
+        check_domain(value)   # so that the address has one canonical form (README "Address identity")
+    except AddressError:
+        raise fail("email", "must be a valid email address: its domain is not a valid internationalised "
+                            "domain name (IDNA)") from None
+    return value
+
+
+def _timezone(value: str) -> str:
+    if not timezones.valid(value):
+        raise fail("timezone", "must be an IANA time zone name, e.g. Europe/Lisbon")
+    return value
+
+
+def _timezone_names(schema: dict) -> None:
+    schema.update(enum=sorted(timezones.names()), description="IANA zone")
+
+
+def _weekday(value) -> int:
+    value = whole_number(value)
+    if isinstance(value, str) and value.lower() in WEEKDAYS:
+        return WEEKDAYS.index(value.lower())
+    if type(value) is int and 0 <= value <= 6:   # not a bool
+        return value
+    raise fail("weekday", "must be 0-6 (0 = Monday) or a weekday name")
+
+
+_WEEKDAY_SCHEMA = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 6, "description": "0 = Monday"},
+                             {"type": "string", "enum": list(WEEKDAYS)}]}
+
+
+Category = Text(100, min_length=1)
+
+
+# A deliverable address, as the API takes it wherever one is given (subscribers, test sends).
+# `idn-email` (JSON Schema: RFC 6531, its domain an IDNA name) says what the pattern cannot: the domain
+# check, which refuses what a pattern-valid address may still have (a label over 63 characters, an `_`).
+Email = Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address",
+                       json_schema_extra={"format": "idn-email"},
+                       description="an email address whose domain is a valid IDNA name (UTS 46); compared "
+                                   "with other addresses by its canonical form (README \"Address identity\")"),
+                  AfterValidator(_email)]
+
+
+class SubscriberInput(Body):
+    """PUT /v1/subscribers/{user_id} (the preference pages send a subset of the same fields)."""
+    email: Email
+    name: Annotated[Text(200, NO_CONTROL) | None, Field(description="display name; no line breaks or control characters"),
+                    AfterValidator(lambda v: (v or "").strip())] = ""
+    timezone: Annotated[str, *documented(_timezone_names, _timezone)] = "UTC"
+    digest_cadence: Literal[CADENCES] = "daily"
+    digest_hour: Integer(ge=0, le=23, description="local hour") = 9
+    digest_weekday: Annotated[int, PlainValidator(_weekday), WithJsonSchema(_WEEKDAY_SCHEMA)] = 0
+    category_opt_outs: Annotated[list[Category], Field(max_length=MAX_CATEGORIES),
+                                 AfterValidator(lambda v: sorted(set(v)))] = []
+    tracking_opt_out: bool = False
+
+
+FIELDS = tuple(SubscriberInput.model_fields)
+DEFAULTS = {name: info.default for name, info in SubscriberInput.model_fields.items() if not info.is_required()}
+_field_checks = {name: TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,
+                                   config=SubscriberInput.model_config)
+                 for name, info in SubscriberInput.model_fields.items()}
+
+
+def validate(data, partial: bool = False) -> tuple[dict, list[dict]]:
+    """(clean values, problems as {field, message}). `partial` checks only the fields present and
+    fills no defaults (the preference pages change a few fields at a time)."""
+    if not partial:
+        model, errors = check(SubscriberInput, data)
+        return (model.model_dump() if model else {}), errors
+    values, errors = {}, []
+    if not isinstance(data, dict):
+        return {}, [{"field": "body", "message": "must be a JSON object"}]
+    for name, value in data.items():
+        if name not in _field_checks:
+            errors.append({"field": name, "message": "unknown field"})
+            continue
+        clean, problems = check(_field_checks[name], value)
+        if problems:
+            errors.append({"field": name, "message": problems[0]["message"]})
+        else:
+            values[name] = clean
+    return values, errors
+
+
+COLUMNS = ("id", "user_id", "email", "name", "timezone", "digest_cadence", "digest_hour", "digest_weekday",
+           "category_opt_outs", "tracking_opt_out", "paused_until", "unsubscribed_at", "created_at",
+           "updated_at")
+
+
+def _as_dict(row) -> dict:
+    out = dict(zip(COLUMNS, row))
+    for k in ("paused_until", "unsubscribed_at", "created_at", "updated_at"):
+        if out[k] is not None:
+            out[k] = out[k].isoformat()
+    out["digest_weekday_name"] = WEEKDAYS[out["digest_weekday"]]
+    return out
+
+
+def get(user_id: str) -> dict | None:
+    rows = db.query(f"SELECT {', '.join(COLUMNS)} FROM subscribers WHERE user_id = %s", (user_id,))
+    return _as_dict(rows[0]) if rows else None
+
+
+def _with_canonical_email(values: dict) -> dict:
+    """The one place a subscriber's address gets its identity (app/addresses.py `canonical`)."""
+    return {**values, "canonical_email": canonical(values["email"])} if "email" in values else values
+
+
+def upsert(user_id: str, values: dict) -> tuple[dict, bool]:
+    """Create or replace; returns (subscriber, created). A changed schedule cancels the pending runs
+    planned for the old one (trigger subscribers_schedule_changed, migration 0004)."""
+    values = _with_canonical_email(values)
+    cols = [c for c in (*FIELDS, "canonical_email") if c in values]
+    params = [user_id] + [values[c] for c in cols]
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in cols)
+    with db.database.connection_context(), db.database.atomic():
+        row = db.database.execute_sql(
+            f"INSERT INTO subscribers (user_id, {', '.join(cols)}) VALUES (%s, {', '.join(['%s'] * len(cols))}) "
+            f"ON CONFLICT (user_id) DO UPDATE SET {updates}, updated_at = now() "
+            f"RETURNING {', '.join(COLUMNS)}, (xmax = 0) AS created",
+            params,
+        ).fetchone()
+    return _as_dict(row[:-1]), row[-1]
+
+
+def update(subscriber_id: int, values: dict) -> None:
+    """Partial update by id (preference pages). A changed schedule cancels pending runs (see upsert)."""
+    if not values:
+        return
+    values = _with_canonical_email(values)
+    sets = ", ".join(f"{c} = %s" for c in values)
+    db.query(f"UPDATE subscribers SET {sets}, updated_at = now() WHERE id = %s", [*values.values(), subscriber_id])
+
+
+# Right to erasure, in one transaction. What is deleted, anonymised and kept is listed in the
+# README (API, DELETE). Kept: the address in `suppressions` (reason 'erased'), the minimum needed to
+# never mail it again (honouring the objection needs the address: GDPR art. 17(3)(b), 21(3));
+# a hash would force every suppression check (claims, outbox, webhooks) to match on hashes.
+# Addresses are compared by their canonical form (README "Address identity"), so every spelling
+# SendGrid reported an event under is found and the suppression kept is the canonical one.
+# Raw SendGrid events carry the address (and our custom_args carry the subscriber id).
+ERASE_WEBHOOK_EVENTS = ("DELETE FROM webhook_events WHERE canonical_email = ANY(%(addresses)s) "
+                        "OR payload ->> 'subscriber_id' = %(sid_text)s")
+# A newsletter's audience lists user_ids (jsonb {"kind": "user_ids", "user_ids": [...]}, app/newsletter/
+# service.py). The last step, so the newsletter rows it changes stay locked for the shortest time (a
+# pause or cancel of one waits for it; the outbox's inserts do not: a non-key update).
+ERASE_FROM_AUDIENCES = ("UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
+                        "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s")
+ERASE_STEPS = (
+    # Keep any earlier reason in `source` (bounce, spamreport...: not personal, useful to support).
+    "INSERT INTO suppressions (email, reason, source) VALUES (%(address)s, 'erased', 'erasure') "
+    "ON CONFLICT (email) DO UPDATE SET reason = 'erased', "
+    "source = 'erasure, was ' || suppressions.reason WHERE suppressions.reason <> 'erased'",
+    # A digest is one person's mail: its links (URLs from their events), opens and counters go.
+    # Deleting the links cascades to their click history and legacy codes.
+    "DELETE FROM email_links WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
+    "DELETE FROM email_link_history WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
+    "DELETE FROM mail_event_counts WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
+    # Newsletter clicks/opens stay as anonymous counts so the newsletter's statistics stay right.
+    "UPDATE email_link_history SET subscriber_id = NULL, ip = NULL, user_agent = NULL "
+    "WHERE subscriber_id = %(sid)s",
+    "UPDATE legacy_link_codes SET subscriber_id = NULL WHERE subscriber_id = %(sid)s",
+    # Cascades to digest_runs and email_log (the outbox rows, with the address at send time).
+    "DELETE FROM subscribers WHERE id = %(sid)s",
+    ERASE_FROM_AUDIENCES,
+)
+
+
+def erase(user_id: str) -> bool:
+    """Right to erasure: everything about the subscriber is deleted or anonymised, their address
+    stays suppressed. True if a subscriber existed (their events, and their user_id in newsletter
+    audiences, are deleted either way)."""
+    with db.database.connection_context(), db.database.atomic():
+        execute = db.database.execute_sql
+        execute("DELETE FROM digest_events WHERE user_id = %s", (user_id,))
+        row = execute("SELECT id, canonical_email FROM subscribers WHERE user_id = %s", (user_id,)).fetchone()
+        if row is None:
+            execute(ERASE_FROM_AUDIENCES, {"user_id": user_id})
+            return False
+        params = {"sid": row[0], "sid_text": str(row[0]), "user_id": user_id, **_erasure_scope(execute, *row)}
+        # Before any lock the webhook worker may wait for (this subscriber row, the suppression
+        # key): it locks its webhook_events rows first, so taking them first too cannot deadlock.
+        execute(ERASE_WEBHOOK_EVENTS, params)
+        locked = execute("SELECT canonical_email FROM subscribers WHERE id = %s FOR UPDATE", (row[0],)).fetchone()
+        if locked is None:  # erased concurrently
+            return False
+        params["address"] = locked[0]  # the address as of now, should it have just changed
+        for statement in ERASE_STEPS:
+            execute(statement, params)
+        return True
+
+
+def _erasure_scope(execute, sid: int, address: str) -> dict:
+    """Every address the subscriber was mailed at (it may have changed), canonical, and their
+    digest runs."""
+    addresses = {address} | {canonical(e) for (e,) in execute(
+        "SELECT DISTINCT email FROM email_log WHERE subscriber_id = %s", (sid,)).fetchall()}
+    run_ids = [r for (r,) in execute("SELECT id FROM digest_runs WHERE subscriber_id = %s", (sid,)).fetchall()]
+    return {"addresses": sorted(addresses), "run_ids": run_ids}

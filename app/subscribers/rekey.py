@@ -1,0 +1,140 @@
+"""Stored addresses in their canonical form (app/addresses.py `canonical`): the backfill of
+migrations 0600-0602 and `python -m app rekey-addresses`.
+
+The canonical form needs Python (the `idna` package: UTS 46 tables Postgres does not have), so
+the migration runner calls `backfill` for migration 0601 (app/migrate.py, `-- migrate: python`).
+Every pass reads rows in id order and writes, in its own short transaction per batch, only the
+rows whose stored key differs from the computed one; so it is also the repair for rows a previous
+release's processes wrote while a deploy was under way, and running it again changes nothing.
+
+  subscribers.canonical_email   set where it differs (guarded by the email read: a writer that
+                                changed the address meanwhile set the key itself)
+  suppressions.email            rewritten to the canonical form; two rows that become one merge:
+                                the earliest (created_at, then id) is kept, with its reason, except
+                                that 'erased' wins over any reason (an erased address stays erased:
+                                its events are deleted on arrival); the merged rows' reasons and
+                                sources are appended to the kept row's source
+  webhook_events.canonical_email set where it differs (rows without an email keep NULL)
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extras
+
+from app.platform import config, db
+from app.platform.addresses import canonical
+
+log = logging.getLogger("app.subscribers.rekey")
+
+BATCH = 5000
+CONSTRAINT = "subscribers_canonical_email_present"
+
+
+def _batch(conn, work):
+    """work(cur) in one transaction under MIGRATION_LOCK_TIMEOUT, retried with backoff when a lock
+    (a row a request holds) is not granted in time."""
+    settings = config.get()
+    for attempt in range(1, settings.migration_retries + 1):
+        try:
+            with db.transaction(conn) as cur:
+                cur.execute("SET LOCAL lock_timeout = %s", (settings.migration_lock_timeout,))
+                return work(cur)
+        except (psycopg2.errors.LockNotAvailable, psycopg2.errors.UniqueViolation) as exc:
+            # UniqueViolation: a suppression for the canonical form was added meanwhile; the
+            # retry sees it and merges into it.
+            delay = min(0.2 * 2 ** attempt, 10.0)
+            log.warning("rekey batch: %s (attempt %d), retrying in %.1fs", exc.__class__.__name__, attempt, delay)
+            time.sleep(delay)
+    raise RuntimeError(f"rekey: gave up after {settings.migration_retries} attempts")
+
+
+def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
+    """Set `canonical_email` of `table` (subscribers or webhook_events) where it differs; returns
+    how many rows changed."""
+    missing = " AND canonical_email IS NULL" if only_missing else ""
+    read = (f"SELECT id, email, canonical_email FROM {table} WHERE id > %s AND email IS NOT NULL{missing} "
+            f"ORDER BY id LIMIT {BATCH}")
+    write = (f"UPDATE {table} t SET canonical_email = v.key FROM (VALUES %s) AS v(id, email, key) "
+             "WHERE t.id = v.id AND t.email = v.email AND t.canonical_email IS DISTINCT FROM v.key")
+    after, changed = 0, 0
+
+    def one_batch(cur):
+        cur.execute(read, (after,))
+        rows = cur.fetchall()
+        stale = [(i, email, key) for i, email, stored in rows if (key := canonical(email)) != stored]
+        if stale:
+            psycopg2.extras.execute_values(cur, write, stale, template="(%s::bigint, %s::text, %s::text)",
+                                           page_size=len(stale))
+        return (rows[-1][0] if rows else None), cur.rowcount if stale else 0
+
+    while True:
+        last, n = _batch(conn, one_batch)
+        if last is None:
+            return changed
+        after, changed = last, changed + n
+
+
+def _merge_suppression(cur, row_id: int, key: str) -> int:
+    """Rewrite one suppression to `key`, merging it with the row that holds `key` already."""
+    cur.execute("SELECT id, email, reason, source, created_at FROM suppressions "
+                "WHERE id = %s OR email = %s ORDER BY created_at, id FOR UPDATE", (row_id, key))
+    rows = cur.fetchall()
+    if not any(r[0] == row_id and r[1] != key for r in rows):
+        return 0                       # removed or rewritten meanwhile
+    kept, *merged = rows
+    reason = "erased" if any(r[2] == "erased" for r in rows) else kept[2]
+    source = kept[3]
+    if merged:
+        source = "; ".join(filter(None, [kept[3], *(f"merged {r[2]} ({r[3] or 'no source'})" for r in merged)]))
+        cur.execute("DELETE FROM suppressions WHERE id = ANY(%s)", ([r[0] for r in merged],))
+    cur.execute("UPDATE suppressions SET email = %s, reason = %s, source = %s WHERE id = %s",
+                (key, reason, source, kept[0]))
+    return 1
+
+
+def _suppressions(conn) -> int:
+    after, changed = 0, 0
+
+    def one_batch(cur):
+        cur.execute(f"SELECT id, email FROM suppressions WHERE id > %s ORDER BY id LIMIT {BATCH}", (after,))
+        rows = cur.fetchall()
+        n = sum(_merge_suppression(cur, i, key) for i, email in rows if (key := canonical(email)) != email)
+        return (rows[-1][0] if rows else None), n
+
+    while True:
+        last, n = _batch(conn, one_batch)
+        if last is None:
+            return changed
+        after, changed = last, changed + n
+
+
+def _add_constraint(conn) -> None:
+    """From now on no subscriber row is without its key (NOT VALID: existing rows are checked by
+    0602's VALIDATE, which blocks no writer). A brief ACCESS EXCLUSIVE lock, under the lock timeout."""
+    def add(cur):
+        cur.execute("SELECT 1 FROM pg_constraint WHERE conname = %s", (CONSTRAINT,))
+        if not cur.fetchone():
+            cur.execute(f"ALTER TABLE subscribers ADD CONSTRAINT {CONSTRAINT} "
+                        "CHECK (canonical_email IS NOT NULL) NOT VALID")
+    _batch(conn, add)
+
+
+def rekey(conn) -> dict:
+    """Every stored address keyed by its canonical form; returns the rows changed per table."""
+    counts = {"subscribers": _keyed_table(conn, "subscribers")}
+    _add_constraint(conn)
+    # Rows inserted without a key before the constraint existed, behind the pass above.
+    counts["subscribers"] += _keyed_table(conn, "subscribers", only_missing=True)
+    counts["suppressions"] = _suppressions(conn)
+    counts["webhook_events"] = _keyed_table(conn, "webhook_events")
+    log.info("rekeyed %s", ", ".join(f"{table}: {n}" for table, n in counts.items()))
+    return counts
+
+
+def backfill(conn) -> None:
+    """Migration 0601 (the runner passes its own connection, autocommit)."""
+    rekey(conn)

@@ -1,0 +1,76 @@
+"""Operations endpoints. GET /healthz: 200 when Postgres and Redis both answer, 503 naming the one
+that does not. GET /metrics: Prometheus exposition (app/metrics.py) for an admin API key or
+METRICS_TOKEN, as a Bearer token — on the web app, and alone on the metrics exporter
+(`python -m app metrics-exporter`) of hosts that run workers but no web process."""
+from __future__ import annotations
+
+import contextlib
+
+import redis
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from app.platform import config, db, metrics
+from app.platform.http import FastJSONResponse, exception_handlers, require_key
+
+
+def check() -> dict:
+    result = {}
+    try:
+        db.query("SELECT 1")
+        result["postgres"] = "ok"
+    except Exception as exc:  # any failure is a failed check
+        result["postgres"] = f"error: {exc.__class__.__name__}: {str(exc).strip()[:200]}"
+    try:
+        client = redis.Redis.from_url(config.get().redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client.ping()
+        client.close()
+        result["redis"] = "ok"
+    except Exception as exc:
+        result["redis"] = f"error: {exc.__class__.__name__}: {str(exc)[:200]}"
+    return result
+
+
+async def healthz(request: Request):
+    result = await run_in_threadpool(check)
+    ok = all(v == "ok" for v in result.values())
+    return FastJSONResponse({"status": "ok" if ok else "degraded", **result}, status_code=200 if ok else 503)
+
+
+async def metrics_endpoint(request: Request):
+    kind, _, token = request.headers.get("authorization", "").partition(" ")
+    if not (kind.lower() == "bearer" and metrics.token_matches(token.strip())):
+        await require_key(request, "admin")     # 401 without a valid key, 403 for another scope
+    return Response(await run_in_threadpool(metrics.scrape), media_type=metrics.CONTENT_TYPE)
+
+
+routes = [Route("/healthz", healthz, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
+
+
+def exporter_app() -> Starlette:
+    """GET /metrics alone: a worker-only host's values (its PROMETHEUS_MULTIPROC_DIR), with the web
+    app's exposition and credentials. Prometheus scrapes every host; counters are per host."""
+    db.init()       # API keys are checked against Postgres, as on the web app
+    metrics.setup()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        db.database.close_all()
+        metrics.process_stopped()
+
+    return Starlette(routes=[Route("/metrics", metrics_endpoint, methods=["GET"])],
+                     exception_handlers=exception_handlers(), lifespan=lifespan)
+
+
+OPENAPI_PATHS = {"/healthz": {"get": {"summary": "Postgres and Redis reachability",
+                                      "responses": {"200": {"description": "both answer"},
+                                                    "503": {"description": "one does not"}}}},
+                 "/metrics": {"get": {"summary": "Prometheus metrics of every process (admin key or METRICS_TOKEN)",
+                                      "security": [{"bearer": []}],
+                                      "responses": {"200": {"description": "text exposition format"},
+                                                    "401": {"$ref": "#/components/responses/Error"},
+                                                    "403": {"$ref": "#/components/responses/Error"}}}}}

@@ -1,0 +1,51 @@
+"""When the next digest arrives, in words for the preference page ("Friday 27 Nov, 18:00 Europe/Lisbon").
+
+The time is when the subscriber's run is planned for, in their own zone: the run already waiting
+(pending_run_at), which may be due and not yet sent, or else the next slot (digest.plan.next_slot)
+plus the subscriber's stable stagger (within DIGEST_STAGGER_SECONDS; an hour at most for hourly), as
+the planner will make it. Cadences without slots (next_slot refuses them) are described instead.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from app.platform import config, db, timezones
+from digest import plan
+
+
+def when(moment: datetime, tz_name: str) -> str:
+    local = moment.astimezone(timezones.load(tz_name))
+    return f"{local:%A} {local.day} {local:%b}, {local:%H:%M} {tz_name}"
+
+
+def pending_run_at(subscriber: dict) -> datetime | None:
+    """When the subscriber's waiting digest run (of their cadence, so not a send-now one) is due."""
+    return db.query("SELECT min(scheduled_for) FROM digest_runs WHERE subscriber_id = %s AND cadence = %s "
+                    "AND status IN ('pending', 'processing')", (subscriber["id"], subscriber["digest_cadence"]))[0][0]
+
+
+def _planned(subscriber: dict, start: datetime) -> datetime:
+    """The run the planner makes for the first slot at or after `start`: slot + stagger."""
+    cadence, tz_name = subscriber["digest_cadence"], subscriber["timezone"]
+    _, slot = plan.next_slot(start, tz_name, cadence, subscriber["digest_hour"], subscriber["digest_weekday"])
+    spread = plan.cadence_spread(cadence, config.get().digest_stagger_seconds)
+    return slot + timedelta(seconds=plan.stagger_seconds(subscriber["id"], spread))
+
+
+def next_digest(subscriber: dict, now: datetime, pending_at: datetime | None = None) -> str:
+    if subscriber["unsubscribed_at"] is not None:
+        return "You are unsubscribed, so no digest will come."
+    cadence = subscriber["digest_cadence"]
+    if cadence == "off":
+        return "You will not get digests."
+    tz_name = subscriber["timezone"]
+    try:
+        at = pending_at or _planned(subscriber, now)
+    except ValueError:
+        return "Digests arrive as things happen."
+    paused_until = subscriber["paused_until"]
+    if paused_until is not None and paused_until > at:
+        return f"Emails are paused; your next digest after that: {when(_planned(subscriber, paused_until), tz_name)}."
+    if at <= now:
+        return f"Your next digest is on its way (due {when(at, tz_name)})."
+    return f"Your next digest: {when(at, tz_name)}."
