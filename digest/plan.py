@@ -39,8 +39,8 @@ import logging
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
 
-from app.platform import config, db, metrics, timezones
-from digest import immediate, runs
+from app.platform import config, db, metrics, queue, timezones
+from digest import immediate, messages, runs
 
 log = logging.getLogger("digest.plan")
 
@@ -193,6 +193,15 @@ def plan(now: datetime) -> int:
 
 
 # -- checker ----------------------------------------------------------------------------------
+def enqueue(run_ids: list[int]) -> None:
+    """One message for a worker: these runs are due (a hint; the rows decide)."""
+    queue.send(messages.DIGEST_BATCH, run_ids)
+
+
+def queue_depth() -> int:
+    return queue.depth(messages.DIGEST_BATCH.queue)
+
+
 # Messages marked per transaction: the first go out while later ones are still being marked (one
 # statement for 15,000 due runs took 0.6 s, and the workers waited for all of it).
 CHECK_CHUNK_MESSAGES = 10

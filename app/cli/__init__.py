@@ -1,31 +1,25 @@
-"""`python -m app COMMAND`: operator commands. Each domain module registers its own subcommands."""
+"""`python -m app COMMAND`: operator commands, one module per area, each registering its own
+subcommands: core (migrate, API keys, settings, metrics exporter), scheduler (the scheduler
+process), digest (digest-now, preview-digest), newsletter, mail_stop (the emergency stop),
+tracking (legacy link import)."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import logging
 import sys
 
+from app.cli import core, digest, mail_stop, newsletter, scheduler, tracking
 from app.platform import config, observability
 
-# Modules exposing register(subparsers); each adds its commands with set_defaults(func=...).
-COMMAND_MODULES = ("app.cli.core", "app.cli.scheduler", "app.cli.newsletter", "app.cli.mail_stop", "app.cli.tracking")
+# Each adds its commands with set_defaults(func=...).
+COMMAND_MODULES = (core, scheduler, digest, newsletter, mail_stop, tracking)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m app", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        register = getattr(module, "register", None)
-        if register:
-            register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 
@@ -43,11 +37,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = args.func(args)
     return int(result or 0)
-
-
-def print_json(value) -> None:
-    json.dump(value, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
 
 
 logging.getLogger("urllib3").setLevel(logging.WARNING)

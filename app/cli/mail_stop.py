@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 
 from app.platform import db, mail_stop
-from app.cli import print_json
+from app.cli.output import print_json
 from app.newsletter import kick
 from digest import plan
 
