@@ -9,7 +9,7 @@ export TEST_DATABASE_URL ?= postgresql://localhost/notify_test
 export TEST_REDIS_URL ?= redis://localhost:6379/15
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test test-fast test-pure test-pgbouncer install services migrate demo bench drill clean browser pgbouncer
+.PHONY: run test lint test-fast test-pure test-pgbouncer install services migrate demo bench drill clean browser pgbouncer
 
 # Unset APP_ENV means production (app/config.py): the local targets say development explicitly,
 # and reach their prerequisites too (run -> demo -> migrate). Tests set APP_ENV=test themselves.
@@ -55,8 +55,13 @@ pgbouncer:
 PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
 	$(BIN)/python -m pytest -m "not browser and not pure" $(PYTEST_ARGS)
 
+# The checks that read the source: lint and format (pyproject.toml [tool.ruff]).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 # Everything, then the integration tests once more through PgBouncer.
-test: install services browser pgbouncer
+test: install lint services browser pgbouncer
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(PGBOUNCER_PASS)
 

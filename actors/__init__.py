@@ -2,6 +2,7 @@
 
 Actors are thin: each parses its message and calls a plain function that tests call directly.
 """
+
 from actors import broker as _broker
 
 broker = _broker.setup()

@@ -1,5 +1,6 @@
 """Worker set-up: Sentry first, then the broker (app/queue.py, with the worker-only GracefulStop
 middleware), then — in actors/__init__ — the actors, which bind to it. Queues: app/queue.py."""
+
 from __future__ import annotations
 
 import gc
@@ -12,6 +13,7 @@ from dramatiq.middleware import Middleware
 from app.platform import config, db, memory, metrics, observability, queue, shutdown
 
 log = logging.getLogger("actors.broker")
+
 
 class GracefulStop(Middleware):
     """A deploy sends SIGTERM to every process of the worker (Heroku, honcho and systemd signal the
@@ -38,7 +40,7 @@ class GracefulStop(Middleware):
         signal.signal(signal.SIGTERM, once)
 
     def before_worker_shutdown(self, broker, worker):
-        shutdown.requested.set()    # send loops stop claiming; their batches in hand still finish
+        shutdown.requested.set()  # send loops stop claiming; their batches in hand still finish
 
 
 class Metrics(Middleware):
@@ -78,4 +80,6 @@ def setup(url: str | None = None) -> RedisBroker:
     observability.setup_logging()
     observability.init_sentry("worker")
     db.init()
-    return queue.install(queue.make_broker(url, extra_middleware=[GracefulStop(), Metrics(), CollectorTuning(), IdlePoll()]))
+    return queue.install(
+        queue.make_broker(url, extra_middleware=[GracefulStop(), Metrics(), CollectorTuning(), IdlePoll()])
+    )

@@ -6,9 +6,10 @@ claimed or sent is skipped by the claim query (FOR UPDATE SKIP LOCKED), so dupli
 redeliveries are harmless. Send failures are retried through the row (backoff in next_attempt_at,
 re-enqueued by the checker), not by Dramatiq; Dramatiq retries only cover crashes before the claim.
 """
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dramatiq
 from dramatiq.middleware import Middleware
@@ -33,7 +34,7 @@ class DigestTemplateWarmup(Middleware):
         render.warm_up_in_background()
 
     def after_worker_shutdown(self, broker, worker):
-        providers.close_all()   # QUIT pooled SMTP connections instead of dropping them
+        providers.close_all()  # QUIT pooled SMTP connections instead of dropping them
 
 
 _broker = dramatiq.get_broker()
@@ -42,23 +43,33 @@ if not any(isinstance(m, DigestTemplateWarmup) for m in _broker.middleware):
 
 
 # Ends a batch before the watchdog may take its runs back (config.digest_processing_timeout_seconds).
-@dramatiq.actor(actor_name=messages.DIGEST_BATCH.actor, queue_name=messages.DIGEST_BATCH.queue, max_retries=3,
-                min_backoff=1_000, max_backoff=60_000,
-                time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000)
+@dramatiq.actor(
+    actor_name=messages.DIGEST_BATCH.actor,
+    queue_name=messages.DIGEST_BATCH.queue,
+    max_retries=3,
+    min_backoff=1_000,
+    max_backoff=60_000,
+    time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000,
+)
 def build_and_send_digest(run_ids: list[int] | None = None) -> None:
     if run_ids is not None:
         if not isinstance(run_ids, list) or len(run_ids) > MAX_IDS_PER_MESSAGE:
-            raise ValueError("run_ids must be a list of at most %d ids" % MAX_IDS_PER_MESSAGE)
+            raise ValueError(f"run_ids must be a list of at most {MAX_IDS_PER_MESSAGE} ids")
         run_ids = [int(i) for i in run_ids]
     digest_send.process(run_ids=run_ids)
 
 
 # A hint sent after an ingest commit that asked for it (app/ingest.py): one send-now pass, then
 # the runs it made due now are sent here. Losing it only delays them to the scheduler's next tick.
-@dramatiq.actor(actor_name=messages.SEND_NOW.actor, queue_name=messages.SEND_NOW.queue, max_retries=3,
-                min_backoff=1_000, max_backoff=60_000,
-                time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000)
+@dramatiq.actor(
+    actor_name=messages.SEND_NOW.actor,
+    queue_name=messages.SEND_NOW.queue,
+    max_retries=3,
+    min_backoff=1_000,
+    max_backoff=60_000,
+    time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000,
+)
 def send_now() -> None:
-    _, run_ids = immediate.plan(datetime.now(timezone.utc), sending_now=True)
+    _, run_ids = immediate.plan(datetime.now(UTC), sending_now=True)
     for start in range(0, len(run_ids), MAX_IDS_PER_MESSAGE):
-        digest_send.process(run_ids=run_ids[start:start + MAX_IDS_PER_MESSAGE])
+        digest_send.process(run_ids=run_ids[start : start + MAX_IDS_PER_MESSAGE])

@@ -15,35 +15,55 @@ Queues and priorities (names from actors/broker.py):
 Messages are hints: the newsletter and email_log rows are the truth, every actor is idempotent,
 and reclaim_stale (scheduler tick) re-kicks work whose messages were lost (a flushed Redis).
 """
+
 from __future__ import annotations
 
 import logging
 
 import dramatiq
 
-from app.platform import config
 from app.newsletter import messages, outbox, sender
+from app.platform import config
 
 log = logging.getLogger("actors.newsletter")
 
 NEWSLETTER_PRIORITY = 100
 
 
-@dramatiq.actor(actor_name=messages.CREATE_OUTBOX.actor, queue_name=messages.CREATE_OUTBOX.queue,
-                priority=NEWSLETTER_PRIORITY, max_retries=10, min_backoff=1_000, max_backoff=60_000,
-                time_limit=60 * 60_000)
+@dramatiq.actor(
+    actor_name=messages.CREATE_OUTBOX.actor,
+    queue_name=messages.CREATE_OUTBOX.queue,
+    priority=NEWSLETTER_PRIORITY,
+    max_retries=10,
+    min_backoff=1_000,
+    max_backoff=60_000,
+    time_limit=60 * 60_000,
+)
 def create_outbox(newsletter_id: int) -> None:
     """Build the outbox. Acked only after it returns: a worker killed mid-way leaves the message
     un-acked, Dramatiq redelivers it, and the re-run skips rows already written."""
     outbox.create_outbox(int(newsletter_id))
 
 
-@dramatiq.actor(actor_name=messages.SEND_BATCH.actor, queue_name=messages.SEND_BATCH.queue,
-                priority=NEWSLETTER_PRIORITY, max_retries=20, min_backoff=1_000, max_backoff=60_000,
-                time_limit=max(30, config.get().reclaim_after_seconds - 15) * 1000)
+@dramatiq.actor(
+    actor_name=messages.SEND_BATCH.actor,
+    queue_name=messages.SEND_BATCH.queue,
+    priority=NEWSLETTER_PRIORITY,
+    max_retries=20,
+    min_backoff=1_000,
+    max_backoff=60_000,
+    time_limit=max(30, config.get().reclaim_after_seconds - 15) * 1000,
+)
 def send_batch(newsletter_id: int) -> None:
     stats = sender.send_batch(int(newsletter_id))
     if stats["claimed"]:
-        log.info("newsletter %s: claimed %d sent %d failed %d retry %d suppressed %d (%s)", newsletter_id,
-                 stats["claimed"], stats["sent"], stats["failed"], stats["retry"], stats["suppressed"],
-                 stats["outcome"])
+        log.info(
+            "newsletter %s: claimed %d sent %d failed %d retry %d suppressed %d (%s)",
+            newsletter_id,
+            stats["claimed"],
+            stats["sent"],
+            stats["failed"],
+            stats["retry"],
+            stats["suppressed"],
+            stats["outcome"],
+        )

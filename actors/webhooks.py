@@ -2,6 +2,7 @@
 
 At-least-once delivery is fine: apply_events only touches rows still unprocessed, under a row lock.
 """
+
 from __future__ import annotations
 
 import dramatiq
@@ -9,7 +10,13 @@ import dramatiq
 from tracking import messages, webhook_apply
 
 
-@dramatiq.actor(actor_name=messages.APPLY_WEBHOOK_EVENTS.actor, queue_name=messages.APPLY_WEBHOOK_EVENTS.queue,
-                max_retries=20, min_backoff=1_000, max_backoff=300_000, time_limit=120_000)
+@dramatiq.actor(
+    actor_name=messages.APPLY_WEBHOOK_EVENTS.actor,
+    queue_name=messages.APPLY_WEBHOOK_EVENTS.queue,
+    max_retries=20,
+    min_backoff=1_000,
+    max_backoff=300_000,
+    time_limit=120_000,
+)
 def apply_webhook_events(ids: list[int]) -> None:
     webhook_apply.apply_events(ids)

@@ -5,14 +5,15 @@ of the whole batch in one round trip, then render the text part with the same tr
 One recipient's problem stays that recipient's: a payload that breaks rendering or link rewriting
 fails only that run (retried with backoff, then `failed`), and the rest of the batch is sent.
 """
+
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from app.subscribers import categories, streams
 from app.platform import config, db, mail, tokens
 from app.platform.providers.base import OutgoingMail
+from app.subscribers import categories, streams
 from digest import context as digest_context
 from digest import details as digest_details
 from digest import group as digest_group
@@ -31,18 +32,29 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
     empty (no groups) for runs with only the subscriber's own activity.
     A broken template (TemplateError) raises: every run would fail the same way."""
     settings = settings or config.get()
-    registry = categories.registry(cur)    # cached in process: at most one query per batch
-    events = digest_load.load_unsent(cur, [r.subscriber_id for r in runs if not r.urgent_only],
-                                     settings.digest_event_page, settings.digest_max_events)
+    registry = categories.registry(cur)  # cached in process: at most one query per batch
+    events = digest_load.load_unsent(
+        cur,
+        [r.subscriber_id for r in runs if not r.urgent_only],
+        settings.digest_event_page,
+        settings.digest_max_events,
+    )
     urgent = [r.subscriber_id for r in runs if r.urgent_only]
-    if urgent:     # "send now" runs of digest subscribers: only what cannot wait (a second query)
-        events.update(digest_load.load_unsent(cur, urgent, settings.digest_event_page, settings.digest_max_events,
-                                              urgent_categories=categories.send_now_keys(registry)))
+    if urgent:  # "send now" runs of digest subscribers: only what cannot wait (a second query)
+        events.update(
+            digest_load.load_unsent(
+                cur,
+                urgent,
+                settings.digest_event_page,
+                settings.digest_max_events,
+                urgent_categories=categories.send_now_keys(registry),
+            )
+        )
     for run in runs:
         evs = events.get(run.subscriber_id) or []
         run.digest = digest_group.build(evs, settings.digest_max_items, recipient=run.user_id) if evs else None
     digest_details.resolve(cur, [r.digest for r in runs if r.digest and not r.digest.empty])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rendered, errors = [], []
     for run in runs:
         if run.digest is None or run.digest.empty:
@@ -51,13 +63,17 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
             rendered.append((run, render_mail(run, registry, now)))
         except digest_render.TemplateError:
             raise
-        except Exception as exc:  # noqa: BLE001 - one odd subscriber or payload must not hold up the batch
+        except Exception as exc:
             log.exception("rendering digest run %s failed", run.id)
             errors.append((run.id, f"render failed: {exc!r}"))
     # Every run's links in one round trip (one email_links statement per batch, not per run).
-    tracked = rewrite_many_with_clicks("digest", [
-        (LinkRewriter("digest", run.id), html, run.subscriber_id, settings.tracking and not run.tracking_opt_out)
-        for run, (_, html, _) in rendered])
+    tracked = rewrite_many_with_clicks(
+        "digest",
+        [
+            (LinkRewriter("digest", run.id), html, run.subscriber_id, settings.tracking and not run.tracking_opt_out)
+            for run, (_, html, _) in rendered
+        ],
+    )
     ready = []
     for (run, (subject, _, ctx)), (html, clicks) in zip(rendered, tracked):
         try:
@@ -65,7 +81,7 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
             ready.append(run)
         except digest_render.TemplateError:
             raise
-        except Exception as exc:  # noqa: BLE001 - as above
+        except Exception as exc:
             log.exception("rendering digest run %s failed", run.id)
             errors.append((run.id, f"render failed: {exc!r}"))
     return ready, errors
@@ -82,8 +98,12 @@ CADENCE_WORDS = {"immediately": "instant"}
 
 def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
     return digest_context.build(
-        run.digest, categories=registry, cadence=CADENCE_WORDS.get(run.cadence, run.cadence), name=run.name,
-        timezone=run.timezone, now=now,
+        run.digest,
+        categories=registry,
+        cadence=CADENCE_WORDS.get(run.cadence, run.cadence),
+        name=run.name,
+        timezone=run.timezone,
+        now=now,
         last_digest_at=run.last_digest_at,
         unsubscribe_url=unsubscribe_url(run.subscriber_id, run.token_version),
         preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
@@ -99,18 +119,28 @@ def unsubscribe_url(subscriber_id: int, token_version: int) -> str:
 def render_text(ctx: dict, clicks: dict[str, str]) -> str:
     """The plain-text part, with the same click-tracking links as the HTML part when tracked."""
     if clicks:
-        ctx = {**ctx, "groups": [{**g, "url": clicks.get(g["url"], g["url"])} if g["has_url"] else g
-                                 for g in ctx["groups"]]}
+        ctx = {
+            **ctx,
+            "groups": [{**g, "url": clicks.get(g["url"], g["url"])} if g["has_url"] else g for g in ctx["groups"]],
+        }
     return digest_render.templates().render_text(ctx)
 
 
 def outgoing_mail(run: ClaimedRun, subject: str, html: str, text: str) -> OutgoingMail:
     return OutgoingMail(
-        to=run.email, to_name=run.name, subject=mail.one_line(subject), html=html, text=text,
+        to=run.email,
+        to_name=run.name,
+        subject=mail.one_line(subject),
+        html=html,
+        text=text,
         idempotency_key=f"digest-run-{run.id}",
         headers=mail.unsubscribe_headers(unsubscribe_url(run.subscriber_id, run.token_version)),
-        custom_args={"mail_kind": "digest", "mail_id": str(run.id), "row_id": str(run.id),
-                     "subscriber_id": str(run.subscriber_id)},
+        custom_args={
+            "mail_kind": "digest",
+            "mail_id": str(run.id),
+            "row_id": str(run.id),
+            "subscriber_id": str(run.subscriber_id),
+        },
     )
 
 
@@ -118,12 +148,15 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
     """What the subscriber would receive now (links untracked): nothing claimed, sent or marked."""
     settings = settings or config.get()
     with db.raw_cursor() as cur:
-        cur.execute("SELECT s.id, s.email, s.name, s.digest_cadence, s.token_version, s.timezone, "
-                    f"{run_rows.LAST_SENT_AT} FROM subscribers s WHERE s.user_id = %s", (user_id,))
+        cur.execute(
+            "SELECT s.id, s.email, s.name, s.digest_cadence, s.token_version, s.timezone, "
+            f"{run_rows.LAST_SENT_AT} FROM subscribers s WHERE s.user_id = %s",
+            (user_id,),
+        )
         row = cur.fetchone()
         if row is None:
             raise LookupError(f"no subscriber with user_id {user_id!r}")
-        sid, email, name, cadence, token_version, tz, last_digest_at = row
+        sid, _email, name, cadence, token_version, tz, last_digest_at = row
         events = digest_load.load_unsent(cur, [sid], settings.digest_event_page, settings.digest_max_events)[sid]
         digest = digest_group.build(events, settings.digest_max_items, recipient=user_id)
         if digest.empty:
@@ -131,9 +164,15 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
         digest_details.resolve(cur, [digest])
         registry = categories.registry(cur)
     cadence = CADENCE_WORDS.get(cadence, cadence) if cadence != "off" else "daily"
-    ctx = digest_context.build(digest, categories=registry, cadence=cadence,
-                               name=name, timezone=tz, now=datetime.now(timezone.utc),
-                               last_digest_at=last_digest_at,
-                               unsubscribe_url=unsubscribe_url(sid, token_version),
-                               preferences_url=tokens.preferences_url(sid, token_version))
+    ctx = digest_context.build(
+        digest,
+        categories=registry,
+        cadence=cadence,
+        name=name,
+        timezone=tz,
+        now=datetime.now(UTC),
+        last_digest_at=last_digest_at,
+        unsubscribe_url=unsubscribe_url(sid, token_version),
+        preferences_url=tokens.preferences_url(sid, token_version),
+    )
     return digest_render.render(ctx)

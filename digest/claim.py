@@ -1,5 +1,6 @@
 """Claim due digest runs for one batch and apply the claim-time checks (I6: an unsubscribe,
 suppression or pause made a second ago counts)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class ClaimedRun:
     paused: bool
     suppressed: bool
     timezone: str = "UTC"
-    last_digest_at: datetime | None = None      # the previous digest's send time (None: first)
+    last_digest_at: datetime | None = None  # the previous digest's send time (None: first)
     digest: digest_group.Digest | None = None
     mail: OutgoingMail | None = None
 
@@ -37,7 +38,7 @@ class ClaimedRun:
             return "suppressed"
         if self.paused:
             return "paused"
-        if self.cadence == "immediately":   # "send now" mail: any cadence but off
+        if self.cadence == "immediately":  # "send now" mail: any cadence but off
             return "cadence changed" if self.subscriber_cadence == "off" else None
         if self.subscriber_cadence != self.cadence:
             return "cadence changed"
@@ -49,7 +50,9 @@ class ClaimedRun:
         return self.cadence == "immediately" and self.subscriber_cadence != "immediately"
 
 
-def claim(cur, run_ids: list[int] | None, limit: int, max_attempts: int) -> tuple[list[ClaimedRun], list[tuple[int, str]]]:
+def claim(
+    cur, run_ids: list[int] | None, limit: int, max_attempts: int
+) -> tuple[list[ClaimedRun], list[tuple[int, str]]]:
     """Claim runs (given ids, or any due ones) in the caller's transaction. Returns (runs to build,
     [(run_id, skip_reason)]); skipped runs are already written. A second run of a subscriber who
     already has one processing goes back to pending at once (attempt counted, no backoff)."""

@@ -8,6 +8,7 @@ count, avatar_url/has_avatar), summary (the lines joined), count, count_label. P
 total_groups, total_events, first_digest, the footer's links and postal address, view_url/has_view_url
 (the hosted copy, digest/hosted.py).
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -27,7 +28,7 @@ _CONTROL = dict.fromkeys([*range(0, 32), 127])
 def clip(text: str, limit: int = MAX_TITLE) -> str:
     """One line of at most `limit` characters, blanks collapsed, control characters dropped."""
     if len(text) <= limit and text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " ":
-        return text     # the usual case, without splitting and joining
+        return text  # the usual case, without splitting and joining
     text = " ".join(str(text).split())
     if not text.isprintable():
         text = text.translate(_CONTROL)
@@ -46,15 +47,17 @@ def group_item(group: Group, digest: Digest, categories: dict[str, Category], no
         keys = line.actor_keys()
         names = [line.actors[k][1] for k in keys]
         avatar = digest.avatars.get(keys[0], "") if keys else ""
-        lines.append({
-            "summary": clip(wording.line_text(category, names, line.count), MAX_LINE),
-            "when": wording.relative_time(line.latest_at, now, tz),
-            "category": line.category,
-            "label": category.label,
-            "count": line.count,
-            "avatar_url": avatar,
-            "has_avatar": bool(avatar),
-        })
+        lines.append(
+            {
+                "summary": clip(wording.line_text(category, names, line.count), MAX_LINE),
+                "when": wording.relative_time(line.latest_at, now, tz),
+                "category": line.category,
+                "label": category.label,
+                "count": line.count,
+                "avatar_url": avatar,
+                "has_avatar": bool(avatar),
+            }
+        )
     url = group.url or ""
     # Sections test booleans, never the strings: inside {{#url}} chevron would resolve {{title}}
     # against the str (str.title) instead of the item.
@@ -79,9 +82,20 @@ def headline(digest: Digest, items: list[dict], categories: dict[str, Category])
     return clip(wording.headline(lookup(line.category, categories), names, line.count, item["title"]), 150)
 
 
-def build(digest: Digest, *, categories: dict[str, Category], cadence: str, name: str, timezone: str | None,
-          now: datetime, last_digest_at: datetime | None, unsubscribe_url: str, preferences_url: str,
-          postal_address: str | None = None, view_url: str = "") -> dict:
+def build(
+    digest: Digest,
+    *,
+    categories: dict[str, Category],
+    cadence: str,
+    name: str,
+    timezone: str | None,
+    now: datetime,
+    last_digest_at: datetime | None,
+    unsubscribe_url: str,
+    preferences_url: str,
+    postal_address: str | None = None,
+    view_url: str = "",
+) -> dict:
     """`last_digest_at`: when the previous digest was sent (None: this is the first one).
     `postal_address`: MAIL_POSTAL_ADDRESS by default (empty in development/test: no line).
     `view_url`: the hosted copy's link ("View in your browser"); empty on the hosted copy itself."""

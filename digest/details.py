@@ -13,6 +13,7 @@ fields above (extracted by Postgres). One statement per batch reads the newest e
 second one reads further back only for what is still missing, only the keys still wanted (a
 producer that never sends avatars costs index probes, no rows).
 """
+
 from __future__ import annotations
 
 from operator import attrgetter

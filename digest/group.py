@@ -14,6 +14,7 @@ counts entities; the rest are summarised as "and N more".
 
 Pure functions over plain tuples so they are cheap and testable without a database.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import NamedTuple
 class Event(NamedTuple):
     """The columns of digest_events that grouping needs (payload fields are read later, only for
     shown entities). A NamedTuple: built straight from a database row, ~5x cheaper than a dataclass."""
+
     id: int
     category: str
     entity_type: str
@@ -39,15 +41,16 @@ _NEWEST = attrgetter("occurred_at", "id")
 
 class Line:
     """One category of one entity."""
-    __slots__ = ("category", "count", "score", "latest_at", "latest_event_id", "actors", "_keys")
+
+    __slots__ = ("_keys", "actors", "category", "count", "latest_at", "latest_event_id", "score")
 
     def __init__(self, category: str):
         self.category = category
         self.count = 0
-        self.score = 0                     # distinct actors + events without an actor
+        self.score = 0  # distinct actors + events without an actor
         self.latest_at: datetime | None = None
         self.latest_event_id = 0
-        self.actors: dict = {}             # actor key -> (last seen, display name)
+        self.actors: dict = {}  # actor key -> (last seen, display name)
         self._keys: list[str] | None = None
 
     def actor_keys(self) -> list[str]:
@@ -63,18 +66,18 @@ class Line:
 
 class Group:
     """One entity: its lines, its events (for titles and links) and its rank."""
-    __slots__ = ("key", "count", "score", "latest_at", "latest_event_id", "lines", "events", "title", "url",
-                 "_ranked")
+
+    __slots__ = ("_ranked", "count", "events", "key", "latest_at", "latest_event_id", "lines", "score", "title", "url")
 
     def __init__(self, key: tuple):
-        self.key = key                     # (entity_type, entity_id)
+        self.key = key  # (entity_type, entity_id)
         self.count = 0
-        self.score = 0                     # the sum of its lines' scores
+        self.score = 0  # the sum of its lines' scores
         self.latest_at: datetime | None = None
         self.latest_event_id = 0
         self.lines: dict[str, Line] = {}
-        self.events: list[Event] = []      # for its title and link (digest/details.py)
-        self.title: str | None = None      # from its events (digest/details.py)
+        self.events: list[Event] = []  # for its title and link (digest/details.py)
+        self.title: str | None = None  # from its events (digest/details.py)
         self.url = ""
         self._ranked: list[Line] | None = None
 
@@ -108,15 +111,15 @@ def _rank(item) -> tuple:
 
 @dataclass
 class Digest:
-    groups: list[Group]                # the shown entities, ranked, at most max_items
-    more_groups: int                   # entities left out ("and N more")
+    groups: list[Group]  # the shown entities, ranked, at most max_items
+    more_groups: int  # entities left out ("and N more")
     total_groups: int
-    total_events: int                  # events shown or summarised (not the recipient's own)
-    event_ids: list[int]               # every loaded event, own ones included: all get marked
-    own_events: int = 0                # the recipient's own activity: handled, never shown
+    total_events: int  # events shown or summarised (not the recipient's own)
+    event_ids: list[int]  # every loaded event, own ones included: all get marked
+    own_events: int = 0  # the recipient's own activity: handled, never shown
     # actor key -> their events here (whose avatar: digest/details.py)
     actor_events: dict = field(default_factory=dict)
-    avatars: dict = field(default_factory=dict)   # actor key -> avatar URL (digest/details.py)
+    avatars: dict = field(default_factory=dict)  # actor key -> avatar URL (digest/details.py)
 
     @property
     def empty(self) -> bool:
@@ -165,7 +168,7 @@ def group_events(events, recipient: str | None = None) -> tuple[list[Group], dic
         else:
             line.score += 1
             g.score += 1
-    for ev in own:   # not shown, but what they say about an entity shown anyway counts (its title, link)
+    for ev in own:  # not shown, but what they say about an entity shown anyway counts (its title, link)
         g = groups.get((ev.entity_type, ev.entity_id))
         if g is not None:
             g.events.append(ev)
@@ -181,7 +184,13 @@ def build(events, max_items: int, recipient: str | None = None) -> Digest:
     events = list(events)
     entities, actor_events, own = group_events(events, recipient)
     ranked = rank(entities)
-    shown = ranked[:max(1, max_items)]
-    return Digest(groups=shown, more_groups=len(ranked) - len(shown), total_groups=len(ranked),
-                  total_events=len(events) - own, event_ids=[ev.id for ev in events], own_events=own,
-                  actor_events=actor_events)
+    shown = ranked[: max(1, max_items)]
+    return Digest(
+        groups=shown,
+        more_groups=len(ranked) - len(shown),
+        total_groups=len(ranked),
+        total_events=len(events) - own,
+        event_ids=[ev.id for ev in events],
+        own_events=own,
+        actor_events=actor_events,
+    )

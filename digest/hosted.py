@@ -9,13 +9,14 @@ event of the entity does not change an old copy.
 
 Once retention dropped the run's events (RETENTION_DAYS), the copy is gone: `Gone` says so.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.subscribers import categories
 from app.platform import config, db, tokens
+from app.subscribers import categories
 from digest import build as digest_build
 from digest import context as digest_context
 from digest import details as digest_details
@@ -60,17 +61,24 @@ def render(run_id: int, subscriber: dict) -> Copy | Gone | None:
         cadence, sent_at, previous_at = row
         cur.execute(_EVENTS_SQL, (run_id, settings.digest_max_events))
         events = [digest_group.Event._make(r) for r in cur.fetchall()]
-        digest = digest_group.build(events, settings.digest_max_items, recipient=subscriber["user_id"]) \
-            if events else None
+        digest = (
+            digest_group.build(events, settings.digest_max_items, recipient=subscriber["user_id"]) if events else None
+        )
         if digest is None or digest.empty:
             return Gone(sent_at)
         digest_details.resolve(cur, [digest])
         registry = categories.registry(cur)
     sid, version = subscriber["id"], subscriber["token_version"]
     ctx = digest_context.build(
-        digest, categories=registry, cadence=cadence, name=subscriber["name"], timezone=subscriber["timezone"],
-        now=sent_at, last_digest_at=previous_at,
+        digest,
+        categories=registry,
+        cadence=cadence,
+        name=subscriber["name"],
+        timezone=subscriber["timezone"],
+        now=sent_at,
+        last_digest_at=previous_at,
         unsubscribe_url=digest_build.unsubscribe_url(sid, version),
-        preferences_url=tokens.preferences_url(sid, version))
+        preferences_url=tokens.preferences_url(sid, version),
+    )
     subject, html, _ = digest_render.templates().render_html(ctx)
     return Copy(subject, html, sent_at)

@@ -24,20 +24,21 @@ The runs then take the ordinary way: checker, claim (I6 checks), build, send wit
 send-now run loads only the urgent events (digest/load.py); the rest waits for their digest, and
 an urgent event the digest sent first is simply not there any more.
 """
+
 from __future__ import annotations
 
 import logging
 from datetime import datetime
 
-from app.subscribers import categories
 from app.platform import config, db
+from app.subscribers import categories
 from digest import runs
 
 log = logging.getLogger("digest.immediate")
 
-MAX_BATCHES = 20    # per pass; what is left waits for the next tick
+MAX_BATCHES = 20  # per pass; what is left waits for the next tick
 
-_PASS_SQL = """
+_PASS_SQL = f"""
 WITH due AS (
     SELECT subscriber_id FROM digest_send_now
     ORDER BY since, subscriber_id
@@ -73,7 +74,7 @@ WITH due AS (
                HAVING count(*) >= %(max_per_hour)s)) AS at
     FROM eligible
     WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = eligible.id)
-), inserted AS ({insert}
+), inserted AS ({runs.INSERT_IMMEDIATE}
 ), consumed AS (
     DELETE FROM digest_send_now d USING due
     WHERE d.subscriber_id = due.subscriber_id
@@ -83,7 +84,7 @@ WITH due AS (
 SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
        ARRAY(SELECT id FROM inserted WHERE scheduled_for <= %(now)s ORDER BY id),
        (SELECT count(*) FROM inserted)
-""".format(insert=runs.INSERT_IMMEDIATE)
+"""
 
 
 def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:
@@ -91,10 +92,13 @@ def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:
     `sending_now`: the caller sends the due ones itself (they are marked enqueued, so the checker
     does not enqueue them too); otherwise the checker of the same tick enqueues them."""
     settings = config.get()
-    params = {"now": now, "limit": max(1, settings.digest_plan_batch),
-              "max_per_hour": max(0, settings.immediate_max_per_hour),
-              "urgent_categories": categories.send_now_keys(categories.registry()),
-              "enqueued_at": now if sending_now else None}
+    params = {
+        "now": now,
+        "limit": max(1, settings.digest_plan_batch),
+        "max_per_hour": max(0, settings.immediate_max_per_hour),
+        "urgent_categories": categories.send_now_keys(categories.registry()),
+        "enqueued_at": now if sending_now else None,
+    }
     created, due_now = 0, []
     for _ in range(MAX_BATCHES):
         [(seen, consumed, ids, added)] = db.query(_PASS_SQL, params)

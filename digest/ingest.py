@@ -5,26 +5,28 @@ one each, requests hand their validated rows to a group-commit writer (app/group
 gathers whatever is waiting (up to INGEST_GROUP_MAX_EVENTS, waiting at most INGEST_GROUP_WAIT_MS
 for more), inserts it in one transaction and only then resolves every request's future.
 """
+
 from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import orjson
 import psycopg2.extras
 from pydantic import AfterValidator, Field
 
-from app.subscribers import categories
 from app.platform import config, queue, urls
 from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
 from app.platform.openapi import free_form_values
 from app.platform.validation import NOT_BLANK, Body, Text, check, documented, fail
+from app.subscribers import categories
 from digest import messages
 
 log = logging.getLogger("digest.ingest")
+
 
 def _payload_json(payload: dict | None) -> str:
     """The payload as JSON text for the jsonb column (absent or null: {})."""
@@ -36,7 +38,7 @@ def _payload_json(payload: dict | None) -> str:
     if len(encoded) > limit:
         raise fail("payload_size", f"must be at most {limit} bytes as JSON, got {len(encoded)}")
     if b"\\u0000" in encoded:
-        raise fail("payload_nul", "must not contain NUL characters")   # jsonb cannot hold U+0000
+        raise fail("payload_nul", "must not contain NUL characters")  # jsonb cannot hold U+0000
     return encoded.decode()
 
 
@@ -51,7 +53,7 @@ def _parse_time(value: str | None) -> datetime | None:
         raise fail("timestamp", "must include a UTC offset or 'Z' (RFC 3339)")
     try:
         # Normalised to UTC here: Postgres rejects offsets past +-15:59 that RFC 3339 allows.
-        return parsed.astimezone(timezone.utc)
+        return parsed.astimezone(UTC)
     except OverflowError:
         raise fail("timestamp", "is out of range") from None
 
@@ -65,8 +67,7 @@ def _optional(max_length: int):
 
 
 def _url_field(description: str):
-    return Annotated[Text(urls.MAX_URL, urls.PATTERN, message=urls.RULE) | None,
-                     Field(description=description)]
+    return Annotated[Text(urls.MAX_URL, urls.PATTERN, message=urls.RULE) | None, Field(description=description)]
 
 
 # What a digest shows about an entity and an actor. Stored in `payload` under the same keys (a
@@ -77,7 +78,7 @@ DISPLAY_FIELDS = ("entity_title", "entity_url", "actor_avatar_url")
 
 def _with_display_fields(payload_json: str, fields: dict) -> str:
     payload = orjson.loads(payload_json)
-    payload.update(fields)   # the documented field wins over the same key in payload
+    payload.update(fields)  # the documented field wins over the same key in payload
     return orjson.dumps(payload).decode()
 
 
@@ -89,27 +90,48 @@ class Event(Body):
     entity_id: _required(200)
     actor_id: _optional(200) = None
     actor_name: _optional(200) = None
-    payload: Annotated[dict[str, Any] | None, Field(description="at most 16 KiB as JSON; integers within 64 bits",
-                                                    json_schema_extra=free_form_values),
-                       AfterValidator(_payload_json)] = None
-    occurred_at: Annotated[str | None, *documented({"format": "date-time", "description":
-                                                    "RFC 3339 with offset; default: now"}, _parse_time)] = None
-    entity_title: Annotated[Text(300) | None, Field(description="the entity's title in digests "
-                                                                "(default: its type and id)")] = None
+    payload: Annotated[
+        dict[str, Any] | None,
+        Field(description="at most 16 KiB as JSON; integers within 64 bits", json_schema_extra=free_form_values),
+        AfterValidator(_payload_json),
+    ] = None
+    occurred_at: Annotated[
+        str | None,
+        *documented({"format": "date-time", "description": "RFC 3339 with offset; default: now"}, _parse_time),
+    ] = None
+    entity_title: Annotated[
+        Text(300) | None, Field(description="the entity's title in digests (default: its type and id)")
+    ] = None
     entity_url: _url_field("where the digest links the entity (through click tracking when on)") = None
     actor_avatar_url: _url_field("the actor's picture, shown beside their name") = None
-    priority: Annotated[Literal["high", "normal"] | None,
-                        Field(description="`high`: sent now in its own mail to every subscriber who receives "
-                                          "the category (even daily/weekly/hourly ones; rate limited per "
-                                          "subscriber), not held for the digest. Default `normal`")] = None
+    priority: Annotated[
+        Literal["high", "normal"] | None,
+        Field(
+            description="`high`: sent now in its own mail to every subscriber who receives "
+            "the category (even daily/weekly/hourly ones; rate limited per "
+            "subscriber), not held for the digest. Default `normal`"
+        ),
+    ] = None
 
     def row(self, source: str) -> tuple:
         payload = self.payload or "{}"
         if self.entity_title is not None or self.entity_url is not None or self.actor_avatar_url is not None:
-            payload = _with_display_fields(payload, {k: v for k in DISPLAY_FIELDS
-                                                     if (v := getattr(self, k)) is not None})
-        return (source, self.id, self.user_id, self.category, self.entity_type, self.entity_id, self.actor_id,
-                self.actor_name, payload, self.occurred_at, True if self.priority == "high" else None)
+            payload = _with_display_fields(
+                payload, {k: v for k in DISPLAY_FIELDS if (v := getattr(self, k)) is not None}
+            )
+        return (
+            source,
+            self.id,
+            self.user_id,
+            self.category,
+            self.entity_type,
+            self.entity_id,
+            self.actor_id,
+            self.actor_name,
+            payload,
+            self.occurred_at,
+            True if self.priority == "high" else None,
+        )
 
 
 def _batch_limit(schema: dict) -> None:
@@ -142,7 +164,7 @@ def validate_batch(events: list, is_batch: bool, source: str) -> tuple[list[tupl
 class Result:
     accepted: int
     duplicates: int
-    send_now: bool = False   # the commit asked for a send-now pass (digest/immediate.py)
+    send_now: bool = False  # the commit asked for a send-now pass (digest/immediate.py)
 
 
 # A row whose (source, producer_id) is taken is skipped by the table's trigger (the key lives in
@@ -181,8 +203,12 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
     high = any(_high(row) for row in unique_rows)
     sql, template = (INSERT_HIGH_SQL, INSERT_HIGH_TEMPLATE) if high else (INSERT_SQL, INSERT_TEMPLATE)
     inserted = psycopg2.extras.execute_values(
-        cur, sql, unique_rows if high else [row[:10] for row in unique_rows], template=template,
-        page_size=len(unique_rows) or 1, fetch=True
+        cur,
+        sql,
+        unique_rows if high else [row[:10] for row in unique_rows],
+        template=template,
+        page_size=len(unique_rows) or 1,
+        fetch=True,
     )
     accepted = [0] * len(jobs)
     for key in inserted:
@@ -243,8 +269,14 @@ def _after_commit(jobs, results) -> None:
 
 def new_writer(url: str | None = None) -> GroupCommitWriter:
     settings = config.get()
-    return GroupCommitWriter("ingest", insert_rows, after_commit=_after_commit, url=url,
-                             wait_ms=settings.ingest_group_wait_ms, max_items=settings.ingest_group_max_events)
+    return GroupCommitWriter(
+        "ingest",
+        insert_rows,
+        after_commit=_after_commit,
+        url=url,
+        wait_ms=settings.ingest_group_wait_ms,
+        max_items=settings.ingest_group_max_events,
+    )
 
 
 writer = OnFirstUse(new_writer)

@@ -6,6 +6,7 @@ are not loaded here: grouping does not need them, and only the few display field
 entities' events are read (load_fields, digest/details.py), so 100,000 unsent events with large
 payloads still make a small, fast digest.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,13 @@ _URGENT_PAGE_SQL = _PAGE_SQL.replace("ORDER BY e.id\n    LIMIT", URGENT + "\n   
 assert _URGENT_PAGE_SQL != _PAGE_SQL
 
 
-def load_unsent(cur, subscriber_ids: list[int], page_size: int = 1000,
-                max_events: int = 100_000, urgent_categories: list[str] | None = None) -> dict[int, list[Event]]:
+def load_unsent(
+    cur,
+    subscriber_ids: list[int],
+    page_size: int = 1000,
+    max_events: int = 100_000,
+    urgent_categories: list[str] | None = None,
+) -> dict[int, list[Event]]:
     """{subscriber_id: [Event, ...]} oldest first. At most max_events per subscriber: the rest stay
     unsent (digest_run_id IS NULL) and go into the next digest. `urgent_categories` given: only the
     events that go out now (high priority, or of one of these categories)."""
@@ -51,8 +57,7 @@ def load_unsent(cur, subscriber_ids: list[int], page_size: int = 1000,
     sql, extra = _PAGE_SQL, {}
     if urgent_categories is not None:
         sql, extra = _URGENT_PAGE_SQL, {"urgent_categories": list(urgent_categories)}
-    cur.execute(sql, {"after": 0, "page": min(page_size, max_events), "subscriber_ids": list(subscriber_ids),
-                      **extra})
+    cur.execute(sql, {"after": 0, "page": min(page_size, max_events), "subscriber_ids": list(subscriber_ids), **extra})
     make = Event._make
     for row in cur.fetchall():
         out[row[0]].append(make(row[1:]))
@@ -78,9 +83,10 @@ def load_fields(cur, event_ids, keys, any_of=None) -> dict[int, tuple]:
     ids = sorted(set(event_ids))
     if not ids or not keys:
         return {}
-    assert all(_FIELD_KEY.match(k) for k in keys), keys   # our own constants, inlined in the SQL
-    columns = ", ".join(f"CASE WHEN jsonb_typeof(payload -> '{k}') = 'string' THEN payload ->> '{k}' END"
-                        for k in keys)
-    cur.execute(f"SELECT id, {columns} FROM digest_events WHERE id = ANY (%s::bigint[]) AND payload ?| %s",
-                (pg_array(ids), list(any_of or keys)))
+    assert all(_FIELD_KEY.match(k) for k in keys), keys  # our own constants, inlined in the SQL
+    columns = ", ".join(f"CASE WHEN jsonb_typeof(payload -> '{k}') = 'string' THEN payload ->> '{k}' END" for k in keys)
+    cur.execute(
+        f"SELECT id, {columns} FROM digest_events WHERE id = ANY (%s::bigint[]) AND payload ?| %s",
+        (pg_array(ids), list(any_of or keys)),
+    )
     return {row[0]: row[1:] for row in cur.fetchall()}

@@ -33,10 +33,11 @@ back to `pending` with attempts + 1; at DIGEST_MAX_ATTEMPTS it becomes `failed`,
 digest-now (`python -m app digest-now`): make a subscriber's next digest due at once (development).
 Every write to digest_runs is a named statement of digest/runs.py.
 """
+
 from __future__ import annotations
 
 import logging
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from app.platform import config, db, metrics, queue, timezones
@@ -44,8 +45,8 @@ from digest import immediate, messages, runs
 
 log = logging.getLogger("digest.plan")
 
-HASH_MULTIPLIER = 2654435761   # Knuth's multiplicative hash; the same formula runs in SQL below
-HASH_MODULUS = 2 ** 32
+HASH_MULTIPLIER = 2654435761  # Knuth's multiplicative hash; the same formula runs in SQL below
+HASH_MODULUS = 2**32
 
 
 def cadence_spread(cadence: str, stagger_seconds: int) -> int:
@@ -78,7 +79,7 @@ def next_slot(now: datetime, tz_name: str, cadence: str, hour: int, weekday: int
     day -= timedelta(days=step)  # the previous slot may still be >= now across a DST change
     while True:
         # fold=0: gap times map forward past the gap, repeated times to their first occurrence
-        slot = datetime.combine(day, time(hour), tzinfo=tz).astimezone(timezone.utc)
+        slot = datetime.combine(day, time(hour), tzinfo=tz).astimezone(UTC)
         if slot >= now:
             return day, slot
         day += timedelta(days=step)
@@ -91,7 +92,7 @@ def _next_top_of_hour(now: datetime, tz: ZoneInfo) -> tuple[date, datetime]:
     """Walk UTC quarter hours (every offset in use is a multiple of 15 minutes, Nepal's +05:45
     included) to the first instant >= now whose local minute is 0. Absolute time, so a fall-back
     hour is two slots and a spring-forward gap none."""
-    now = now.astimezone(timezone.utc)
+    now = now.astimezone(UTC)
     floor = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
     candidate = floor if floor >= now else floor + _QUARTER
     while True:
@@ -107,7 +108,7 @@ def slot_number(cadence: str, period: date, slot: datetime, tz_name: str) -> int
     are 60 and 120 minutes (New York: 01:00 EDT, 01:00 EST) and never collide."""
     if cadence != "hourly":
         return 0
-    midnight = datetime.combine(period, time(0), tzinfo=timezones.load(tz_name)).astimezone(timezone.utc)
+    midnight = datetime.combine(period, time(0), tzinfo=timezones.load(tz_name)).astimezone(UTC)
     return int((slot - midnight).total_seconds() // 60)
 
 
@@ -126,9 +127,9 @@ FROM subscribers WHERE {_DUE_SLOTTED}
 # One statement per batch, so a subscriber's planned_until and their run commit together. A row
 # whose schedule changed since the combinations were read joins no combination: it stays due and
 # the next tick plans it.
-_PLAN_SQL = """
+_PLAN_SQL = f"""
 WITH due AS (
-    SELECT id FROM subscribers WHERE {due}
+    SELECT id FROM subscribers WHERE {_DUE_SLOTTED}
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), planned AS (
@@ -140,9 +141,9 @@ WITH due AS (
       AND (v.cadence = 'hourly' OR s.digest_hour = v.hour)
       AND (v.cadence <> 'weekly' OR s.digest_weekday = v.weekday)
     RETURNING s.id, s.digest_cadence AS cadence, v.period, v.slot, v.slot_no
-), inserted AS ({insert})
+), inserted AS ({runs.INSERT_PLANNED})
 SELECT (SELECT count(*) FROM planned), (SELECT count(*) FROM inserted)
-""".format(due=_DUE_SLOTTED, insert=runs.INSERT_PLANNED)
+"""
 
 # `immediately` subscribers due for planning (new, schedule just changed, or an hour since the
 # last look) go to the immediate planner, which sends what is waiting for them, if anything.
@@ -170,8 +171,9 @@ def plan(now: datetime) -> int:
     spread = cadence_spread("daily", settings.digest_stagger_seconds)
     batch = max(1, settings.digest_plan_batch)
     while True:
-        [(handed,)] = db.query(_PLAN_IMMEDIATELY_SQL, {"now": now, "limit": batch,
-                                                       "recheck": settings.immediate_recheck_seconds})
+        [(handed,)] = db.query(
+            _PLAN_IMMEDIATELY_SQL, {"now": now, "limit": batch, "recheck": settings.immediate_recheck_seconds}
+        )
         if handed < batch:
             break
     cols = {k: [] for k in ("tz", "cadence", "hour", "weekday", "period", "slot", "slot_no")}
@@ -182,13 +184,20 @@ def plan(now: datetime) -> int:
             cols[key].append(value)
     if not cols["tz"]:
         return 0
-    params = {**cols, "now": now, "limit": batch, "mult": HASH_MULTIPLIER, "mod": HASH_MODULUS, "spread": spread,
-              "hourly_spread": cadence_spread("hourly", settings.digest_stagger_seconds)}
+    params = {
+        **cols,
+        "now": now,
+        "limit": batch,
+        "mult": HASH_MULTIPLIER,
+        "mod": HASH_MODULUS,
+        "spread": spread,
+        "hourly_spread": cadence_spread("hourly", settings.digest_stagger_seconds),
+    }
     inserted = 0
     while True:
         [(planned, added)] = db.query(_PLAN_SQL, params)
         inserted += added
-        if planned < batch:     # the last batch (or rows that changed meanwhile: the next tick)
+        if planned < batch:  # the last batch (or rows that changed meanwhile: the next tick)
             return inserted
 
 
@@ -214,8 +223,7 @@ def check(now: datetime, send, depth: int) -> int:
     batch = max(1, settings.digest_claim_batch)
     budget = settings.digest_queue_max_depth - depth
     if budget <= 0:
-        log.info("digest queue holds %d messages (max %d): not enqueueing more", depth,
-                 settings.digest_queue_max_depth)
+        log.info("digest queue holds %d messages (max %d): not enqueueing more", depth, settings.digest_queue_max_depth)
         return 0
     enqueued = 0
     while budget > 0:
@@ -227,7 +235,7 @@ def check(now: datetime, send, depth: int) -> int:
                 runs.mark_enqueued(cur, ids, now)
         sent = _enqueue(ids, batch, send)
         enqueued += sent
-        if sent < len(ids) or len(ids) < wanted:    # the queue refused, or nothing more is due
+        if sent < len(ids) or len(ids) < wanted:  # the queue refused, or nothing more is due
             return enqueued
         budget -= messages
     return enqueued
@@ -237,7 +245,7 @@ def _enqueue(ids: list[int], batch: int, send) -> int:
     """After the commit: a worker that gets a message must see the committed rows. Returns runs
     enqueued; on a failure the rest are unmarked and stay pending for the next tick."""
     for start in range(0, len(ids), batch):
-        chunk = ids[start:start + batch]
+        chunk = ids[start : start + batch]
         try:
             send(chunk)
         except Exception:
@@ -261,9 +269,10 @@ def watchdog(now: datetime) -> tuple[int, int]:
     gone, and a re-send carries the same idempotency key."""
     settings = config.get()
     with db.raw_cursor() as cur:
-        back, failed = runs.reclaim_stuck(cur, now, settings.digest_processing_timeout_seconds,
-                                          settings.digest_max_attempts, base_seconds=0)
-    metrics.digest_runs({"retry": back, "failed": failed})   # committed: a rolled-back take-back is not counted
+        back, failed = runs.reclaim_stuck(
+            cur, now, settings.digest_processing_timeout_seconds, settings.digest_max_attempts, base_seconds=0
+        )
+    metrics.digest_runs({"retry": back, "failed": failed})  # committed: a rolled-back take-back is not counted
     if back or failed:
         log.warning("watchdog: %d stuck runs back to pending, %d failed after too many attempts", back, failed)
     return back, failed
@@ -285,7 +294,7 @@ def send_next_now(user_ids: list[str] | None, now: datetime | None = None) -> li
     """Make each subscriber's NEXT digest due now (all subscribers with unsent events when
     user_ids is None) and return the run ids. A pending run is moved to now; otherwise the run of the
     next slot is created due now, so the planner does not add a second one for that period."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     with db.raw_cursor() as cur:
         if user_ids is None:
             cur.execute(_NOW_ALL_SQL)
@@ -293,7 +302,7 @@ def send_next_now(user_ids: list[str] | None, now: datetime | None = None) -> li
             cur.execute(_NOW_USERS_SQL, (list(user_ids),))
         run_ids, send_now = [], []
         for sid, tz_name, cadence, hour, weekday in cur.fetchall():
-            if cadence == "immediately":     # no slot: whatever is waiting goes out in a send-now run
+            if cadence == "immediately":  # no slot: whatever is waiting goes out in a send-now run
                 send_now.append(sid)
                 continue
             period, slot = next_slot(now, tz_name, cadence, hour, weekday)

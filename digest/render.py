@@ -11,6 +11,7 @@ A "version" is (path, mtime, size, brand settings): editing a file recompiles it
 once a second), otherwise renders reuse the cached chevron token list, compiled once more into a
 closure tree (digest/mustache.py) that renders several times faster than chevron's interpreter.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,8 +64,12 @@ def inline_css(html: str) -> str:
     import premailer  # measured 248 ms to import (cssutils); only template compiles need it
 
     return premailer.Premailer(
-        html, keep_style_tags=False, remove_classes=False, strip_important=False,
-        disable_validation=True, cssutils_logging_level=logging.CRITICAL,
+        html,
+        keep_style_tags=False,
+        remove_classes=False,
+        strip_important=False,
+        disable_validation=True,
+        cssutils_logging_level=logging.CRITICAL,
         allow_network=False,
     ).transform()
 
@@ -81,8 +86,10 @@ def compile_source(source: str, html: bool, brand: layout.Brand | None = None) -
             source = layout.wrap(source, brand)
         inlined = inline_css(source)
         if _tags(inlined) != _tags(source):
-            raise TemplateError("premailer changed the Mustache tags of the HTML template; write attributes "
-                                "as href=\"{{url}}\" and keep section tags outside <table> rows")
+            raise TemplateError(
+                "premailer changed the Mustache tags of the HTML template; write attributes "
+                'as href="{{url}}" and keep section tags outside <table> rows'
+            )
         source = inlined
     return tuple(chevron.tokenizer.tokenize(source))
 
@@ -166,6 +173,7 @@ def render(context: dict) -> Rendered:
 def warm_up_in_background() -> None:
     """Compile the templates now (premailer import + run: ~0.5 s) in a daemon thread, so a worker's
     first digest does not pay for it. Errors are logged; the first render reports them again."""
+
     def run():
         try:
             ts = templates()

@@ -22,6 +22,7 @@ failing in any way — a poisoned address, a bug, a worker killed mid-send — e
 DIGEST_MAX_ATTEMPTS instead of looping. tests/test_digest_runs.py walks every transition above
 and checks that no statement makes any other.
 """
+
 from __future__ import annotations
 
 import enum
@@ -41,14 +42,30 @@ class RunStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-P, W, S, K, F, C = (RunStatus.PENDING, RunStatus.PROCESSING, RunStatus.SENT, RunStatus.SKIPPED,
-                    RunStatus.FAILED, RunStatus.CANCELLED)
+P, W, S, K, F, C = (
+    RunStatus.PENDING,
+    RunStatus.PROCESSING,
+    RunStatus.SENT,
+    RunStatus.SKIPPED,
+    RunStatus.FAILED,
+    RunStatus.CANCELLED,
+)
 
 # (from, to): the only transitions any statement below can make. None = the row is created.
-TRANSITIONS = frozenset({
-    (None, P), (C, P), (P, P), (P, W), (P, C),
-    (W, S), (P, S), (W, K), (W, P), (W, F),
-})
+TRANSITIONS = frozenset(
+    {
+        (None, P),
+        (C, P),
+        (P, P),
+        (P, W),
+        (P, C),
+        (W, S),
+        (P, S),
+        (W, K),
+        (W, P),
+        (W, F),
+    }
+)
 
 
 def pg_array(values) -> str:
@@ -114,15 +131,19 @@ def make_due_now(cur, subscriber_id: int, cadence: str, period, now: datetime, s
 
 
 # -- the checker's hint -----------------------------------------------------------------------
-SELECT_DUE = """
+SELECT_DUE = (
+    """
 SELECT id FROM digest_runs
-WHERE status = 'pending' AND scheduled_for <= %(now)s AND """ + NOT_ENGAGED + """
+WHERE status = 'pending' AND scheduled_for <= %(now)s AND """
+    + NOT_ENGAGED
+    + """
   AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
   AND (enqueued_at IS NULL OR enqueued_at < %(now)s - make_interval(secs => %(reenqueue)s))
 ORDER BY scheduled_for, id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 """
+)
 MARK_ENQUEUED = "UPDATE digest_runs SET enqueued_at = %s WHERE id = ANY (%s) AND status = 'pending'"
 CLEAR_ENQUEUED = "UPDATE digest_runs SET enqueued_at = NULL WHERE id = ANY (%s) AND status = 'pending'"
 # After an emergency stop: messages that found the stop were consumed without a claim, so their due
@@ -164,10 +185,13 @@ LAST_SENT_AT = """(SELECT max(l.completed_at)
                         WHERE p.subscriber_id = s.id AND p.cadence = c.cadence AND p.status = 'sent'
                         ORDER BY p.period DESC, p.slot DESC LIMIT 1) l)"""
 
-CLAIM = """
+CLAIM = (
+    """
 WITH picked AS (
     SELECT r.id FROM digest_runs r
-    WHERE r.status = 'pending' AND {condition} AND """ + NOT_ENGAGED + """
+    WHERE r.status = 'pending' AND {condition} AND """
+    + NOT_ENGAGED
+    + """
     ORDER BY r.scheduled_for, r.id
     LIMIT %(limit)s
     FOR UPDATE OF r SKIP LOCKED
@@ -179,7 +203,9 @@ RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.diges
           s.token_version, s.tracking_opt_out, s.unsubscribed_at IS NOT NULL,
           coalesce(s.paused_until > now(), false),
           EXISTS (SELECT 1 FROM suppressions x WHERE x.email = s.canonical_email),
-          s.timezone, """ + LAST_SENT_AT
+          s.timezone, """
+    + LAST_SENT_AT
+)
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.
 _BY_IDS = "r.id = ANY (%(ids)s) AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
@@ -206,7 +232,7 @@ def claim(cur, run_ids: list[int] | None, limit: int) -> list[tuple]:
 LOCK_SUBSCRIBERS = """
 SELECT count(pg_advisory_xact_lock(%s, (sid %% 2147483647)::int)) FROM unnest(%s::bigint[]) AS sid
 """
-SUBSCRIBER_LOCK_CLASS = 0x64696773   # 'digs': the first key of the two-key advisory lock space
+SUBSCRIBER_LOCK_CLASS = 0x64696773  # 'digs': the first key of the two-key advisory lock space
 
 
 def lock_subscribers(cur, subscriber_ids) -> None:
@@ -314,8 +340,16 @@ def retry(cur, failures: list[tuple[int, str]], max_attempts: int, base_seconds:
     """processing → pending (backoff) or failed (attempts used up). Returns (pending, failed)."""
     if not failures:
         return 0, 0
-    cur.execute(RETRY, {"ids": [i for i, _ in failures], "errors": [e for _, e in failures],
-                        "max": max_attempts, "cap": MAX_BACKOFF_SECONDS, "base": base_seconds})
+    cur.execute(
+        RETRY,
+        {
+            "ids": [i for i, _ in failures],
+            "errors": [e for _, e in failures],
+            "max": max_attempts,
+            "cap": MAX_BACKOFF_SECONDS,
+            "base": base_seconds,
+        },
+    )
     statuses = [row[0] for row in cur.fetchall()]
     return statuses.count("pending"), statuses.count("failed")
 
@@ -332,8 +366,7 @@ def fail(cur, failures: list[tuple[int, str]]) -> None:
         cur.execute(FAIL, ([i for i, _ in failures], [e for _, e in failures]))
 
 
-def reclaim_stuck(cur, now: datetime, timeout_seconds: int, max_attempts: int,
-                  base_seconds: float) -> tuple[int, int]:
+def reclaim_stuck(cur, now: datetime, timeout_seconds: int, max_attempts: int, base_seconds: float) -> tuple[int, int]:
     """The watchdog: runs processing longer than the timeout (their worker died) are retried like
     any other failure. Returns (back to pending, failed)."""
     cur.execute(STUCK, {"now": now, "timeout": timeout_seconds})

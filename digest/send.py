@@ -21,6 +21,7 @@ the run is still `processing`; the watchdog returns it to `pending` and the re-s
 idempotency key (and Message-ID). Events are marked only in that final commit, and only the ids this
 run loaded, so an event that arrived meanwhile waits for the next digest.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,19 +42,23 @@ log = logging.getLogger("digest.send")
 
 @dataclass
 class Outcome:
-    sent: list = field(default_factory=list)        # (run_id, event_ids, message_id)
-    skipped: list = field(default_factory=list)     # (run_id, reason)
-    handled: list = field(default_factory=list)     # (run_id, event_ids) of skipped runs: own activity only
-    retry: list = field(default_factory=list)       # (run_id, error)
-    released: list = field(default_factory=list)    # run_id: not started, all mail was stopped
-    failed: list = field(default_factory=list)      # (run_id, error)
-    lateness: list = field(default_factory=list)    # seconds from scheduled_for to sent, per sent run
-    exhausted: int = 0                              # retries that used the last attempt (now failed)
+    sent: list = field(default_factory=list)  # (run_id, event_ids, message_id)
+    skipped: list = field(default_factory=list)  # (run_id, reason)
+    handled: list = field(default_factory=list)  # (run_id, event_ids) of skipped runs: own activity only
+    retry: list = field(default_factory=list)  # (run_id, error)
+    released: list = field(default_factory=list)  # run_id: not started, all mail was stopped
+    failed: list = field(default_factory=list)  # (run_id, error)
+    lateness: list = field(default_factory=list)  # seconds from scheduled_for to sent, per sent run
+    exhausted: int = 0  # retries that used the last attempt (now failed)
 
     def counts(self) -> dict:
-        counts = {"sent": len(self.sent), "skipped": len(self.skipped), "retry": len(self.retry),
-                  "failed": len(self.failed)}
-        if self.released:    # only when the emergency stop cut a batch short
+        counts = {
+            "sent": len(self.sent),
+            "skipped": len(self.skipped),
+            "retry": len(self.retry),
+            "failed": len(self.failed),
+        }
+        if self.released:  # only when the emergency stop cut a batch short
             counts["released"] = len(self.released)
         return counts
 
@@ -63,13 +68,14 @@ def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome) -> None:
     conn = db.thread_connection.get()
     # Outcomes are recorded at the end in one transaction (events and runs together); between two
     # mails only the emergency stop is checked.
-    progress = Progress(lambda _: mail_stop.engaged_on(conn), every=len(ready) + 1,
-                        interval=mail_stop.SEND_CHECK_SECONDS)
+    progress = Progress(
+        lambda _: mail_stop.engaged_on(conn), every=len(ready) + 1, interval=mail_stop.SEND_CHECK_SECONDS
+    )
     for start in range(0, len(ready), step):
-        chunk = ready[start:start + step]
+        chunk = ready[start : start + step]
         try:
             results = provider.send_batch([r.mail for r in chunk], progress)
-        except ProviderError as exc:      # the whole call: every run of it shares the outcome
+        except ProviderError as exc:  # the whole call: every run of it shares the outcome
             log.warning("provider %s failed for %d digest(s): %s", provider.name, len(chunk), exc)
             permanent = isinstance(exc, PermanentError)
             results = [SendResult(ok=False, error=str(exc), permanent=permanent)] * len(chunk)
@@ -92,8 +98,9 @@ def record(cur, outcome: Outcome, settings=None) -> None:
     run_rows.mark_events(cur, outcome.handled)
     run_rows.mark_skipped(cur, outcome.skipped)
     run_rows.release(cur, outcome.released)
-    pending, failed = run_rows.retry(cur, outcome.retry, settings.digest_max_attempts,
-                                     settings.digest_retry_base_seconds)
+    _pending, failed = run_rows.retry(
+        cur, outcome.retry, settings.digest_max_attempts, settings.digest_retry_base_seconds
+    )
     outcome.exhausted = failed
     if failed:
         log.warning("%d digest run(s) failed for good after %d attempts", failed, settings.digest_max_attempts)
@@ -109,7 +116,7 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         run_ids = [int(i) for i in run_ids]
         limit = max(limit, len(run_ids))
     started = time.monotonic()
-    conn = db.thread_connection.get()   # this worker thread's, kept across batches
+    conn = db.thread_connection.get()  # this worker thread's, kept across batches
     claimed: list[ClaimedRun] = []
     try:
         with db.transaction(conn) as cur:
@@ -118,12 +125,12 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         _record_until_written(outcome, settings, started)
         counts = outcome.counts()
         counts["skipped"] += len(skipped)
-        metrics.digest_batch(counts, outcome.exhausted, outcome.lateness)   # committed: counted once
+        metrics.digest_batch(counts, outcome.exhausted, outcome.lateness)  # committed: counted once
         if claimed or skipped:
             log.info("digest batch: %s in %.0f ms", counts, (time.monotonic() - started) * 1e3)
         return counts
     except BaseException:
-        db.thread_connection.reset()    # after any error it may be in an unknown state
+        db.thread_connection.reset()  # after any error it may be in an unknown state
         _release_after_crash([r.id for r in claimed], started)
         raise
 
@@ -133,18 +140,18 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
     if not claimed:
         return outcome
     try:
-        with db.transaction(conn) as cur:      # end the read transaction: never hold one open across SMTP
+        with db.transaction(conn) as cur:  # end the read transaction: never hold one open across SMTP
             ready, errors = build_digests(cur, claimed, settings)
     except psycopg2.Error:
         raise
-    except Exception as exc:  # noqa: BLE001 - a broken template or a bug: every run retries, counted
+    except Exception as exc:
         log.exception("building %d digests failed", len(claimed))
         outcome.retry.extend((r.id, f"build failed: {exc!r}") for r in claimed)
         return outcome
     for run in claimed:
         if run.digest is None:
             outcome.skipped.append((run.id, "no events"))
-        elif run.digest.empty:      # only the subscriber's own activity: handled, never shown
+        elif run.digest.empty:  # only the subscriber's own activity: handled, never shown
             outcome.skipped.append((run.id, "only own activity"))
             outcome.handled.append((run.id, run.digest.event_ids))
     outcome.retry.extend(errors)
@@ -156,6 +163,7 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
 def _record_until_written(outcome: Outcome, settings, started: float) -> None:
     """What the provider accepted is written once Postgres answers again — never thrown away and
     sent a second time. While it is down, the runs stay `processing`, so nothing else claims them."""
+
     def write():
         with db.transaction(db.thread_connection.get()) as cur:
             record(cur, outcome, settings)
@@ -183,13 +191,18 @@ def _release_after_crash(run_ids: list[int], started: float | None = None) -> No
 
     def release():
         with db.raw_cursor() as cur:
-            return run_rows.retry(cur, [(i, "worker error, released") for i in run_ids],
-                                  settings.digest_max_attempts, settings.digest_retry_base_seconds)
+            return run_rows.retry(
+                cur,
+                [(i, "worker error, released") for i in run_ids],
+                settings.digest_max_attempts,
+                settings.digest_retry_base_seconds,
+            )
 
-    deadline = db.write_deadline(time.monotonic() if started is None else started,
-                                 settings.digest_processing_timeout_seconds)
+    deadline = db.write_deadline(
+        time.monotonic() if started is None else started, settings.digest_processing_timeout_seconds
+    )
     try:
         back, failed = db.until_written(release, deadline, f"releasing {len(run_ids)} claimed digest runs")
-        metrics.digest_runs({"retry": back, "failed": failed})   # committed
-    except Exception:  # noqa: BLE001 - still unavailable at the deadline, or another error: the watchdog covers it
+        metrics.digest_runs({"retry": back, "failed": failed})  # committed
+    except Exception:
         log.exception("could not release %d claimed runs; the watchdog will", len(run_ids))

@@ -1,21 +1,34 @@
 """The words of a digest: actor lists, one line per category, relative times in the subscriber's
 zone, "since Tuesday", and the subject. Pure functions (English), tested in tests/test_digest_logic.py.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, tzinfo
 
 from app.subscribers.categories import Category
 
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 # Inside an entity's block the title is the heading, so "commented on" reads "Gus commented".
 _TRAILING_PREPOSITIONS = frozenset({"on", "to", "in", "at", "for", "with", "about", "of", "from", "into", "onto"})
 
 
 def actors_text(names: list[str], shown: int = 2) -> str:
-    """"Ana", "Ana and Bo", "Ana, Bo and Cy", "Ana, Bo and 3 others"."""
+    """ "Ana", "Ana and Bo", "Ana, Bo and Cy", "Ana, Bo and 3 others"."""
     if not names:
         return ""
     if len(names) == 1:
@@ -60,7 +73,7 @@ def headline(category: Category, actors: list[str], count: int, title: str) -> s
 
 
 def subject(top: str, more_entities: int) -> str:
-    """"Eli and 5 others followed Launch notes — and 8 more updates"."""
+    """ "Eli and 5 others followed Launch notes — and 8 more updates"."""
     if more_entities <= 0:
         return top
     return f"{top} — and {more_entities} more update{'s' if more_entities != 1 else ''}"
@@ -113,7 +126,7 @@ def since(previous: datetime, now: datetime, zone: tzinfo) -> str:
 
 
 def lead(total_events: int, previous: datetime | None, now: datetime, zone: tzinfo) -> str:
-    """"12 updates since Tuesday." / "Your first digest: 12 updates." (no previous digest)."""
+    """ "12 updates since Tuesday." / "Your first digest: 12 updates." (no previous digest)."""
     updates = f"{total_events} update{'s' if total_events != 1 else ''}"
     if previous is None:
         return f"Your first digest: {updates}."

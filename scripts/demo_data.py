@@ -1,17 +1,19 @@
 """`python -m scripts.demo_data`: a few subscribers and events so a newcomer sees digests arrive,
 and a week of mail history for the /admin dashboard (scripts/demo_history.py)
 (development only: `make demo`, `make run`)."""
+
 from __future__ import annotations
 
 import json
 import random
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from app.platform import apikeys, db
-from app.subscribers import categories, records as subscribers
-from digest import ingest
 from app.newsletter import service as newsletters
+from app.platform import apikeys, db
+from app.subscribers import categories
+from app.subscribers import records as subscribers
+from digest import ingest
 from scripts import demo_history
 
 DEMO_USERS = [
@@ -23,23 +25,41 @@ DEMO_USERS = [
 # Ivy: a mail soon after events arrive; Cy: a digest every hour (README "Cadences", "Send now").
 CADENCES = {"demo-ivy": "immediately", "demo-cy": "hourly"}
 # (actor_id, name): the demo users act too — their own activity never shows in their own digest.
-ACTORS = [("demo-ana", "Ana"), ("demo-bo", "Bo"), ("demo-cy", "Cy"), ("dee", "Dee"), ("eli", "Eli"),
-          ("fay", "Fay"), ("gus", "Gus"), ("demo-ivy", "Ivy")]
-AVATAR_URL = "https://api.dicebear.com/9.x/initials/png?seed={}"   # a picture beside each actor's name
-POSTS = [("post-1", "Launch notes"), ("post-2", "Roadmap for Q3"), ("post-3", "Design review: onboarding"),
-         ("post-4", "Hiring update")]
+ACTORS = [
+    ("demo-ana", "Ana"),
+    ("demo-bo", "Bo"),
+    ("demo-cy", "Cy"),
+    ("dee", "Dee"),
+    ("eli", "Eli"),
+    ("fay", "Fay"),
+    ("gus", "Gus"),
+    ("demo-ivy", "Ivy"),
+]
+AVATAR_URL = "https://api.dicebear.com/9.x/initials/png?seed={}"  # a picture beside each actor's name
+POSTS = [
+    ("post-1", "Launch notes"),
+    ("post-2", "Roadmap for Q3"),
+    ("post-3", "Design review: onboarding"),
+    ("post-4", "Hiring update"),
+]
 # What PUT /v1/categories/{key} would register (README "Categories").
 CATEGORIES = {
     "follow": {"label": "Follows", "description": "Someone follows a post of yours", "verb": "followed"},
     "like": {"label": "Likes", "description": "Someone likes a post of yours", "verb": "liked"},
     "comment": {"label": "Comments", "description": "Someone comments on a post of yours", "verb": "commented on"},
     # "send now": its events go out at once, even to daily subscribers (README "Send now")
-    "mention": {"label": "Mentions", "description": "Someone mentions you", "verb": "mentioned you in",
-                "delivery": "immediate"},
+    "mention": {
+        "label": "Mentions",
+        "description": "Someone mentions you",
+        "verb": "mentioned you in",
+        "delivery": "immediate",
+    },
 }
 # Events that cannot wait, a few minutes old: (user_id, producer id, category, actor, priority high).
-URGENT = [("demo-ana", "demo-ana-mention-1", "mention", ("gus", "Gus"), False),
-          ("demo-bo", "demo-bo-high-1", "comment", ("fay", "Fay"), True)]
+URGENT = [
+    ("demo-ana", "demo-ana-mention-1", "mention", ("gus", "Gus"), False),
+    ("demo-bo", "demo-bo-high-1", "comment", ("fay", "Fay"), True),
+]
 
 
 # A newsletter whose body is an HTML fragment: it goes out inside the mail layout (brand header,
@@ -60,28 +80,31 @@ def demo_newsletter() -> int | None:
     values, errors = newsletters.validate_new({"subject": NEWSLETTER_SUBJECT, "html": NEWSLETTER_HTML})
     assert not errors, errors
     newsletter_id = newsletters.create(values)
-    newsletters.request_send(newsletter_id, {"kind": "user_ids",
-                                             "user_ids": sorted(u for u, *_ in DEMO_USERS)})
+    newsletters.request_send(newsletter_id, {"kind": "user_ids", "user_ids": sorted(u for u, *_ in DEMO_USERS)})
     return newsletter_id
 
 
 def load() -> dict:
     db.init()
     for user_id, email, name, tz in DEMO_USERS:
-        subscribers.upsert(user_id, subscribers.validate({"email": email, "name": name, "timezone": tz,
-                                                          "digest_cadence": CADENCES.get(user_id, "daily")})[0])
+        subscribers.upsert(
+            user_id,
+            subscribers.validate(
+                {"email": email, "name": name, "timezone": tz, "digest_cadence": CADENCES.get(user_id, "daily")}
+            )[0],
+        )
     for key, values in CATEGORIES.items():
         categories.upsert(key, categories.validate(values)[0])
     rng = random.Random(7)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = []
     for user_id, *_ in DEMO_USERS:
         titled, done = set(), set()
-        for i in range(24, 0, -1):          # oldest first, over the last day and a bit
+        for i in range(24, 0, -1):  # oldest first, over the last day and a bit
             actor_id, actor = rng.choice(ACTORS)
             post, title = POSTS[min(rng.randint(0, 4), 3)]
             kind = rng.choice(["like", "comment", "follow", "follow"])
-            if (actor_id, kind, post) in done and kind != "comment":   # one follow or like per person
+            if (actor_id, kind, post) in done and kind != "comment":  # one follow or like per person
                 continue
             done.add((actor_id, kind, post))
             # Only a post's first event carries its title and link, as a "created" event would:
@@ -90,28 +113,61 @@ def load() -> dict:
             if post not in titled:
                 titled.add(post)
                 payload |= {"entity_title": title, "entity_url": f"https://example.test/posts/{post}"}
-            rows.append(("demo", f"{user_id}-{i}", user_id, kind, "post", post, actor_id, actor, json.dumps(payload),
-                         now - timedelta(minutes=65 * i), None))
+            rows.append(
+                (
+                    "demo",
+                    f"{user_id}-{i}",
+                    user_id,
+                    kind,
+                    "post",
+                    post,
+                    actor_id,
+                    actor,
+                    json.dumps(payload),
+                    now - timedelta(minutes=65 * i),
+                    None,
+                )
+            )
     for user_id, producer_id, kind, (actor_id, actor), high in URGENT:
         payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
-        rows.append(("demo", producer_id, user_id, kind, "post", "post-1", actor_id, actor, json.dumps(payload),
-                     now - timedelta(minutes=5), high or None))
+        rows.append(
+            (
+                "demo",
+                producer_id,
+                user_id,
+                kind,
+                "post",
+                "post-1",
+                actor_id,
+                actor,
+                json.dumps(payload),
+                now - timedelta(minutes=5),
+                high or None,
+            )
+        )
     with db.raw_cursor() as cur:
         result = ingest.insert_rows(cur, [rows])[0]
     keys = {}
     if not any(name == "demo-producer" and revoked is None for _, name, _, _, _, revoked in apikeys.list_keys()):
         keys["events"] = apikeys.create("demo-producer", "events")
         keys["admin"] = apikeys.create("demo-admin", "admin")
-    return {"subscribers": len(DEMO_USERS), "events_new": result.accepted, "keys": keys,
-            "history": demo_history.load(), "newsletter": demo_newsletter()}
+    return {
+        "subscribers": len(DEMO_USERS),
+        "events_new": result.accepted,
+        "keys": keys,
+        "history": demo_history.load(),
+        "newsletter": demo_newsletter(),
+    }
 
 
 def main() -> int:
     summary = load()
     print(f"demo data: {summary['subscribers']} subscribers, {summary['events_new']} new events")
     history = summary["history"]
-    print(f"demo history for /admin: {history['mails']} mails over 7 days, {history['opens_clicks']} opens/clicks, "
-          f"{history['bounces_complaints']} bounces/complaints")
+    print(
+        f"demo history for /admin: {history['mails']} mails over 7 days, {history['opens_clicks']} opens/clicks, "
+        f"{history['bounces_complaints']} bounces/complaints"
+    )
     if summary["newsletter"]:
         print(f"demo newsletter {summary['newsletter']} queued for the demo users (in the layout; mail viewer)")
     for scope, key in summary["keys"].items():

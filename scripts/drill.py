@@ -14,12 +14,14 @@ sink that injects faults, and one fault per drill. Every drill prints
 Postgres and Redis run on spare ports under a temporary directory, so restarting them disturbs
 nothing else on the machine. Exit status 1 if any drill lost mail or shows duplicates.
 """
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
 import glob
+import itertools
 import os
 import shutil
 import signal
@@ -49,8 +51,7 @@ def free_port() -> int:
 
 
 def _pg_bin(name: str) -> str:
-    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)),
-                                       None)
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
     if not found:
         raise SystemExit(f"drill: {name} not found (apt-get install postgresql)")
     return found
@@ -67,17 +68,28 @@ class Postgres:
         if self.run_as:
             shutil.chown(base, "postgres")
             shutil.chown(self.dir, "postgres")
-        subprocess.run([*self.run_as, _pg_bin("initdb"), "-D", str(self.dir), "-A", "trust", "-U", "postgres",
-                        "--no-sync"], check=True, capture_output=True)
+        subprocess.run(
+            [*self.run_as, _pg_bin("initdb"), "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync"],
+            check=True,
+            capture_output=True,
+        )
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/notify_drill"
 
     def _ctl(self, *args: str) -> None:
-        subprocess.run([*self.run_as, _pg_bin("pg_ctl"), "-D", str(self.dir), "-w", "-t", "60", *args], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [*self.run_as, _pg_bin("pg_ctl"), "-D", str(self.dir), "-w", "-t", "60", *args],
+            check=True,
+            capture_output=True,
+        )
 
     def start(self) -> None:
-        self._ctl("-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                        "-c max_connections=200", "-l", str(self.dir / "log"), "start")
+        self._ctl(
+            "-o",
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            "-l",
+            str(self.dir / "log"),
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._ctl("-m", mode, "stop")
@@ -90,8 +102,10 @@ class Redis:
         self.proc = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )
         client = redis_lib.Redis.from_url(self.url)
         for _ in range(100):
             with contextlib.suppress(redis_lib.ConnectionError):
@@ -109,11 +123,12 @@ class Redis:
 @dataclass
 class Sink:
     """Records (recipient, Message-ID) of every accepted mail; can answer 4xx or drop connections."""
-    deliveries: list = field(default_factory=list)           # (time, recipient, message_id)
+
+    deliveries: list = field(default_factory=list)  # (time, recipient, message_id)
     tempfail_until: float = 0.0
-    drop_until: float = 0.0                                   # until then, every other DATA is cut off
+    drop_until: float = 0.0  # until then, every other DATA is cut off
     drops: int = 0
-    delay: float = 0.0                                        # seconds per message, like an ESP's round trip
+    delay: float = 0.0  # seconds per message, like an ESP's round trip
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def handle_DATA(self, server, session, envelope):
@@ -125,7 +140,7 @@ class Sink:
             in_window = time.monotonic() < self.drop_until
             drop = in_window and self.drops % 2 == 0
             self.drops += in_window
-        if drop:                                       # connection lost mid-DATA: no reply at all
+        if drop:  # connection lost mid-DATA: no reply at all
             server.transport.close()
             return "421 closing"
         message_id = ""
@@ -149,13 +164,24 @@ class System:
         self.smtp_port, self.web_port = free_port(), free_port()
         self.procs: dict[str, list[subprocess.Popen]] = {"worker": [], "scheduler": [], "web": []}
         self.env = {
-            **os.environ, "APP_ENV": "development", "SECRET_KEY": "drill-" + "k" * 40,
-            "DATABASE_URL": self.pg.url, "MIGRATION_DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url,
-            "MAIL_PROVIDER": "smtp", "SMTP_URL": f"smtp://127.0.0.1:{self.smtp_port}", "SMTP_TIMEOUT_SECONDS": "5",
-            "SCHEDULER_INTERVAL_SECONDS": "1", "DIGEST_REENQUEUE_SECONDS": "5",
-            "DIGEST_PROCESSING_TIMEOUT_SECONDS": "35", "RECLAIM_AFTER_SECONDS": "35",
-            "DIGEST_RETRY_BASE_SECONDS": "3", "DIGEST_STAGGER_SECONDS": "0", "LOG_LEVEL": "WARNING",
-            "PYTHONPATH": str(ROOT), "API_KEY_CACHE_SECONDS": "1",
+            **os.environ,
+            "APP_ENV": "development",
+            "SECRET_KEY": "drill-" + "k" * 40,
+            "DATABASE_URL": self.pg.url,
+            "MIGRATION_DATABASE_URL": self.pg.url,
+            "REDIS_URL": self.redis.url,
+            "MAIL_PROVIDER": "smtp",
+            "SMTP_URL": f"smtp://127.0.0.1:{self.smtp_port}",
+            "SMTP_TIMEOUT_SECONDS": "5",
+            "SCHEDULER_INTERVAL_SECONDS": "1",
+            "DIGEST_REENQUEUE_SECONDS": "5",
+            "DIGEST_PROCESSING_TIMEOUT_SECONDS": "35",
+            "RECLAIM_AFTER_SECONDS": "35",
+            "DIGEST_RETRY_BASE_SECONDS": "3",
+            "DIGEST_STAGGER_SECONDS": "0",
+            "LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT),
+            "API_KEY_CACHE_SECONDS": "1",
             # Claims of 20 (the SMTP default is 1,000): at the small scales of `make test` a whole
             # newsletter would otherwise go in one batch between two polls, and no fault would land
             # mid-send. Smaller batches only add claims; what each drill checks is the same.
@@ -181,13 +207,41 @@ class System:
             self.pg.stop("immediate")
 
     def start(self, name: str) -> subprocess.Popen:
-        cmd = {"worker": [PY, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "4",
-                          "--worker-shutdown-timeout", "30000"],
-               "scheduler": [PY, "-m", "app", "scheduler"],
-               "web": [PY, "-m", "uvicorn", "app.web:app", "--host", "127.0.0.1", "--port", str(self.web_port),
-                       "--log-level", "warning"]}[name]
-        proc = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=open(self.base / f"{name}.log", "ab"))
+        cmd = {
+            "worker": [
+                PY,
+                "-m",
+                "dramatiq",
+                "actors",
+                "--processes",
+                "1",
+                "--threads",
+                "4",
+                "--worker-shutdown-timeout",
+                "30000",
+            ],
+            "scheduler": [PY, "-m", "app", "scheduler"],
+            "web": [
+                PY,
+                "-m",
+                "uvicorn",
+                "app.web:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.web_port),
+                "--log-level",
+                "warning",
+            ],
+        }[name]
+        proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            cwd=ROOT,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.base / f"{name}.log", "ab"),  # noqa: SIM115 - the process keeps writing to it
+        )
         self.procs[name].append(proc)
         return proc
 
@@ -214,28 +268,51 @@ class System:
     # -- work --------------------------------------------------------------------------------
     def seed_digests(self, n: int, first: int = 0) -> None:
         """n subscribers with 5 events each and a run due now."""
-        self.sql("INSERT INTO subscribers (user_id, email, name, digest_planned_until) SELECT 'd' || g, "
-                 "'d' || g || '@example.test', 'D ' || g, now() + interval '1 day' "
-                 "FROM generate_series(%s, %s) g", (first, first + n - 1))
-        self.sql("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
-                 "actor_id, actor_name, payload) SELECT 'drill', 'e' || g || '-' || k, 'd' || g, 'like', 'post', "
-                 "'p' || k, 'a' || k, 'Actor ' || k, '{\"title\": \"Post\", \"url\": \"https://example.test/p\"}' "
-                 "FROM generate_series(%s, %s) g, generate_series(1, 5) k", (first, first + n - 1))
-        self.sql("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) SELECT id, 'daily', "
-                 "current_date, now() FROM subscribers WHERE user_id LIKE 'd%%'")
+        self.sql(
+            "INSERT INTO subscribers (user_id, email, name, digest_planned_until) SELECT 'd' || g, "
+            "'d' || g || '@example.test', 'D ' || g, now() + interval '1 day' "
+            "FROM generate_series(%s, %s) g",
+            (first, first + n - 1),
+        )
+        self.sql(
+            "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
+            "actor_id, actor_name, payload) SELECT 'drill', 'e' || g || '-' || k, 'd' || g, 'like', 'post', "
+            "'p' || k, 'a' || k, 'Actor ' || k, '{\"title\": \"Post\", \"url\": \"https://example.test/p\"}' "
+            "FROM generate_series(%s, %s) g, generate_series(1, 5) k",
+            (first, first + n - 1),
+        )
+        self.sql(
+            "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) SELECT id, 'daily', "
+            "current_date, now() FROM subscribers WHERE user_id LIKE 'd%%'"
+        )
 
     def start_newsletter(self, n: int) -> None:
         """n newsletter-only subscribers (digests off) and one newsletter to everyone, via the API."""
-        self.sql("INSERT INTO subscribers (user_id, email, name, digest_cadence) SELECT 'n' || g, "
-                 "'n' || g || '@example.test', 'N ' || g, 'off' FROM generate_series(1, %s) g", (n,))
-        key = subprocess.run([PY, "-m", "app", "create-api-key", f"drill-{uuid.uuid4().hex[:6]}", "--scope",
-                              "admin"], env=self.env, cwd=ROOT, check=True, capture_output=True, text=True)
+        self.sql(
+            "INSERT INTO subscribers (user_id, email, name, digest_cadence) SELECT 'n' || g, "
+            "'n' || g || '@example.test', 'N ' || g, 'off' FROM generate_series(1, %s) g",
+            (n,),
+        )
+        key = subprocess.run(
+            [PY, "-m", "app", "create-api-key", f"drill-{uuid.uuid4().hex[:6]}", "--scope", "admin"],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         headers = {"Authorization": f"Bearer {key.stdout.strip()}"}
         base = f"http://127.0.0.1:{self.web_port}"
-        nl = httpx.post(f"{base}/v1/newsletters", headers=headers, timeout=30, json={
-            "subject": "Drill news for {{name}}",
-            "html": "<p>Hi {{name}}</p><a href=\"https://example.test/a\">read</a> "
-                    "<a href=\"{{unsubscribe_url}}\">unsubscribe</a>"}).json()["id"]
+        nl = httpx.post(
+            f"{base}/v1/newsletters",
+            headers=headers,
+            timeout=30,
+            json={
+                "subject": "Drill news for {{name}}",
+                "html": '<p>Hi {{name}}</p><a href="https://example.test/a">read</a> '
+                '<a href="{{unsubscribe_url}}">unsubscribe</a>',
+            },
+        ).json()["id"]
         r = httpx.post(f"{base}/v1/newsletters/{nl}/send", headers=headers, json={"audience": "all"}, timeout=30)
         r.raise_for_status()
 
@@ -244,15 +321,18 @@ class System:
         digests = {(r[0], "digest") for r in self.sql("SELECT email FROM subscribers WHERE user_id LIKE 'd%%'")}
         if not self.sql("SELECT 1 FROM newsletters"):
             return digests
-        return digests | {(r[0], "newsletter") for r in self.sql(
-            "SELECT email FROM subscribers WHERE user_id LIKE 'd%%' OR user_id LIKE 'n%%'")}
+        return digests | {
+            (r[0], "newsletter")
+            for r in self.sql("SELECT email FROM subscribers WHERE user_id LIKE 'd%%' OR user_id LIKE 'n%%'")
+        }
 
     def settled(self) -> bool:
         with contextlib.suppress(psycopg2.Error):
-            (open_runs, open_rows, newsletters), = self.sql(
+            ((open_runs, open_rows, newsletters),) = self.sql(
                 "SELECT (SELECT count(*) FROM digest_runs WHERE status IN ('pending', 'processing')), "
                 "(SELECT count(*) FROM email_log WHERE status IN ('pending', 'sending')), "
-                "(SELECT count(*) FROM newsletters WHERE status NOT IN ('done', 'cancelled'))")
+                "(SELECT count(*) FROM newsletters WHERE status NOT IN ('done', 'cancelled'))"
+            )
             return open_runs == 0 and open_rows == 0 and newsletters == 0
         return False
 
@@ -267,16 +347,18 @@ class Report:
     resent_after_kill: int = 0
     stall: float = 0.0
     notes: str = ""
-    faults: int = 0                                           # how many times the fault was injected
+    faults: int = 0  # how many times the fault was injected
 
     @property
     def ok(self) -> bool:
         return self.duplicates == 0 and self.lost == 0
 
     def line(self) -> str:
-        return (f"{self.name:<18} sent {self.sent:>7,} / expected {self.expected:>7,}  duplicates {self.duplicates:>3}  "
-                f"lost {self.lost:>3}  resent-after-SIGKILL {self.resent_after_kill:>3}  longest stall "
-                f"{self.stall:5.1f} s  {'OK' if self.ok else 'FAIL'}  {self.notes}")
+        return (
+            f"{self.name:<18} sent {self.sent:>7,} / expected {self.expected:>7,}  duplicates {self.duplicates:>3}  "
+            f"lost {self.lost:>3}  resent-after-SIGKILL {self.resent_after_kill:>3}  longest stall "
+            f"{self.stall:5.1f} s  {'OK' if self.ok else 'FAIL'}  {self.notes}"
+        )
 
 
 def mail_of(message_id: str) -> str:
@@ -297,9 +379,8 @@ def tally(system: System, name: str, started: float, notes: str = "") -> Report:
         per_mail.setdefault((rcpt, mail_of(mid)), set()).add(mid)
     duplicates = sum(len(mids) - 1 for mids in per_mail.values())
     times = [started] + sorted(t for t, _, _ in deliveries)
-    stall = max((b - a for a, b in zip(times, times[1:])), default=0.0)
-    return Report(name, len(per_mail), len(expected), duplicates, len(expected - set(per_mail)), resent, stall,
-                  notes)
+    stall = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    return Report(name, len(per_mail), len(expected), duplicates, len(expected - set(per_mail)), resent, stall, notes)
 
 
 def run_until_settled(system: System, timeout: float, during=None, poll: float = 0.5) -> bool:
@@ -308,8 +389,9 @@ def run_until_settled(system: System, timeout: float, during=None, poll: float =
     while time.monotonic() < deadline:
         if during:
             during()
-        if system.settled() and len({(r, mail_of(m)) for _, r, m in list(system.sink.deliveries)}) \
-                >= len(system.expected()):
+        if system.settled() and len({(r, mail_of(m)) for _, r, m in list(system.sink.deliveries)}) >= len(
+            system.expected()
+        ):
             return True
         time.sleep(poll)
     return False
@@ -340,6 +422,7 @@ def once_past(system: System, share: float, fault) -> tuple:
         if not done[0] and progress(system) > share:
             fault()
             done[0] = True
+
     return hook, done
 
 
@@ -364,8 +447,12 @@ def drill_kill_worker(system: System, scale: float) -> Report:
 
     # Polled often: at the small scales of `make test` the whole send takes about a second.
     settled = run_until_settled(system, 900, kill_every_few_seconds, poll=0.05)
-    report = tally(system, "kill -9 worker", started,
-                   f"({kills[0]} kills, one every {KILL_EVERY_SECONDS:g} s)" + ("" if settled else " TIMED OUT"))
+    report = tally(
+        system,
+        "kill -9 worker",
+        started,
+        f"({kills[0]} kills, one every {KILL_EVERY_SECONDS:g} s)" + ("" if settled else " TIMED OUT"),
+    )
     report.faults = kills[0]
     return report
 
@@ -395,18 +482,33 @@ def drill_redis_flush(system: System, scale: float) -> Report:
 
 def drill_postgres_restart(system: System, scale: float) -> Report:
     start_load(system, scale)
-    key = subprocess.run([PY, "-m", "app", "create-api-key", "drill-events", "--scope", "events"], env=system.env,
-                         cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    key = subprocess.run(
+        [PY, "-m", "app", "create-api-key", "drill-events", "--scope", "events"],
+        env=system.env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     accepted, statuses, stop = [], {}, threading.Event()
 
     def ingest():
-        with httpx.Client(base_url=f"http://127.0.0.1:{system.web_port}", timeout=10,
-                          headers={"Authorization": f"Bearer {key}"}) as client:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{system.web_port}", timeout=10, headers={"Authorization": f"Bearer {key}"}
+        ) as client:
             while not stop.is_set():
                 event_id = uuid.uuid4().hex
                 try:
-                    r = client.post("/v1/events", json={"id": event_id, "user_id": "ingest", "category": "like",
-                                                        "entity_type": "post", "entity_id": "p1"})
+                    r = client.post(
+                        "/v1/events",
+                        json={
+                            "id": event_id,
+                            "user_id": "ingest",
+                            "category": "like",
+                            "entity_type": "post",
+                            "entity_id": "p1",
+                        },
+                    )
                 except httpx.HTTPError:
                     statuses["connection error"] = statuses.get("connection error", 0) + 1
                     continue
@@ -431,11 +533,10 @@ def drill_postgres_restart(system: System, scale: float) -> Report:
     feeder.join(15)
     stored = {r[0] for r in system.sql("SELECT producer_id FROM digest_events WHERE user_id = 'ingest'")}
     lost_events = len(set(accepted) - stored)
-    report = tally(system, "postgres restart", started,
-                   f"(ingest: {statuses}; 202-then-lost {lost_events})")
+    report = tally(system, "postgres restart", started, f"(ingest: {statuses}; 202-then-lost {lost_events})")
     report.lost += lost_events
     report.duplicates += sum(n for code, n in statuses.items() if isinstance(code, int) and code >= 500 and code != 503)
-    report.faults = int(done[0]) * statuses.get(503, 0)     # the restart happened and the API saw it
+    report.faults = int(done[0]) * statuses.get(503, 0)  # the restart happened and the API saw it
     return report
 
 
@@ -463,8 +564,11 @@ def drill_two_of_each(system: System, scale: float) -> Report:
 
 def drill_kill_scheduler_planning(system: System, scale: float) -> Report:
     n = int(200_000 * scale)
-    system.sql("INSERT INTO subscribers (user_id, email) SELECT 'p' || g, 'p' || g || '@example.test' "
-               "FROM generate_series(1, %s) g", (n,))
+    system.sql(
+        "INSERT INTO subscribers (user_id, email) SELECT 'p' || g, 'p' || g || '@example.test' "
+        "FROM generate_series(1, %s) g",
+        (n,),
+    )
     system.env["DIGEST_PLAN_BATCH"] = str(max(100, n // 20))
     # The last subscriber's row is held locked (the planner skips it and leaves it for a later tick),
     # so planning cannot be complete when the kill lands, however fast it is at a small scale; at
@@ -475,9 +579,9 @@ def drill_kill_scheduler_planning(system: System, scale: float) -> Report:
     scheduler = system.start("scheduler")
     while not system.sql("SELECT count(*) FROM digest_runs")[0][0]:
         time.sleep(0.05)
-    system.kill(scheduler)                                     # mid-planning
+    system.kill(scheduler)  # mid-planning
     killed_at = system.sql("SELECT count(*) FROM digest_runs")[0][0]
-    blocker.close()                                            # rolls back: the row is free again
+    blocker.close()  # rolls back: the row is free again
     system.start("scheduler")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -486,9 +590,17 @@ def drill_kill_scheduler_planning(system: System, scale: float) -> Report:
             break
         time.sleep(0.5)
     unplanned = system.sql("SELECT count(*) FROM subscribers WHERE digest_planned_until IS NULL")[0][0]
-    return Report("kill -9 scheduler", planned, n, planned - distinct, n - distinct, 0,
-                  time.monotonic() - started, f"(killed after {killed_at:,} runs planned; unplanned {unplanned})",
-                  faults=int(killed_at < n))
+    return Report(
+        "kill -9 scheduler",
+        planned,
+        n,
+        planned - distinct,
+        n - distinct,
+        0,
+        time.monotonic() - started,
+        f"(killed after {killed_at:,} runs planned; unplanned {unplanned})",
+        faults=int(killed_at < n),
+    )
 
 
 DRILLS = {

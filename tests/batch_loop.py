@@ -1,5 +1,6 @@
 """A thread that repeats one batch of writes until stopped: the live traffic of tests that change
 the schema under it (tests/test_partition_migration.py, tests/test_partitioned_index.py)."""
+
 from __future__ import annotations
 
 import threading
@@ -23,7 +24,7 @@ class BatchLoop:
             while not self._stop.is_set():
                 self.one_batch(self.batches)
                 self.batches += 1
-        except BaseException as exc:   # reported by stop()
+        except BaseException as exc:  # reported by stop()
             self.errors.append(exc)
 
     def start(self) -> None:

@@ -8,6 +8,7 @@ transaction-pooling PgBouncer and TEST_DIRECT_DATABASE_URL at Postgres itself: m
 direct one (what MIGRATION_DATABASE_URL is for in production), and tests marked `direct_db` (they
 tell connections apart by backend pid) are skipped in that pass, with their reason.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -33,7 +34,7 @@ import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402
 
 from app.platform import apikeys, config, db, migrate  # noqa: E402
-from app.subscribers import categories
+from app.subscribers import categories  # noqa: E402
 
 config.reload()
 
@@ -51,7 +52,7 @@ def direct_database_url() -> str:
 
 @pytest.fixture(scope="session")
 def schema(database_url):
-    migrate.migrate(DIRECT_DATABASE_URL)   # as MIGRATION_DATABASE_URL would in production
+    migrate.migrate(DIRECT_DATABASE_URL)  # as MIGRATION_DATABASE_URL would in production
     db.init(database_url)
     yield
 
@@ -69,8 +70,11 @@ def pytest_collection_modifyitems(config, items):
 # Tables with rows, and tables whose id sequence moved (rows inserted, maybe deleted again).
 _DIRTY_SQL = " UNION ".join(
     [f"SELECT '{t}' WHERE EXISTS (SELECT 1 FROM {t})" for t in db.ALL_TABLES]
-    + ["SELECT split_part(sequencename, '_id_seq', 1) FROM pg_sequences "
-       "WHERE schemaname = 'public' AND last_value IS NOT NULL"])
+    + [
+        "SELECT split_part(sequencename, '_id_seq', 1) FROM pg_sequences "
+        "WHERE schemaname = 'public' AND last_value IS NOT NULL"
+    ]
+)
 
 
 @pytest.fixture(autouse=True)

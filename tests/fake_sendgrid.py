@@ -10,6 +10,7 @@ Knobs: `delay` (seconds per call), `throttle_for(seconds)` (429 storm with X-Rat
 `fail_next(n, status)`, `refuse(address)` (400 for requests carrying it, naming the personalization
 like SendGrid), `hold()` / `release()` (keep requests waiting, to kill a worker mid-call).
 """
+
 from __future__ import annotations
 
 import collections
@@ -39,12 +40,13 @@ class FakeSendGrid:
         self._failures: collections.deque = collections.deque()
         self._held = threading.Event()
         self._release = threading.Event()
-        self.arrived = threading.Event()          # set when a held request has arrived
+        self.arrived = threading.Event()  # set when a held request has arrived
         self.server = ThreadingHTTPServer((host, port), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://{host}:{self.server.server_address[1]}/v3/mail/send"
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-sendgrid", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-sendgrid", daemon=True
+        )
 
     def __enter__(self):
         self.start()
@@ -87,8 +89,9 @@ class FakeSendGrid:
         for i, p in enumerate(payload["personalizations"]):
             for j, to in enumerate(p.get("to") or []):
                 if to.get("email") in self.refused:
-                    errors.append({"message": "Does not contain a valid address.",
-                                   "field": f"personalizations.{i}.to.{j}.email"})
+                    errors.append(
+                        {"message": "Does not contain a valid address.", "field": f"personalizations.{i}.to.{j}.email"}
+                    )
         return errors
 
     @property
@@ -183,11 +186,19 @@ def main():  # pragma: no cover - `python -m tests.fake_sendgrid --port N --dela
     fake = FakeSendGrid(delay=args.delay, record=False, port=args.port).start()
     print(fake.url, flush=True)
     try:
-        for line in sys.stdin:   # any line: print counters; EOF: exit
+        for _line in sys.stdin:  # any line: print counters; EOF: exit
             with fake.lock:
-                print(orjson.dumps({"calls": fake.calls, "personalizations": fake.personalizations,
-                                    "accepted": sum(fake.accepted_keys.values()),
-                                    "unique": len(fake.accepted_keys)}).decode(), flush=True)
+                print(
+                    orjson.dumps(
+                        {
+                            "calls": fake.calls,
+                            "personalizations": fake.personalizations,
+                            "accepted": sum(fake.accepted_keys.values()),
+                            "unique": len(fake.accepted_keys),
+                        }
+                    ).decode(),
+                    flush=True,
+                )
     finally:
         fake.stop()
 

@@ -1,10 +1,11 @@
 """Helpers shared by the newsletter tests: driving the send loop in process (rows: tests/factories.py)."""
+
 from __future__ import annotations
 
 import time
 
-from app.platform import db
 from app.newsletter import outbox, sender, service
+from app.platform import db
 
 
 def start(newsletter_id: int, audience=None) -> None:
@@ -27,8 +28,9 @@ def drain(newsletter_id: int, provider, max_rounds: int = 1000, max_wait: float 
 
 
 def counts(newsletter_id: int) -> dict:
-    return dict(db.query("SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status",
-                         (newsletter_id,)))
+    return dict(
+        db.query("SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status", (newsletter_id,))
+    )
 
 
 def newsletter_status(newsletter_id: int) -> str:

@@ -1,5 +1,6 @@
 """Raw HTTP over a socket, for what a client library would not send (odd header bytes, half a
 request, a body never sent) to a real server the test started (tests/conftest.py live_server)."""
+
 from __future__ import annotations
 
 import socket

@@ -1,6 +1,7 @@
 """A brand-new database for tests that change the schema itself (migrations, partitions dropped
 by retention), a private folder of migration files, and a lock holder the migrator's first retry
 releases: import the fixtures into the test module."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """A real TCP proxy in front of Postgres that a test can cut and restore: what a Postgres restart
 looks like from the application's side (open connections dropped, new ones refused, then back)."""
+
 from __future__ import annotations
 
 import socket
@@ -17,7 +18,7 @@ class TcpProxy:
         self.restore()
 
     @classmethod
-    def for_url(cls, url: str) -> tuple["TcpProxy", str]:
+    def for_url(cls, url: str) -> tuple[TcpProxy, str]:
         """A proxy to the Postgres of `url`, and the same URL pointing at the proxy."""
         parsed = urlparse(url)
         proxy = cls(parsed.hostname or "127.0.0.1", parsed.port or 5432)
@@ -38,7 +39,7 @@ class TcpProxy:
         listener, self._listener = self._listener, None
         if listener is not None:
             try:
-                listener.shutdown(socket.SHUT_RDWR)   # wakes the blocked accept(); close() alone would not
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone would not
             except OSError:
                 pass
             listener.close()

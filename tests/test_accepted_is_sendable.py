@@ -7,6 +7,7 @@ build (digest/build.py) for a subscriber with an event, the newsletter's per-rec
 
 Deterministic (derandomize) and bounded (100 pairs, a few seconds); real Postgres and Redis.
 """
+
 from __future__ import annotations
 
 import collections
@@ -15,14 +16,15 @@ import email.policy
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, note, settings as hsettings
+from hypothesis import HealthCheck, Phase, given, note
+from hypothesis import settings as hsettings
 
-from app.platform import apikeys, config, db, mail
-from app.subscribers import records as subscribers
 from app.newsletter import sender, template
+from app.platform import apikeys, config, db, mail
 from app.platform.providers.file import FileProvider
 from app.platform.providers.sendgrid import SendGridProvider, build_requests
 from app.platform.providers.smtp import SMTPProvider
+from app.subscribers import records as subscribers
 from app.web import app
 from digest.build import build_digests
 from digest.claim import ClaimedRun
@@ -32,7 +34,7 @@ from tracking.links import LinkRewriter
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 PUT_SUBSCRIBER = schema["/v1/subscribers/{user_id}"]["PUT"]
 CREATE_NEWSLETTER = schema["/v1/newsletters"]["POST"]
-EVENT_CATEGORY = "i10-property-check"   # no generated opt-out list names it (checked below)
+EVENT_CATEGORY = "i10-property-check"  # no generated opt-out list names it (checked below)
 EXAMPLES = 100
 # No shrinking: through the API and Postgres it took minutes; the first failing example is reported
 # as generated, with both request bodies as notes.
@@ -41,8 +43,11 @@ PHASES = [Phase.explicit, Phase.generate]
 
 @pytest.fixture
 def providers():
-    made = [SMTPProvider(url="smtp://127.0.0.1:9"), FileProvider(),
-            SendGridProvider(api_key="k", api_url="http://127.0.0.1:9/")]
+    made = [
+        SMTPProvider(url="smtp://127.0.0.1:9"),
+        FileProvider(),
+        SendGridProvider(api_key="k", api_url="http://127.0.0.1:9/"),
+    ]
     yield made
     for provider in made:
         provider.close()
@@ -52,7 +57,7 @@ def prepared_by_every_provider(outgoing, providers) -> None:
     """Each provider's own refusal is what a real send would hit (base.send_batch calls prepare)."""
     for provider in providers:
         if isinstance(provider, SendGridProvider) and mail.needs_smtputf8(mail.check_address(outgoing.to)):
-            continue   # documented: SendGrid has no SMTPUTF8, such an address fails alone there
+            continue  # documented: SendGrid has no SMTPUTF8, such an address fails alone there
         prepared = provider.prepare(outgoing)
         if isinstance(provider, SendGridProvider):
             build_requests([prepared], provider.default_from)
@@ -65,10 +70,22 @@ def prepared_by_every_provider(outgoing, providers) -> None:
 def digest_mail(record: dict):
     """The digest of a stored subscriber with one event, as the worker builds it."""
     factories.events(record["user_id"], 1, category=EVENT_CATEGORY, entity_id=f"e{record['id']}")
-    run = ClaimedRun(id=record["id"], cadence="daily", attempts=0, subscriber_id=record["id"],
-                     user_id=record["user_id"], email=record["email"], name=record["name"],
-                     subscriber_cadence="daily", token_version=1, tracking_opt_out=record["tracking_opt_out"],
-                     unsubscribed=False, paused=False, suppressed=False, timezone=record["timezone"])
+    run = ClaimedRun(
+        id=record["id"],
+        cadence="daily",
+        attempts=0,
+        subscriber_id=record["id"],
+        user_id=record["user_id"],
+        email=record["email"],
+        name=record["name"],
+        subscriber_cadence="daily",
+        token_version=1,
+        tracking_opt_out=record["tracking_opt_out"],
+        unsubscribed=False,
+        paused=False,
+        suppressed=False,
+        timezone=record["timezone"],
+    )
     with db.raw_cursor() as cur:
         ready, errors = build_digests(cur, [run])
     assert not errors and len(ready) == 1, errors
@@ -77,22 +94,40 @@ def digest_mail(record: dict):
 
 def newsletter_mail(newsletter_id: int, record: dict):
     """The newsletter's mail to a stored subscriber, as the send loop renders it."""
-    (subject, html, text, from_addr), = db.query(
-        "SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,))
+    ((subject, html, text, from_addr),) = db.query(
+        "SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,)
+    )
     compiled = template.compiled_for(newsletter_id, subject, html, text)
-    return sender._render(newsletter_id, 1, record["id"], record["email"], record["name"], record["user_id"], 1,
-                          record["tracking_opt_out"], compiled, LinkRewriter("newsletter", newsletter_id),
-                          from_addr, config.get())
+    return sender._render(
+        newsletter_id,
+        1,
+        record["id"],
+        record["email"],
+        record["name"],
+        record["user_id"],
+        1,
+        record["tracking_opt_out"],
+        compiled,
+        LinkRewriter("newsletter", newsletter_id),
+        from_addr,
+        config.get(),
+    )
 
 
 def test_every_subscriber_and_newsletter_the_api_accepts_builds_a_mail(providers):
     bearer = {"Authorization": f"Bearer {apikeys.create('i10', 'admin')}"}
     factories.subscriber("i10-fallback", "fallback@example.test")
-    fallback = subscribers.get("i10-fallback")   # the newsletter's recipient when the subscriber was refused
+    fallback = subscribers.get("i10-fallback")  # the newsletter's recipient when the subscriber was refused
     accepted = collections.Counter()
 
-    @hsettings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None, phases=PHASES,
-               suppress_health_check=list(HealthCheck))
+    @hsettings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=PHASES,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(subscriber=PUT_SUBSCRIBER.as_strategy(), newsletter=CREATE_NEWSLETTER.as_strategy())
     def check(subscriber, newsletter):
         note(f"subscriber {subscriber.path_parameters!r} {subscriber.body!r}")

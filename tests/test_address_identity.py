@@ -2,19 +2,22 @@
 that compares addresses — digest claim, send-now planning, newsletter outbox and claim, test sends,
 webhook application, admin suppressions, legacy link import — treating the case, IDNA (U-label /
 A-label) and full-width spellings of an address as one."""
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 import peewee
 import pytest
-from hypothesis import given, settings as hypothesis_settings
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from app.cli.tracking import import_legacy_links
 from app.platform import addresses, db
-from app.subscribers import records as subscribers
 from app.platform.addresses import canonical
+from app.subscribers import records as subscribers
 from app.web.admin import suppressions as admin_suppressions
 from digest import immediate
 from digest import send as digest_send
@@ -23,7 +26,6 @@ from tests.conftest import auth
 from tests.newsletter_support import counts, drain, start
 from tests.test_digest_support import run_row, sink_as_provider
 from tracking import webhook_apply, webhook_store
-from app.cli.tracking import import_legacy_links
 
 CANONICAL = "ana@xn--bcher-kva.example"
 # (how the subscriber gave it, how SendGrid / an operator / a file names it): case, U-label vs
@@ -37,23 +39,30 @@ PAIRS = [
 
 # -- the definition --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("spelling", [s for pair in PAIRS for s in pair])
 def test_every_spelling_has_one_canonical_form(spelling):
     assert canonical(spelling) == CANONICAL
 
 
-@pytest.mark.parametrize("given_, expected", [
-    ("Ana@Example.COM", "ana@example.com"), ("ANA@example.com", "ana@example.com"),   # README's table
-    ("ana@bücher.example", CANONICAL), ("Ana@BÜCHER.example", CANONICAL), ("ana@xn--bcher-kva.example", CANONICAL),
-    ("ａｎａ@ｅｘａｍｐｌｅ.ｃｏｍ", "ana@example.com"),
-    ("Ana.Lima+x@Example.COM", "ana.lima+x@example.com"),          # case, in both parts
-    ("ｊｏ@ｅｘａｍｐｌｅ.ｃｏｍ", "jo@example.com"),                      # full-width (NFKC) in both parts
-    ("JÖ@example.com", "jö@example.com"),                           # a Unicode local part stays Unicode
-    ("ana@straße.de", "ana@xn--strae-oqa.de"),                      # UTS 46 non-transitional: ß is kept
-    ("Straße@x.de", "strasse@x.de"),                                # local part: case folding maps ß
-    ("ana@example。com", "ana@example.com"),                        # an ideographic full stop is a dot
-    ("ana@" + "ü" * 70 + ".com", "ana@" + "ü" * 70 + ".com"),       # not IDNA (stored before 25.4): folded
-])
+@pytest.mark.parametrize(
+    "given_, expected",
+    [
+        ("Ana@Example.COM", "ana@example.com"),
+        ("ANA@example.com", "ana@example.com"),  # README's table
+        ("ana@bücher.example", CANONICAL),
+        ("Ana@BÜCHER.example", CANONICAL),
+        ("ana@xn--bcher-kva.example", CANONICAL),
+        ("ａｎａ@ｅｘａｍｐｌｅ.ｃｏｍ", "ana@example.com"),
+        ("Ana.Lima+x@Example.COM", "ana.lima+x@example.com"),  # case, in both parts
+        ("ｊｏ@ｅｘａｍｐｌｅ.ｃｏｍ", "jo@example.com"),  # full-width (NFKC) in both parts
+        ("JÖ@example.com", "jö@example.com"),  # a Unicode local part stays Unicode
+        ("ana@straße.de", "ana@xn--strae-oqa.de"),  # UTS 46 non-transitional: ß is kept
+        ("Straße@x.de", "strasse@x.de"),  # local part: case folding maps ß
+        ("ana@example。com", "ana@example.com"),  # an ideographic full stop is a dot
+        ("ana@" + "ü" * 70 + ".com", "ana@" + "ü" * 70 + ".com"),  # not IDNA (stored before 25.4): folded
+    ],
+)
 def test_canonical_form_examples(given_, expected):
     assert canonical(given_) == expected
 
@@ -94,16 +103,26 @@ def test_mail_goes_to_the_address_as_given_with_the_domain_of_the_canonical_form
 
 # -- invalid IDNA is refused at the door -----------------------------------------------------------
 
-INVALID_IDNA = ["ana@" + "ü" * 70 + ".com", "ana@a_b.example", "ana@-ab.example", "ana@ab--cd.example",
-                "ana@xn--zz.example", "ana@bü_cher.example"]
+INVALID_IDNA = [
+    "ana@" + "ü" * 70 + ".com",
+    "ana@a_b.example",
+    "ana@-ab.example",
+    "ana@ab--cd.example",
+    "ana@xn--zz.example",
+    "ana@bü_cher.example",
+]
 
 
 @pytest.mark.parametrize("address", INVALID_IDNA)
 def test_a_domain_that_is_not_idna_is_a_422_naming_email(client, admin_key, address):
     r = client.put("/v1/subscribers/u1", json={"email": address}, headers=auth(admin_key))
     assert r.status_code == 422, r.text
-    assert r.json()["errors"] == [{"field": "email", "message": "must be a valid email address: its domain is not a "
-                                                                "valid internationalised domain name (IDNA)"}]
+    assert r.json()["errors"] == [
+        {
+            "field": "email",
+            "message": "must be a valid email address: its domain is not a valid internationalised domain name (IDNA)",
+        }
+    ]
     assert db.query("SELECT count(*) FROM subscribers") == [(0,)]
 
 
@@ -117,9 +136,11 @@ def test_a_test_send_to_a_domain_that_is_not_idna_is_a_422_naming_to(client, adm
 
 def test_the_openapi_document_says_the_domain_must_be_idna(client):
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
-    for email in (schemas["SubscriberInput"]["properties"]["email"],
-                  schemas["TestSendInput"]["properties"]["to"]["items"]):
-        assert "IDNA" in email["description"] and email["format"] == "idn-email"   # what the pattern cannot say
+    for email in (
+        schemas["SubscriberInput"]["properties"]["email"],
+        schemas["TestSendInput"]["properties"]["to"]["items"],
+    ):
+        assert "IDNA" in email["description"] and email["format"] == "idn-email"  # what the pattern cannot say
 
 
 # -- every path compares the canonical form --------------------------------------------------------
@@ -165,7 +186,7 @@ def test_send_now_planning_skips_a_subscriber_suppressed_under_another_spelling(
     db.query("INSERT INTO digest_send_now (subscriber_id) VALUES (%s)", (sid,))
     if suppressed:
         webhook_event("spamreport", reported)
-    created, _ = immediate.plan(datetime.now(timezone.utc), sending_now=True)
+    created, _ = immediate.plan(datetime.now(UTC), sending_now=True)
     assert created == (0 if suppressed else 1)
 
 
@@ -174,41 +195,58 @@ def test_newsletter_outbox_and_claim_suppress_every_spelling(fake, provider, sto
     factories.subscriber("before", email=stored)
     factories.subscriber("after", email=stored.replace("@", "+2@", 1))
     factories.subscriber("other", email="bo@example.com")
-    webhook_event("unsubscribe", reported)                                       # before the outbox
+    webhook_event("unsubscribe", reported)  # before the outbox
     nl = factories.newsletter()
     start(nl)
     assert counts(nl) == {"pending": 2, "suppressed": 1}
-    webhook_event("bounce", reported.replace("@", "+2@", 1), type="bounce")    # after it: the claim
+    webhook_event("bounce", reported.replace("@", "+2@", 1), type="bounce")  # after it: the claim
     drain(nl, provider)
     assert counts(nl) == {"sent": 1, "suppressed": 2}
-    assert dict(db.query("SELECT s.user_id, e.error FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id "
-                         "WHERE e.status = 'suppressed'")) == {
-        "before": "suppressed: unsubscribe", "after": "suppressed before send: bounce"}
+    assert dict(
+        db.query(
+            "SELECT s.user_id, e.error FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id "
+            "WHERE e.status = 'suppressed'"
+        )
+    ) == {"before": "suppressed: unsubscribe", "after": "suppressed before send: bounce"}
     assert [m["to"] for m in fake.delivered.values()] == ["bo@example.com"]
 
 
 @pytest.mark.parametrize("stored, reported", PAIRS)
-def test_test_send_dedupes_finds_the_subscriber_and_refuses_the_suppressed_by_identity(client, admin_key, sink,
-                                                                                       stored, reported):
+def test_test_send_dedupes_finds_the_subscriber_and_refuses_the_suppressed_by_identity(
+    client, admin_key, sink, stored, reported
+):
     factories.subscriber("ana", email=stored, name="Ana Lima")
     nl = factories.newsletter(subject="Hello {{name}}")
-    answer = client.post(f"/v1/newsletters/{nl}/test", json={"to": [reported, stored, "Editor@Example.test"]},
-                         headers=auth(admin_key))
+    answer = client.post(
+        f"/v1/newsletters/{nl}/test", json={"to": [reported, stored, "Editor@Example.test"]}, headers=auth(admin_key)
+    )
     assert answer.status_code == 200, answer.text
-    assert answer.json()["results"] == [{"email": CANONICAL, "status": "sent"},
-                                        {"email": "editor@example.test", "status": "sent"}]
+    assert answer.json()["results"] == [
+        {"email": CANONICAL, "status": "sent"},
+        {"email": "editor@example.test", "status": "sent"},
+    ]
     ana = next(m for m in sink.messages() if "Ana" in m["Subject"])
-    assert ana["Subject"] == "[Test] Hello Ana Lima" and "List-Unsubscribe" in ana   # rendered as the subscriber's
-    assert sorted(rcpt for _, (rcpt,) in sink.envelopes) == sorted([addresses.sendable(reported),   # the first
-                                                                     "Editor@Example.test"])        # spelling
+    assert ana["Subject"] == "[Test] Hello Ana Lima" and "List-Unsubscribe" in ana  # rendered as the subscriber's
+    assert sorted(rcpt for _, (rcpt,) in sink.envelopes) == sorted(
+        [
+            addresses.sendable(reported),  # the first
+            "Editor@Example.test",
+        ]
+    )  # spelling
     webhook_event("bounce", stored, type="bounce")
     answer = client.post(f"/v1/newsletters/{nl}/test", json={"to": [reported]}, headers=auth(admin_key))
     assert answer.json()["results"] == [{"email": CANONICAL, "status": "suppressed"}]
 
 
-@pytest.mark.parametrize("event, extra, reason", [
-    ("bounce", {"type": "bounce"}, "bounce"), ("spamreport", {}, "spamreport"), ("unsubscribe", {}, "unsubscribe"),
-    ("dropped", {"reason": "Bounced Address"}, "bounce")])
+@pytest.mark.parametrize(
+    "event, extra, reason",
+    [
+        ("bounce", {"type": "bounce"}, "bounce"),
+        ("spamreport", {}, "spamreport"),
+        ("unsubscribe", {}, "unsubscribe"),
+        ("dropped", {"reason": "Bounced Address"}, "bounce"),
+    ],
+)
 def test_webhook_suppressions_are_stored_in_canonical_form_once(event, extra, reason):
     for _, reported in PAIRS:
         webhook_event(event, reported, **extra)
@@ -257,9 +295,11 @@ def test_webhook_events_are_stored_with_their_canonical_address():
 
 def test_an_event_stored_without_its_key_gets_it_when_applied():
     """A web process of the previous release (during a deploy) stores events without the key."""
-    (i,), = db.query("INSERT INTO webhook_events (sg_event_id, event, email, payload) "
-                     "VALUES ('old', 'open', 'ANA@BÜCHER.EXAMPLE', '{}') RETURNING id")
-    assert db.query("SELECT canonical_email FROM webhook_events") == [(None,)]   # not ASCII: no trigger key
+    ((i,),) = db.query(
+        "INSERT INTO webhook_events (sg_event_id, event, email, payload) "
+        "VALUES ('old', 'open', 'ANA@BÜCHER.EXAMPLE', '{}') RETURNING id"
+    )
+    assert db.query("SELECT canonical_email FROM webhook_events") == [(None,)]  # not ASCII: no trigger key
     webhook_apply.apply_events([i])
     assert db.query("SELECT canonical_email FROM webhook_events") == [(CANONICAL,)]
 
@@ -269,14 +309,24 @@ def test_admin_remove_resets_the_soft_bounces_of_every_spelling(admin_key, store
     sid = factories.subscriber("u1", email=stored)
     db.query("UPDATE subscribers SET soft_bounce_count = 3 WHERE id = %s", (sid,))
     webhook_event("bounce", reported, type="bounce")
-    (row,), = db.query("SELECT id FROM suppressions")
-    (key_id,), = db.query("SELECT id FROM api_keys")
+    ((row,),) = db.query("SELECT id FROM suppressions")
+    ((key_id,),) = db.query("SELECT id FROM api_keys")
     assert admin_suppressions.remove(row, key_id, "admin-test", None, "").email == CANONICAL
     assert db.query("SELECT soft_bounce_count FROM subscribers") == [(0,)]
 
 
-@pytest.mark.parametrize("text", ["bücher", "BÜCHER.EXAMPLE", "xn--bcher", "ＡＮＡ@", "Ana@Bücher.example",
-                                  "ana@xn--bcher-kva.example", "@ｂüｃｈｅｒ.example"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "bücher",
+        "BÜCHER.EXAMPLE",
+        "xn--bcher",
+        "ＡＮＡ@",
+        "Ana@Bücher.example",
+        "ana@xn--bcher-kva.example",
+        "@ｂüｃｈｅｒ.example",
+    ],
+)
 def test_admin_search_finds_the_canonical_row_by_any_spelling(text):
     factories.suppression(CANONICAL)
     factories.suppression("bo@example.com")
@@ -298,7 +348,7 @@ def test_legacy_link_import_finds_the_subscriber_under_another_spelling(tmp_path
 @pytest.mark.parametrize("stored, reported", PAIRS)
 def test_the_api_and_the_preference_writer_store_the_canonical_form(client, admin_key, stored, reported):
     r = client.put("/v1/subscribers/u1", json={"email": stored}, headers=auth(admin_key))
-    assert r.status_code == 201 and r.json()["email"] == stored          # stored and sent as given
+    assert r.status_code == 201 and r.json()["email"] == stored  # stored and sent as given
     assert db.query("SELECT canonical_email FROM subscribers") == [(CANONICAL,)]
     subscribers.update(r.json()["id"], {"email": "Bo@Example.com"})
     assert db.query("SELECT email, canonical_email FROM subscribers") == [("Bo@Example.com", "bo@example.com")]

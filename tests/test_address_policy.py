@@ -1,5 +1,6 @@
 """One address policy (app/addresses.py) from the API to the envelope, and headers as the email
 package's policy writes them."""
+
 from __future__ import annotations
 
 import email
@@ -18,8 +19,15 @@ from tests.test_digest_support import SmtpSink
 
 
 def _mail(**changes) -> OutgoingMail:
-    values = dict(to="ana@example.com", subject="Hello", html="<p>h</p>", text="h", idempotency_key="k-1",
-                  to_name="Ana Lima", headers=mail.unsubscribe_headers("https://x.test/u/TOKEN"))
+    values = {
+        "to": "ana@example.com",
+        "subject": "Hello",
+        "html": "<p>h</p>",
+        "text": "h",
+        "idempotency_key": "k-1",
+        "to_name": "Ana Lima",
+        "headers": mail.unsubscribe_headers("https://x.test/u/TOKEN"),
+    }
     return OutgoingMail(**{**values, **changes})
 
 
@@ -31,28 +39,37 @@ def test_internationalised_addresses_are_accepted(client, admin_key, address):
     assert r.status_code == 201, r.text
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"email": "ana@example.com\n"}, "email"),
-    ({"email": "ana@example.com\r\nBcc: x@y.z"}, "email"),
-    ({"email": "ana@example.com", "name": "Eve\r\nBcc: victim@example.com"}, "name"),
-    ({"email": "ana@example.com", "name": "bell\x07"}, "name"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"email": "ana@example.com\n"}, "email"),
+        ({"email": "ana@example.com\r\nBcc: x@y.z"}, "email"),
+        ({"email": "ana@example.com", "name": "Eve\r\nBcc: victim@example.com"}, "name"),
+        ({"email": "ana@example.com", "name": "bell\x07"}, "name"),
+    ],
+)
 def test_unsendable_addresses_and_control_characters_get_a_422_naming_the_field(client, admin_key, body, field):
     r = client.put("/v1/subscribers/bad", json=body, headers=auth(admin_key))
     assert r.status_code == 422 and [e["field"] for e in r.json()["errors"]] == [field]
 
 
-@pytest.mark.parametrize("sender, ok", [
-    ("News <news@example.com>", True),
-    ("news@example.com", True),
-    ("a@example.com, b@example.com", False),
-    ("News <news@example.com>, Other <o@example.com>", False),
-    ("News\r\nBcc: x@y.z <news@example.com>", False),
-    ("News <nöws@example.com>", False),                       # the sender must be plain ASCII
-])
+@pytest.mark.parametrize(
+    "sender, ok",
+    [
+        ("News <news@example.com>", True),
+        ("news@example.com", True),
+        ("a@example.com, b@example.com", False),
+        ("News <news@example.com>, Other <o@example.com>", False),
+        ("News\r\nBcc: x@y.z <news@example.com>", False),
+        ("News <nöws@example.com>", False),  # the sender must be plain ASCII
+    ],
+)
 def test_newsletter_from_must_be_exactly_one_mailbox(client, admin_key, sender, ok):
-    r = client.post("/v1/newsletters", json={"subject": "S", "html": "<p>{{unsubscribe_url}}</p>", "from": sender},
-                    headers=auth(admin_key))
+    r = client.post(
+        "/v1/newsletters",
+        json={"subject": "S", "html": "<p>{{unsubscribe_url}}</p>", "from": sender},
+        headers=auth(admin_key),
+    )
     assert r.status_code == (201 if ok else 422), r.text
     if not ok:
         assert [e["field"] for e in r.json()["errors"]] == ["from"]
@@ -101,19 +118,25 @@ def test_a_long_list_unsubscribe_url_stays_one_url_not_encoded_words():
 
 _WORD = st.text(alphabet=string.ascii_letters + string.digits, min_size=1, max_size=12)
 _TOKEN = st.text(alphabet=string.ascii_letters + string.digits + "-_.", min_size=1, max_size=40)
-_UNSTRUCTURED = st.text(alphabet=string.ascii_letters + string.digits + string.punctuation + " ", min_size=1,
-                        max_size=70)
+_UNSTRUCTURED = st.text(
+    alphabet=string.ascii_letters + string.digits + string.punctuation + " ", min_size=1, max_size=70
+)
 # What build() writes under each name: free text for the subject, and the shapes of the others.
 _VALUES = {
     "Subject": _UNSTRUCTURED,
-    "To": st.builds(lambda n, l, d: f"{' '.join(n)} <{l}@{d}.com>" if n else f"{l}@{d}.com",
-                    st.lists(_WORD, max_size=3), _TOKEN.filter(lambda t: t[0] not in ".-" and t[-1] != "."
-                                                                and ".." not in t), _WORD),
-    "Message-ID": st.builds(lambda k, h, d: f"<{k}.{h}@{d}.example>", _TOKEN, st.text("0123456789abcdef", min_size=12,
-                                                                                       max_size=12), _WORD),
+    "To": st.builds(
+        lambda n, local, d: f"{' '.join(n)} <{local}@{d}.com>" if n else f"{local}@{d}.com",
+        st.lists(_WORD, max_size=3),
+        _TOKEN.filter(lambda t: t[0] not in ".-" and t[-1] != "." and ".." not in t),
+        _WORD,
+    ),
+    "Message-ID": st.builds(
+        lambda k, h, d: f"<{k}.{h}@{d}.example>", _TOKEN, st.text("0123456789abcdef", min_size=12, max_size=12), _WORD
+    ),
     "List-Unsubscribe": st.builds(lambda t: f"<https://x.example/u/{t}>", _TOKEN),
-    "Content-Type": st.builds(lambda h: f'multipart/alternative; boundary="=_{h}"',
-                              st.text("0123456789abcdef", min_size=24, max_size=24)),
+    "Content-Type": st.builds(
+        lambda h: f'multipart/alternative; boundary="=_{h}"', st.text("0123456789abcdef", min_size=24, max_size=24)
+    ),
 }
 
 
@@ -122,6 +145,6 @@ _VALUES = {
 def test_the_plain_ascii_fast_path_is_byte_identical_to_the_policy(data, name):
     value = data.draw(_VALUES[name])
     if not mail._PLAIN_VALUE.fullmatch(value) or "=?" in value or len(name) + len(value) >= 76:
-        return    # not the fast path: the policy writes it
+        return  # not the fast path: the policy writes it
     policy = email.policy.SMTP
     assert mail._header(name, value) == policy.fold_binary(name, policy.header_store_parse(name, value)[1])

@@ -1,10 +1,11 @@
 """/admin over HTTP: sign-in and its cookie, sessions ending, CSRF, throttling, hostile input in the
 search box, pagination bounds, and the audited suppression removal. Real Postgres and Redis."""
+
 from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.cookies import SimpleCookie
 
 import pytest
@@ -48,12 +49,15 @@ def set_cookie_header(response, name: str) -> dict:
         cookie = SimpleCookie(header)
         if name in cookie:
             morsel = cookie[name]
-            return {"value": morsel.value, **{k: morsel[k] for k in ("httponly", "secure", "samesite", "path",
-                                                                      "max-age")}}
+            return {
+                "value": morsel.value,
+                **{k: morsel[k] for k in ("httponly", "secure", "samesite", "path", "max-age")},
+            }
     raise AssertionError(f"no Set-Cookie for {name}")
 
 
 # -- signed out ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", PAGES + ["/admin/suppressions/1/remove"])
 def test_pages_need_a_sign_in(client, path):
@@ -75,17 +79,18 @@ def test_posts_signed_out_change_nothing(client):
 
 # -- sign-in ---------------------------------------------------------------------------------------
 
+
 def test_sign_in_sets_a_strict_http_only_cookie_and_opens_the_dashboard(client, admin_key):
     r = sign_in(client, admin_key)
     assert (r.status_code, r.headers["location"]) == (303, "/admin")
     cookie = set_cookie_header(r, session.COOKIE)
     assert cookie["httponly"] and cookie["samesite"].lower() == "strict" and cookie["path"] == "/admin"
     assert int(cookie["max-age"]) == 8 * 3600
-    assert not cookie["secure"]                  # APP_ENV=test over plain http only
+    assert not cookie["secure"]  # APP_ENV=test over plain http only
     assert admin_key not in r.headers["set-cookie"]
     page = client.get("/admin")
     assert page.status_code == 200 and "Dashboard" in page.text and "admin-test" in page.text
-    (key_id,), = db.query("SELECT id FROM api_keys WHERE name = 'admin-test'")
+    ((key_id,),) = db.query("SELECT id FROM api_keys WHERE name = 'admin-test'")
     assert db.query("SELECT api_key_id, ended_at FROM admin_sessions") == [(key_id, None)]
     assert client.get("/admin/login", follow_redirects=False).headers["location"] == "/admin"
 
@@ -128,11 +133,11 @@ def test_failed_sign_ins_are_throttled_per_client(client, admin_key, settings):
     settings(admin_login_max_failures=3)
     for _ in range(3):
         assert sign_in(client, "nk_" + "b" * 43).status_code == 401
-    r = sign_in(client, admin_key)              # even the right key waits for the window to end
+    r = sign_in(client, admin_key)  # even the right key waits for the window to end
     assert r.status_code == 429 and 0 < int(r.headers["retry-after"]) <= 900
     assert "Too many failed sign-ins" in r.text
     other = TestClient(client.app, client=("203.0.113.9", 5000))
-    assert sign_in(other, admin_key).status_code == 303   # another address is not affected
+    assert sign_in(other, admin_key).status_code == 303  # another address is not affected
 
 
 def test_a_success_clears_the_failure_count(client, admin_key, settings):
@@ -145,6 +150,7 @@ def test_a_success_clears_the_failure_count(client, admin_key, settings):
 
 
 # -- sessions end ----------------------------------------------------------------------------------
+
 
 def test_sign_out_ends_the_session_for_a_copied_cookie_too(admin):
     copied = admin.cookies.get(session.COOKIE)
@@ -182,12 +188,18 @@ def test_a_tampered_or_foreign_cookie_is_signed_out(admin):
 
 # -- CSRF on every POST ----------------------------------------------------------------------------
 
+
 def test_remove_without_or_with_a_wrong_csrf_token_is_403_and_changes_nothing(admin, client):
     sid = factories.suppression("a@x.test")
     sub = factories.subscriber("u1")
     subscriber_page_token = csrf_of(client.get(f"/preferences/{tokens.make('preferences', sub, 1)}").text)
-    for data in ({}, {"csrf_token": ""}, {"csrf_token": "A" * 43}, {"csrf_token": subscriber_page_token},
-                 {"csrf_token": "x" * 5000}):
+    for data in (
+        {},
+        {"csrf_token": ""},
+        {"csrf_token": "A" * 43},
+        {"csrf_token": subscriber_page_token},
+        {"csrf_token": "x" * 5000},
+    ):
         r = admin.post(f"/admin/suppressions/{sid}/remove", data=data, follow_redirects=False)
         assert r.status_code == 403, data
     assert db.query("SELECT count(*) FROM suppressions") == [(1,)]
@@ -207,28 +219,45 @@ def test_a_token_of_another_session_is_refused(admin, admin_key):
 
 # -- suppressions: remove (audited) ----------------------------------------------------------------
 
+
 def test_remove_deletes_audits_and_resets_soft_bounces(admin):
-    created = datetime(2026, 1, 2, 3, 4, tzinfo=timezone.utc)
+    created = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
     sid = factories.suppression("ana@x.test", reason="soft_bounce", source="sendgrid:deferred x3", created_at=created)
     keep = factories.suppression("bo@x.test")
     sub = factories.subscriber("ana", email="Ana@X.test")
     db.query("UPDATE subscribers SET soft_bounce_count = 3 WHERE id = %s", (sub,))
     confirm = admin.get(f"/admin/suppressions/{sid}/remove")
     assert confirm.status_code == 200 and "ana@x.test" in confirm.text and "soft_bounce" in confirm.text
-    r = admin.post(f"/admin/suppressions/{sid}/remove", data={"csrf_token": csrf_of(confirm.text),
-                                                             "note": "asked by support, ticket 42"},
-                   follow_redirects=False)
+    r = admin.post(
+        f"/admin/suppressions/{sid}/remove",
+        data={"csrf_token": csrf_of(confirm.text), "note": "asked by support, ticket 42"},
+        follow_redirects=False,
+    )
     assert (r.status_code, r.headers["location"]) == (303, "/admin/suppressions?notice=removed")
     assert db.query("SELECT id FROM suppressions") == [(keep,)]
     assert db.query("SELECT soft_bounce_count FROM subscribers") == [(0,)]
-    (key_id,), = db.query("SELECT id FROM api_keys WHERE name = 'admin-test'")
-    (session_id,), = db.query("SELECT id FROM admin_sessions")
-    rows = db.query("SELECT api_key_id, api_key_name, action, target, detail, at > now() - interval '1 minute' "
-                    "FROM admin_audit")
-    assert rows == [(key_id, "admin-test", "suppression.remove", "ana@x.test",
-                     {"suppression_id": sid, "reason": "soft_bounce", "source": "sendgrid:deferred x3",
-                      "suppressed_at": created.isoformat(), "note": "asked by support, ticket 42",
-                      "session_id": session_id}, True)]
+    ((key_id,),) = db.query("SELECT id FROM api_keys WHERE name = 'admin-test'")
+    ((session_id,),) = db.query("SELECT id FROM admin_sessions")
+    rows = db.query(
+        "SELECT api_key_id, api_key_name, action, target, detail, at > now() - interval '1 minute' FROM admin_audit"
+    )
+    assert rows == [
+        (
+            key_id,
+            "admin-test",
+            "suppression.remove",
+            "ana@x.test",
+            {
+                "suppression_id": sid,
+                "reason": "soft_bounce",
+                "source": "sendgrid:deferred x3",
+                "suppressed_at": created.isoformat(),
+                "note": "asked by support, ticket 42",
+                "session_id": session_id,
+            },
+            True,
+        )
+    ]
     listing = admin.get("/admin/suppressions?notice=removed").text
     assert "removed from the suppression list" in listing and "asked by support, ticket 42" in listing
 
@@ -243,8 +272,14 @@ def test_removing_twice_audits_once(admin):
     assert db.query("SELECT count(*) FROM admin_audit") == [(1,)]
 
 
-@pytest.mark.parametrize("path", ["/admin/suppressions/0/remove", "/admin/suppressions/99/remove",
-                                  "/admin/suppressions/99999999999999999999999/remove"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/suppressions/0/remove",
+        "/admin/suppressions/99/remove",
+        "/admin/suppressions/99999999999999999999999/remove",
+    ],
+)
 def test_remove_of_a_missing_row(admin, path):
     r = admin.get(path, follow_redirects=False)
     assert r.headers["location"] == "/admin/suppressions?notice=already-removed"
@@ -264,6 +299,7 @@ def test_a_note_with_control_characters_is_refused(admin):
 
 # -- suppressions: search --------------------------------------------------------------------------
 
+
 def test_search_is_a_literal_case_insensitive_substring(admin):
     for email in ("ana@gmail.com", "bo@gmail.com", "cy@yahoo.com", "100%_sure@x.test", "back\\slash@x.test"):
         factories.suppression(email)
@@ -280,8 +316,9 @@ def test_search_is_a_literal_case_insensitive_substring(admin):
     assert len(found("")) == 5
 
 
-@pytest.mark.parametrize("q", ['<script>alert(1)</script>', '"><img src=x onerror=alert(1)>', "é" * 254,
-                               "\u202e\u0041", "🙂@x", "x\u00a0y"])
+@pytest.mark.parametrize(
+    "q", ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "é" * 254, "\u202e\u0041", "🙂@x", "x\u00a0y"]
+)
 def test_hostile_search_text_is_shown_as_text(admin, q):
     factories.suppression('"><img src=x onerror=alert(1)>@x.test')
     r = admin.get("/admin/suppressions", params={"q": q})
@@ -302,6 +339,7 @@ def test_undecodable_search_bytes_are_not_a_500(admin):
 
 # -- pagination bounds -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", ["/admin/suppressions", "/admin/newsletters"])
 @pytest.mark.parametrize("page", ["0", "-1", "abc", "1.5", " 1", "١", "", "99999999999999999999", "201", "501"])
 def test_page_out_of_bounds_is_a_400_naming_the_parameter(admin, path, page):
@@ -312,8 +350,9 @@ def test_page_out_of_bounds_is_a_400_naming_the_parameter(admin, path, page):
 
 
 def test_suppression_pages(admin):
-    db.query("INSERT INTO suppressions (email, reason) SELECT 'p' || g || '@x.test', 'bounce' "
-             "FROM generate_series(1, 60) g")
+    db.query(
+        "INSERT INTO suppressions (email, reason) SELECT 'p' || g || '@x.test', 'bounce' FROM generate_series(1, 60) g"
+    )
     first = admin.get("/admin/suppressions")
     assert first.text.count('<td class="address">') == 50 and "p60@x.test" in first.text
     assert 'rel="next"' in first.text and 'rel="prev"' not in first.text
@@ -323,7 +362,7 @@ def test_suppression_pages(admin):
     past = admin.get(f"/admin/suppressions?page={suppressions.MAX_PAGE}")
     assert past.status_code == 200 and '<td class="address">' not in past.text
     searched = admin.get("/admin/suppressions?q=p1&page=1")
-    assert searched.text.count('<td class="address">') == 11      # p1, p10..p19
+    assert searched.text.count('<td class="address">') == 11  # p1, p10..p19
 
 
 def test_newsletter_table_shows_progress(admin):
@@ -340,11 +379,13 @@ def test_newsletter_table_shows_progress(admin):
 
 # -- dashboard and charts --------------------------------------------------------------------------
 
+
 def test_dashboard_shows_the_figures(admin):
     sub = factories.subscriber("u1")
-    now = datetime.now(timezone.utc)
-    factories.digest_run(sub, status="sent", scheduled_for=now - timedelta(minutes=10),
-                         completed_at=now - timedelta(minutes=9))
+    now = datetime.now(UTC)
+    factories.digest_run(
+        sub, status="sent", scheduled_for=now - timedelta(minutes=10), completed_at=now - timedelta(minutes=9)
+    )
     page = admin.get("/admin").text
     assert re.search(r"Digests sent</dt><dd>1<", page)
     assert re.search(r"Digest lateness p50</dt><dd>60 s<", page)
@@ -378,20 +419,26 @@ def test_pages_carry_the_security_headers(admin):
         r = admin.get(path)
         assert r.status_code == 200
         assert r.headers["cache-control"] == "no-store" and r.headers["x-frame-options"] == "DENY"
-        assert "script-src" not in r.headers["content-security-policy"]   # default-src 'none': no script at all
+        assert "script-src" not in r.headers["content-security-policy"]  # default-src 'none': no script at all
 
 
 def test_audit_detail_is_json(admin):
     sid = factories.suppression("a@x.test")
     token = csrf_of(admin.get(f"/admin/suppressions/{sid}/remove").text)
     admin.post(f"/admin/suppressions/{sid}/remove", data={"csrf_token": token, "note": '"}; DROP TABLE x; --'})
-    (detail,), = db.query("SELECT detail::text FROM admin_audit")
+    ((detail,),) = db.query("SELECT detail::text FROM admin_audit")
     assert json.loads(detail)["note"] == '"}; DROP TABLE x; --'
 
 
-@pytest.mark.parametrize("reason, warning", [("bounce", "after a bounce: mailing it again"),
-                                             ("spamreport", "after a complaint"),
-                                             ("erased", "asked to be erased"), ("manual", None)])
+@pytest.mark.parametrize(
+    "reason, warning",
+    [
+        ("bounce", "after a bounce: mailing it again"),
+        ("spamreport", "after a complaint"),
+        ("erased", "asked to be erased"),
+        ("manual", None),
+    ],
+)
 def test_the_confirmation_warns_by_reason(admin, reason, warning):
     sid = factories.suppression("a@x.test", reason=reason)
     text = re.sub(r"\s+", " ", admin.get(f"/admin/suppressions/{sid}/remove").text)
@@ -447,8 +494,13 @@ def test_the_web_process_does_not_import_matplotlib_until_a_chart_is_drawn():
     import sys
 
     code = "import sys, app.web; print('matplotlib' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**__import__("os").environ, "APP_ENV": "test"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, "APP_ENV": "test"},
+    )
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
@@ -464,8 +516,12 @@ def test_a_figure_that_times_out_is_shown_as_unavailable(admin, monkeypatch):
 
 def test_an_odd_user_agent_is_stored_printable(client, admin_key):
     form = client.get("/admin/login")
-    r = client.post("/admin/login", data={"csrf_token": csrf_of(form.text), "api_key": admin_key},
-                    headers={"user-agent": ("Mozilla\t/5.0 " + "é" * 500).encode()}, follow_redirects=False)
+    r = client.post(
+        "/admin/login",
+        data={"csrf_token": csrf_of(form.text), "api_key": admin_key},
+        headers={"user-agent": ("Mozilla\t/5.0 " + "é" * 500).encode()},
+        follow_redirects=False,
+    )
     assert r.status_code == 303
-    (agent,), = db.query("SELECT user_agent FROM admin_sessions")
+    ((agent,),) = db.query("SELECT user_agent FROM admin_sessions")
     assert agent.startswith("Mozilla/5.0 ") and "\t" not in agent and len(agent) <= session.MAX_USER_AGENT_CHARS

@@ -1,9 +1,10 @@
 """The dashboard's figures against real rows (tests/factories.py): what is counted in which hour,
 what is left out, the rates' and lateness' definitions, the indexes the windows use, a statement
 that times out, and the per-range cache."""
+
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -11,25 +12,45 @@ from app.platform import db
 from app.web.admin import charts, render, stats
 from tests import factories
 
-NOW = datetime(2026, 3, 10, 12, 30, tzinfo=timezone.utc)   # 24 h window: 03-09 13:00 to 03-10 13:00
+NOW = datetime(2026, 3, 10, 12, 30, tzinfo=UTC)  # 24 h window: 03-09 13:00 to 03-10 13:00
 
 
 def at(hour: int, minute: int = 0, second: int = 0, day: int = 10) -> datetime:
-    return datetime(2026, 3, day, hour, minute, second, tzinfo=timezone.utc)
+    return datetime(2026, 3, day, hour, minute, second, tzinfo=UTC)
 
 
 def hit(kind: str, mail_kind: str, mail_id: int, subscriber_id: int | None, when: datetime, machine: bool = False):
     link = None
     if kind == "click":
-        link = factories.insert("email_links", mail_kind=mail_kind, mail_id=mail_id, url="https://example.com/",
-                                url_hash=f"{mail_kind}{mail_id}{when}".encode())
-    factories.insert("email_link_history", kind=kind, link_id=link, mail_kind=mail_kind, mail_id=mail_id,
-                     subscriber_id=subscriber_id, is_machine=machine, occurred_at=when)
+        link = factories.insert(
+            "email_links",
+            mail_kind=mail_kind,
+            mail_id=mail_id,
+            url="https://example.com/",
+            url_hash=f"{mail_kind}{mail_id}{when}".encode(),
+        )
+    factories.insert(
+        "email_link_history",
+        kind=kind,
+        link_id=link,
+        mail_kind=mail_kind,
+        mail_id=mail_id,
+        subscriber_id=subscriber_id,
+        is_machine=machine,
+        occurred_at=when,
+    )
 
 
 def webhook(event: str, when: datetime, **payload) -> None:
-    factories.insert("webhook_events", sg_event_id=f"sg-{event}-{when.isoformat()}-{len(payload)}", event=event,
-                     email="x@x.test", payload='{"event": "%s"}' % event, received_at=when, processed_at=when)
+    factories.insert(
+        "webhook_events",
+        sg_event_id=f"sg-{event}-{when.isoformat()}-{len(payload)}",
+        event=event,
+        email="x@x.test",
+        payload=f'{{"event": "{event}"}}',
+        received_at=when,
+        processed_at=when,
+    )
 
 
 @pytest.fixture
@@ -41,8 +62,9 @@ def history():
     run_a = factories.digest_run(a, status="sent", scheduled_for=at(12), completed_at=at(12, 10))
     run_b = factories.digest_run(b, status="sent", scheduled_for=at(12, 19, 30), completed_at=at(12, 20))
     run_c = factories.digest_run(c, status="sent", scheduled_for=at(9), completed_at=at(9, 5))
-    factories.digest_run(a, status="sent", scheduled_for=at(12, 50, day=9), completed_at=at(12, 59, day=9),
-                         period=at(0, day=9).date())
+    factories.digest_run(
+        a, status="sent", scheduled_for=at(12, 50, day=9), completed_at=at(12, 59, day=9), period=at(0, day=9).date()
+    )
     factories.digest_run(b, status="failed", scheduled_for=at(8), completed_at=at(8, 1), period=at(0, day=9).date())
     factories.digest_run(c, status="skipped", scheduled_for=at(7), completed_at=at(7, 1), period=at(0, day=8).date())
     nl = factories.newsletter_row(status="done")
@@ -52,18 +74,18 @@ def history():
 
     hit("open", "digest", run_a, a, at(12, 40))
     hit("click", "digest", run_a, a, at(12, 41))
-    hit("open", "digest", run_b, b, at(12, 20, 2), machine=True)   # a scanner: run_b is not opened
-    hit("click", "digest", run_c, c, at(10))                       # clicked without the pixel: opened
+    hit("open", "digest", run_b, b, at(12, 20, 2), machine=True)  # a scanner: run_b is not opened
+    hit("click", "digest", run_c, c, at(10))  # clicked without the pixel: opened
     hit("open", "newsletter", nl, a, at(11, 5))
-    hit("open", "newsletter", nl, a, at(11, 6))                    # the same mail opened twice
-    hit("open", "newsletter", nl, None, at(11, 40))                # an erased subscriber's open
-    hit("open", "digest", 999, a, at(12, 5))                       # a mail sent before the window
+    hit("open", "newsletter", nl, a, at(11, 6))  # the same mail opened twice
+    hit("open", "newsletter", nl, None, at(11, 40))  # an erased subscriber's open
+    hit("open", "digest", 999, a, at(12, 5))  # a mail sent before the window
 
     webhook("bounce", at(12, 5))
     webhook("bounce", at(12, 6), type="blocked")
     webhook("spamreport", at(10, 15))
     webhook("delivered", at(10))
-    webhook("bounce", at(12, day=9))                               # before the window
+    webhook("bounce", at(12, day=9))  # before the window
     return {"a": run_a, "b": run_b, "c": run_c}
 
 
@@ -83,32 +105,32 @@ def test_mails_sent_per_hour(history):
     d = stats.compute("24h", NOW)
     assert d.unavailable == []
     assert d.sent["digest"][index(d, at(12))] == 2 and d.sent["digest"][index(d, at(9))] == 1
-    assert sum(d.sent["digest"]) == 3                     # not the failed, skipped or older ones
+    assert sum(d.sent["digest"]) == 3  # not the failed, skipped or older ones
     assert d.sent["newsletter"][index(d, at(11))] == 2 and sum(d.sent["newsletter"]) == 2
 
 
 def test_open_and_click_rates_are_shares_of_the_mails_sent_each_hour(history):
     d = stats.compute("24h", NOW)
-    assert d.opened["digest"][index(d, at(12))] == 1      # run_a; run_b's only open was a machine's
-    assert d.opened["digest"][index(d, at(9))] == 1       # run_c: a click counts as an open
+    assert d.opened["digest"][index(d, at(12))] == 1  # run_a; run_b's only open was a machine's
+    assert d.opened["digest"][index(d, at(9))] == 1  # run_c: a click counts as an open
     assert d.clicked["digest"][index(d, at(12))] == 1 and d.clicked["digest"][index(d, at(9))] == 1
     assert d.opened["newsletter"][index(d, at(11))] == 1  # opened twice, counted once; the erased one not
     assert d.rate("open") == pytest.approx(3 / 5) and d.rate("click") == pytest.approx(2 / 5)
     assert d.rate("open", index(d, at(12))) == pytest.approx(1 / 2)
-    assert d.rate("open", index(d, at(3))) is None        # nothing sent: no rate, not 0 %
+    assert d.rate("open", index(d, at(3))) is None  # nothing sent: no rate, not 0 %
     assert d.rates("click")[index(d, at(9))] == 1.0
 
 
 def test_bounces_and_complaints_per_hour(history):
     d = stats.compute("24h", NOW)
-    assert d.bounces[index(d, at(12))] == 2               # a block is a bounce
+    assert d.bounces[index(d, at(12))] == 2  # a block is a bounce
     assert d.complaints[index(d, at(10))] == 1
     assert (sum(d.bounces), sum(d.complaints)) == (2, 1)
 
 
 def test_digest_lateness_percentiles(history):
     d = stats.compute("24h", NOW)
-    assert d.lateness_p50[index(d, at(12))] == pytest.approx(315)      # of 600 s and 30 s
+    assert d.lateness_p50[index(d, at(12))] == pytest.approx(315)  # of 600 s and 30 s
     assert d.lateness_p95[index(d, at(12))] == pytest.approx(571.5)
     assert d.lateness_p50[index(d, at(9))] == pytest.approx(300)
     assert d.lateness_p50[index(d, at(10))] is None
@@ -169,4 +191,4 @@ def test_charts_are_drawn_once_per_computation(history):
     d = stats.compute("24h", NOW)
     first = charts.svg("sent", d)
     assert charts.svg("sent", d) is first
-    assert charts.svg("sent", stats.compute("24h", NOW)) == first   # deterministic output
+    assert charts.svg("sent", stats.compute("24h", NOW)) == first  # deterministic output

@@ -1,13 +1,14 @@
 """Category registry API (admin scope): register/replace, read, list, delete; the key and the body
 are validated with field-named 422s; what a stranger can send never gets past validation."""
+
 from __future__ import annotations
 
 from urllib.parse import quote
 
 import pytest
 
-from app.subscribers import categories
 from app.platform import db
+from app.subscribers import categories
 from tests.conftest import auth
 
 BODY = {"label": "Comments", "description": "Replies to your posts", "verb": "commented on"}
@@ -20,11 +21,18 @@ def put(client, api_key, name="comment", **body):
 def test_register_read_list_replace_delete(client, admin_key):
     r = put(client, admin_key)
     assert r.status_code == 201
-    assert r.json() == {"key": "comment", "label": "Comments", "description": "Replies to your posts",
-                        "verb": "commented on", "delivery": "digest"}
+    assert r.json() == {
+        "key": "comment",
+        "label": "Comments",
+        "description": "Replies to your posts",
+        "verb": "commented on",
+        "delivery": "digest",
+    }
     assert client.get("/v1/categories/comment", headers=auth(admin_key)).json() == r.json()
-    r = client.put("/v1/categories/comment", json={"label": "Replies", "delivery": "immediate"}, headers=auth(admin_key))
-    assert r.status_code == 200   # PUT replaces: omitted fields take their defaults
+    r = client.put(
+        "/v1/categories/comment", json={"label": "Replies", "delivery": "immediate"}, headers=auth(admin_key)
+    )
+    assert r.status_code == 200  # PUT replaces: omitted fields take their defaults
     assert r.json() == {"key": "comment", "label": "Replies", "description": "", "verb": "", "delivery": "immediate"}
     put(client, admin_key, name="a.like:v2-x_y", label="Likes")
     listed = client.get("/v1/categories", headers=auth(admin_key)).json()["categories"]
@@ -45,11 +53,12 @@ def test_a_change_is_seen_at_once_by_this_process(client, admin_key):
     assert "comment" not in categories.registry()
 
 
-@pytest.mark.parametrize("name", ["a b", "é", "x" * 101, "<script>", "likes;drop", "%00", "ü\u202e", "a\tb",
-                                  "..%2F..%2Fetc"])
+@pytest.mark.parametrize(
+    "name", ["a b", "é", "x" * 101, "<script>", "likes;drop", "%00", "ü\u202e", "a\tb", "..%2F..%2Fetc"]
+)
 def test_bad_keys_are_422_naming_the_key(client, admin_key, name):
     r = client.put(f"/v1/categories/{quote(name, safe='%')}", json=BODY, headers=auth(admin_key))
-    assert r.status_code in (404, 422)   # a path that is not one segment never reaches the route
+    assert r.status_code in (404, 422)  # a path that is not one segment never reaches the route
     if r.status_code == 422:
         assert [e["field"] for e in r.json()["errors"]] == ["key"]
         assert "letters, digits" in r.json()["errors"][0]["message"]
@@ -57,22 +66,25 @@ def test_bad_keys_are_422_naming_the_key(client, admin_key, name):
     assert db.query("SELECT count(*) FROM categories") == [(0,)]
 
 
-@pytest.mark.parametrize("field,value", [
-    ("label", ""),
-    ("label", "   "),
-    ("label", "two\nlines"),
-    ("label", "x" * 101),
-    ("label", 5),
-    ("label", None),
-    ("description", "x" * 501),
-    ("description", "bell\x07"),
-    ("verb", "y" * 61),
-    ("verb", "a\r\nBcc: x"),
-    ("delivery", "later"),
-    ("delivery", "DIGEST"),
-    ("colour", "blue"),
-    ("key", "other"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("label", ""),
+        ("label", "   "),
+        ("label", "two\nlines"),
+        ("label", "x" * 101),
+        ("label", 5),
+        ("label", None),
+        ("description", "x" * 501),
+        ("description", "bell\x07"),
+        ("verb", "y" * 61),
+        ("verb", "a\r\nBcc: x"),
+        ("delivery", "later"),
+        ("delivery", "DIGEST"),
+        ("colour", "blue"),
+        ("key", "other"),
+    ],
+)
 def test_invalid_bodies_are_422_naming_the_field_and_nothing_saved(client, admin_key, field, value):
     r = put(client, admin_key, **{field: value})
     assert r.status_code == 422

@@ -1,5 +1,6 @@
 """Property-based API fuzzing from our own OpenAPI document (schemathesis): no input makes the
 public API answer 5xx or break its documented response contract."""
+
 from __future__ import annotations
 
 import json

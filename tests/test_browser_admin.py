@@ -1,41 +1,58 @@
 """The operator dashboard in a real browser (Debian's headless Chromium through Playwright, the app
 under uvicorn; the fixtures are the subscriber pages' own): sign in, look at the dashboard, remove a
 suppression, sign out — at 1280 and 390 px. Screenshots land in test-artifacts/ (gitignored)."""
+
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from app.platform import apikeys, db
 from tests import factories
-from tests.test_browser_pages import (UNLABELLED_CONTROLS_JS, browser, live_server, pytestmark,  # noqa: F401
-                                      shot)
+from tests.test_browser_pages import (
+    UNLABELLED_CONTROLS_JS,
+    pytestmark,  # noqa: F401
+    shot,
+)
 
 HOSTILE = '"><img src=x onerror=alert(1)>@evil.test'
-CHARTS_LOADED_JS = ("() => [...document.querySelectorAll('.chart img')]"
-                    ".map(img => img.complete && img.naturalWidth > 0)")
+CHARTS_LOADED_JS = "() => [...document.querySelectorAll('.chart img')].map(img => img.complete && img.naturalWidth > 0)"
 OVERFLOW_JS = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
 
 @pytest.fixture
 def mail_history(redis_client):
     """A few hours of sent mail, opens, a bounce, a newsletter half sent, and suppressions."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     subs = [factories.subscriber(f"reader{i}") for i in range(6)]
     for i, sub in enumerate(subs):
         sent = now - timedelta(hours=i % 4, minutes=5)
-        run = factories.digest_run(sub, status="sent", scheduled_for=sent - timedelta(seconds=30 + 60 * i),
-                                   completed_at=sent)
+        run = factories.digest_run(
+            sub, status="sent", scheduled_for=sent - timedelta(seconds=30 + 60 * i), completed_at=sent
+        )
         if i % 2 == 0:
-            factories.insert("email_link_history", kind="open", mail_kind="digest", mail_id=run, subscriber_id=sub,
-                             occurred_at=sent + timedelta(minutes=2))
+            factories.insert(
+                "email_link_history",
+                kind="open",
+                mail_kind="digest",
+                mail_id=run,
+                subscriber_id=sub,
+                occurred_at=sent + timedelta(minutes=2),
+            )
     nl = factories.newsletter_row(subject="Spring news", status="sending", send_requested_at=now - timedelta(hours=2))
     for i, sub in enumerate(subs):
-        factories.outbox_row(nl, sub, status="sent" if i < 4 else "pending",
-                             sent_at=now - timedelta(hours=2) if i < 4 else None)
-    factories.insert("webhook_events", sg_event_id="sg-1", event="bounce", email="gone@x.test",
-                     payload='{"event": "bounce"}', received_at=now - timedelta(hours=1))
+        factories.outbox_row(
+            nl, sub, status="sent" if i < 4 else "pending", sent_at=now - timedelta(hours=2) if i < 4 else None
+        )
+    factories.insert(
+        "webhook_events",
+        sg_event_id="sg-1",
+        event="bounce",
+        email="gone@x.test",
+        payload='{"event": "bounce"}',
+        received_at=now - timedelta(hours=1),
+    )
     for email in ("ana@x.test", "bo@x.test", "gone@x.test", HOSTILE):
         factories.suppression(email, source="sendgrid:bounce")
     return apikeys.create("browser-admin", "admin")
@@ -80,7 +97,7 @@ def test_sign_in_dashboard_and_remove_a_suppression(live_server, browser, mail_h
         assert page.locator("td.address").all_inner_texts() == ["gone@x.test", "bo@x.test", "ana@x.test"]
         page.get_by_label("Search addresses").fill(HOSTILE)
         page.get_by_role("button", name="Search").click()
-        assert page.locator("td.address").all_inner_texts() == [HOSTILE]   # shown as text, not markup
+        assert page.locator("td.address").all_inner_texts() == [HOSTILE]  # shown as text, not markup
         page.get_by_label("Search addresses").fill("")
         page.get_by_role("button", name="Search").click()
         shot(page, "admin-suppressions-1280")
@@ -96,7 +113,8 @@ def test_sign_in_dashboard_and_remove_a_suppression(live_server, browser, mail_h
         shot(page, "admin-suppression-removed-1280")
         assert db.query("SELECT count(*) FROM suppressions WHERE email = 'ana@x.test'") == [(0,)]
         assert db.query("SELECT api_key_name, target, detail->>'note' FROM admin_audit") == [
-            ("browser-admin", "ana@x.test", "re-subscribed by phone")]
+            ("browser-admin", "ana@x.test", "re-subscribed by phone")
+        ]
 
         page.get_by_role("button", name="Sign out").click()
         page.wait_for_url("**/admin/login")
@@ -108,14 +126,15 @@ def test_sign_in_dashboard_and_remove_a_suppression(live_server, browser, mail_h
 
 
 def test_phone_width_dashboard_and_suppressions(live_server, browser, mail_history):
-    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-                                  device_scale_factor=2, locale="en-US")
+    context = browser.new_context(
+        viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, device_scale_factor=2, locale="en-US"
+    )
     page = context.new_page()
     try:
         sign_in(page, live_server, mail_history)
         page.wait_for_load_state("networkidle")
         assert page.evaluate(CHARTS_LOADED_JS) == [True] * 4
-        assert page.evaluate(OVERFLOW_JS) <= 0          # wide tables scroll inside their own box
+        assert page.evaluate(OVERFLOW_JS) <= 0  # wide tables scroll inside their own box
         shot(page, "admin-dashboard-390")
         page.goto(live_server + "/admin/suppressions")
         assert page.evaluate(OVERFLOW_JS) <= 0
@@ -125,4 +144,3 @@ def test_phone_width_dashboard_and_suppressions(live_server, browser, mail_histo
         shot(page, "admin-newsletters-390")
     finally:
         context.close()
-

@@ -3,23 +3,24 @@ same HTML the mail carries), a newsletter in the layout, the digest and newslett
 (sent through the service to the file provider; the text/html part of the stored message), the
 preference page after saving, and a stream unsubscribe page. Screenshots land in test-artifacts/
 (<name>-1280.png, <name>-390.png); at 390 px nothing may scroll sideways."""
+
 from __future__ import annotations
 
 import email
 import email.policy
+import os
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.subscribers import categories, streams
-from app.platform import layout, providers, tokens
 from app.newsletter import template
+from app.platform import layout, providers, tokens
+from app.subscribers import categories, streams
 from digest import send as digest_send
 from tests import factories
 from tests.newsletter_support import drain, start
 from tests.test_browser_pages import CHROMIUM, browser, live_server, shot, sync_playwright  # noqa: F401
-import os
 
 pytestmark = [
     pytest.mark.browser,
@@ -32,13 +33,18 @@ WIDTHS = (1280, 390)
 OVERFLOW_JS = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
 
-def at_each_width(browser, name: str, load) -> list[str]:  # noqa: F811
+def at_each_width(browser, name: str, load) -> list[str]:
     """load(page) at each width; asserts no sideways scroll at 390 px; returns each page's text."""
     texts = []
     for width in WIDTHS:
         mobile = width < 600
-        context = browser.new_context(viewport={"width": width, "height": 900}, is_mobile=mobile, has_touch=mobile,
-                                      device_scale_factor=2 if mobile else 1, locale="en-US")
+        context = browser.new_context(
+            viewport={"width": width, "height": 900},
+            is_mobile=mobile,
+            has_touch=mobile,
+            device_scale_factor=2 if mobile else 1,
+            locale="en-US",
+        )
         try:
             page = context.new_page()
             load(page)
@@ -52,14 +58,16 @@ def at_each_width(browser, name: str, load) -> list[str]:  # noqa: F811
 
 
 POSTAL_ADDRESS = "Demo Ltd, 1 Example Street, Lisbon"
-WIDE_BODY = ("<h1>Hello {{name}}, here is what's new</h1>"
-             "<p>We shipped streams: stop newsletters and keep your digest, or the other way round.</p>"
-             '<p><img src="data:image/svg+xml;utf8,<svg xmlns=%27http://www.w3.org/2000/svg%27 width=%27900%27 '
-             'height=%27300%27><rect width=%27900%27 height=%27300%27 fill=%27%23ddd%27/></svg>" width="900" '
-             'height="300" alt="A wide picture"></p>'
-             '<p>Read more: <a href="https://example.test/a/very/long/link/that/has/no/spaces/at/all/'
-             'and/goes/on/and/on/for/ever/and/ever">https://example.test/a/very/long/link/that/has/no/spaces/'
-             "at/all/and/goes/on/and/on/for/ever/and/ever</a></p>")
+WIDE_BODY = (
+    "<h1>Hello {{name}}, here is what's new</h1>"
+    "<p>We shipped streams: stop newsletters and keep your digest, or the other way round.</p>"
+    '<p><img src="data:image/svg+xml;utf8,<svg xmlns=%27http://www.w3.org/2000/svg%27 width=%27900%27 '
+    'height=%27300%27><rect width=%27900%27 height=%27300%27 fill=%27%23ddd%27/></svg>" width="900" '
+    'height="300" alt="A wide picture"></p>'
+    '<p>Read more: <a href="https://example.test/a/very/long/link/that/has/no/spaces/at/all/'
+    'and/goes/on/and/on/for/ever/and/ever">https://example.test/a/very/long/link/that/has/no/spaces/'
+    "at/all/and/goes/on/and/on/for/ever/and/ever</a></p>"
+)
 
 
 @pytest.fixture
@@ -82,21 +90,31 @@ def show_delivered(page, html: str) -> None:
     assert page.get_by_text(POSTAL_ADDRESS).first.is_visible()
 
 
-def test_delivered_digest_at_1280_and_390(mail_out, browser):  # noqa: F811
+def test_delivered_digest_at_1280_and_390(mail_out, browser):
     sid = factories.subscriber("browser-delivered", name="Ana Lima", timezone="Europe/Lisbon")
     categories.upsert("likes", categories.validate({"label": "Likes", "verb": "liked"})[0])
-    for post, title, n in (("p1", "Launch notes", 4), ("p2", "A rather long title about the roadmap for the third "
-                                                       "quarter and everything that comes with it", 2)):
-        factories.events("browser-delivered", n, category="likes", entity_id=post,
-                         payload={"entity_title": title, "entity_url": f"https://example.test/posts/{post}",
-                                  "actor_avatar_url": "https://example.test/avatars/a.png"})
+    for post, title, n in (
+        ("p1", "Launch notes", 4),
+        ("p2", "A rather long title about the roadmap for the third quarter and everything that comes with it", 2),
+    ):
+        factories.events(
+            "browser-delivered",
+            n,
+            category="likes",
+            entity_id=post,
+            payload={
+                "entity_title": title,
+                "entity_url": f"https://example.test/posts/{post}",
+                "actor_avatar_url": "https://example.test/avatars/a.png",
+            },
+        )
     assert digest_send.process([factories.digest_run(sid)])["sent"] == 1
     html = delivered_html(mail_out)
     for text in at_each_width(browser, "digest-delivered", lambda page: show_delivered(page, html)):
         assert "Launch notes" in text and "Hi Ana" in text and POSTAL_ADDRESS in text
 
 
-def test_delivered_newsletter_at_1280_and_390(mail_out, browser):  # noqa: F811
+def test_delivered_newsletter_at_1280_and_390(mail_out, browser):
     factories.subscriber("browser-news", name="Ana Lima")
     newsletter_id = factories.newsletter("News for {{name}}", WIDE_BODY)
     start(newsletter_id, {"kind": "user_ids", "user_ids": ["browser-news"]})
@@ -106,19 +124,38 @@ def test_delivered_newsletter_at_1280_and_390(mail_out, browser):  # noqa: F811
         assert "Hello Ana Lima, here is what's new" in text and POSTAL_ADDRESS in text
 
 
-def test_digest_at_1280_and_390(live_server, browser):  # noqa: F811
+def test_digest_at_1280_and_390(live_server, browser):
     sid = factories.subscriber("browser-digest", name="Ana Lima", timezone="Europe/Lisbon")
-    sent_at = datetime.now(timezone.utc) - timedelta(minutes=5)
+    sent_at = datetime.now(UTC) - timedelta(minutes=5)
     run_id = factories.digest_run(sid, status="sent", completed_at=sent_at)
-    posts = [("p1", "Launch notes", 6), ("p2", "A rather long title about the roadmap for the third quarter "
-                                        "and everything that comes with it", 3),
-             ("p3", "Design review: onboarding", 2)]
+    posts = [
+        ("p1", "Launch notes", 6),
+        ("p2", "A rather long title about the roadmap for the third quarter and everything that comes with it", 3),
+        ("p3", "Design review: onboarding", 2),
+    ]
     for post, title, n in posts:
-        factories.events("browser-digest", n, category="likes", entity_id=post, run_id=run_id, when=sent_at - timedelta(hours=2),
-                         payload={"entity_title": title, "entity_url": f"https://example.test/posts/{post}?"
-                                  "utm_source=digest&a-very-long-query-string-that-must-wrap=1234567890abcdef"})
-    factories.events("browser-digest", 2, category="comments", entity_id="p1", run_id=run_id,
-                     when=sent_at - timedelta(minutes=30), payload={"text": "Looks good"})
+        factories.events(
+            "browser-digest",
+            n,
+            category="likes",
+            entity_id=post,
+            run_id=run_id,
+            when=sent_at - timedelta(hours=2),
+            payload={
+                "entity_title": title,
+                "entity_url": f"https://example.test/posts/{post}?"
+                "utm_source=digest&a-very-long-query-string-that-must-wrap=1234567890abcdef",
+            },
+        )
+    factories.events(
+        "browser-digest",
+        2,
+        category="comments",
+        entity_id="p1",
+        run_id=run_id,
+        when=sent_at - timedelta(minutes=30),
+        payload={"text": "Looks good"},
+    )
     # the keys the preference test's events use too: the server caches the registry for a while
     for key, label, verb in (("likes", "Likes", "liked"), ("comments", "Comments", "commented on")):
         categories.upsert(key, categories.validate({"label": label, "verb": verb})[0])
@@ -134,18 +171,24 @@ def test_digest_at_1280_and_390(live_server, browser):  # noqa: F811
         assert "Notify" in text and "This digest was sent on" in text
 
 
-def test_newsletter_in_the_layout_at_1280_and_390(browser):  # noqa: F811
+def test_newsletter_in_the_layout_at_1280_and_390(browser):
     brand = layout.Brand("Acme Weekly", "", "#b3261e", "#f6f1ec")
     compiled = template.Compiled("News for {{name}}", WIDE_BODY, None, "Acme Ltd, 1 Main St, Springfield", brand)
-    rendered = compiled.render({"name": "", "email": "a@example.test", "user_id": "u1",
-                                "unsubscribe_url": "https://notify.example/u/TOKEN",
-                                "preferences_url": "https://notify.example/preferences/TOKEN"})
+    rendered = compiled.render(
+        {
+            "name": "",
+            "email": "a@example.test",
+            "user_id": "u1",
+            "unsubscribe_url": "https://notify.example/u/TOKEN",
+            "preferences_url": "https://notify.example/preferences/TOKEN",
+        }
+    )
     texts = at_each_width(browser, "newsletter", lambda page: page.set_content(rendered.html))
     for text in texts:
         assert "Acme Weekly" in text and "Hello there" in text and "Unsubscribe" in text
 
 
-def test_preference_page_after_saving_at_1280_and_390(live_server, browser):  # noqa: F811
+def test_preference_page_after_saving_at_1280_and_390(live_server, browser):
     sid = factories.subscriber("browser-prefs", name="Ana Lima")
     factories.category_events("browser-prefs", "likes", "comments", "mentions")
     url = live_server + "/preferences/" + tokens.make("preferences", sid, 1)
@@ -166,11 +209,12 @@ def test_preference_page_after_saving_at_1280_and_390(live_server, browser):  # 
     for notice in saved:
         assert "Your preferences are saved" in notice
         assert re.search(r"Your next digest: Friday \d+ \w+, 18:\d\d Europe/Lisbon\.", notice), notice  # + stagger
-    assert not factories.db.query("SELECT newsletters_unsubscribed_at IS NULL FROM subscribers WHERE id = %s",
-                                  (sid,))[0][0]
+    assert not factories.db.query("SELECT newsletters_unsubscribed_at IS NULL FROM subscribers WHERE id = %s", (sid,))[
+        0
+    ][0]
 
 
-def test_stream_unsubscribe_page_at_1280_and_390(live_server, browser):  # noqa: F811
+def test_stream_unsubscribe_page_at_1280_and_390(live_server, browser):
     sid = factories.subscriber("browser-unsub")
     url = live_server + "/u/" + tokens.make("unsubscribe", sid, 1, streams.DIGESTS)
 

@@ -3,6 +3,7 @@ package (no browser download), against the real app served by uvicorn on 127.0.0
 
 Screenshots of every page land in test-artifacts/ (gitignored) for a human to look at.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,9 +20,17 @@ from app.platform import config, db, tokens
 from tests import factories
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-proxy-server"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-proxy-server",
+]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 ROOT = Path(__file__).resolve().parent.parent
 USER_ID = "browser-user"
@@ -34,10 +43,13 @@ except ImportError:  # pragma: no cover - only when dev extras are not installed
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(sync_playwright is None,
-                       reason="python package 'playwright' is not installed (pip install -e '.[dev]')"),
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                       reason=f"{CHROMIUM} not found: `make browser` (as root) apt-get installs Debian's chromium"),
+    pytest.mark.skipif(
+        sync_playwright is None, reason="python package 'playwright' is not installed (pip install -e '.[dev]')"
+    ),
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason=f"{CHROMIUM} not found: `make browser` (as root) apt-get installs Debian's chromium",
+    ),
 ]
 
 
@@ -70,13 +82,33 @@ def live_server():
     for attempt in range(3):  # a free port can be taken between probe and bind: try another
         port = _free_port()
         base = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "APP_ENV": "test", "DATABASE_URL": settings.database_url,
-               "REDIS_URL": settings.redis_url, "SECRET_KEY": settings.secret_key, "BASE_URL": base}
+        env = {
+            **os.environ,
+            "APP_ENV": "test",
+            "DATABASE_URL": settings.database_url,
+            "REDIS_URL": settings.redis_url,
+            "SECRET_KEY": settings.secret_key,
+            "BASE_URL": base,
+        }
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "app.web:app", "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "app.web:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         try:
             _wait_until_serving(f"{base}/static/pages.css", proc, log_path)
             break
@@ -141,7 +173,10 @@ def test_preference_centre_change_cadence_and_topic(live_server, page):
 
     assert "Your preferences are saved" in page.get_by_role("status").inner_text()
     assert page.get_by_role("radio", name="Weekly digest").is_checked()
-    assert not page.get_by_label("Comments", exact=True).is_checked() and page.get_by_label("Likes", exact=True).is_checked()
+    assert (
+        not page.get_by_label("Comments", exact=True).is_checked()
+        and page.get_by_label("Likes", exact=True).is_checked()
+    )
     shot(page, "preferences-saved")
     row = stored(sub)
     assert (row["digest_cadence"], row["digest_hour"], row["timezone"]) == ("weekly", 18, "Europe/Berlin")
@@ -176,11 +211,11 @@ def test_preference_centre_by_keyboard_only(live_server, page):
     sub = factories.subscriber(USER_ID)
     page.goto(live_server + "/preferences/" + tokens.make("preferences", sub, 1))
     page.focus("#cadence-daily")
-    page.keyboard.press("ArrowDown")   # radios move with arrow keys: daily -> weekly
+    page.keyboard.press("ArrowDown")  # radios move with arrow keys: daily -> weekly
     page.focus("#timezone")
     page.keyboard.press("Control+A")
     page.keyboard.type("Asia/Tokyo")
-    page.keyboard.press("Enter")       # Enter in a text field submits with the default button
+    page.keyboard.press("Enter")  # Enter in a text field submits with the default button
     page.wait_for_url("**?notice=saved")
     row = stored(sub)
     assert (row["digest_cadence"], row["timezone"]) == ("weekly", "Asia/Tokyo")
@@ -214,8 +249,9 @@ def test_hostile_name_and_topic_do_not_run_script(live_server, page):
 def test_mobile_layout_has_no_horizontal_scroll(live_server, browser):
     sub = factories.subscriber(USER_ID)
     factories.category_events(USER_ID, "likes", "a-rather-long-topic-name-that-should-wrap-nicely-on-phones")
-    context = browser.new_context(viewport={"width": 360, "height": 740}, is_mobile=True, has_touch=True,
-                                  device_scale_factor=2)
+    context = browser.new_context(
+        viewport={"width": 360, "height": 740}, is_mobile=True, has_touch=True, device_scale_factor=2
+    )
     try:
         pg = context.new_page()
         pg.goto(live_server + "/preferences/" + tokens.make("preferences", sub, 1))
@@ -250,4 +286,3 @@ def test_invalid_link_shows_404_page(live_server, page):
     assert response.status == 404
     assert page.get_by_role("heading", level=1).inner_text() == "Link not found"
     shot(page, "not-found")
-

@@ -1,4 +1,5 @@
 """Settings are declared once (app/config.py); the README's table is generated from them."""
+
 from __future__ import annotations
 
 import re
@@ -25,7 +26,7 @@ def test_every_setting_has_a_doc_and_reads_its_own_variable(monkeypatch):
     expected = {"int": 7, "float": 0.5, "bool": False, "str": "x", "tuple": ("a", "b")}
     for f in fields(config.Settings):
         assert f.metadata.get("doc"), f.name
-        if f.name in ("base_url", *config._SPECIAL):     # read by load() with their own rules
+        if f.name in ("base_url", *config._SPECIAL):  # read by load() with their own rules
             continue
         monkeypatch.setenv(config.env_name(f.name), samples[f.type])
         assert getattr(config.load(), f.name) == expected[f.type], f.name

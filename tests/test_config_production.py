@@ -1,5 +1,6 @@
 """Secure by default: outside development/test no built-in key, no unsigned webhook without an
 explicit opt-out, no mail viewer; and APP_ENV unset means production."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,14 @@ import pytest
 from app.platform import config
 
 GOOD_KEY = "k" * 48
-PRODUCTION_VARS = ("APP_ENV", "SECRET_KEY", "SECRET_KEY_FALLBACKS", "SENDGRID_WEBHOOK_PUBLIC_KEY",
-                   "SENDGRID_WEBHOOK_ALLOW_UNSIGNED", "MAIL_POSTAL_ADDRESS")
+PRODUCTION_VARS = (
+    "APP_ENV",
+    "SECRET_KEY",
+    "SECRET_KEY_FALLBACKS",
+    "SENDGRID_WEBHOOK_PUBLIC_KEY",
+    "SENDGRID_WEBHOOK_ALLOW_UNSIGNED",
+    "MAIL_POSTAL_ADDRESS",
+)
 
 
 @pytest.fixture
@@ -126,8 +133,13 @@ def _production_env(**extra) -> dict:
 
 
 def test_the_web_process_refuses_to_start_with_an_unsigned_webhook():
-    proc = subprocess.run([sys.executable, "-c", "import app.web"], env=_production_env(SECRET_KEY=GOOD_KEY),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import app.web"],
+        env=_production_env(SECRET_KEY=GOOD_KEY),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert "SENDGRID_WEBHOOK_PUBLIC_KEY is not set" in proc.stderr
     assert f"SENDGRID_WEBHOOK_ALLOW_UNSIGNED={config.ALLOW_UNSIGNED_WEBHOOK}" in proc.stderr

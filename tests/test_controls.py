@@ -6,6 +6,7 @@ Real Postgres and Redis, and a real SMTP relay (a local sink answering each mail
 send chains run as the actor runs them, in threads of this process (tests call the worker code
 path directly); the crash test runs one in a process of its own and kills it.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from app import cli
-from app.platform import config, db, metrics, providers
 from app.newsletter import reclaim, sender
+from app.platform import config, db, metrics, providers
 from digest import send as digest_send
 from tests import factories
 from tests.conftest import auth, wait_for
@@ -32,18 +33,24 @@ from tests.test_admin_routes import csrf_of, sign_in
 from tests.test_digest_support import SmtpSink
 
 ROOT = Path(__file__).resolve().parent.parent
-RELAY_DELAY = 0.02            # seconds a mail takes at the relay
-LANES = 4                     # SMTP connections: 200 mails/s, so a send of 1,500 takes 7 s
+RELAY_DELAY = 0.02  # seconds a mail takes at the relay
+LANES = 4  # SMTP connections: 200 mails/s, so a send of 1,500 takes 7 s
 RECIPIENTS = 1500
-CONTROL_BOUND = 1.0           # what the issue asks: no mail starts later than this after the answer
+CONTROL_BOUND = 1.0  # what the issue asks: no mail starts later than this after the answer
 
 
 @pytest.fixture
 def slow_relay(settings, redis_client):
     sink = SmtpSink().start()
     sink.delay = RELAY_DELAY
-    settings(mail_provider="smtp", smtp_url=sink.url, smtp_pool_size=LANES, smtp_pool_max=LANES,
-             send_batch_size=1000, tracking=False)
+    settings(
+        mail_provider="smtp",
+        smtp_url=sink.url,
+        smtp_pool_size=LANES,
+        smtp_pool_max=LANES,
+        send_batch_size=1000,
+        tracking=False,
+    )
     try:
         yield sink
     finally:
@@ -92,8 +99,11 @@ def message_ids(sink: SmtpSink) -> Counter:
 
 
 def row_attempts(newsletter_id: int) -> dict:
-    return dict(db.query("SELECT status, max(attempts) FROM email_log WHERE newsletter_id = %s GROUP BY status",
-                         (newsletter_id,)))
+    return dict(
+        db.query(
+            "SELECT status, max(attempts) FROM email_log WHERE newsletter_id = %s GROUP BY status", (newsletter_id,)
+        )
+    )
 
 
 def _sending_newsletter(n: int = RECIPIENTS) -> int:
@@ -112,15 +122,15 @@ def test_pause_stops_every_chain_within_a_second_and_resume_sends_the_rest_once(
     print(chains.outcomes)
     assert started_after(slow_relay, answered) == []
     sent = len(slow_relay.raw)
-    assert sent < RECIPIENTS / 2                            # 1,000 rows were claimed: most went back
+    assert sent < RECIPIENTS / 2  # 1,000 rows were claimed: most went back
     assert counts(nl) == {"sent": sent, "pending": RECIPIENTS - sent}
-    assert row_attempts(nl)["pending"] <= 0                 # the claim's attempt was refunded
+    assert row_attempts(nl)["pending"] <= 0  # the claim's attempt was refunded
     assert client.post(f"/v1/newsletters/{nl}/resume", headers=auth(admin_key)).status_code == 200
     with Chains(nl):
         pass
     assert counts(nl) == {"sent": RECIPIENTS}
     got = recipients(slow_relay)
-    assert len(got) == RECIPIENTS and set(got.values()) == {1}          # every recipient exactly once
+    assert len(got) == RECIPIENTS and set(got.values()) == {1}  # every recipient exactly once
 
 
 def test_cancel_stops_every_chain_within_a_second_and_cancels_what_was_claimed(slow_relay, client, admin_key):
@@ -148,8 +158,7 @@ def _due_digests(n: int) -> list[int]:
 
 
 def _digest_statuses(runs) -> dict:
-    return dict(db.query("SELECT status, count(*) FROM digest_runs WHERE id = ANY (%s) GROUP BY status",
-                         (runs,)))
+    return dict(db.query("SELECT status, count(*) FROM digest_runs WHERE id = ANY (%s) GROUP BY status", (runs,)))
 
 
 def _scrape(client, admin_key) -> str:
@@ -157,10 +166,11 @@ def _scrape(client, admin_key) -> str:
 
 
 def test_emergency_stop_holds_digests_and_newsletters_within_a_second_and_loses_nothing(
-        slow_relay, client, admin_key, settings, capsys):
+    slow_relay, client, admin_key, settings, capsys
+):
     settings(digest_claim_batch=300)
     runs = _due_digests(300)
-    nl = _sending_newsletter(600)          # to all 900 subscribers
+    nl = _sending_newsletter(600)  # to all 900 subscribers
     digests = threading.Thread(target=digest_send.process, kwargs={"run_ids": runs}, daemon=True)
     with Chains(nl, n=2):
         digests.start()
@@ -198,9 +208,9 @@ def test_emergency_stop_holds_digests_and_newsletters_within_a_second_and_loses_
         pass
     assert _digest_statuses(runs) == {"sent": 300} and counts(nl) == {"sent": 900}
     sent = message_ids(slow_relay)
-    assert len(sent) == 1200 and set(sent.values()) == {1}           # each digest and newsletter mail once
+    assert len(sent) == 1200 and set(sent.values()) == {1}  # each digest and newsletter mail once
     actions = [a for (a,) in db.query("SELECT action FROM admin_audit ORDER BY id")]
-    assert actions == ["mail_stop.release"]       # the stop came from the CLI, the release from the dashboard
+    assert actions == ["mail_stop.release"]  # the stop came from the CLI, the release from the dashboard
 
 
 def test_the_dashboard_button_stops_all_mail_with_a_reason_and_is_audited(client, admin_key):
@@ -211,8 +221,9 @@ def test_the_dashboard_button_stops_all_mail_with_a_reason_and_is_audited(client
     assert no_reason.status_code == 422 and not db.query("SELECT 1 FROM mail_stop")
     forged = client.post("/admin/sending/stop", data={"csrf_token": "forged", "reason": "x"})
     assert forged.status_code == 403 and not db.query("SELECT 1 FROM mail_stop")
-    stopped = client.post("/admin/sending/stop", data={"csrf_token": csrf_of(page), "reason": "broken template"},
-                          follow_redirects=False)
+    stopped = client.post(
+        "/admin/sending/stop", data={"csrf_token": csrf_of(page), "reason": "broken template"}, follow_redirects=False
+    )
     assert (stopped.status_code, stopped.headers["location"]) == (303, "/admin?notice=stopped")
     assert db.query("SELECT engaged_by, reason FROM mail_stop") == [("admin:admin-test", "broken template")]
     page = client.get("/admin?notice=stopped").text
@@ -236,25 +247,34 @@ def test_a_worker_killed_mid_batch_resends_at_most_what_it_had_not_recorded(slow
     """Today's bound was the whole claim (a kill -9 re-sent 768 of 1,000); now what the provider
     accepted is recorded every sender.FLUSH_EVERY mails or SEND_CHECK_SECONDS."""
     nl = _sending_newsletter(1000)
-    env = {**os.environ, "APP_ENV": "test", "DATABASE_URL": config.get().database_url,
-           "REDIS_URL": config.get().redis_url, "MAIL_PROVIDER": "smtp", "SMTP_URL": slow_relay.url,
-           "SMTP_POOL_SIZE": str(LANES), "SMTP_POOL_MAX": str(LANES), "SEND_BATCH_SIZE": "1000", "TRACKING": "0",
-           "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "APP_ENV": "test",
+        "DATABASE_URL": config.get().database_url,
+        "REDIS_URL": config.get().redis_url,
+        "MAIL_PROVIDER": "smtp",
+        "SMTP_URL": slow_relay.url,
+        "SMTP_POOL_SIZE": str(LANES),
+        "SMTP_POOL_MAX": str(LANES),
+        "SEND_BATCH_SIZE": "1000",
+        "TRACKING": "0",
+        "PYTHONPATH": str(ROOT),
+    }
     worker = subprocess.Popen([sys.executable, "-c", CRASH_SCRIPT, str(nl)], env=env, cwd=ROOT)
     try:
         wait_for(lambda: len(slow_relay.raw) >= 400, 60, "400 mails from the worker")
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait(30)
-        metrics.setup()     # as the next process of the deployment would: the dead worker's live gauges go
+        metrics.setup()  # as the next process of the deployment would: the dead worker's live gauges go
     delivered = len(slow_relay.raw)
     recorded = counts(nl).get("sent", 0)
     assert 0 < delivered - recorded <= sender.FLUSH_EVERY + LANES + 10, (delivered, recorded)
-    held = counts(nl)["sending"]                   # the dead worker's claim, until the reclaimer
+    held = counts(nl)["sending"]  # the dead worker's claim, until the reclaimer
     settings(reclaim_after_seconds=0)
     assert reclaim.reclaim_stale()["reclaimed_rows"] == held > 0
     with Chains(nl, n=1):
         pass
     assert counts(nl) == {"sent": 1000}
     resent = sum(n - 1 for n in recipients(slow_relay).values())
-    assert resent == delivered - recorded              # only the unrecorded ones went twice (same Message-ID)
+    assert resent == delivered - recorded  # only the unrecorded ones went twice (same Message-ID)

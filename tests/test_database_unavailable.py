@@ -3,6 +3,7 @@ tracking, pages and webhooks included — never a 500, and logs no traceback.
 
 The outage is real: the app is pointed at a port where nothing listens (connection refused), the
 same error a restarting Postgres gives."""
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,11 @@ def down(settings, database_url):
 
 
 ROUTES = [
-    ("POST", "/v1/events", {"json": {"id": "e1", "user_id": "u1", "category": "like", "entity_type": "post",
-                                     "entity_id": "p1"}}),
+    (
+        "POST",
+        "/v1/events",
+        {"json": {"id": "e1", "user_id": "u1", "category": "like", "entity_type": "post", "entity_id": "p1"}},
+    ),
     ("PUT", "/v1/subscribers/u1", {"json": {"email": "u1@example.com"}}),
     ("GET", "/v1/subscribers/u1", {}),
     ("POST", "/v1/newsletters", {"json": {"subject": "s", "html": "<p>{{unsubscribe_url}}</p>"}}),
@@ -41,19 +45,26 @@ ROUTES = [
     ("GET", "/preferences/{preferences}", {}),
     ("GET", "/c/{click}", {}),
     ("GET", "/o/{open}", {}),
-    ("POST", "/webhooks/sendgrid", {"json": [{"email": "a@example.com", "event": "open", "sg_event_id": "x1",
-                                              "timestamp": 1700000000}]}),
+    (
+        "POST",
+        "/webhooks/sendgrid",
+        {"json": [{"email": "a@example.com", "event": "open", "sg_event_id": "x1", "timestamp": 1700000000}]},
+    ),
 ]
 
 
 @pytest.mark.parametrize("method, path, kwargs", ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
 def test_every_route_answers_503_with_retry_after_while_postgres_is_down(down, method, path, kwargs, caplog):
-    path = path.format(unsubscribe=tokens.make("unsubscribe", 1), preferences=tokens.make("preferences", 1),
-                       click=click_url(1, 1).rsplit("/c/", 1)[1], open=pixel_url("digest", 1, 1).rsplit("/o/", 1)[1])
+    path = path.format(
+        unsubscribe=tokens.make("unsubscribe", 1),
+        preferences=tokens.make("preferences", 1),
+        click=click_url(1, 1).rsplit("/c/", 1)[1],
+        open=pixel_url("digest", 1, 1).rsplit("/o/", 1)[1],
+    )
     headers = {"Authorization": "Bearer nk_some-key-the-cache-has-never-seen"}
     with caplog.at_level(logging.WARNING):
         response = down.request(method, path, headers=headers, **kwargs)
-    if path.startswith("/o/"):      # the pixel never fails a mail client: the open is buffered, a GIF answered
+    if path.startswith("/o/"):  # the pixel never fails a mail client: the open is buffered, a GIF answered
         assert response.status_code == 200
         return
     assert response.status_code == 503, (response.status_code, response.text[:200])

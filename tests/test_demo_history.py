@@ -1,5 +1,6 @@
 """`make run`'s week of demo history (scripts/demo_history.py) gives every dashboard chart something
 to show, can be loaded again without piling up, leaves other rows alone and sends nothing."""
+
 from __future__ import annotations
 
 from app.platform import db
@@ -19,10 +20,14 @@ def test_demo_history_fills_every_chart_and_reloads_in_place():
     assert sum(d.sent["digest"]) > 1000 and sum(d.sent["newsletter"]) > 500
     assert 0.2 < d.rate("open") < 0.6 and 0.02 < d.rate("click") < 0.3
     assert sum(d.bounces) > 0 and d.lateness_total[1] > d.lateness_total[0] > 0
-    assert db.query("SELECT count(*) FROM subscribers WHERE user_id LIKE 'demo-history-%%' "
-                    "AND digest_cadence = 'off'") == [(demo_history.USERS,)]
+    assert db.query(
+        "SELECT count(*) FROM subscribers WHERE user_id LIKE 'demo-history-%%' AND digest_cadence = 'off'"
+    ) == [(demo_history.USERS,)]
     assert db.query("SELECT count(*) FROM digest_runs WHERE status <> 'sent'") == [(0,)]
     assert db.query("SELECT status FROM newsletters WHERE subject LIKE '[demo]%%' ORDER BY id") == [
-        ("done",), ("done",), ("paused",)]
+        ("done",),
+        ("done",),
+        ("paused",),
+    ]
     assert db.query("SELECT id FROM subscribers WHERE user_id = 'someone-else'") == [(mine,)]
     assert db.query("SELECT count(*) FROM suppressions WHERE email = 'keep@x.test'") == [(1,)]

@@ -1,44 +1,66 @@
 """Pure digest logic: entity-first grouping, ranking, actor aggregation, own activity, cap,
 titles/links/avatars from the best event, wording (times, "since", subject), context, escaping."""
+
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from app.subscribers import categories
 from app.platform import urls
+from app.subscribers import categories
 from app.subscribers.categories import Category
 from digest import context, details, group, wording
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 
-T0 = datetime(2026, 3, 1, 12, tzinfo=timezone.utc)   # a Sunday
-UTC = ZoneInfo("UTC")
+T0 = datetime(2026, 3, 1, 12, tzinfo=UTC)  # a Sunday
+UTC_ZONE = ZoneInfo("UTC")
 FOLLOW = Category("follow", "Follows", verb="followed")
 COMMENT = Category("comment", "Comments", verb="commented on")
 REGISTRY = {"follow": FOLLOW, "comment": COMMENT, "like": Category("like", "Likes")}
 
 
 def ev(i, entity="p1", actor="a", name=None, category="like", minutes=0):
-    return group.Event(i, category, "post", entity, actor, name if name is not None else (actor or "").upper(),
-                       T0 + timedelta(minutes=minutes))
+    return group.Event(
+        i,
+        category,
+        "post",
+        entity,
+        actor,
+        name if name is not None else (actor or "").upper(),
+        T0 + timedelta(minutes=minutes),
+    )
 
 
 def ctx_of(d, now=T0 + timedelta(hours=2), last=None, tz="UTC", registry=REGISTRY):
-    return context.build(d, categories=registry, cadence="daily", name="Ana Lima", timezone=tz, now=now,
-                         last_digest_at=last, unsubscribe_url="https://x.test/u/t",
-                         preferences_url="https://x.test/preferences/t", postal_address="")
+    return context.build(
+        d,
+        categories=registry,
+        cadence="daily",
+        name="Ana Lima",
+        timezone=tz,
+        now=now,
+        last_digest_at=last,
+        unsubscribe_url="https://x.test/u/t",
+        preferences_url="https://x.test/preferences/t",
+        postal_address="",
+    )
 
 
 # ---------------------------------------------------------------- grouping and ranking
 
+
 def test_one_block_per_entity_with_one_line_per_category():
-    events = [ev(1, "p1", "eli", category="follow"), ev(2, "p1", "bo", category="follow", minutes=1),
-              ev(3, "p1", "fay", category="like", minutes=2), ev(4, "p1", "gus", category="comment", minutes=3),
-              ev(5, "p2", "eli", category="like")]
+    events = [
+        ev(1, "p1", "eli", category="follow"),
+        ev(2, "p1", "bo", category="follow", minutes=1),
+        ev(3, "p1", "fay", category="like", minutes=2),
+        ev(4, "p1", "gus", category="comment", minutes=3),
+        ev(5, "p2", "eli", category="like"),
+    ]
     d = group.build(events, max_items=10)
     assert [g.key for g in d.groups] == [("post", "p1"), ("post", "p2")]
     p1 = d.groups[0]
@@ -65,8 +87,12 @@ def test_ties_rank_most_recent_first():
 
 
 def test_actors_distinct_most_recent_first():
-    events = [ev(1, actor="ana", minutes=1), ev(2, actor="bo", minutes=2), ev(3, actor="ana", minutes=3),
-              ev(4, actor="cy", minutes=0)]
+    events = [
+        ev(1, actor="ana", minutes=1),
+        ev(2, actor="bo", minutes=2),
+        ev(3, actor="ana", minutes=3),
+        ev(4, actor="cy", minutes=0),
+    ]
     (g,) = group.build(events, 10).groups
     (line,) = g.ranked_lines()
     assert line.actor_names() == ["ANA", "BO", "CY"] and line.count == 4 and line.score == 3
@@ -78,7 +104,7 @@ def test_own_activity_is_never_shown_but_handled():
     assert [g.entity_id for g in d.groups] == ["p1"]
     assert d.groups[0].ranked_lines()[0].actor_names() == ["BO"]
     assert d.own_events == 3 and d.total_events == 1
-    assert sorted(d.event_ids) == [1, 2, 3, 4]   # all marked with the run
+    assert sorted(d.event_ids) == [1, 2, 3, 4]  # all marked with the run
     # their events still tell the shown entity's title and link (e.g. "Ana published Launch notes")
     assert sorted(e.id for e in d.groups[0].events) == [1, 2] and d.groups[0].count == 1
     only_own = group.build([ev(1, actor="u-ana")], 10, recipient="u-ana")
@@ -97,35 +123,59 @@ def test_cap_counts_entities_and_keeps_every_event_id():
 
 # ---------------------------------------------------------------- titles, links, avatars
 
+
 def test_newest_event_carrying_a_value_wins_per_field():
     # rows in details.KEYS order: entity_title, title, entity_url, url, actor_avatar_url; newest first
-    rows = [(None, " ", "javascript:alert(1)", None, "ftp://x/a.png"),         # no usable value
-            (None, "Older title key", None, "https://ok.test/7", "https://ok.test/a.png"),
-            ("Launch notes", None, "https://ok.test/5", None, None)]
+    rows = [
+        (None, " ", "javascript:alert(1)", None, "ftp://x/a.png"),  # no usable value
+        (None, "Older title key", None, "https://ok.test/7", "https://ok.test/a.png"),
+        ("Launch notes", None, "https://ok.test/5", None, None),
+    ]
     assert details.entity_fields(rows[:1]) == (None, "")
     assert details.entity_fields(rows) == ("Older title key", "https://ok.test/7")
     assert details.entity_fields(rows[2:], title="Found before") == ("Found before", "https://ok.test/5")
     # within one event the documented key wins
-    assert details.entity_fields([("Documented", "Legacy", "https://a.test/", "https://b.test/", None)]) \
-        == ("Documented", "https://a.test/")
+    assert details.entity_fields([("Documented", "Legacy", "https://a.test/", "https://b.test/", None)]) == (
+        "Documented",
+        "https://a.test/",
+    )
     assert details.avatar(rows) == "https://ok.test/a.png" and details.avatar(rows[2:]) == ""
 
 
 def test_newest_means_latest_occurred_at_then_id():
-    events = [ev(1, "p1", "bo", minutes=5), ev(2, "p1", "cy", minutes=1), ev(3, "p1", "u-ana", minutes=9),
-              ev(4, "p1", "dee", minutes=5)]
+    events = [
+        ev(1, "p1", "bo", minutes=5),
+        ev(2, "p1", "cy", minutes=1),
+        ev(3, "p1", "u-ana", minutes=9),
+        ev(4, "p1", "dee", minutes=5),
+    ]
     d = group.build(events, 10, recipient="u-ana")
-    assert group.newest_ids(d.groups[0].events) == [3, 4, 1, 2]   # the subscriber's own events included
+    assert group.newest_ids(d.groups[0].events) == [3, 4, 1, 2]  # the subscriber's own events included
     assert details._newest(d.groups[0].events) == 3
 
 
 def test_only_http_urls_are_links():
     assert urls.http_url("https://ok.test/x?a=1&b=2") == "https://ok.test/x?a=1&b=2"
     assert urls.http_url(" HTTP://ok.test/ ") == "HTTP://ok.test/"
-    for bad in ("javascript:alert(1)", "data:text/html,x", "/relative", "//host/x", "https://", "ftp://x",
-                'https://x.test/"onmouseover=1', "https://x .test", "https://x.test/\x00", 5, None,
-                "https://x.test/" + "a" * 2000, "https://x.test/a\x85b", "https://x.test/a\x1cb",
-                "https://x.test/a\u00a0b", "https://x.test/a\u2028b", "https://x.test/a\ufeffb"):
+    for bad in (
+        "javascript:alert(1)",
+        "data:text/html,x",
+        "/relative",
+        "//host/x",
+        "https://",
+        "ftp://x",
+        'https://x.test/"onmouseover=1',
+        "https://x .test",
+        "https://x.test/\x00",
+        5,
+        None,
+        "https://x.test/" + "a" * 2000,
+        "https://x.test/a\x85b",
+        "https://x.test/a\x1cb",
+        "https://x.test/a\u00a0b",
+        "https://x.test/a\u2028b",
+        "https://x.test/a\ufeffb",
+    ):
         assert urls.http_url(bad) == "", bad
 
 
@@ -148,13 +198,13 @@ def test_not_blank_means_what_strip_removes():
 
 def test_context_title_url_and_avatar():
     d = group.build([ev(1, "p1", "eli", category="follow"), ev(2, "p2", "bo", minutes=1)], 10)
-    p2, p1 = d.groups
+    _p2, p1 = d.groups
     p1.title, p1.url = "Launch <notes>", "https://ok.test/p1"
     d.avatars["eli"] = "https://ok.test/eli.png"
     items = {i["entity_id"]: i for i in ctx_of(d)["groups"]}
     assert items["p1"]["title"] == "Launch <notes>" and items["p1"]["has_url"]
     assert items["p1"]["lines"][0]["avatar_url"] == "https://ok.test/eli.png"
-    assert items["p2"]["title"] == "Post p2" and not items["p2"]["has_url"]   # no title: type and id
+    assert items["p2"]["title"] == "Post p2" and not items["p2"]["has_url"]  # no title: type and id
     assert not items["p2"]["lines"][0]["has_avatar"]
 
 
@@ -164,6 +214,7 @@ def test_titles_are_clipped_to_one_line_without_control_characters():
 
 
 # ---------------------------------------------------------------- wording
+
 
 def test_actors_text():
     assert wording.actors_text([]) == ""
@@ -188,14 +239,18 @@ def test_line_text_with_and_without_a_registered_verb():
 def test_subject_names_the_top_entity():
     top = wording.headline(FOLLOW, ["Eli", "Bo", "Cy", "Dee", "Fay", "Gus"], 6, "Launch notes")
     assert wording.subject(top, 8) == "Eli, Bo and 4 others followed Launch notes — and 8 more updates"
-    assert wording.subject(wording.headline(COMMENT, ["Gus"], 1, "Launch notes"), 1) \
+    assert (
+        wording.subject(wording.headline(COMMENT, ["Gus"], 1, "Launch notes"), 1)
         == "Gus commented on Launch notes — and 1 more update"
+    )
     assert wording.subject(wording.headline(Category("x", "Likes"), [], 3, "T"), 0) == "Likes (3) on T"
 
 
 def test_context_subject_and_lines_from_the_registry():
-    events = [ev(i, "p1", f"a{i}", name=n, category="follow", minutes=i)
-              for i, n in enumerate(["Gus", "Fay", "Dee", "Cy", "Bo", "Eli"])]
+    events = [
+        ev(i, "p1", f"a{i}", name=n, category="follow", minutes=i)
+        for i, n in enumerate(["Gus", "Fay", "Dee", "Cy", "Bo", "Eli"])
+    ]
     events += [ev(10, "p1", "fay", name="Fay", category="like", minutes=20), ev(11, "p2", "x", minutes=1)]
     d = group.build(events, 10)
     d.groups[0].title = "Launch notes"
@@ -209,36 +264,35 @@ def test_context_subject_and_lines_from_the_registry():
 
 
 def test_relative_times_in_the_subscribers_zone():
-    now = datetime(2026, 3, 5, 10, 0, tzinfo=timezone.utc)          # Thursday 10:00 UTC
-    tokyo = ZoneInfo("Asia/Tokyo")                                   # Thursday 19:00 there
-    assert wording.relative_time(now - timedelta(seconds=20), now, UTC) == "just now"
-    assert wording.relative_time(now + timedelta(minutes=5), now, UTC) == "just now"   # producer clock skew
-    assert wording.relative_time(now - timedelta(minutes=5), now, UTC) == "5 min ago"
-    assert wording.relative_time(now - timedelta(hours=2, minutes=59), now, UTC) == "2 h ago"
+    now = datetime(2026, 3, 5, 10, 0, tzinfo=UTC)  # Thursday 10:00 UTC
+    tokyo = ZoneInfo("Asia/Tokyo")  # Thursday 19:00 there
+    assert wording.relative_time(now - timedelta(seconds=20), now, UTC_ZONE) == "just now"
+    assert wording.relative_time(now + timedelta(minutes=5), now, UTC_ZONE) == "just now"  # producer clock skew
+    assert wording.relative_time(now - timedelta(minutes=5), now, UTC_ZONE) == "5 min ago"
+    assert wording.relative_time(now - timedelta(hours=2, minutes=59), now, UTC_ZONE) == "2 h ago"
     # 14 h earlier is still Thursday in Tokyo (05:00), but Wednesday 20:00 in UTC
     assert wording.relative_time(now - timedelta(hours=14), now, tokyo) == "14 h ago"
-    assert wording.relative_time(now - timedelta(hours=14), now, UTC) == "yesterday 20:00"
+    assert wording.relative_time(now - timedelta(hours=14), now, UTC_ZONE) == "yesterday 20:00"
     assert wording.relative_time(now - timedelta(days=3), now, tokyo) == "Monday 19:00"
-    assert wording.relative_time(now - timedelta(days=10), now, UTC) == "23 Feb"
-    assert wording.relative_time(now - timedelta(days=400), now, UTC) == "29 Jan 2025"
+    assert wording.relative_time(now - timedelta(days=10), now, UTC_ZONE) == "23 Feb"
+    assert wording.relative_time(now - timedelta(days=400), now, UTC_ZONE) == "29 Jan 2025"
 
 
 def test_since_the_previous_digest():
-    now = datetime(2026, 3, 5, 10, 0, tzinfo=timezone.utc)          # Thursday
+    now = datetime(2026, 3, 5, 10, 0, tzinfo=UTC)  # Thursday
     lisbon = ZoneInfo("Europe/Lisbon")
-    assert wording.since(now - timedelta(hours=1), now, UTC) == "since 09:00"
+    assert wording.since(now - timedelta(hours=1), now, UTC_ZONE) == "since 09:00"
     assert wording.since(now - timedelta(days=1), now, lisbon) == "since yesterday"
     assert wording.since(now - timedelta(days=2), now, lisbon) == "since Tuesday"
-    assert wording.since(now - timedelta(days=9), now, UTC) == "since 24 February"
-    assert wording.since(datetime(2025, 12, 30, tzinfo=timezone.utc), now, UTC) == "since 30 December 2025"
+    assert wording.since(now - timedelta(days=9), now, UTC_ZONE) == "since 24 February"
+    assert wording.since(datetime(2025, 12, 30, tzinfo=UTC), now, UTC_ZONE) == "since 30 December 2025"
     # 23:30 UTC on Tuesday is already Wednesday in Tokyo
-    assert wording.since(datetime(2026, 3, 3, 23, 30, tzinfo=timezone.utc), now, ZoneInfo("Asia/Tokyo")) \
-        == "since yesterday"
+    assert wording.since(datetime(2026, 3, 3, 23, 30, tzinfo=UTC), now, ZoneInfo("Asia/Tokyo")) == "since yesterday"
 
 
 def test_first_digest_and_later_ones_are_worded_honestly():
     d = group.build([ev(1, "p1", "eli"), ev(2, "p2", "bo")], 10)
-    now = datetime(2026, 3, 5, 10, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 3, 5, 10, 0, tzinfo=UTC)
     first = ctx_of(d, now=now)
     assert first["first_digest"] and first["lead"] == "Your first digest: 2 updates."
     later = ctx_of(d, now=now, last=now - timedelta(days=2))
@@ -248,9 +302,19 @@ def test_first_digest_and_later_ones_are_worded_honestly():
 
 def test_context_heading_and_cadence():
     d = group.build([ev(1, "p1")], 10)
-    ctx = context.build(d, categories={}, cadence="weekly", name="Ana Lima", timezone="Nowhere/Bogus", now=T0,
-                        last_digest_at=None, unsubscribe_url="u", preferences_url="p", postal_address="")
-    assert ctx["heading"].startswith("Hi Ana,") and ctx["cadence"] == "weekly"   # a bad zone falls back to UTC
+    ctx = context.build(
+        d,
+        categories={},
+        cadence="weekly",
+        name="Ana Lima",
+        timezone="Nowhere/Bogus",
+        now=T0,
+        last_digest_at=None,
+        unsubscribe_url="u",
+        preferences_url="p",
+        postal_address="",
+    )
+    assert ctx["heading"].startswith("Hi Ana,") and ctx["cadence"] == "weekly"  # a bad zone falls back to UTC
 
 
 def test_humanised_category_keys():
@@ -267,7 +331,11 @@ def test_category_keys_and_bodies_are_validated():
     for bad in ("", "a b", "é", "x" * 101, "a/b", "<b>", None, 5):
         assert not categories.valid_key(bad), bad
     values, errors = categories.validate({"label": "  Comments  ", "verb": "commented on"})
-    assert not errors and values == {"label": "Comments", "description": "", "verb": "commented on",
-                                     "delivery": "digest"}
+    assert not errors and values == {
+        "label": "Comments",
+        "description": "",
+        "verb": "commented on",
+        "delivery": "digest",
+    }
     _, errors = categories.validate({"label": " ", "delivery": "later", "verb": "a\nb", "extra": 1})
     assert {e["field"] for e in errors} == {"label", "delivery", "verb", "extra"}

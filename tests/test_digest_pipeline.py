@@ -1,4 +1,5 @@
 """The digest actor's code path against real Postgres, Redis and a local SMTP server (aiosmtpd)."""
+
 from __future__ import annotations
 
 import os
@@ -6,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -97,14 +98,15 @@ def test_large_backlog_is_paged_and_capped(sink, settings):
     rid = factories.digest_run(sid)
     digest_send.process([rid])
     states = marked(ids)
-    assert [states[i] for i in ids[:40]] == [rid] * 40      # oldest first, up to the cap
-    assert [states[i] for i in ids[40:]] == [None] * 10     # the rest waits for the next digest
+    assert [states[i] for i in ids[:40]] == [rid] * 40  # oldest first, up to the cap
+    assert [states[i] for i in ids[40:]] == [None] * 10  # the rest waits for the next digest
 
 
 def test_hostile_actor_names_are_escaped_in_the_sent_mail(sink):
     sid = factories.subscriber("u1")
-    factories.events("u1", 2, actor_name='<script>alert("pwn")</script>', payload={"title": "<b>t</b>",
-                                                                            "url": "javascript:alert(1)"})
+    factories.events(
+        "u1", 2, actor_name='<script>alert("pwn")</script>', payload={"title": "<b>t</b>", "url": "javascript:alert(1)"}
+    )
     digest_send.process([factories.digest_run(sid)])
     html = sink.messages()[0].get_body(("html",)).get_content()
     assert "<script>" not in html and "&lt;script&gt;" in html and "javascript:" not in html
@@ -123,7 +125,7 @@ def test_suppressed_subscribers_are_skipped_at_claim_time(sink, how):
         factories.suppression("mixed.case@example.test", "bounce")
     elif how == "paused":
         db.query("UPDATE subscribers SET paused_until = now() + interval '1 day' WHERE id = %s", (sid,))
-    else:   # any writer, even plain SQL: the schedule trigger cancels the pending run
+    else:  # any writer, even plain SQL: the schedule trigger cancels the pending run
         db.query("UPDATE subscribers SET digest_cadence = 'weekly' WHERE id = %s", (sid,))
     result = digest_send.process([rid])
     row = run_row(rid)
@@ -155,7 +157,7 @@ def test_event_arriving_during_a_run_is_left_for_the_next_digest(sink):
     assert set(marked(first).values()) == {rid}
     assert set(marked(wrapper.new_ids).values()) == {None}
     assert run_row(rid)["event_count"] == 3
-    rid2 = factories.digest_run(sid, period=datetime.now(timezone.utc).date() + timedelta(days=1))
+    rid2 = factories.digest_run(sid, period=datetime.now(UTC).date() + timedelta(days=1))
     digest_send.process([rid2])
     assert set(marked(wrapper.new_ids).values()) == {rid2}
 
@@ -197,15 +199,15 @@ def test_transient_failure_retries_with_backoff_and_the_same_key(sink):
     assert digest_send.process([rid])["retry"] == 1
     row = run_row(rid)
     assert row["status"] == "pending" and row["attempts"] == 1 and "451" in row["last_error"]
-    assert row["next_attempt_at"] > datetime.now(timezone.utc) + timedelta(seconds=30)
+    assert row["next_attempt_at"] > datetime.now(UTC) + timedelta(seconds=30)
     assert set(marked(ids).values()) == {None}
     # the checker does not pick it up before its backoff has passed …
     sent = []
-    assert digest_plan.check(datetime.now(timezone.utc), sent.append, 0) == 0
+    assert digest_plan.check(datetime.now(UTC), sent.append, 0) == 0
     # … and does after it
     assert digest_plan.check(row["next_attempt_at"] + timedelta(seconds=1), sent.append, 0) == 1
     sink.reply = "250 OK"
-    assert digest_send.process(sent[0])["sent"] == 0    # a message arriving early leaves it alone
+    assert digest_send.process(sent[0])["sent"] == 0  # a message arriving early leaves it alone
     db.query("UPDATE digest_runs SET next_attempt_at = now() - interval '1 second'")  # time passes
     assert digest_send.process(sent[0])["sent"] == 1
     (msg,) = sink.messages()
@@ -279,15 +281,23 @@ def test_killed_between_send_and_commit_resends_with_same_key_and_marks_once(sin
     sid = factories.subscriber("u1")
     ids = factories.events("u1", 4)
     rid = factories.digest_run(sid)
-    env = {**os.environ, "APP_ENV": "test", "DATABASE_URL": config.get().database_url,
-           "MAIL_PROVIDER": "smtp", "SMTP_URL": sink.url, "TRACKING": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(rid)], env=env, cwd=ROOT, timeout=60,
-                          capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "APP_ENV": "test",
+        "DATABASE_URL": config.get().database_url,
+        "MAIL_PROVIDER": "smtp",
+        "SMTP_URL": sink.url,
+        "TRACKING": "0",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, str(rid)], env=env, cwd=ROOT, timeout=60, capture_output=True, text=True
+    )
     assert proc.returncode == 17, proc.stderr
     assert len(sink.messages()) == 1
     assert run_row(rid)["status"] == "processing" and set(marked(ids).values()) == {None}
     # the watchdog returns it once the processing timeout has passed
-    later = datetime.now(timezone.utc) + timedelta(seconds=config.get().digest_processing_timeout_seconds + 5)
+    later = datetime.now(UTC) + timedelta(seconds=config.get().digest_processing_timeout_seconds + 5)
     assert digest_plan.watchdog(later) == (1, 0)
     assert run_row(rid)["status"] == "pending" and run_row(rid)["attempts"] == 1
     assert digest_send.process([rid])["sent"] == 1
@@ -318,19 +328,20 @@ def test_links_are_tracked_unless_the_subscriber_opted_out(sink, settings, opt_o
     rid = factories.digest_run(sid)
     digest_send.process([rid])
     html = sink.messages()[0].get_body(("html",)).get_content()
-    assert "/u/" in html and "/preferences/" in html            # unsubscribe links stay direct
+    assert "/u/" in html and "/preferences/" in html  # unsubscribe links stay direct
     if opt_out:
         assert 'href="https://example.test/post/1"' in html and "/o/" not in html
     else:
         assert "https://example.test/post/1" not in html and "/c/" in html and "/o/" in html
         assert db.query("SELECT mail_kind, mail_id, url FROM email_links") == [
-            ("digest", rid, "https://example.test/post/1")]
+            ("digest", rid, "https://example.test/post/1")
+        ]
 
 
 def test_a_subscriber_never_has_two_runs_processing(sink):
     sid = factories.subscriber("u1")
     factories.events("u1", 2)
-    busy = factories.digest_run(sid, period=datetime.now(timezone.utc).date() - timedelta(days=1), status="processing")
+    busy = factories.digest_run(sid, period=datetime.now(UTC).date() - timedelta(days=1), status="processing")
     waiting = factories.digest_run(sid)
     # both would read the same unsent events: the second waits until the first is done
     assert digest_send.process([waiting]) == {"sent": 0, "skipped": 0, "retry": 0, "failed": 0}

@@ -1,18 +1,18 @@
 """digest/runs.py is the one owner of digest_runs: every statement, applied to a run in every
 status, makes only the transitions its docstring lists — and together they make all of them."""
+
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from app.platform import db
-from digest import immediate
+from digest import immediate, runs
 from digest import plan as digest_plan
-from digest import runs
 from digest.runs import TRANSITIONS, RunStatus
 from tests import factories
 
-NOW = datetime(2026, 5, 4, 12, tzinfo=timezone.utc)
+NOW = datetime(2026, 5, 4, 12, tzinfo=UTC)
 _seq = itertools.count()
 
 
@@ -20,8 +20,9 @@ def _run_in(status: RunStatus) -> tuple[int, int]:
     """A subscriber (daily at 09:00 UTC) and the run of today's slot in `status`, claimed long ago."""
     sid = factories.subscriber(f"s{next(_seq)}", digest_hour=9)
     period, slot = digest_plan.next_slot(NOW - timedelta(hours=4), "UTC", "daily", 9)
-    rid = factories.digest_run(sid, period=period, scheduled_for=slot, status=status.value,
-                               claimed_at=NOW - timedelta(days=1))
+    rid = factories.digest_run(
+        sid, period=period, scheduled_for=slot, status=status.value, claimed_at=NOW - timedelta(days=1)
+    )
     db.query("UPDATE subscribers SET digest_planned_until = NULL WHERE id = %s", (sid,))
     return sid, rid
 
@@ -34,13 +35,17 @@ def _with_cursor(work):
     def apply(sid, rid):
         with db.raw_cursor() as cur:
             work(cur, sid, rid)
+
     return apply
 
 
 OPERATIONS = {
     "plan": lambda sid, rid: digest_plan.plan(NOW - timedelta(hours=4)),
-    "make_due_now": _with_cursor(lambda cur, sid, rid: runs.make_due_now(
-        cur, sid, "daily", digest_plan.next_slot(NOW - timedelta(hours=4), "UTC", "daily", 9)[0], NOW)),
+    "make_due_now": _with_cursor(
+        lambda cur, sid, rid: runs.make_due_now(
+            cur, sid, "daily", digest_plan.next_slot(NOW - timedelta(hours=4), "UTC", "daily", 9)[0], NOW
+        )
+    ),
     "mark_enqueued": _with_cursor(lambda cur, sid, rid: runs.mark_enqueued(cur, [rid], NOW)),
     "clear_enqueued": _with_cursor(lambda cur, sid, rid: runs.clear_enqueued(cur, [rid])),
     "claim": _with_cursor(lambda cur, sid, rid: runs.claim(cur, [rid], 10)),
@@ -60,7 +65,7 @@ OPERATIONS = {
 
 def _send_now(sid: int) -> None:
     """An urgent event and its hint, then a send-now pass (digest/immediate.py)."""
-    (user_id,), = db.query("SELECT user_id FROM subscribers WHERE id = %s", (sid,))
+    ((user_id,),) = db.query("SELECT user_id FROM subscribers WHERE id = %s", (sid,))
     db.query("UPDATE digest_events SET high_priority = true WHERE id = ANY (%s)", (factories.events(user_id),))
     db.query("INSERT INTO digest_send_now (subscriber_id) VALUES (%s)", (sid,))
     immediate.plan(NOW)
@@ -77,7 +82,7 @@ def test_every_statement_makes_only_documented_transitions_and_all_of_them_are_m
                 pair = (status, RunStatus(new)) if len(after) == 1 else (None, RunStatus(new))
                 assert pair in TRANSITIONS, f"{name} made {pair[0]} -> {pair[1]}, which runs.py does not list"
                 seen.add(pair)
-    fresh = factories.subscriber("fresh", digest_hour=9)           # no run yet: planning creates one
+    fresh = factories.subscriber("fresh", digest_hour=9)  # no run yet: planning creates one
     digest_plan.plan(NOW)
     assert _statuses(fresh) == {"pending"}
     seen.add((None, RunStatus.PENDING))
@@ -89,8 +94,9 @@ def test_every_statement_makes_only_documented_transitions_and_all_of_them_are_m
 def test_only_the_emergency_stop_returns_a_run_untried_and_without_an_attempt():
     sid, rid = _run_in(RunStatus.PROCESSING)
     OPERATIONS["release"](sid, rid)
-    (status, attempts, claimed_at), = db.query("SELECT status, attempts, claimed_at FROM digest_runs WHERE id = %s",
-                                               (rid,))
+    ((status, attempts, claimed_at),) = db.query(
+        "SELECT status, attempts, claimed_at FROM digest_runs WHERE id = %s", (rid,)
+    )
     assert (status, attempts, claimed_at) == ("pending", 0, None)
 
 
@@ -98,5 +104,5 @@ def test_claimed_work_never_goes_back_to_pending_without_an_attempt():
     for name in ("retry", "reclaim_stuck"):
         sid, rid = _run_in(RunStatus.PROCESSING)
         OPERATIONS[name](sid, rid)
-        (status, attempts), = db.query("SELECT status, attempts FROM digest_runs WHERE id = %s", (rid,))
+        ((status, attempts),) = db.query("SELECT status, attempts FROM digest_runs WHERE id = %s", (rid,))
         assert (status, attempts) == ("pending", 1), name

@@ -7,6 +7,7 @@ open at once like a stock Postfix (`max_connections`: beyond it the greeting is 
 too many connections from ...` and the connection is closed). It counts connections: accepted,
 refused, open now and the most open at once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,7 @@ class _Handler:
 
     async def handle_EHLO(self, server, session, envelope, hostname, responses):
         session.host_name = hostname
-        if self.sink.pipelining:   # aiosmtpd reads commands line by line, so it copes with pipelining
+        if self.sink.pipelining:  # aiosmtpd reads commands line by line, so it copes with pipelining
             responses.insert(1, "250-PIPELINING")
         return responses
 
@@ -46,13 +47,14 @@ class _Handler:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
-        self.sink.data_at.append(time.monotonic())   # when the client had handed this mail over
+        self.sink.data_at.append(time.monotonic())  # when the client had handed this mail over
         if self.sink.delay:
-            await asyncio.sleep(self.sink.delay)     # a relay's round trip
+            await asyncio.sleep(self.sink.delay)  # a relay's round trip
         with self.sink.lock:
             self.sink.sessions.add(id(session))
-            reply = next((self.sink.reject_data[r] for r in envelope.rcpt_tos if r in self.sink.reject_data),
-                         self.sink.reply)
+            reply = next(
+                (self.sink.reject_data[r] for r in envelope.rcpt_tos if r in self.sink.reject_data), self.sink.reply
+            )
             if reply.startswith("250"):
                 self.sink.raw.append(envelope.content)
                 self.sink.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
@@ -102,26 +104,26 @@ class _Controller(Controller):
 
 
 class SmtpSink:
-    def __init__(self, port: int | None = None, pipelining: bool = True, max_connections: int | None = None,
-                 **controller_kwargs):
+    def __init__(
+        self, port: int | None = None, pipelining: bool = True, max_connections: int | None = None, **controller_kwargs
+    ):
         self.raw: list[bytes] = []
         self.envelopes = []
-        self.sessions = set()   # distinct SMTP connections that sent mail
+        self.sessions = set()  # distinct SMTP connections that sent mail
         self.pipelining = pipelining
         self.reject_rcpt: set[str] = set()
-        self.reject_data: dict[str, str] = {}     # recipient -> reply to the end of DATA (e.g. a 554)
+        self.reject_data: dict[str, str] = {}  # recipient -> reply to the end of DATA (e.g. a 554)
         self.reply = "250 OK"
-        self.delay = 0.0                          # seconds before answering DATA
-        self.data_at: list[float] = []            # time.monotonic() of every message's DATA, refused ones too
-        self.max_connections = max_connections    # None: no cap
-        self.connections = 0                      # accepted so far
-        self.refused = 0                          # answered 421 (over the cap)
+        self.delay = 0.0  # seconds before answering DATA
+        self.data_at: list[float] = []  # time.monotonic() of every message's DATA, refused ones too
+        self.max_connections = max_connections  # None: no cap
+        self.connections = 0  # accepted so far
+        self.refused = 0  # answered 421 (over the cap)
         self.open_connections = 0
         self.peak_connections = 0
         self.lock = threading.Lock()
         self.port = port or free_port()
-        self.controller = _Controller(self, _Handler(self), hostname="127.0.0.1", port=self.port,
-                                      **controller_kwargs)
+        self.controller = _Controller(self, _Handler(self), hostname="127.0.0.1", port=self.port, **controller_kwargs)
 
     @property
     def url(self) -> str:
@@ -140,8 +142,22 @@ class SmtpSink:
 
 
 def run_row(run_id) -> dict:
-    cols = ("id", "status", "attempts", "event_count", "last_error", "skip_reason", "provider_message_id",
-            "next_attempt_at", "enqueued_at", "claimed_at", "completed_at", "cadence", "period", "scheduled_for")
+    cols = (
+        "id",
+        "status",
+        "attempts",
+        "event_count",
+        "last_error",
+        "skip_reason",
+        "provider_message_id",
+        "next_attempt_at",
+        "enqueued_at",
+        "claimed_at",
+        "completed_at",
+        "cadence",
+        "period",
+        "scheduled_for",
+    )
     row = db.query(f"SELECT {', '.join(cols)} FROM digest_runs WHERE id = %s", (run_id,))[0]
     return dict(zip(cols, row))
 
@@ -161,4 +177,3 @@ def sink_as_provider(settings, **overrides):
     finally:
         providers.close_all()
         s.stop()
-

@@ -1,12 +1,13 @@
 """End to end through Dramatiq: scheduler tick -> Redis -> a real Worker -> SMTP sink. Redis is a hint."""
+
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.platform import db
 from app.cli import scheduler
+from app.platform import db
 from tests import factories
 from tests.conftest import wait_for
 from tests.test_digest_support import marked, sink_as_provider
@@ -45,9 +46,9 @@ def _setup(n=5):
 @pytest.mark.slow
 def test_redis_flushed_after_planning_next_tick_still_delivers(sink, worker, redis_client):
     events = _setup(5)
-    now = datetime(2026, 5, 1, 6, tzinfo=timezone.utc)
+    now = datetime(2026, 5, 1, 6, tzinfo=UTC)
     assert scheduler.tick(now)["planned"] == 5
-    redis_client.flushdb()                          # Redis lost everything
+    redis_client.flushdb()  # Redis lost everything
     result = scheduler.tick(now + timedelta(hours=4))
     assert result["enqueued"] == 5
     worker.start()
@@ -59,11 +60,11 @@ def test_redis_flushed_after_planning_next_tick_still_delivers(sink, worker, red
 def test_redis_flushed_after_enqueue_runs_are_enqueued_again(sink, worker, redis_client, settings):
     settings(digest_reenqueue_seconds=120)
     _setup(4)
-    now = datetime(2026, 5, 1, 6, tzinfo=timezone.utc)
+    now = datetime(2026, 5, 1, 6, tzinfo=UTC)
     scheduler.tick(now)
     due = now + timedelta(hours=4)
     assert scheduler.tick(due)["enqueued"] == 4
-    redis_client.flushdb()                          # the messages are gone, the rows say "enqueued"
+    redis_client.flushdb()  # the messages are gone, the rows say "enqueued"
     assert scheduler.tick(due + timedelta(seconds=30))["enqueued"] == 0
     assert scheduler.tick(due + timedelta(seconds=121))["enqueued"] == 4
     worker.start()
@@ -78,9 +79,9 @@ def test_duplicate_messages_send_once(sink, worker, redis_client):
     import actors
 
     run_ids = [factories.digest_run(sid) for (sid,) in db.query("SELECT id FROM subscribers ORDER BY id")]
-    for _ in range(3):                               # the same hint three times
+    for _ in range(3):  # the same hint three times
         actors.digest.build_and_send_digest.send(run_ids)
-    actors.digest.build_and_send_digest.send()       # and a claim-anything message
+    actors.digest.build_and_send_digest.send()  # and a claim-anything message
     worker.start()
     wait_for(lambda: _statuses() == {"sent": 3})
     worker.stop()

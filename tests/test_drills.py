@@ -2,6 +2,7 @@
 real Procfile processes on their own Postgres and Redis, one fault each. No mail is lost, none is
 sent twice under two Message-IDs, and the only repeats are mail a SIGKILLed worker had already
 handed to the relay (same Message-ID)."""
+
 from __future__ import annotations
 
 import glob
@@ -13,9 +14,10 @@ from scripts import drill
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (shutil.which("redis-server") and glob.glob("/usr/lib/postgresql/*/bin/initdb")),
-                       reason="the drills start their own postgres and redis-server (apt-get install postgresql "
-                              "redis-server)"),
+    pytest.mark.skipif(
+        not (shutil.which("redis-server") and glob.glob("/usr/lib/postgresql/*/bin/initdb")),
+        reason="the drills start their own postgres and redis-server (apt-get install postgresql redis-server)",
+    ),
 ]
 SCALE, DELAY_MS = 0.01, 50
 

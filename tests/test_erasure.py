@@ -2,6 +2,7 @@
 subscriber id, or the IP/user agent of their clicks, except the one suppressions row that keeps the
 address from ever being mailed again. Everything is produced through the real paths (API, digest
 sender, newsletter send loop, /c/ and /o/ routes, SendGrid webhook) and searched for in every table."""
+
 from __future__ import annotations
 
 import re
@@ -10,10 +11,10 @@ import orjson
 import pytest
 import redis as redis_lib
 
-from app.platform import config, db
-from digest import send as digest_send
 from app.newsletter import sender, service
+from app.platform import config, db
 from app.platform.providers.base import Provider, SendResult
+from digest import send as digest_send
 from tests import factories
 from tests.conftest import auth
 from tests.newsletter_support import start
@@ -21,7 +22,7 @@ from tracking import recorder, resolve, stats, webhook_apply
 
 ADDRESS = "Erase.Me+4b7f@Example.test"
 USER_ID = "erase-me-4b7f"
-SUB_ID = 918273645                         # a digit run no other row contains by accident
+SUB_ID = 918273645  # a digit run no other row contains by accident
 IP, UA = "198.51.100.77", "EraseMeBrowser/4.7 (ua-4b7f)"
 BO = {"user_id": "bo-keep-9c1d", "email": "bo@example.test", "ip": "192.0.2.55", "ua": "BoBrowser/1.0"}
 NEEDLES = (ADDRESS, USER_ID, str(SUB_ID), IP, "ua-4b7f")
@@ -52,8 +53,13 @@ def tracking_on(settings):
 
 def rows_mentioning(needles) -> dict[str, list[str]]:
     """Every row of every table in the schema whose text form contains one of the needles."""
-    tables = [t for (t,) in db.query("SELECT table_name FROM information_schema.tables "
-                                      "WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'")]
+    tables = [
+        t
+        for (t,) in db.query(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+        )
+    ]
     assert {"subscribers", "email_link_history", "webhook_events", "suppressions"} <= set(tables)
     patterns = ["%" + n.replace("%", r"\%").replace("_", r"\_") + "%" for n in needles]
     found = {}
@@ -67,9 +73,13 @@ def rows_mentioning(needles) -> dict[str, list[str]]:
 def redis_values(url: str) -> list[bytes]:
     """Everything stored in the test Redis db (broker messages and hints)."""
     client = redis_lib.Redis.from_url(url)
-    readers = {b"string": lambda k: [client.get(k)], b"hash": lambda k: list(client.hgetall(k).items()),
-               b"list": lambda k: client.lrange(k, 0, -1), b"set": lambda k: list(client.smembers(k)),
-               b"zset": lambda k: client.zrange(k, 0, -1)}
+    readers = {
+        b"string": lambda k: [client.get(k)],
+        b"hash": lambda k: list(client.hgetall(k).items()),
+        b"list": lambda k: client.lrange(k, 0, -1),
+        b"set": lambda k: list(client.smembers(k)),
+        b"zset": lambda k: client.zrange(k, 0, -1),
+    }
     out = []
     for key in client.scan_iter():
         out.append(key)
@@ -87,10 +97,18 @@ def put_subscriber(client, key, user_id, email, sub_id=None):
 
 
 def post_events(client, key, user_id, n=2):
-    events = [{"id": f"{user_id}-ev-{i}", "user_id": user_id, "category": "likes", "entity_type": "post",
-               "entity_id": f"p{i}", "actor_name": "Bo",
-               "payload": {"title": f"Post {i}", "url": f"https://app.example/{user_id}/post/{i}"}}
-              for i in range(n)]
+    events = [
+        {
+            "id": f"{user_id}-ev-{i}",
+            "user_id": user_id,
+            "category": "likes",
+            "entity_type": "post",
+            "entity_id": f"p{i}",
+            "actor_name": "Bo",
+            "payload": {"title": f"Post {i}", "url": f"https://app.example/{user_id}/post/{i}"},
+        }
+        for i in range(n)
+    ]
     assert client.post("/v1/events", json={"events": events}, headers=auth(key)).status_code == 202
 
 
@@ -104,8 +122,17 @@ def click_and_open(client, mail, ip, ua):
 
 
 def webhook_events(client, mail, address, *names):
-    body = [{"event": name, "email": address, "sg_event_id": f"{mail.idempotency_key}-{name}-{address}",
-             "timestamp": 1763700000, "ip": "203.0.113.200", **mail.custom_args} for name in names]
+    body = [
+        {
+            "event": name,
+            "email": address,
+            "sg_event_id": f"{mail.idempotency_key}-{name}-{address}",
+            "timestamp": 1763700000,
+            "ip": "203.0.113.200",
+            **mail.custom_args,
+        }
+        for name in names
+    ]
     r = client.post("/webhooks/sendgrid", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
     assert r.status_code == 200 and r.json()["stored"] == len(names)
 
@@ -119,7 +146,7 @@ def subscriber_with_digest(client, key, provider, user_id, email, sub_id=None):
 
 
 def test_delete_erases_everything_but_the_suppression(client, admin_key, settings):
-    settings(forwarded_allow_ips="*")   # TestClient's peer stands in for the proxy that sets X-Forwarded-For
+    settings(forwarded_allow_ips="*")  # TestClient's peer stands in for the proxy that sets X-Forwarded-For
     provider = Capture()
     sid = subscriber_with_digest(client, admin_key, provider, USER_ID, ADDRESS, SUB_ID)
     assert sid == SUB_ID
@@ -137,12 +164,22 @@ def test_delete_erases_everything_but_the_suppression(client, admin_key, setting
         webhook_events(client, mail, BO["email"], "delivered")
     webhook_apply.apply_events([i for (i,) in db.query("SELECT id FROM webhook_events WHERE event <> 'open'")])
     recorder.recorder().flush()
-    db.query("INSERT INTO legacy_link_codes (code, link_id, subscriber_id) SELECT 'OLD-1', id, %s FROM email_links "
-             "WHERE mail_kind = 'newsletter'", (sid,))
+    db.query(
+        "INSERT INTO legacy_link_codes (code, link_id, subscriber_id) SELECT 'OLD-1', id, %s FROM email_links "
+        "WHERE mail_kind = 'newsletter'",
+        (sid,),
+    )
     # Everything the test is about really is there before the erasure.
     before = rows_mentioning(NEEDLES)
-    for table in ("subscribers", "digest_events", "email_log", "email_links", "email_link_history",
-                  "webhook_events", "legacy_link_codes"):
+    for table in (
+        "subscribers",
+        "digest_events",
+        "email_log",
+        "email_links",
+        "email_link_history",
+        "webhook_events",
+        "legacy_link_codes",
+    ):
         assert table in before, f"nothing in {table} mentions the subscriber: the test proves nothing"
     assert db.query("SELECT count(*) FROM digest_runs WHERE subscriber_id = %s", (sid,)) == [(1,)]
     nl_stats = stats.mail_stats("newsletter", nl)
@@ -151,7 +188,8 @@ def test_delete_erases_everything_but_the_suppression(client, admin_key, setting
     assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
 
     assert rows_mentioning(NEEDLES) == {
-        "suppressions": [row for (row,) in db.query("SELECT s::text FROM suppressions s")]}
+        "suppressions": [row for (row,) in db.query("SELECT s::text FROM suppressions s")]
+    }
     assert db.query("SELECT email, reason FROM suppressions") == [(ADDRESS.lower(), "erased")]
     assert db.query("SELECT code, subscriber_id FROM legacy_link_codes") == [("OLD-1", None)]  # still resolves
     # Their digest is gone with its counters; the newsletter keeps anonymous totals.
@@ -162,14 +200,18 @@ def test_delete_erases_everything_but_the_suppression(client, admin_key, setting
     assert after["clicks"]["unique_human"] == 1 and after["events"]["delivered"] == 2
     # Bo is untouched.
     bo_rows = rows_mentioning((BO["email"], BO["user_id"], BO["ip"]))
-    assert {"subscribers", "digest_events", "email_log", "email_links", "email_link_history",
-            "webhook_events"} <= set(bo_rows)
-    assert db.query("SELECT count(*) FROM email_link_history WHERE subscriber_id = %s AND ip IS NOT NULL",
-                    (bo,)) == [(4,)]
+    assert {"subscribers", "digest_events", "email_log", "email_links", "email_link_history", "webhook_events"} <= set(
+        bo_rows
+    )
+    assert db.query("SELECT count(*) FROM email_link_history WHERE subscriber_id = %s AND ip IS NOT NULL", (bo,)) == [
+        (4,)
+    ]
 
     # Afterwards: a click on the old newsletter mail, and SendGrid events still arriving.
-    assert client.get(old_click, headers={"User-Agent": UA, "X-Forwarded-For": IP},
-                      follow_redirects=False).status_code == 302
+    assert (
+        client.get(old_click, headers={"User-Agent": UA, "X-Forwarded-For": IP}, follow_redirects=False).status_code
+        == 302
+    )
     recorder.recorder().flush()
     webhook_events(client, newsletter, ADDRESS, "click")
     webhook_apply.apply_events([i for (i,) in db.query("SELECT id FROM webhook_events")])
@@ -192,20 +234,26 @@ def test_an_address_suppressed_before_keeps_its_reason_in_source(client, admin_k
     factories.suppression(ADDRESS.lower(), "bounce", source="sendgrid:bounce")
     assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
     assert db.query("SELECT email, reason, source FROM suppressions") == [
-        (ADDRESS.lower(), "erased", "erasure, was bounce")]
+        (ADDRESS.lower(), "erased", "erasure, was bounce")
+    ]
 
 
 # -- every spelling of the address (issue 25, items 4 and 7) ---------------------------------------
 
 SPELLED = "Ana@Bücher.example"
 CANONICAL = "ana@xn--bcher-kva.example"
-OTHER_SPELLINGS = ("ana@xn--bcher-kva.example", "ANA@BÜCHER.EXAMPLE", "ａｎａ@ｂüｃｈｅｒ.example",
-                   "ANA@XN--BCHER-KVA.EXAMPLE")
+OTHER_SPELLINGS = (
+    "ana@xn--bcher-kva.example",
+    "ANA@BÜCHER.EXAMPLE",
+    "ａｎａ@ｂüｃｈｅｒ.example",
+    "ANA@XN--BCHER-KVA.EXAMPLE",
+)
 
 
 def post_webhook(client, *events):
-    body = [{"sg_event_id": f"sg-{i}-{e['event']}-{e['email']}", "timestamp": 1763700000, **e}
-            for i, e in enumerate(events)]
+    body = [
+        {"sg_event_id": f"sg-{i}-{e['event']}-{e['email']}", "timestamp": 1763700000, **e} for i, e in enumerate(events)
+    ]
     r = client.post("/webhooks/sendgrid", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
     assert r.status_code == 200 and r.json()["stored"] == len(events)
 
@@ -215,7 +263,7 @@ def test_erasure_deletes_the_webhook_events_of_every_spelling_and_keeps_the_cano
     put_subscriber(client, admin_key, BO["user_id"], BO["email"])
     post_webhook(client, *({"event": "open", "email": e} for e in (SPELLED, *OTHER_SPELLINGS, BO["email"])))
     half = [i for (i,) in db.query("SELECT id FROM webhook_events ORDER BY id LIMIT 3")]
-    webhook_apply.apply_events(half)                      # processed or not: both go
+    webhook_apply.apply_events(half)  # processed or not: both go
     post_webhook(client, {"event": "bounce", "type": "bounce", "email": OTHER_SPELLINGS[1]})
     webhook_apply.apply_events([i for (i,) in db.query("SELECT id FROM webhook_events WHERE event = 'bounce'")])
     assert db.query("SELECT email, reason FROM suppressions") == [(CANONICAL, "bounce")]
@@ -234,9 +282,12 @@ def test_erasure_deletes_the_webhook_events_of_every_spelling_and_keeps_the_cano
 def test_erasure_finds_events_under_every_address_the_subscriber_was_mailed_at(client, admin_key):
     sid = put_subscriber(client, admin_key, USER_ID, SPELLED)
     nl = factories.newsletter()
-    factories.outbox_row(nl, sid, email="Old.Address@Exämple.test")    # the address they had then
-    post_webhook(client, {"event": "open", "email": "old.address@xn--exmple-cua.test"},
-                 {"event": "open", "email": "ＯＬＤ.ａｄｄｒｅｓｓ@exämple.test"})
+    factories.outbox_row(nl, sid, email="Old.Address@Exämple.test")  # the address they had then
+    post_webhook(
+        client,
+        {"event": "open", "email": "old.address@xn--exmple-cua.test"},
+        {"event": "open", "email": "ＯＬＤ.ａｄｄｒｅｓｓ@exämple.test"},
+    )
     assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
     assert db.query("SELECT count(*) FROM webhook_events") == [(0,)]
 
@@ -253,19 +304,24 @@ def test_erasure_removes_the_user_id_from_every_newsletter_audience(client, admi
     assert client.delete(f"/v1/subscribers/{USER_ID}", headers=auth(admin_key)).status_code == 204
 
     audiences = dict(db.query("SELECT id, audience FROM newsletters"))
-    assert audiences == {everyone: {"kind": "all"},
-                         chosen: {"kind": "user_ids", "user_ids": sorted([BO["user_id"], "nobody"])},
-                         others: {"kind": "user_ids", "user_ids": [BO["user_id"]]}}
+    assert audiences == {
+        everyone: {"kind": "all"},
+        chosen: {"kind": "user_ids", "user_ids": sorted([BO["user_id"], "nobody"])},
+        others: {"kind": "user_ids", "user_ids": [BO["user_id"]]},
+    }
     assert USER_ID not in "".join(t for (t,) in db.query("SELECT n::text FROM newsletters n"))
     # The producer retrying its send request with the audience it sent is still the same request.
     assert service.request_send(chosen, requested) in ("queued", "sending")
     # A user_id with no subscriber (erased before, or never one) is removed all the same: 404.
     service.request_send(others, {"kind": "user_ids", "user_ids": [BO["user_id"]]})
-    db.query("UPDATE newsletters SET audience = %s WHERE id = %s",
-             (orjson.dumps({"kind": "user_ids", "user_ids": ["ghost-1", "ghost-2"]}).decode(), others))
+    db.query(
+        "UPDATE newsletters SET audience = %s WHERE id = %s",
+        (orjson.dumps({"kind": "user_ids", "user_ids": ["ghost-1", "ghost-2"]}).decode(), others),
+    )
     assert client.delete("/v1/subscribers/ghost-1", headers=auth(admin_key)).status_code == 404
     assert db.query("SELECT audience FROM newsletters WHERE id = %s", (others,)) == [
-        ({"kind": "user_ids", "user_ids": ["ghost-2"]},)]
+        ({"kind": "user_ids", "user_ids": ["ghost-2"]},)
+    ]
 
 
 def test_a_different_audience_is_still_a_conflict_after_an_erasure(client, admin_key):

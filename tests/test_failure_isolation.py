@@ -12,12 +12,13 @@ Kinds of poison:
   5xx       the relay answers 554 to that message's DATA (SMTP only: SendGrid answers per request,
             so its 5xx is a batch-level error, retried with backoff — tests/test_newsletter_send.py)
 """
+
 from __future__ import annotations
 
 import pytest
 
-from app.platform import db
 from app.newsletter import sender as newsletter_sender
+from app.platform import db
 from app.platform.providers.sendgrid import SendGridProvider
 from app.platform.providers.smtp import SMTPProvider
 from digest import build as digest_build
@@ -29,8 +30,12 @@ from tests.test_digest_support import SmtpSink, run_row
 N = 100
 POISON = 42
 KINDS = ["encoding", "header", "template", "refused", "5xx"]
-CASES = [(channel, kind) for channel in ("smtp", "sendgrid") for kind in KINDS
-         if not (channel == "sendgrid" and kind == "5xx")]
+CASES = [
+    (channel, kind)
+    for channel in ("smtp", "sendgrid")
+    for kind in KINDS
+    if not (channel == "sendgrid" and kind == "5xx")
+]
 
 
 def poisoned_address(kind: str) -> str:
@@ -100,14 +105,14 @@ def test_digest_batch_sends_99_and_isolates_the_poisoned_one(kind, channel, monk
     bad = run_row(runs[POISON])
     others = [run_row(r) for i, r in enumerate(runs) if i != POISON]
     assert all(r["status"] == "sent" for r in others)
-    if kind == "header":           # cleaned, not failed: everyone got their digest
+    if kind == "header":  # cleaned, not failed: everyone got their digest
         assert counts["sent"] == N and bad["status"] == "sent" and delivered() == N
         return
     assert counts["sent"] == N - 1 and delivered() == N - 1
     assert bad["last_error"] and bad["attempts"] == 1
-    if kind == "template":         # unexpected: retried later with backoff, counted
+    if kind == "template":  # unexpected: retried later with backoff, counted
         assert counts["retry"] == 1 and bad["status"] == "pending" and bad["next_attempt_at"] is not None
-    else:                          # the recipient is refused: no retry can help
+    else:  # the recipient is refused: no retry can help
         assert counts["failed"] == 1 and bad["status"] == "failed"
 
 
@@ -131,16 +136,23 @@ def test_newsletter_batch_sends_99_and_isolates_the_poisoned_one(kind, channel, 
 
     stats = newsletter_sender.send_batch(newsletter_id, provider=provider, reenqueue=False, budget_seconds=60)
 
-    rows = dict(db.query("SELECT s.user_id, e.status FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id "
-                         "WHERE e.newsletter_id = %s", (newsletter_id,)))
+    rows = dict(
+        db.query(
+            "SELECT s.user_id, e.status FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id "
+            "WHERE e.newsletter_id = %s",
+            (newsletter_id,),
+        )
+    )
     bad = rows.pop(f"u{POISON}")
     assert set(rows.values()) == {"sent"} and len(rows) == N - 1
     if kind == "header":
         assert stats["sent"] == N and bad == "sent" and delivered() == N
         return
     assert stats["sent"] == N - 1 and stats["failed"] == 1 and bad == "failed" and delivered() == N - 1
-    (error,) = db.query("SELECT error FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id "
-                        "WHERE s.user_id = %s", (f"u{POISON}",))[0]
+    (error,) = db.query(
+        "SELECT error FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id WHERE s.user_id = %s",
+        (f"u{POISON}",),
+    )[0]
     assert error
 
 

@@ -11,6 +11,7 @@ The layers, bottom up (a module may import its own package and anything below it
   3  app/newsletter    newsletters: outbox, rows, send loop      (digest and newsletter never import each other)
   4  app/web, app/cli, actors   entry points: routes, pages, admin, CLI and scheduler, Dramatiq actors
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,19 +24,32 @@ pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("app", "digest", "tracking", "actors")
-LAYERS = (      # (module prefix, layer): the longest matching prefix decides
-    ("app.platform", 0), ("app.subscribers", 1), ("tracking", 2), ("digest", 3), ("app.newsletter", 3),
-    ("app.web", 4), ("app.cli", 4), ("actors", 4), ("app", 4),
+LAYERS = (  # (module prefix, layer): the longest matching prefix decides
+    ("app.platform", 0),
+    ("app.subscribers", 1),
+    ("tracking", 2),
+    ("digest", 3),
+    ("app.newsletter", 3),
+    ("app.web", 4),
+    ("app.cli", 4),
+    ("actors", 4),
+    ("app", 4),
 )
 # Imported where used, each with its measured import cost written next to it.
-LAZY_ALLOWED = {("app/platform/mail.py", "dkim"), ("app/platform/observability.py", "sentry_sdk"),
-                ("app/platform/observability.py", "sentry_sdk.integrations.dramatiq"),
-                ("app/platform/observability.py", "sentry_sdk.integrations.starlette"),
-                ("app/newsletter/template.py", "premailer"), ("digest/render.py", "premailer"),
-                ("app/platform/providers/smtp_async.py", "uvloop"),
-                ("app/web/admin/charts.py", "matplotlib"), ("app/web/admin/charts.py", "matplotlib.figure"),
-                ("app/web/admin/charts.py", "matplotlib.dates"),
-                ("app/cli/core.py", "uvicorn"), ("app/cli/core.py", "app.web")}
+LAZY_ALLOWED = {
+    ("app/platform/mail.py", "dkim"),
+    ("app/platform/observability.py", "sentry_sdk"),
+    ("app/platform/observability.py", "sentry_sdk.integrations.dramatiq"),
+    ("app/platform/observability.py", "sentry_sdk.integrations.starlette"),
+    ("app/newsletter/template.py", "premailer"),
+    ("digest/render.py", "premailer"),
+    ("app/platform/providers/smtp_async.py", "uvloop"),
+    ("app/web/admin/charts.py", "matplotlib"),
+    ("app/web/admin/charts.py", "matplotlib.figure"),
+    ("app/web/admin/charts.py", "matplotlib.dates"),
+    ("app/cli/core.py", "uvicorn"),
+    ("app/cli/core.py", "app.web"),
+}
 MODULE_STRING = re.compile(r"^(?:app|digest|tracking|actors)(?:\.[a-z_][a-z0-9_]*)+(?::[A-Za-z_]\w*)?$")
 
 
@@ -52,16 +66,20 @@ MODULES = _modules()
 
 
 def layer_of(module: str) -> tuple[str, int]:
-    prefix, layer = max(((p, n) for p, n in LAYERS if module == p or module.startswith(p + ".")),
-                        key=lambda pair: len(pair[0]))
+    prefix, layer = max(
+        ((p, n) for p, n in LAYERS if module == p or module.startswith(p + ".")), key=lambda pair: len(pair[0])
+    )
     return prefix, layer
 
 
 def _imports(tree: ast.AST, top_level: bool):
-    nodes = tree.body if top_level else [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
-                                                                                      ast.AsyncFunctionDef))]
+    nodes = (
+        tree.body
+        if top_level
+        else [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    )
     for node in nodes:
-        for inner in ([node] if top_level else ast.walk(node)):
+        for inner in [node] if top_level else ast.walk(node):
             if isinstance(inner, ast.Import):
                 yield from ((a.name, inner) for a in inner.names)
             elif isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
@@ -125,8 +143,7 @@ def _actor_names() -> set[str]:
         if not name.startswith("actors"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and any(
-                    "actor" in ast.unparse(d) for d in node.decorator_list):
+            if isinstance(node, ast.FunctionDef) and any("actor" in ast.unparse(d) for d in node.decorator_list):
                 names.add(node.name)
     return names
 
@@ -138,7 +155,7 @@ def test_below_the_entry_points_nothing_names_an_actor():
     assert {"build_and_send_digest", "send_batch", "create_outbox", "apply_webhook_events"} <= actors
     named = []
     for name, path in MODULES.items():
-        package, layer = layer_of(name)
+        _package, layer = layer_of(name)
         if layer == 4:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
@@ -156,7 +173,7 @@ def test_no_import_circles():
         state[node] = "open"
         for dep in graph[node]:
             if state.get(dep) == "open":
-                cycles.append(stack[stack.index(dep):] + [dep])
+                cycles.append(stack[stack.index(dep) :] + [dep])
             elif dep not in state:
                 visit(dep, stack + [dep])
         state[node] = "done"

@@ -1,4 +1,5 @@
 """MIME building: structure, Message-ID from the idempotency key, RFC 8058 headers, DKIM."""
+
 from __future__ import annotations
 
 import base64
@@ -7,11 +8,11 @@ import email.policy
 
 import dkim
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from app.platform import mail
 from app.platform.providers.base import OutgoingMail
@@ -20,10 +21,15 @@ pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 
 
 def _mail(**kw):
-    base = dict(to="ana@example.test", to_name="Ána Lima", subject="Your daily digest: Ána & 3 others",
-                html="<p>Héllo <a href=\"https://x.test/a?b=1&amp;c=2\">link</a></p>\n" + "<p>x</p>" * 100,
-                text="Héllo\n.leading dot\nline with trailing space \n" + "y" * 300,
-                idempotency_key="digest-run-42", headers=mail.unsubscribe_headers("https://x.test/u/TOKEN"))
+    base = {
+        "to": "ana@example.test",
+        "to_name": "Ána Lima",
+        "subject": "Your daily digest: Ána & 3 others",
+        "html": '<p>Héllo <a href="https://x.test/a?b=1&amp;c=2">link</a></p>\n' + "<p>x</p>" * 100,
+        "text": "Héllo\n.leading dot\nline with trailing space \n" + "y" * 300,
+        "idempotency_key": "digest-run-42",
+        "headers": mail.unsubscribe_headers("https://x.test/u/TOKEN"),
+    }
     base.update(kw)
     return OutgoingMail(**base)
 
@@ -35,7 +41,7 @@ def parse(raw: bytes):
 def test_message_parses_back_with_both_parts_and_headers():
     m = _mail()
     raw = mail.build(m)
-    assert b"\r\n" in raw and b"\n" not in raw.replace(b"\r\n", b"")   # CRLF only
+    assert b"\r\n" in raw and b"\n" not in raw.replace(b"\r\n", b"")  # CRLF only
     msg = parse(raw)
     assert msg.get_content_type() == "multipart/alternative" and not msg.defects
     assert msg["To"] == "Ána Lima <ana@example.test>"
@@ -43,7 +49,7 @@ def test_message_parses_back_with_both_parts_and_headers():
     assert msg["List-Unsubscribe"] == "<https://x.test/u/TOKEN>"
     assert msg["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
     parts = [p.get_content_type() for p in msg.iter_parts()]
-    assert parts == ["text/plain", "text/html"]   # HTML last: clients prefer the last they can show
+    assert parts == ["text/plain", "text/html"]  # HTML last: clients prefer the last they can show
     assert msg.get_body(("plain",)).get_content().replace("\r\n", "\n") == m.text
     assert msg.get_body(("html",)).get_content().replace("\r\n", "\n") == m.html
 
@@ -62,13 +68,16 @@ def test_mailto_unsubscribe_is_added_when_configured(settings):
     assert headers["List-Unsubscribe"] == "<https://x.test/u/T>, <mailto:unsubscribe@example.test>"
 
 
-@pytest.mark.parametrize("bad", [
-    dict(subject="hi\r\nBcc: victim@example.test"),
-    dict(to="victim@example.test\r\nBcc: x@y.z"),
-    dict(to="not-an-address"),
-    dict(headers={"Bcc": "x@example.test"}),
-    dict(headers={"X-Ok": "a\nb"}),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"subject": "hi\r\nBcc: victim@example.test"},
+        {"to": "victim@example.test\r\nBcc: x@y.z"},
+        {"to": "not-an-address"},
+        {"headers": {"Bcc": "x@example.test"}},
+        {"headers": {"X-Ok": "a\nb"}},
+    ],
+)
 def test_header_injection_and_bad_addresses_are_refused(bad):
     with pytest.raises(mail.MailBuildError):
         mail.build(_mail(**bad))
@@ -77,18 +86,19 @@ def test_header_injection_and_bad_addresses_are_refused(bad):
 @pytest.fixture
 def dkim_key(settings, tmp_path):
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                            serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.DER,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    ).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     record = b"v=DKIM1; k=rsa; p=" + base64.b64encode(public)
 
     def dnsfunc(name, timeout=5):
         assert name == b"sel1._domainkey.example.test."
         return record
 
-    settings(dkim_domain="example.test", dkim_selector="sel1", dkim_private_key=pem,
-             mail_from="Notify <notify@example.test>")
+    settings(
+        dkim_domain="example.test", dkim_selector="sel1", dkim_private_key=pem, mail_from="Notify <notify@example.test>"
+    )
     return pem, dnsfunc
 
 
@@ -116,19 +126,22 @@ def test_no_dkim_without_configuration():
     assert not mail.build(_mail()).startswith(b"DKIM-Signature")
 
 
-@pytest.mark.parametrize("subject", [
-    "Short and plain",
-    "Eli, Bo and 4 others followed Launch notes - and 8 more updates about things you follow",
-    "Eli, Bo and 4 others followed Launch notes — and 8 more updates",
-    "Ána, Bø and 3 others liked «Grüße aus Köln» — and 1 more update " * 3,
-    "😀" * 60 + " emoji " + "中文标题" * 20,
-    "x" * 90 + " then a very long word",
-    "two  spaces and a trailing one ",
-    "looks like =?utf-8?q?an_encoded_word?= but is not",
-    "A" * 76,
-    "",
-    " ",
-])
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "Short and plain",
+        "Eli, Bo and 4 others followed Launch notes - and 8 more updates about things you follow",
+        "Eli, Bo and 4 others followed Launch notes — and 8 more updates",
+        "Ána, Bø and 3 others liked «Grüße aus Köln» — and 1 more update " * 3,
+        "😀" * 60 + " emoji " + "中文标题" * 20,
+        "x" * 90 + " then a very long word",
+        "two  spaces and a trailing one ",
+        "looks like =?utf-8?q?an_encoded_word?= but is not",
+        "A" * 76,
+        "",
+        " ",
+    ],
+)
 def test_subjects_of_any_length_and_script_parse_back_exactly(subject):
     raw = mail.build(_mail(subject=subject))
     head = raw.split(b"\r\n\r\n", 1)[0]
@@ -150,16 +163,19 @@ def _part_of(raw: bytes, subtype: str):
     return parse(raw).get_body((subtype,))
 
 
-@pytest.mark.parametrize("html, text, encodings", [
-    ("<p>plain ASCII, a = sign</p>", "plain text\n.leading dot", ("7bit", "7bit")),
-    ("<p>H&#233;llo</p>", "Héllo", ("7bit", "quoted-printable")),               # text not ASCII
-    ("<p>" + "x" * 999 + "</p>", "y" * 998, ("quoted-printable", "7bit")),      # a line over 998 octets
-    ("<p>a\0b</p>", "", ("quoted-printable", "7bit")),                          # NUL is not 7bit
-])
+@pytest.mark.parametrize(
+    "html, text, encodings",
+    [
+        ("<p>plain ASCII, a = sign</p>", "plain text\n.leading dot", ("7bit", "7bit")),
+        ("<p>H&#233;llo</p>", "Héllo", ("7bit", "quoted-printable")),  # text not ASCII
+        ("<p>" + "x" * 999 + "</p>", "y" * 998, ("quoted-printable", "7bit")),  # a line over 998 octets
+        ("<p>a\0b</p>", "", ("quoted-printable", "7bit")),  # NUL is not 7bit
+    ],
+)
 def test_ascii_parts_go_as_7bit_and_the_rest_as_quoted_printable(html, text, encodings):
     raw = mail.build(_mail(html=html, text=text))
     assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
-    assert b"\n" not in raw.replace(b"\r\n", b"")                               # CRLF only
+    assert b"\n" not in raw.replace(b"\r\n", b"")  # CRLF only
     for subtype, body, cte in zip(("html", "plain"), (html, text), encodings):
         part = _part_of(raw, subtype)
         assert part["Content-Transfer-Encoding"] == cte
@@ -177,9 +193,10 @@ def test_any_part_text_parses_back_exactly(body):
 
 def test_ascii_html_writes_other_characters_as_references_outside_style_and_script():
     import html as html_lib
+
     page = '<title>Ána — news</title><p title="Zoë">😀 · ok</p>'
     out = mail.ascii_html(page)
     assert out.isascii() and html_lib.unescape(out) == page
     assert mail.ascii_html("<p>ascii</p>") == "<p>ascii</p>"
     for raw_text in ('<style>p:before{content:"→"}</style><p>é</p>', "<SCRIPT>var s = 'é';</SCRIPT>"):
-        assert mail.ascii_html(raw_text) == raw_text        # a reference would show there as written
+        assert mail.ascii_html(raw_text) == raw_text  # a reference would show there as written

@@ -1,10 +1,10 @@
 """Dev mail viewer (scripts/dev/mailviewer.py, its own process): the aiosmtpd sink stores mail,
 /dev/mail lists it and renders it sandboxed."""
+
 from __future__ import annotations
 
-from aiosmtpd.controller import Controller
-
 import pytest
+from aiosmtpd.controller import Controller
 from starlette.testclient import TestClient
 
 from app.platform import mail
@@ -27,9 +27,14 @@ def test_sink_catches_mail_and_the_viewer_shows_it(tmp_path, settings, client):
     controller.start()
     try:
         provider = SMTPProvider(f"smtp://127.0.0.1:{port}", pool_size=1)
-        m = OutgoingMail(to="ana@example.test", subject="Your daily digest <3", html="<p>Hi <b>Ana</b></p><script>x()</script>",
-                         text="Hi Ana", idempotency_key="digest-run-7",
-                         headers=mail.unsubscribe_headers("https://x.test/u/T"))
+        m = OutgoingMail(
+            to="ana@example.test",
+            subject="Your daily digest <3",
+            html="<p>Hi <b>Ana</b></p><script>x()</script>",
+            text="Hi Ana",
+            idempotency_key="digest-run-7",
+            headers=mail.unsubscribe_headers("https://x.test/u/T"),
+        )
         assert provider.send_batch([m])[0].ok
         provider.close()
     finally:

@@ -1,4 +1,5 @@
 """app/memory.py: the malloc arena cap is applied in a real process (glibc's mallopt)."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,4 +1,5 @@
 """Migration runner: applies from empty, re-runs harmlessly, repairs INVALID indexes, retries locks."""
+
 from __future__ import annotations
 
 import threading
@@ -7,8 +8,8 @@ import uuid
 import psycopg2
 import pytest
 
-from app.platform import config, db, migrate
 from app.cli import main as cli_main
+from app.platform import config, db, migrate
 from tests.conftest import THROUGH_PGBOUNCER
 from tests.scratch import migrations_dir, released_on_first_lock_retry  # noqa: F401 - fixture
 
@@ -96,10 +97,16 @@ def _write(tmp_path, name, sql):
 
 
 def test_invalid_index_from_failed_concurrent_build_is_rebuilt(scratch_url, migrations_dir):
-    _write(migrations_dir, "0001_t.sql", "CREATE TABLE t (id int PRIMARY KEY, v int);\n"
-                                         "INSERT INTO t VALUES (1, 7), (2, 7);")
-    _write(migrations_dir, "0002_idx.sql",
-           "-- migrate: no-transaction\nCREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS t_v_idx ON t (v);")
+    _write(
+        migrations_dir,
+        "0001_t.sql",
+        "CREATE TABLE t (id int PRIMARY KEY, v int);\nINSERT INTO t VALUES (1, 7), (2, 7);",
+    )
+    _write(
+        migrations_dir,
+        "0002_idx.sql",
+        "-- migrate: no-transaction\nCREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS t_v_idx ON t (v);",
+    )
     with pytest.raises(psycopg2.errors.UniqueViolation):
         migrate.migrate(scratch_url)
     conn = psycopg2.connect(scratch_url)
@@ -123,10 +130,13 @@ def test_concurrent_build_that_hit_the_lock_timeout_is_rebuilt_on_retry(scratch_
     settings(migration_lock_timeout="100ms", migration_retries=20)
     _write(migrations_dir, "0001_t.sql", "CREATE TABLE t (id int PRIMARY KEY, v int);")
     migrate.migrate(scratch_url)
-    _write(migrations_dir, "0002_idx.sql",
-           "-- migrate: no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS t_v_idx ON t (v);")
+    _write(
+        migrations_dir,
+        "0002_idx.sql",
+        "-- migrate: no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS t_v_idx ON t (v);",
+    )
     writer = psycopg2.connect(scratch_url)
-    writer.cursor().execute("INSERT INTO t VALUES (1, 1)")   # a write still open when the build starts
+    writer.cursor().execute("INSERT INTO t VALUES (1, 1)")  # a write still open when the build starts
     with released_on_first_lock_retry(writer) as released:
         assert migrate.migrate(scratch_url) == ["0002"]
     assert released.fired
@@ -148,10 +158,9 @@ def test_lock_timeout_is_retried_until_the_lock_frees(scratch_url, migrations_di
     migrate.ensure_database(scratch_url)
     assert migrate.migrate(scratch_url) == ["0001", "0002"]
     # Re-create the situation: a long transaction holds a lock ALTER TABLE must wait for.
-    with psycopg2.connect(scratch_url) as setup:
-        with setup.cursor() as cur:
-            cur.execute("DELETE FROM schema_migrations WHERE version = '0002'")
-            cur.execute("ALTER TABLE t DROP COLUMN IF EXISTS v")
+    with psycopg2.connect(scratch_url) as setup, setup.cursor() as cur:
+        cur.execute("DELETE FROM schema_migrations WHERE version = '0002'")
+        cur.execute("ALTER TABLE t DROP COLUMN IF EXISTS v")
     reader = psycopg2.connect(scratch_url)
     with reader.cursor() as cur:
         cur.execute("SELECT * FROM t")  # holds ACCESS SHARE until commit
@@ -165,11 +174,11 @@ def test_lock_timeout_is_retried_until_the_lock_frees(scratch_url, migrations_di
 
 
 def test_migrate_and_status_use_the_migration_database_url(scratch_url, settings, capsys):
-    settings(migration_database_url=scratch_url)      # DATABASE_URL stays the test database
+    settings(migration_database_url=scratch_url)  # DATABASE_URL stays the test database
     assert cli_main(["migrate"]) == 0
     assert set(db.ALL_TABLES) <= tables(scratch_url)
     assert all(r["state"] == "applied" for r in migrate.status())
-    assert migrate.target_url("postgresql://elsewhere/x") == "postgresql://elsewhere/x"   # an explicit URL wins
+    assert migrate.target_url("postgresql://elsewhere/x") == "postgresql://elsewhere/x"  # an explicit URL wins
     settings(migration_database_url="")
     assert migrate.target_url() == config.get().database_url
 
@@ -188,7 +197,7 @@ def test_through_a_transaction_pooler_the_migrator_stops_with_a_clear_error(scra
     def take_then_lose_the_session(conn):
         pid = real_take(conn)
         with other.cursor() as cur:
-            cur.execute("SELECT pg_backend_pid()")     # an open transaction keeps that server connection
+            cur.execute("SELECT pg_backend_pid()")  # an open transaction keeps that server connection
             assert cur.fetchone()[0] == pid
         return pid
 
@@ -207,7 +216,7 @@ def test_through_a_transaction_pooler_the_migrator_stops_with_a_clear_error(scra
 
 def test_bad_file_name_is_a_clear_error(tmp_path):
     _write(tmp_path, "1_bad.sql", "SELECT 1;")
-    with pytest.raises(migrate.MigrationError, match="NNNN_lower_snake.sql"):
+    with pytest.raises(migrate.MigrationError, match=r"NNNN_lower_snake\.sql"):
         migrate.discover(tmp_path)
 
 

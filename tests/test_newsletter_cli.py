@@ -1,12 +1,13 @@
 """`python -m app newsletter-status ID`: a draft waits for its send instead of reporting 100 %."""
+
 from __future__ import annotations
 
 import argparse
 import threading
 
-from app.platform import db
 from app.cli import newsletter as newsletter_cli
 from app.newsletter import service
+from app.platform import db
 from tests import factories
 
 

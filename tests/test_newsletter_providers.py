@@ -1,4 +1,5 @@
 """SendGridProvider against the local fake server, and newsletter template compilation."""
+
 from __future__ import annotations
 
 import socket
@@ -9,26 +10,43 @@ from app.newsletter import template
 from app.platform.providers.base import OutgoingMail, PermanentError, ThrottledError, TransientError
 from app.platform.providers.sendgrid import MAX_SUBSTITUTION_BYTES, SendGridProvider, build_requests
 
-HTML = ('<html><body><p class="x">Hi {{name}}</p><a href="{{unsubscribe_url}}">unsubscribe</a>'
-        '<p>{{{user_id}}}</p><img src="https://t.example/o/{{user_id}}.gif"></body></html>')
+HTML = (
+    '<html><body><p class="x">Hi {{name}}</p><a href="{{unsubscribe_url}}">unsubscribe</a>'
+    '<p>{{{user_id}}}</p><img src="https://t.example/o/{{user_id}}.gif"></body></html>'
+)
 
 
 def mails_from_template(names, source=HTML, from_addr=None):
     compiled = template.Compiled("Hello {{name}}", source, None)
     out = []
     for i, name in enumerate(names):
-        r = compiled.render({"name": name, "email": f"r{i}@example.com", "user_id": f"id{i}",
-                             "unsubscribe_url": f"https://x.example/u/tok{i}?a=1&b=2", "preferences_url": "p"})
-        out.append(OutgoingMail(to=f"r{i}@example.com", subject=r.subject, html=r.html, text=r.text,
-                                idempotency_key=f"newsletter-1-row-{i}", from_addr=from_addr, to_name=name,
-                                headers={"List-Unsubscribe": f"<https://x.example/u/tok{i}>"},
-                                custom_args={"mail_kind": "newsletter", "mail_id": "1", "row_id": str(i),
-                                             "subscriber_id": str(i)}))
+        r = compiled.render(
+            {
+                "name": name,
+                "email": f"r{i}@example.com",
+                "user_id": f"id{i}",
+                "unsubscribe_url": f"https://x.example/u/tok{i}?a=1&b=2",
+                "preferences_url": "p",
+            }
+        )
+        out.append(
+            OutgoingMail(
+                to=f"r{i}@example.com",
+                subject=r.subject,
+                html=r.html,
+                text=r.text,
+                idempotency_key=f"newsletter-1-row-{i}",
+                from_addr=from_addr,
+                to_name=name,
+                headers={"List-Unsubscribe": f"<https://x.example/u/tok{i}>"},
+                custom_args={"mail_kind": "newsletter", "mail_id": "1", "row_id": str(i), "subscriber_id": str(i)},
+            )
+        )
     return out
 
 
 def test_one_request_per_batch_and_each_recipient_gets_exactly_their_mail(fake, provider):
-    names = ["Ana", "Bo \"Bob\" <b>", "Çelik & Söhne", "", "O'Neil", "x" * 300, "Line\nBreak"]
+    names = ["Ana", 'Bo "Bob" <b>', "Çelik & Söhne", "", "O'Neil", "x" * 300, "Line\nBreak"]
     mails = mails_from_template(names)
     results = provider.send_batch(mails)
     assert all(r.ok for r in results) and results[0].message_id == "fake-1"
@@ -44,8 +62,10 @@ def test_one_request_per_batch_and_each_recipient_gets_exactly_their_mail(fake, 
 
 
 def test_identical_content_shares_the_body_without_substitutions():
-    mails = [OutgoingMail(to=f"r{i}@example.com", subject="Same", html="<p>same</p>", text="same",
-                          idempotency_key=f"k{i}") for i in range(3)]
+    mails = [
+        OutgoingMail(to=f"r{i}@example.com", subject="Same", html="<p>same</p>", text="same", idempotency_key=f"k{i}")
+        for i in range(3)
+    ]
     [(payload, indexes)] = build_requests(mails, "Notify <n@example.com>")
     assert indexes == [0, 1, 2]
     assert all("substitutions" not in p for p in payload["personalizations"])
@@ -77,8 +97,14 @@ def test_status_mapping(fake, provider):
         provider.send_batch(mails)
     assert 0 < throttled.value.retry_after <= 4
     fake.throttle_for(0)
-    for status, error in [(500, TransientError), (503, TransientError), (400, PermanentError),
-                          (401, PermanentError), (403, PermanentError), (413, PermanentError)]:
+    for status, error in [
+        (500, TransientError),
+        (503, TransientError),
+        (400, PermanentError),
+        (401, PermanentError),
+        (403, PermanentError),
+        (413, PermanentError),
+    ]:
         fake.fail_next(1, status=status)
         with pytest.raises(error) as exc:
             provider.send_batch(mails)
@@ -91,7 +117,7 @@ def test_status_mapping(fake, provider):
 def test_unreachable_sendgrid_is_transient():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]          # closed again below: nothing listens there
+        port = s.getsockname()[1]  # closed again below: nothing listens there
     p = SendGridProvider(api_key="k", api_url=f"http://127.0.0.1:{port}/v3/mail/send", timeout=2)
     with pytest.raises(TransientError):
         p.send_batch(mails_from_template(["Ana"]))
@@ -125,14 +151,18 @@ def test_batch_over_1000_is_refused(provider):
 def test_template_compiles_css_once_and_keeps_mustache_tags():
     compiled = template.Compiled(
         "Hi {{name}}",
-        '<html><head><style>a { color: red; }</style></head><body>'
-        '<a href="{{unsubscribe_url}}">u</a> <a href="{{preferences_url}}">p</a></body></html>', None)
-    html_source = "".join(v if k == "literal" else "{{%s}}" % v for k, v in compiled.html_tokens)
+        "<html><head><style>a { color: red; }</style></head><body>"
+        '<a href="{{unsubscribe_url}}">u</a> <a href="{{preferences_url}}">p</a></body></html>',
+        None,
+    )
+    html_source = "".join(v if k == "literal" else f"{{{{{v}}}}}" for k, v in compiled.html_tokens)
     assert 'href="{{unsubscribe_url}}"' in html_source and 'style="color:red"' in html_source
-    r = compiled.render({"name": "A\r\nBcc: x", "unsubscribe_url": "https://u/1?a=1&b=2", "preferences_url": "https://p"})
+    r = compiled.render(
+        {"name": "A\r\nBcc: x", "unsubscribe_url": "https://u/1?a=1&b=2", "preferences_url": "https://p"}
+    )
     assert 'href="https://u/1?a=1&amp;b=2"' in r.html
-    assert r.subject == "Hi A Bcc: x"                     # no header injection through a name
-    assert "u (https://u/1?a=1&b=2)" in r.text            # text derived from the HTML, not HTML-escaped
+    assert r.subject == "Hi A Bcc: x"  # no header injection through a name
+    assert "u (https://u/1?a=1&b=2)" in r.text  # text derived from the HTML, not HTML-escaped
 
 
 def test_template_check_reports_problems():

@@ -1,24 +1,26 @@
 """app/newsletter/rows.py owns newsletters and email_log: every statement, applied in every status,
 makes only the transitions its docstring lists — and together they make all of them."""
+
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg2.extras
 
-from app.platform import db
 from app.newsletter import rows
 from app.newsletter.rows import NEWSLETTER_TRANSITIONS, ROW_TRANSITIONS, NewsletterStatus, RowStatus
+from app.platform import db
 from tests import factories
 
 _seq = itertools.count()
-LONG_AGO = datetime.now(timezone.utc) - timedelta(days=1)
+LONG_AGO = datetime.now(UTC) - timedelta(days=1)
 
 
 def _newsletter(status: NewsletterStatus, outbox_done: bool = True) -> int:
-    return factories.newsletter_row(status=status.value, audience='{"kind": "all"}',
-                                    outbox_completed_at=LONG_AGO if outbox_done else None)
+    return factories.newsletter_row(
+        status=status.value, audience='{"kind": "all"}', outbox_completed_at=LONG_AGO if outbox_done else None
+    )
 
 
 def _row(status: RowStatus, newsletter_status=NewsletterStatus.SENDING) -> tuple[int, int, int]:
@@ -36,8 +38,10 @@ def _execute(sql, params):
 def _mark(status):
     def apply(nid, sid, rid):
         with db.raw_cursor() as cur:
-            psycopg2.extras.execute_values(cur, rows.MARK, [(rid, status, None, None, None, 0)],
-                                           template=rows.MARK_TEMPLATE)
+            psycopg2.extras.execute_values(
+                cur, rows.MARK, [(rid, status, None, None, None, 0)], template=rows.MARK_TEMPLATE
+            )
+
     return apply
 
 
@@ -54,20 +58,22 @@ NEWSLETTER_OPS = {
 }
 
 ROW_OPS = {
-    "insert_range": lambda nid, sid, rid: _execute(rows.INSERT_RANGE, {"nl": _newsletter(NewsletterStatus.SENDING),
-                                                                       "lo": sid - 1, "hi": sid}),
+    "insert_range": lambda nid, sid, rid: _execute(
+        rows.INSERT_RANGE, {"nl": _newsletter(NewsletterStatus.SENDING), "lo": sid - 1, "hi": sid}
+    ),
     "claim": lambda nid, sid, rid: _execute(rows.CLAIM, {"nl": nid, "limit": 10, "after": 0}),
     "mark_sent": _mark("sent"),
     "mark_failed": _mark("failed"),
     "mark_pending": _mark("pending"),
-    "mark_bogus": _mark("cancelled"),     # MARK only ever writes an outcome of a send
+    "mark_bogus": _mark("cancelled"),  # MARK only ever writes an outcome of a send
     "reclaim": lambda nid, sid, rid: _execute(rows.RECLAIM, (60,)),
     "cancel_pending": lambda nid, sid, rid: _execute(rows.CANCEL_PENDING_CHUNK, (nid, 100)),
     "retry_failed": lambda nid, sid, rid: _execute(rows.RETRY_FAILED, (nid,)),
     "release": lambda nid, sid, rid: _execute(rows.RELEASE, ([rid],)),
     "release_cancelled": lambda nid, sid, rid: (
         _execute("UPDATE newsletters SET status = 'cancelled' WHERE id = %s", (nid,)),
-        _execute(rows.RELEASE, ([rid],))),
+        _execute(rows.RELEASE, ([rid],)),
+    ),
 }
 
 
@@ -77,12 +83,12 @@ def test_newsletter_statements_make_only_documented_transitions_and_all_of_them(
         for status in NewsletterStatus:
             nid = _newsletter(status)
             operation(nid)
-            (after,), = db.query("SELECT status FROM newsletters WHERE id = %s", (nid,))
+            ((after,),) = db.query("SELECT status FROM newsletters WHERE id = %s", (nid,))
             if after != status.value:
                 pair = (status, NewsletterStatus(after))
                 assert pair in NEWSLETTER_TRANSITIONS, f"{name} made {pair}"
                 seen.add(pair)
-    (created,), = db.query(rows.CREATE, ("s", "<p>x</p>", None, None))
+    ((created,),) = db.query(rows.CREATE, ("s", "<p>x</p>", None, None))
     assert db.query("SELECT status FROM newsletters WHERE id = %s", (created,)) == [("draft",)]
     seen.add((None, NewsletterStatus.DRAFT))
     assert NEWSLETTER_TRANSITIONS - seen == set()
@@ -94,10 +100,11 @@ def test_row_statements_make_only_documented_transitions_and_all_of_them():
         for status in RowStatus:
             nid, sid, rid = _row(status)
             operation(nid, sid, rid)
-            after = {s for (s,) in db.query("SELECT status FROM email_log WHERE subscriber_id = %s AND id <> %s",
-                                            (sid, rid))}
-            seen.update((None, RowStatus(s)) for s in after)      # rows a statement created
-            (now,), = db.query("SELECT status FROM email_log WHERE id = %s", (rid,))
+            after = {
+                s for (s,) in db.query("SELECT status FROM email_log WHERE subscriber_id = %s AND id <> %s", (sid, rid))
+            }
+            seen.update((None, RowStatus(s)) for s in after)  # rows a statement created
+            ((now,),) = db.query("SELECT status FROM email_log WHERE id = %s", (rid,))
             if now != status.value:
                 pair = (status, RowStatus(now))
                 assert pair in ROW_TRANSITIONS, f"{name} made {pair}"
@@ -107,12 +114,13 @@ def test_row_statements_make_only_documented_transitions_and_all_of_them():
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
     nid = _newsletter(NewsletterStatus.SENDING)
     _execute(rows.INSERT_RANGE, {"nl": nid, "lo": sid - 1, "hi": sid})
-    seen.update((None, RowStatus(s)) for (s,) in db.query("SELECT status FROM email_log WHERE newsletter_id = %s",
-                                                          (nid,)))
+    seen.update(
+        (None, RowStatus(s)) for (s,) in db.query("SELECT status FROM email_log WHERE newsletter_id = %s", (nid,))
+    )
     nid, sid, rid = _row(RowStatus.PENDING)
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
     _execute(rows.CLAIM, {"nl": nid, "limit": 10, "after": 0})
-    (now,), = db.query("SELECT status FROM email_log WHERE id = %s", (rid,))
+    ((now,),) = db.query("SELECT status FROM email_log WHERE id = %s", (rid,))
     seen.add((RowStatus.PENDING, RowStatus(now)))
     for pair in seen:
         assert pair in ROW_TRANSITIONS, pair
@@ -125,15 +133,26 @@ def test_mark_is_driven_by_its_values_whatever_the_statistics_say():
     per 1,000-row batch at 4,000 sending rows)."""
     nl = _newsletter(NewsletterStatus.SENDING)
     factories.seed_subscribers(20_000)
-    _execute("INSERT INTO email_log (newsletter_id, subscriber_id, email, status) "
-             "SELECT %s, id, email, 'pending' FROM subscribers", (nl,))
+    _execute(
+        "INSERT INTO email_log (newsletter_id, subscriber_id, email, status) "
+        "SELECT %s, id, email, 'pending' FROM subscribers",
+        (nl,),
+    )
     _execute("ANALYZE email_log", ())
-    _execute("UPDATE email_log SET status = 'sending', claimed_at = now() WHERE id IN "
-             "(SELECT id FROM email_log ORDER BY id LIMIT 4000)", ())
+    _execute(
+        "UPDATE email_log SET status = 'sending', claimed_at = now() WHERE id IN "
+        "(SELECT id FROM email_log ORDER BY id LIMIT 4000)",
+        (),
+    )
     ids = [r[0] for r in db.query("SELECT id FROM email_log WHERE status = 'sending' ORDER BY id LIMIT 1000")]
     with db.raw_cursor() as cur:
         plan = psycopg2.extras.execute_values(
-            cur, "EXPLAIN " + rows.MARK, [(i, "sent", None, None, None, 0) for i in ids],
-            template=rows.MARK_TEMPLATE, page_size=len(ids), fetch=True)
+            cur,
+            "EXPLAIN " + rows.MARK,
+            [(i, "sent", None, None, None, 0) for i in ids],
+            template=rows.MARK_TEMPLATE,
+            page_size=len(ids),
+            fetch=True,
+        )
     text = "\n".join(line for (line,) in plan)
     assert "email_log_pkey" in text and "email_log_sending_idx" not in text, text

@@ -1,20 +1,23 @@
 """Newsletter sending in process against real Postgres/Redis and a real local fake SendGrid."""
+
 from __future__ import annotations
 
 import collections
 
 import pytest
 
-from app.platform import db
 from app.newsletter import outbox, ratelimit, rows, sender, service
+from app.platform import db
 from tests import factories
 from tests.newsletter_support import counts, drain, newsletter_status, start
 
 
 def assert_each_once(fake, newsletter_id):
     """Every sent row was delivered exactly once (accepted once, by idempotency key)."""
-    sent_rows = [r[0] for r in db.query("SELECT id FROM email_log WHERE newsletter_id = %s AND status = 'sent'",
-                                        (newsletter_id,))]
+    sent_rows = [
+        r[0]
+        for r in db.query("SELECT id FROM email_log WHERE newsletter_id = %s AND status = 'sent'", (newsletter_id,))
+    ]
     keys = {f"newsletter-{newsletter_id}-row-{r}" for r in sent_rows}
     delivered = {k for k in fake.delivered if k.startswith(f"newsletter-{newsletter_id}-")}
     assert delivered == keys
@@ -32,21 +35,27 @@ def test_each_recipient_gets_own_mail_once_in_batched_calls(fake, provider, sett
     drain(nl, provider)
     assert counts(nl) == {"sent": 250}
     assert newsletter_status(nl) == "done"
-    assert fake.calls == 3                      # 100 + 100 + 50 recipients: one POST per batch
+    assert fake.calls == 3  # 100 + 100 + 50 recipients: one POST per batch
     assert fake.auth_headers == {"Bearer test-key"}
     recipients = assert_each_once(fake, nl)
     assert len(recipients) == 250
     mail = next(m for m in fake.delivered.values() if m["to"] == "user7@example.com")
     assert mail["subject"] == "Hi User 7"
-    assert "Hello User 7," in mail["html"] and 'style="color:#333"' in mail["html"]   # CSS inlined
+    assert "Hello User 7," in mail["html"] and 'style="color:#333"' in mail["html"]  # CSS inlined
     assert "User 7" in mail["text"] and "{{" not in mail["html"] + mail["text"]
     assert mail["headers"]["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
     unsubscribe = mail["headers"]["List-Unsubscribe"].strip("<>").split(">")[0]
-    assert unsubscribe in mail["html"]          # the visible link is the one-click URL
-    row_id = db.query("SELECT e.id FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id "
-                      "WHERE s.email = 'user7@example.com'")[0][0]
-    assert mail["custom_args"] == {"mail_kind": "newsletter", "mail_id": str(nl), "row_id": str(row_id),
-                                   "subscriber_id": "7", "idempotency_key": f"newsletter-{nl}-row-{row_id}"}
+    assert unsubscribe in mail["html"]  # the visible link is the one-click URL
+    row_id = db.query(
+        "SELECT e.id FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id WHERE s.email = 'user7@example.com'"
+    )[0][0]
+    assert mail["custom_args"] == {
+        "mail_kind": "newsletter",
+        "mail_id": str(nl),
+        "row_id": str(row_id),
+        "subscriber_id": "7",
+        "idempotency_key": f"newsletter-{nl}-row-{row_id}",
+    }
     assert db.query("SELECT count(*) FROM email_log WHERE provider_message_id IS NULL OR sent_at IS NULL")[0][0] == 0
 
 
@@ -88,7 +97,10 @@ def test_audience_of_user_ids(fake, provider):
     drain(nl, provider)
     assert counts(nl) == {"sent": 3}
     assert sorted(m["to"] for m in fake.delivered.values()) == [
-        "user3@example.com", "user5@example.com", "user8@example.com"]
+        "user3@example.com",
+        "user5@example.com",
+        "user8@example.com",
+    ]
 
 
 def test_outbox_rerun_creates_no_duplicates(fake, provider):
@@ -97,7 +109,7 @@ def test_outbox_rerun_creates_no_duplicates(fake, provider):
     service.request_send(nl, {"kind": "all"})
     assert outbox.create_outbox(nl, chunk_ids=7) == 120
     db.query("UPDATE newsletters SET outbox_completed_at = NULL WHERE id = %s", (nl,))
-    assert outbox.create_outbox(nl, chunk_ids=7) == 0     # a redelivered message: every row exists
+    assert outbox.create_outbox(nl, chunk_ids=7) == 0  # a redelivered message: every row exists
     assert counts(nl) == {"pending": 120}
 
 
@@ -110,10 +122,10 @@ def test_outbox_builder_refreshes_statistics_so_claims_walk_the_pending_index(fa
     analyzed = "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'email_log'"
     before = db.query(analyzed)[0][0]
     outbox.create_outbox(nl, chunk_ids=500)
-    assert db.query(analyzed)[0][0] >= before + 2          # after the first chunk, as it grew, at the end
+    assert db.query(analyzed)[0][0] >= before + 2  # after the first chunk, as it grew, at the end
     db.query("UPDATE newsletters SET status = 'sending' WHERE id = %s", (nl,))
     plan = "\n".join(r[0] for r in db.query("EXPLAIN " + rows.CLAIM, {"nl": nl, "limit": 100, "after": 0}))
-    picked = plan.split("CTE picked")[1].split("->  Nested Loop")[0]   # walks an index in id order, stops at 100
+    picked = plan.split("CTE picked")[1].split("->  Nested Loop")[0]  # walks an index in id order, stops at 100
     assert "Sort" not in picked and "Bitmap" not in picked and "Index Scan using email_log_" in picked, plan
 
 
@@ -132,14 +144,14 @@ def test_claims_move_forward_but_a_row_left_behind_is_still_sent_in_the_same_pas
 
         def send_batch(self, mails, progress=None):
             self.calls += 1
-            if self.calls == 1:   # while the first batch is out, its first row goes back to pending
+            if self.calls == 1:  # while the first batch is out, its first row goes back to pending
                 db.query("UPDATE email_log SET status = 'pending' WHERE id = %s", (first_row,))
             return provider.send_batch(mails, progress)
 
     wrapped = LeavesOneBehind()
     stats = sender.send_batch(nl, provider=wrapped, reenqueue=False, budget_seconds=60)
     assert counts(nl) == {"sent": 40}
-    assert stats["claimed"] == 41 and wrapped.calls == 5      # 4 batches forward, then the one left behind
+    assert stats["claimed"] == 41 and wrapped.calls == 5  # 4 batches forward, then the one left behind
 
 
 def test_one_outbox_builder_at_a_time_and_a_dead_ones_lease_runs_out(monkeypatch, redis_client):
@@ -156,18 +168,18 @@ def test_one_outbox_builder_at_a_time_and_a_dead_ones_lease_runs_out(monkeypatch
     try:
         assert living.try_acquire()
         living.keep()
-        assert outbox.create_outbox(nl) == 0                        # another worker is building it
+        assert outbox.create_outbox(nl) == 0  # another worker is building it
         assert counts(nl) == {}
-        living.stop_renewing()                                      # that worker was SIGKILLed
-        assert outbox.create_outbox(nl) == 30                       # the redelivered message builds
+        living.stop_renewing()  # that worker was SIGKILLed
+        assert outbox.create_outbox(nl) == 30  # the redelivered message builds
     finally:
         living.release()
-    assert db.query("SELECT count(*) FROM leases")[0][0] == 0      # released when done
+    assert db.query("SELECT count(*) FROM leases")[0][0] == 0  # released when done
 
 
 def test_reclaim_leaves_an_outbox_alone_while_its_builder_lives(redis_client):
-    from app.platform import lease
     from app.newsletter import reclaim
+    from app.platform import lease
 
     factories.seed_subscribers(5)
     nl = factories.newsletter()
@@ -176,7 +188,7 @@ def test_reclaim_leaves_an_outbox_alone_while_its_builder_lives(redis_client):
     builder = lease.Lease(outbox.lease_name(nl), 30)
     assert builder.try_acquire()
     assert reclaim.reclaim_stale()["outbox_kicked"] == []
-    db.query("UPDATE leases SET expires_at = now() - interval '1 second'")   # it died; the lease ran out
+    db.query("UPDATE leases SET expires_at = now() - interval '1 second'")  # it died; the lease ran out
     assert reclaim.reclaim_stale()["outbox_kicked"] == [nl]
 
 
@@ -209,7 +221,7 @@ def test_pause_mid_batch_lets_claimed_rows_finish(fake, provider, settings):
         name, max_batch = "sendgrid", 1000
 
         def send_batch(self, mails, progress=None):
-            service.pause(nl)                     # the operator clicks pause during the call
+            service.pause(nl)  # the operator clicks pause during the call
             return provider.send_batch(mails, progress)
 
     stats = sender.send_batch(nl, provider=PausingProvider(), reenqueue=False, budget_seconds=60)
@@ -232,7 +244,7 @@ def test_429_storm_slows_down_then_delivers_everything_once(fake, provider, sett
     assert fake.status_counts[429] >= 1
     assert counts(nl) == {"sent": 100}
     assert len(assert_each_once(fake, nl)) == 100
-    assert db.query("SELECT max(attempts) FROM email_log")[0][0] == 1    # throttles do not use attempts
+    assert db.query("SELECT max(attempts) FROM email_log")[0][0] == 1  # throttles do not use attempts
 
 
 def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, settings, monkeypatch):
@@ -244,8 +256,12 @@ def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, 
     fake.fail_next(1, status=503)
     stats = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
     assert stats["retry"] == 5 and counts(nl) == {"pending": 5}
-    assert db.query("SELECT count(*) FROM email_log WHERE next_attempt_at IS NOT NULL "
-                    "AND error LIKE 'SendGrid 503%%'")[0][0] == 5
+    assert (
+        db.query("SELECT count(*) FROM email_log WHERE next_attempt_at IS NOT NULL AND error LIKE 'SendGrid 503%%'")[0][
+            0
+        ]
+        == 5
+    )
     fake.fail_next(1, status=503)
     stats = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
     assert stats["failed"] == 5 and counts(nl) == {"failed": 5}
@@ -256,7 +272,7 @@ def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, 
     assert db.query(final, (nl,))[0][0] == {"failed": 5}
     result = service.retry_failed(nl)
     assert result == {"status": "sending", "requeued": 5}
-    assert db.query(final, (nl,))[0][0] is None            # reopened: counted live again
+    assert db.query(final, (nl,))[0][0] is None  # reopened: counted live again
     drain(nl, provider)
     assert counts(nl) == {"sent": 5} and newsletter_status(nl) == "done"
     assert db.query(final, (nl,))[0][0] == {"sent": 5}
@@ -297,12 +313,12 @@ def test_reclaim_moves_stale_sending_rows_back_and_rekicks(fake, provider, setti
     assert len(claimed) == 10
     from app.newsletter import reclaim
 
-    assert reclaim.reclaim_stale()["reclaimed_rows"] == 0          # not stale yet
+    assert reclaim.reclaim_stale()["reclaimed_rows"] == 0  # not stale yet
     db.query("UPDATE email_log SET claimed_at = now() - interval '2 minutes' WHERE status = 'sending'")
-    redis_client.flushdb()                                         # and Redis lost every message
+    redis_client.flushdb()  # and Redis lost every message
     result = reclaim.reclaim_stale()
     assert result["reclaimed_rows"] == 10 and result["chains_kicked"] == [nl]
-    assert redis_client.llen("dramatiq:newsletter") >= 1           # work is queued again
+    assert redis_client.llen("dramatiq:newsletter") >= 1  # work is queued again
     drain(nl, provider)
     assert counts(nl) == {"sent": 25}
     assert len(assert_each_once(fake, nl)) == 25
@@ -315,7 +331,7 @@ def test_reclaim_rekicks_unfinished_outbox_when_nobody_builds_it(redis_client):
     redis_client.flushdb()
     from app.newsletter import reclaim
 
-    assert reclaim.reclaim_stale()["outbox_kicked"] == []          # just requested: message likely queued
+    assert reclaim.reclaim_stale()["outbox_kicked"] == []  # just requested: message likely queued
     db.query("UPDATE newsletters SET send_requested_at = now() - interval '5 minutes'")
     assert reclaim.reclaim_stale()["outbox_kicked"] == [nl]
     assert redis_client.llen("dramatiq:newsletter") == 1
@@ -324,19 +340,19 @@ def test_reclaim_rekicks_unfinished_outbox_when_nobody_builds_it(redis_client):
 def test_rate_limit_ceiling_is_shared_and_adaptive(redis_client):
     limiter = ratelimit.AdaptiveRateLimiter("test", client=redis_client, ceiling=100)
     other_worker = ratelimit.AdaptiveRateLimiter("test", client=redis_client, ceiling=100)
-    assert limiter.reserve(100) == (True, 0.0)                # a second's worth of burst
-    granted, wait = other_worker.reserve(50, max_wait=5)      # the bucket is shared: this one waits
+    assert limiter.reserve(100) == (True, 0.0)  # a second's worth of burst
+    granted, wait = other_worker.reserve(50, max_wait=5)  # the bucket is shared: this one waits
     assert granted and 0.4 <= wait <= 0.6
-    granted, wait = other_worker.reserve(1000, max_wait=1)    # too long: not granted, nothing taken
+    granted, wait = other_worker.reserve(1000, max_wait=1)  # too long: not granted, nothing taken
     assert not granted and wait > 1
     limiter.throttled(retry_after=0.5)
-    assert limiter.current_rate() == 50                       # 429: halved ...
+    assert limiter.current_rate() == 50  # 429: halved ...
     other_worker.throttled(retry_after=0.5)
-    assert limiter.current_rate() == 50                       # ... once per storm, not once per worker
+    assert limiter.current_rate() == 50  # ... once per storm, not once per worker
     assert other_worker.reserve(1, max_wait=0.1)[0] is False  # everyone waits for the reset
     for _ in range(20):
         limiter.succeeded()
-    assert limiter.current_rate() is None                     # recovered gradually to the ceiling
+    assert limiter.current_rate() is None  # recovered gradually to the ceiling
 
 
 def test_unlimited_rate_adapts_only_after_a_429(redis_client):
@@ -353,13 +369,13 @@ def test_flushed_redis_loses_no_work_send_chains_rekicked(fake, provider, settin
     settings(send_batch_size=10)
     factories.seed_subscribers(30)
     nl = factories.newsletter()
-    start(nl)                                   # kicked send chains: messages + alive mark in Redis
+    start(nl)  # kicked send chains: messages + alive mark in Redis
     assert redis_client.llen("dramatiq:newsletter") >= 1
     sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
     from app.newsletter import reclaim
 
-    assert reclaim.reclaim_stale()["chains_kicked"] == []      # chains alive: nothing to do
-    redis_client.flushdb()                                     # every message and mark gone (I3)
+    assert reclaim.reclaim_stale()["chains_kicked"] == []  # chains alive: nothing to do
+    redis_client.flushdb()  # every message and mark gone (I3)
     assert reclaim.reclaim_stale()["chains_kicked"] == [nl]
     assert redis_client.llen("dramatiq:newsletter") == settings().newsletter_send_chains
     drain(nl, provider)
@@ -374,8 +390,8 @@ def test_low_rate_ceiling_paces_batches(fake, provider, settings, redis_client):
     start(nl)
     drain(nl, provider)
     assert counts(nl) == {"sent": 12}
-    assert [len(r["personalizations"]) for r in fake.requests] == [5, 5, 2]   # one second's worth per call
-    assert redis_client.exists("notify:ratelimit:sendgrid")                   # the shared bucket in Redis
+    assert [len(r["personalizations"]) for r in fake.requests] == [5, 5, 2]  # one second's worth per call
+    assert redis_client.exists("notify:ratelimit:sendgrid")  # the shared bucket in Redis
 
 
 def test_works_with_the_file_provider_too(tmp_path, redis_client):
@@ -418,7 +434,7 @@ def test_cancel_while_the_outbox_is_building(fake, provider):
             service.cancel(nl)
 
     outbox.create_outbox(nl, chunk_ids=10, on_chunk=cancel_after_first_chunk)
-    assert calls == [10]                         # stopped at the next chunk
+    assert calls == [10]  # stopped at the next chunk
     assert counts(nl) == {"cancelled": 10}
     drain(nl, provider)
     assert fake.calls == 0

@@ -1,4 +1,5 @@
 """POST /v1/newsletters/{id}/test: a few addresses get the newsletter now, the outbox never hears of it."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,20 +22,27 @@ def _test(client, key, newsletter_id, body):
 
 def test_a_draft_goes_to_the_given_addresses_and_never_touches_the_outbox(client, admin_key, sink):
     factories.subscriber("ana", email="Ana@Example.test", name="Ana Lima")
-    nl = factories.newsletter(subject="Hello {{name}}", html='<p>Hi {{name}} <a href="https://example.com/x">x</a> '
-                                                           '<a href="{{unsubscribe_url}}">stop</a></p>')
+    nl = factories.newsletter(
+        subject="Hello {{name}}",
+        html='<p>Hi {{name}} <a href="https://example.com/x">x</a> <a href="{{unsubscribe_url}}">stop</a></p>',
+    )
     answer = _test(client, admin_key, nl, {"to": ["ana@example.test", "Editor@Example.test", "editor@example.test"]})
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"id": nl, "results": [{"email": "ana@example.test", "status": "sent"},
-                                                   {"email": "editor@example.test", "status": "sent"}]}
+    assert answer.json() == {
+        "id": nl,
+        "results": [
+            {"email": "ana@example.test", "status": "sent"},
+            {"email": "editor@example.test", "status": "sent"},
+        ],
+    }
     by_rcpt = {m["To"].addresses[0].addr_spec.lower(): m for m in sink.messages()}
     assert sorted(by_rcpt) == ["ana@example.test", "editor@example.test"]
     ana, editor = by_rcpt["ana@example.test"], by_rcpt["editor@example.test"]
     assert ana["Subject"] == "[Test] Hello Ana Lima"
-    assert "List-Unsubscribe" in ana                     # the subscriber's own, working link
-    assert "List-Unsubscribe" not in editor              # no subscriber behind it: nothing to stop
+    assert "List-Unsubscribe" in ana  # the subscriber's own, working link
+    assert "List-Unsubscribe" not in editor  # no subscriber behind it: nothing to stop
     body = editor.get_body(("html",)).get_content()
-    assert 'href="https://example.com/x"' in body        # not tracked: the statistics stay the audience's
+    assert 'href="https://example.com/x"' in body  # not tracked: the statistics stay the audience's
     assert "/u/test-send" in body
     assert db.query("SELECT count(*) FROM email_log")[0][0] == 0
     assert db.query("SELECT status FROM newsletters WHERE id = %s", (nl,))[0][0] == "draft"
@@ -45,8 +53,10 @@ def test_suppressed_addresses_are_refused_and_the_rest_sent(client, admin_key, s
     factories.suppression("bounced@example.test")
     nl = factories.newsletter()
     answer = _test(client, admin_key, nl, {"to": ["bounced@example.test", "ok@example.test"]})
-    assert answer.json()["results"] == [{"email": "bounced@example.test", "status": "suppressed"},
-                                        {"email": "ok@example.test", "status": "sent"}]
+    assert answer.json()["results"] == [
+        {"email": "bounced@example.test", "status": "suppressed"},
+        {"email": "ok@example.test", "status": "sent"},
+    ]
     assert [m["To"].addresses[0].addr_spec for m in sink.messages()] == ["ok@example.test"]
 
 
@@ -67,10 +77,17 @@ def test_provider_down_is_503_and_nothing_recorded(client, admin_key, settings):
     assert db.query("SELECT count(*) FROM email_log")[0][0] == 0
 
 
-@pytest.mark.parametrize("body, field", [
-    ({}, "to"), ({"to": []}, "to"), ({"to": "a@example.test"}, "to"), ({"to": ["not an address"]}, "to"),
-    ({"to": [f"a{i}@example.test" for i in range(11)]}, "to"), ({"to": ["a@example.test"], "x": 1}, "x"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({}, "to"),
+        ({"to": []}, "to"),
+        ({"to": "a@example.test"}, "to"),
+        ({"to": ["not an address"]}, "to"),
+        ({"to": [f"a{i}@example.test" for i in range(11)]}, "to"),
+        ({"to": ["a@example.test"], "x": 1}, "x"),
+    ],
+)
 def test_validation_names_the_field(client, admin_key, sink, body, field):
     nl = factories.newsletter()
     answer = _test(client, admin_key, nl, body)

@@ -1,5 +1,6 @@
 """An outcome the provider accepted is kept and written once Postgres answers again — never thrown
 away and sent a second time (Postgres restarting between the send and the commit)."""
+
 from __future__ import annotations
 
 import threading
@@ -31,7 +32,7 @@ def postgres_through_proxy(settings, database_url):
 
     yield route_through_proxy
     proxy.cut()
-    db.init(database_url)   # a first import of `actors` meanwhile binds the pool to the current URL
+    db.init(database_url)  # a first import of `actors` meanwhile binds the pool to the current URL
 
 
 class RestartAfterSend:
@@ -62,16 +63,17 @@ def test_digests_sent_during_an_outage_are_recorded_when_postgres_returns(postgr
         counts = digest_send.process(runs, provider=RestartAfterSend(provider, proxy))
         assert counts["sent"] == 5
         assert {run_row(r)["status"] for r in runs} == {"sent"}
-        assert len(sink.raw) == 5                          # once each: nothing re-sent
+        assert len(sink.raw) == 5  # once each: nothing re-sent
         assert set(marked(events).values()) == set(runs)
-        assert "database unavailable" in caplog.text       # the outage really hit the recording
+        assert "database unavailable" in caplog.text  # the outage really hit the recording
     finally:
         provider.close()
         sink.stop()
 
 
-def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(postgres_through_proxy,
-                                                                                redis_client, caplog):
+def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(
+    postgres_through_proxy, redis_client, caplog
+):
     from app.newsletter import sender
     from app.platform.providers.sendgrid import SendGridProvider
 
@@ -81,19 +83,21 @@ def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(
     with FakeSendGrid() as fake:
         provider = SendGridProvider(api_key="k", api_url=fake.url)
         proxy = postgres_through_proxy()
-        stats = sender.send_batch(newsletter_id, provider=RestartAfterSend(provider, proxy),
-                                  reenqueue=False, budget_seconds=60)
+        stats = sender.send_batch(
+            newsletter_id, provider=RestartAfterSend(provider, proxy), reenqueue=False, budget_seconds=60
+        )
         provider.close()
         assert stats["sent"] == 20
         assert nl.counts(newsletter_id) == {"sent": 20}
-        assert sum(fake.accepted_keys.values()) == 20      # once each
+        assert sum(fake.accepted_keys.values()) == 20  # once each
     assert db.query("SELECT count(*) FROM email_log WHERE attempts <> 1")[0][0] == 0
     assert "database unavailable" in caplog.text
 
 
 @pytest.mark.direct_db("holds a lock on its own direct connection and finds the waiting backend by its pid")
 def test_runs_whose_release_hit_the_outage_are_released_as_soon_as_postgres_returns(
-        postgres_through_proxy, direct_database_url):
+    postgres_through_proxy, direct_database_url
+):
     """Postgres restarts while a batch is being built: the build fails, and so does the first try to
     give the claimed runs back. They must not wait DIGEST_PROCESSING_TIMEOUT_SECONDS for the
     watchdog: the release goes through as soon as Postgres answers again."""
@@ -105,17 +109,17 @@ def test_runs_whose_release_hit_the_outage_are_released_as_soon_as_postgres_retu
         factories.events(f"u{i}", 2)
         runs.append(factories.digest_run(sid))
     proxy = postgres_through_proxy()
-    db.init(config.get().database_url)             # the pool too goes through the proxy
+    db.init(config.get().database_url)  # the pool too goes through the proxy
     holder = psycopg2.connect(direct_database_url)
     outcome: list = []
     try:
-        with holder.cursor() as cur:              # the build will wait for this lock: the claim is committed
+        with holder.cursor() as cur:  # the build will wait for this lock: the claim is committed
             cur.execute("LOCK TABLE digest_events IN ACCESS EXCLUSIVE MODE")
 
         def work():
             try:
                 outcome.append(digest_send.process(runs))
-            except Exception as exc:  # noqa: BLE001 - the build's connection is cut: expected
+            except Exception as exc:
                 outcome.append(exc)
 
         worker = threading.Thread(target=work, daemon=True)
@@ -125,9 +129,10 @@ def test_runs_whose_release_hit_the_outage_are_released_as_soon_as_postgres_retu
             with holder.cursor() as cur:
                 cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'digest_events'::regclass")
                 return cur.fetchone()[0] > 0
+
         wait_for(build_waiting, 60, "the build to wait for the locked table")
         assert {run_row(r)["status"] for r in runs} == {"processing"}
-        proxy.cut()                               # the restart: the build's query fails, so does the release
+        proxy.cut()  # the restart: the build's query fails, so does the release
         holder.rollback()
         restart = threading.Timer(0.5, proxy.restore)
         restart.start()
@@ -138,4 +143,4 @@ def test_runs_whose_release_hit_the_outage_are_released_as_soon_as_postgres_retu
         holder.close()
     assert isinstance(outcome[0], psycopg2.OperationalError)
     rows = [run_row(r) for r in runs]
-    assert {(r["status"], r["attempts"]) for r in rows} == {("pending", 1)}   # back, without the watchdog
+    assert {(r["status"], r["attempts"]) for r in rows} == {("pending", 1)}  # back, without the watchdog

@@ -1,14 +1,16 @@
 """Preference centre and unsubscribe pages over the real app (TestClient), real Postgres."""
+
 from __future__ import annotations
 
 import re
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from starlette.testclient import TestClient
 
-from app.subscribers import categories, records as subscribers
 from app.platform import db, tokens
+from app.subscribers import categories
+from app.subscribers import records as subscribers
 from tests import factories
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -16,9 +18,18 @@ CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 # ---------------------------------------------------------------- helpers
 
+
 def row(subscriber_id: int) -> dict:
-    cols = ("digest_cadence", "digest_hour", "digest_weekday", "timezone", "category_opt_outs",
-            "paused_until", "unsubscribed_at", "updated_at")
+    cols = (
+        "digest_cadence",
+        "digest_hour",
+        "digest_weekday",
+        "timezone",
+        "category_opt_outs",
+        "paused_until",
+        "unsubscribed_at",
+        "updated_at",
+    )
     return dict(zip(cols, db.query(f"SELECT {', '.join(cols)} FROM subscribers WHERE id = %s", (subscriber_id,))[0]))
 
 
@@ -37,8 +48,15 @@ def csrf_from(response) -> str:
 
 
 def save_form(csrf: str, **overrides) -> dict:
-    form = {"csrf_token": csrf, "action": "save", "digest_cadence": "daily", "digest_hour": "9",
-            "digest_weekday": "0", "timezone": "UTC", "pause_days": ""}
+    form = {
+        "csrf_token": csrf,
+        "action": "save",
+        "digest_cadence": "daily",
+        "digest_hour": "9",
+        "digest_weekday": "0",
+        "timezone": "UTC",
+        "pause_days": "",
+    }
     form.update(overrides)
     return form
 
@@ -50,10 +68,13 @@ def sub():
 
 # ---------------------------------------------------------------- preference centre: GET
 
+
 def test_preferences_page_shows_current_settings_accessibly(client, sub):
     factories.category_events("u1", "likes", "comments")
-    subscribers.update(sub, {"category_opt_outs": ["mentions"], "digest_cadence": "weekly",
-                                   "digest_hour": 7, "timezone": "Europe/Lisbon"})
+    subscribers.update(
+        sub,
+        {"category_opt_outs": ["mentions"], "digest_cadence": "weekly", "digest_hour": 7, "timezone": "Europe/Lisbon"},
+    )
     r = client.get(pref_path(sub))
     assert r.status_code == 200
     html = r.text
@@ -105,8 +126,15 @@ def test_categories_include_already_sent_events(client, sub):
 
 
 def test_topics_show_registered_labels_and_descriptions(client, sub):
-    categories.upsert("comment", {"label": "Replies to you", "description": "When someone answers your post",
-                                  "verb": "replied to", "delivery": "digest"})
+    categories.upsert(
+        "comment",
+        {
+            "label": "Replies to you",
+            "description": "When someone answers your post",
+            "verb": "replied to",
+            "delivery": "digest",
+        },
+    )
     categories.upsert("zz_news", {"label": "Announcements", "description": "", "verb": "", "delivery": "immediate"})
     factories.category_events("u1", "comment", "new_follower")
     html = client.get(pref_path(sub)).text
@@ -115,7 +143,7 @@ def test_topics_show_registered_labels_and_descriptions(client, sub):
     assert labels == ["Announcements", "New follower", "Replies to you"]
     assert 'value="comment" checked aria-describedby="category-3-hint"' in html
     assert '<p class="hint" id="category-3-hint">When someone answers your post</p>' in html
-    assert ">comment<" not in html and ">new_follower<" not in html   # never the raw key
+    assert ">comment<" not in html and ">new_follower<" not in html  # never the raw key
 
 
 def test_static_stylesheet_is_served(client, sub):
@@ -128,17 +156,29 @@ def test_static_stylesheet_is_served(client, sub):
 
 # ---------------------------------------------------------------- preference centre: POST
 
+
 def test_save_updates_row_and_redirects_with_notice(client, sub):
     factories.category_events("u1", "likes", "comments")
     page = client.get(pref_path(sub))
-    form = save_form(csrf_from(page), digest_cadence="weekly", digest_hour="18", digest_weekday="4",
-                     timezone="America/New_York", shown_category=["comments", "likes"], category=["likes"])
+    form = save_form(
+        csrf_from(page),
+        digest_cadence="weekly",
+        digest_hour="18",
+        digest_weekday="4",
+        timezone="America/New_York",
+        shown_category=["comments", "likes"],
+        category=["likes"],
+    )
     r = client.post(pref_path(sub), data=form, follow_redirects=False)
     assert r.status_code == 303
     assert r.headers["location"] == pref_path(sub) + "?notice=saved"
     saved = row(sub)
-    assert (saved["digest_cadence"], saved["digest_hour"], saved["digest_weekday"], saved["timezone"]) == \
-        ("weekly", 18, 4, "America/New_York")
+    assert (saved["digest_cadence"], saved["digest_hour"], saved["digest_weekday"], saved["timezone"]) == (
+        "weekly",
+        18,
+        4,
+        "America/New_York",
+    )
     assert saved["category_opt_outs"] == ["comments"]
     shown = client.get(r.headers["location"])
     assert "Your preferences are saved" in shown.text
@@ -192,8 +232,14 @@ def test_post_without_valid_csrf_is_403_and_saves_nothing(client, sub, case):
 def test_invalid_values_show_the_page_again_with_errors_and_save_nothing(client, sub):
     page = client.get(pref_path(sub))
     before = row(sub)
-    form = save_form(csrf_from(page), digest_cadence="fortnightly", digest_hour="99", digest_weekday="funday",
-                     timezone="Mars/Olympus_Mons", pause_days="-3")
+    form = save_form(
+        csrf_from(page),
+        digest_cadence="fortnightly",
+        digest_hour="99",
+        digest_weekday="funday",
+        timezone="Mars/Olympus_Mons",
+        pause_days="-3",
+    )
     r = client.post(pref_path(sub), data=form, follow_redirects=False)
     assert r.status_code == 422
     html = r.text
@@ -209,8 +255,10 @@ def test_invalid_values_show_the_page_again_with_errors_and_save_nothing(client,
     assert row(sub)["timezone"] == "Asia/Tokyo"
 
 
-@pytest.mark.parametrize("typed,stored", [("europe/lisbon", "Europe/Lisbon"), ("America/New York", "America/New_York"),
-                                          (" Asia/Tokyo ", "Asia/Tokyo")])
+@pytest.mark.parametrize(
+    "typed,stored",
+    [("europe/lisbon", "Europe/Lisbon"), ("America/New York", "America/New_York"), (" Asia/Tokyo ", "Asia/Tokyo")],
+)
 def test_timezone_typed_loosely_is_stored_canonically(client, sub, typed, stored):
     page = client.get(pref_path(sub))
     r = client.post(pref_path(sub), data=save_form(csrf_from(page), timezone=typed), follow_redirects=False)
@@ -230,7 +278,7 @@ def test_pause_for_n_days_then_resume(client, sub):
     r = client.post(pref_path(sub), data=save_form(csrf_from(page), pause_days="14"), follow_redirects=False)
     assert r.status_code == 303
     until = row(sub)["paused_until"]
-    expected = datetime.now(timezone.utc) + timedelta(days=14)
+    expected = datetime.now(UTC) + timedelta(days=14)
     assert abs((until - expected).total_seconds()) < 3600
     page = client.get(pref_path(sub))
     assert "Emails are paused until" in page.text
@@ -241,8 +289,9 @@ def test_pause_for_n_days_then_resume(client, sub):
 
 def test_unsubscribe_from_everything_and_resubscribe_on_preferences(client, sub):
     page = client.get(pref_path(sub))
-    r = client.post(pref_path(sub), data={"csrf_token": csrf_from(page), "action": "unsubscribe"},
-                    follow_redirects=False)
+    r = client.post(
+        pref_path(sub), data={"csrf_token": csrf_from(page), "action": "unsubscribe"}, follow_redirects=False
+    )
     assert r.status_code == 303
     assert row(sub)["unsubscribed_at"] is not None
     page = client.get(r.headers["location"])
@@ -267,6 +316,7 @@ def test_oversized_form_is_refused(client, sub):
 
 # ---------------------------------------------------------------- hostile input
 
+
 def test_names_and_category_labels_are_escaped(client):
     evil = '<script>alert("x")</script><img src=x onerror=alert(1)>'
     sub = factories.subscriber("evil", name=evil)
@@ -289,6 +339,7 @@ def test_hostile_scope_category_is_escaped_on_unsubscribe_page(client, sub):
 
 # ---------------------------------------------------------------- tokens: forgery, enumeration, revocation
 
+
 def _tamper(token: str) -> str:
     body, mac = token.split(".")
     payload = tokens._unb64(body).decode().replace(":1:", ":2:", 1)  # point at subscriber 2
@@ -297,8 +348,8 @@ def _tamper(token: str) -> str:
 
 @pytest.mark.parametrize("purpose,prefix", [("preferences", "/preferences/"), ("unsubscribe", "/u/")])
 def test_forged_or_revoked_tokens_get_404_and_change_nothing(client, settings, purpose, prefix):
-    victim = factories.subscriber("u1")       # id 1
-    neighbour = factories.subscriber("u2")    # id 2: the id an enumerator would try next
+    victim = factories.subscriber("u1")  # id 1
+    neighbour = factories.subscriber("u2")  # id 2: the id an enumerator would try next
     settings(secret_key="someone-elses-secret")
     foreign = tokens.make(purpose, victim, 1)
     settings(secret_key="the-real-secret")
@@ -352,6 +403,7 @@ def test_tokens_for_neighbouring_ids_share_no_guessable_structure():
 
 # ---------------------------------------------------------------- unsubscribe page and one-click
 
+
 def test_get_never_unsubscribes(client, sub):
     for _ in range(3):
         r = client.get(unsub_path(sub))
@@ -363,14 +415,18 @@ def test_get_never_unsubscribes(client, sub):
 
 def _fresh_client():
     from app.web import app
+
     return TestClient(app)
 
 
 def test_one_click_urlencoded_no_cookie_no_redirect(sub):
     with _fresh_client() as mail_client:
-        r = mail_client.post(unsub_path(sub), content=b"List-Unsubscribe=One-Click",
-                             headers={"Content-Type": "application/x-www-form-urlencoded"},
-                             follow_redirects=False)
+        r = mail_client.post(
+            unsub_path(sub),
+            content=b"List-Unsubscribe=One-Click",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            follow_redirects=False,
+        )
     assert r.status_code == 200
     assert "location" not in r.headers and "set-cookie" not in r.headers
     assert "Unsubscribed" in r.text
@@ -379,8 +435,7 @@ def test_one_click_urlencoded_no_cookie_no_redirect(sub):
 
 def test_one_click_multipart(sub):
     with _fresh_client() as mail_client:
-        r = mail_client.post(unsub_path(sub), files={"List-Unsubscribe": (None, "One-Click")},
-                             follow_redirects=False)
+        r = mail_client.post(unsub_path(sub), files={"List-Unsubscribe": (None, "One-Click")}, follow_redirects=False)
     assert r.request.headers["content-type"].startswith("multipart/form-data")
     assert r.status_code == 200 and "location" not in r.headers
     assert row(sub)["unsubscribed_at"] is not None
@@ -417,8 +472,9 @@ def test_confirmation_button_then_resubscribe(client, sub):
     # resubscribe is CSRF-protected
     assert client.post(unsub_path(sub), data={"action": "resubscribe"}).status_code == 403
     assert row(sub)["unsubscribed_at"] is not None
-    r = client.post(unsub_path(sub), data={"action": "resubscribe", "csrf_token": csrf_from(page)},
-                    follow_redirects=False)
+    r = client.post(
+        unsub_path(sub), data={"action": "resubscribe", "csrf_token": csrf_from(page)}, follow_redirects=False
+    )
     assert r.status_code == 303
     assert row(sub)["unsubscribed_at"] is None
 

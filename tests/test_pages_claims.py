@@ -1,5 +1,6 @@
 """Unsubscribe through the pages is effective before the next claim, and the links that really
 leave in mail (List-Unsubscribe header, preferences link) land on working pages."""
+
 from __future__ import annotations
 
 import re
@@ -7,8 +8,8 @@ import re
 import pytest
 
 from app.platform import db, tokens
-from digest import send as digest_sender_module
 from app.platform.providers.base import Provider, SendResult
+from digest import send as digest_sender_module
 from tests import factories, newsletter_support
 
 
@@ -74,15 +75,21 @@ def test_links_in_a_sent_newsletter_open_the_pages_and_one_click_works(client, r
 
     assert client.get(_path(preferences.group(1))).status_code == 200
     assert client.get(unsubscribe).status_code == 200
-    r = client.post(unsubscribe, content=b"List-Unsubscribe=One-Click",
-                 headers={"Content-Type": "application/x-www-form-urlencoded"}, follow_redirects=False)
+    r = client.post(
+        unsubscribe,
+        content=b"List-Unsubscribe=One-Click",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        follow_redirects=False,
+    )
     assert r.status_code == 200
     # A newsletter's one-click stops the newsletter stream only (issue 11 item 10: streams).
-    assert db.query("SELECT newsletters_unsubscribed_at IS NOT NULL, unsubscribed_at IS NULL, "
-                    "digest_cadence FROM subscribers") == [(True, True, "daily")]
+    assert db.query(
+        "SELECT newsletters_unsubscribed_at IS NOT NULL, unsubscribed_at IS NULL, digest_cadence FROM subscribers"
+    ) == [(True, True, "daily")]
 
 
 # ---------------------------------------------------------------- digest runs
+
 
 def _run(run_id: int) -> tuple:
     return tuple(db.query("SELECT status, skip_reason FROM digest_runs WHERE id = %s", (run_id,))[0])
@@ -105,8 +112,15 @@ def test_pause_from_preference_centre_skips_the_next_claim(client, digest_sender
     factories.category_events("d1", "likes")
     path = "/preferences/" + tokens.make("preferences", sid, 1)
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).text).group(1)
-    form = {"csrf_token": csrf, "action": "save", "digest_cadence": "daily", "digest_hour": "9",
-            "digest_weekday": "0", "timezone": "UTC", "pause_days": "3"}
+    form = {
+        "csrf_token": csrf,
+        "action": "save",
+        "digest_cadence": "daily",
+        "digest_hour": "9",
+        "digest_weekday": "0",
+        "timezone": "UTC",
+        "pause_days": "3",
+    }
     assert client.post(path, data=form, follow_redirects=False).status_code == 303
     run_id = factories.digest_run(sid)
     provider = RecordingProvider()
@@ -119,9 +133,16 @@ def test_topic_opted_out_on_the_page_is_left_out_of_the_digest(client, digest_se
     factories.category_events("d1", "likes", "comments")
     path = "/preferences/" + tokens.make("preferences", sid, 1)
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).text).group(1)
-    form = {"csrf_token": csrf, "action": "save", "digest_cadence": "daily", "digest_hour": "9",
-            "digest_weekday": "0", "timezone": "UTC", "shown_category": ["likes", "comments"],
-            "category": ["likes"]}
+    form = {
+        "csrf_token": csrf,
+        "action": "save",
+        "digest_cadence": "daily",
+        "digest_hour": "9",
+        "digest_weekday": "0",
+        "timezone": "UTC",
+        "shown_category": ["likes", "comments"],
+        "category": ["likes"],
+    }
     assert client.post(path, data=form, follow_redirects=False).status_code == 303
     run_id = factories.digest_run(sid)
     provider = RecordingProvider()
@@ -134,5 +155,8 @@ def test_topic_opted_out_on_the_page_is_left_out_of_the_digest(client, digest_se
     unsubscribe = _path(re.search(r"<(https?://[^>]+)>", mail.headers["List-Unsubscribe"]).group(1))
     assert client.post(unsubscribe, files={"List-Unsubscribe": (None, "One-Click")}).status_code == 200
     # A digest's one-click stops the digest stream only (issue 11 item 10: streams).
-    assert db.query("SELECT digest_cadence, unsubscribed_at IS NULL, newsletters_unsubscribed_at IS NULL "
-                    "FROM subscribers WHERE id = %s", (sid,)) == [("off", True, True)]
+    assert db.query(
+        "SELECT digest_cadence, unsubscribed_at IS NULL, newsletters_unsubscribed_at IS NULL "
+        "FROM subscribers WHERE id = %s",
+        (sid,),
+    ) == [("off", True, True)]

@@ -3,6 +3,7 @@ holding tens of thousands of rows while events, webhook events and clicks keep a
 real write paths: no write fails, none is lost or stored twice, and re-sent keys stay duplicates
 before, during and after the swap.
 scripts/bench/partition_migration.py does the same with millions of rows and measures the waits."""
+
 from __future__ import annotations
 
 import shutil
@@ -20,19 +21,26 @@ from tests.scratch import scratch_url  # noqa: F401 - fixture
 from tracking import recorder
 
 SEEDED = 30_000
-EXPAND = "0520"     # the key tables and their triggers: what this release's writers need
+EXPAND = "0520"  # the key tables and their triggers: what this release's writers need
 
 
 def seed(url: str) -> None:
     with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
-                    "payload, received_at) SELECT 'producer', 'old-' || i, 'user-' || (i %% 500), 'likes', 'post', "
-                    "'p' || (i %% 97), '{\"title\": \"old\"}', now() - make_interval(mins => %s - i) "
-                    "FROM generate_series(1, %s) i", (SEEDED, SEEDED))
-        cur.execute("INSERT INTO webhook_events (sg_event_id, event, email, payload, processed_at) "
-                    "SELECT 'old-' || i, 'open', 'a@example.test', '{}', now() FROM generate_series(1, 5000) i")
-        cur.execute("INSERT INTO email_link_history (kind, mail_kind, mail_id, occurred_at) "
-                    "SELECT 'open', 'digest', i, now() FROM generate_series(1, 5000) i")
+        cur.execute(
+            "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
+            "payload, received_at) SELECT 'producer', 'old-' || i, 'user-' || (i %% 500), 'likes', 'post', "
+            "'p' || (i %% 97), '{\"title\": \"old\"}', now() - make_interval(mins => %s - i) "
+            "FROM generate_series(1, %s) i",
+            (SEEDED, SEEDED),
+        )
+        cur.execute(
+            "INSERT INTO webhook_events (sg_event_id, event, email, payload, processed_at) "
+            "SELECT 'old-' || i, 'open', 'a@example.test', '{}', now() FROM generate_series(1, 5000) i"
+        )
+        cur.execute(
+            "INSERT INTO email_link_history (kind, mail_kind, mail_id, occurred_at) "
+            "SELECT 'open', 'digest', i, now() FROM generate_series(1, 5000) i"
+        )
 
 
 class Traffic(BatchLoop):
@@ -53,8 +61,19 @@ class Traffic(BatchLoop):
     def one_batch(self, n: int) -> None:
         new = [f"new-{n}-{i}" for i in range(20)]
         again = [f"old-{n % SEEDED + 1}"] + ([f"new-{n - 1}-0"] if n else [])
-        body = {"events": [{"id": i, "user_id": f"user-{n % 500}", "category": "likes", "entity_type": "post",
-                            "entity_id": "p1", "payload": {"n": n}} for i in new + again]}
+        body = {
+            "events": [
+                {
+                    "id": i,
+                    "user_id": f"user-{n % 500}",
+                    "category": "likes",
+                    "entity_type": "post",
+                    "entity_id": "p1",
+                    "payload": {"n": n},
+                }
+                for i in new + again
+            ]
+        }
         rows, errors = ingest.validate_body(body, "producer")
         assert not errors
         result = self.events.submit(rows, size=len(rows)).result(timeout=60)
@@ -67,9 +86,10 @@ class Traffic(BatchLoop):
         stored = self.webhooks.submit(sorted(hooks)).result(timeout=60)
         assert (stored.stored, stored.duplicates) == (5, 1), (n, stored)
         self.webhook_stored.update(h[0] for h in hooks[:5])
-        for _ in range(5):   # the recorder's own line format, buffered, then written by COPY
-            self.history.add(recorder.copy_line("open", None, "digest", n, None, "192.0.2.1", "test", False, None,
-                                                time.time()))
+        for _ in range(5):  # the recorder's own line format, buffered, then written by COPY
+            self.history.add(
+                recorder.copy_line("open", None, "digest", n, None, "192.0.2.1", "test", False, None, time.time())
+            )
         self.clicks += self.history.flush()
 
 
@@ -87,8 +107,8 @@ def migrate_until(url: str, last: str, folder) -> None:
 
 
 @pytest.mark.slow
-def test_conversion_is_online_while_writes_go_on(scratch_url, tmp_path, monkeypatch, caplog):  # noqa: F811
-    migrate_until(scratch_url, "0519", tmp_path / "before")   # the schema as it was before partitioning
+def test_conversion_is_online_while_writes_go_on(scratch_url, tmp_path, monkeypatch, caplog):
+    migrate_until(scratch_url, "0519", tmp_path / "before")  # the schema as it was before partitioning
     seed(scratch_url)
     migrate_until(scratch_url, EXPAND, tmp_path / "expand")
 
@@ -100,7 +120,7 @@ def test_conversion_is_online_while_writes_go_on(scratch_url, tmp_path, monkeypa
 
     def interleaved(kind):
         def apply(conn, m, *rest):
-            traffic.wait_batches(2)                      # writes committed between every two files
+            traffic.wait_batches(2)  # writes committed between every two files
             if m.name == "partition_digest_events":
                 # A query still reading the table makes the swap wait: it gives up after
                 # MIGRATION_LOCK_TIMEOUT and retries instead of queueing the writers behind it.
@@ -109,6 +129,7 @@ def test_conversion_is_online_while_writes_go_on(scratch_url, tmp_path, monkeypa
                 holders.append(holder)
                 threading.Timer(1.0, holder.rollback).start()
             real_apply[kind](conn, m, *rest)
+
         return apply
 
     monkeypatch.setattr(migrate, "_apply_transactional", interleaved("tx"))
@@ -128,18 +149,22 @@ def test_conversion_is_online_while_writes_go_on(scratch_url, tmp_path, monkeypa
             assert partitions.list_partitions(cur, table.name)[0].name == f"{table.name}_legacy"
         cur.execute("SELECT producer_id FROM digest_events WHERE producer_id LIKE 'new-%%'")
         stored_new = [r[0] for r in cur.fetchall()]
-        assert sorted(stored_new) == sorted(traffic.accepted)                 # none lost, none twice
+        assert sorted(stored_new) == sorted(traffic.accepted)  # none lost, none twice
         cur.execute("SELECT count(*), count(DISTINCT (source, producer_id)) FROM digest_events")
         assert cur.fetchone() == (SEEDED + len(traffic.accepted),) * 2
         assert traffic.duplicates == traffic.resent
         cur.execute("SELECT count(*) FROM digest_events_legacy WHERE producer_id LIKE 'old-%%'")
         assert cur.fetchone() == (SEEDED,)
         # Every stored row owns exactly its key.
-        cur.execute("SELECT count(*), count(*) FILTER (WHERE e.id = k.event_id) FROM digest_event_keys k "
-                    "LEFT JOIN digest_events e USING (source, producer_id)")
+        cur.execute(
+            "SELECT count(*), count(*) FILTER (WHERE e.id = k.event_id) FROM digest_event_keys k "
+            "LEFT JOIN digest_events e USING (source, producer_id)"
+        )
         assert cur.fetchone() == (SEEDED + len(traffic.accepted),) * 2
-        cur.execute("SELECT count(*), count(*) FILTER (WHERE e.id = k.event_id) FROM webhook_event_keys k "
-                    "LEFT JOIN webhook_events e USING (sg_event_id)")
+        cur.execute(
+            "SELECT count(*), count(*) FILTER (WHERE e.id = k.event_id) FROM webhook_event_keys k "
+            "LEFT JOIN webhook_events e USING (sg_event_id)"
+        )
         assert cur.fetchone() == (5000 + len(traffic.webhook_stored),) * 2
         cur.execute("SELECT count(*) FROM webhook_events")
         assert cur.fetchone() == (5000 + len(traffic.webhook_stored),)

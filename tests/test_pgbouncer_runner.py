@@ -1,5 +1,6 @@
 """scripts/dev/pgbouncer.py without the pgbouncer binary: skipped with a warning on a developer's
 machine, a failure under CI (a pass that never ran must not look green)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Providers: registry, file provider, SMTP against a real local server (plain, STARTTLS, SMTPS)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -23,9 +24,17 @@ pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 
 
 def _mails(n, prefix="k"):
-    return [OutgoingMail(to=f"user{i}@example.test", subject=f"s{i}", html=f"<p>{i}</p>", text=str(i),
-                         idempotency_key=f"{prefix}-{i}", headers=mail.unsubscribe_headers("https://x.test/u/T"))
-            for i in range(n)]
+    return [
+        OutgoingMail(
+            to=f"user{i}@example.test",
+            subject=f"s{i}",
+            html=f"<p>{i}</p>",
+            text=str(i),
+            idempotency_key=f"{prefix}-{i}",
+            headers=mail.unsubscribe_headers("https://x.test/u/T"),
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(params=[True, False], ids=["pipelining", "plain-smtp"])
@@ -64,8 +73,14 @@ def test_sendgrid_is_loaded_lazily_by_name():
 
 def test_parse_url():
     assert parse_url("smtp://u%40x:p%3Aw@mail.test:587?starttls=1") == {
-        "host": "mail.test", "port": 587, "ssl": False, "starttls": True, "insecure": False,
-        "username": "u@x", "password": "p:w"}
+        "host": "mail.test",
+        "port": 587,
+        "ssl": False,
+        "starttls": True,
+        "insecure": False,
+        "username": "u@x",
+        "password": "p:w",
+    }
     assert parse_url("smtps://mail.test")["port"] == 465 and parse_url("smtps://mail.test")["ssl"]
     assert parse_url("smtp://mail.test")["port"] == 25
     with pytest.raises(config.ConfigError):
@@ -74,7 +89,7 @@ def test_parse_url():
 
 def test_file_provider_writes_one_eml_per_key(tmp_path):
     p = FileProvider(str(tmp_path))
-    results = p.send_batch(_mails(3) + _mails(1))      # the last one re-sends key k-0
+    results = p.send_batch(_mails(3) + _mails(1))  # the last one re-sends key k-0
     assert all(r.ok for r in results)
     files = sorted(f.name for f in tmp_path.iterdir())
     assert files == ["k-0.eml", "k-1.eml", "k-2.eml"]
@@ -88,7 +103,7 @@ def test_smtp_batch_reuses_a_small_pool_of_connections(sink, use_async):
         results = p.send_batch(_mails(10, prefix=f"b{batch}"))
         assert all(r.ok for r in results) and results[4].message_id.startswith("b" + str(batch) + "-4.")
     assert len(sink.raw) == 30
-    assert 1 <= len(sink.sessions) <= 3                 # 30 mails, at most 3 connections ever opened
+    assert 1 <= len(sink.sessions) <= 3  # 30 mails, at most 3 connections ever opened
     p.close()
 
 
@@ -100,7 +115,7 @@ def test_async_pool_grows_for_a_slow_relay_within_its_max(settings):
     slow.delay = 0.05
     p = SMTPProvider(slow.url, use_async=True)
     try:
-        assert all(r.ok for r in p.send_batch(_mails(12, prefix="warm")))     # measures the round trip
+        assert all(r.ok for r in p.send_batch(_mails(12, prefix="warm")))  # measures the round trip
         assert all(r.ok for r in p.send_batch(_mails(60, prefix="big")))
         assert 2 < len(slow.sessions) <= 6
         assert p._async.lanes_for(1000) == 6 and p._async.lanes_for(1) == 1
@@ -118,7 +133,7 @@ def test_smtp_reply_codes_map_to_transient_and_permanent(sink, use_async):
     (r,) = p.send_batch(_mails(1))
     assert not r.ok and r.permanent and "550" in r.error
     sink.reply = "250 OK"
-    assert p.send_batch(_mails(1))[0].ok                 # the connection survived the refusals
+    assert p.send_batch(_mails(1))[0].ok  # the connection survived the refusals
     p.close()
 
 
@@ -162,9 +177,9 @@ def test_first_batch_to_a_slow_relay_probes_its_round_trip_before_choosing_lanes
 
 def test_lanes_follow_the_measured_latency():
     p = SMTPProvider("smtp://127.0.0.1:25", pool_size=40, use_async=False)
-    p._latency = 0.0002          # a fast local relay: one connection is plenty
+    p._latency = 0.0002  # a fast local relay: one connection is plenty
     assert p.lanes_for(50) == 1
-    p._latency = 0.05            # a 50 ms ESP round trip: spread over many connections
+    p._latency = 0.05  # a 50 ms ESP round trip: spread over many connections
     assert p.lanes_for(50) == 40 and p.lanes_for(10) == 10
 
 
@@ -177,29 +192,38 @@ def test_smtp_unreachable_is_transient(use_async):
 def test_smtp_reconnects_when_the_server_dropped_an_idle_connection(sink, use_async):
     p = SMTPProvider(sink.url, pool_size=1, use_async=use_async)
     assert p.send_batch(_mails(1))[0].ok
-    sink.stop()                                           # the server goes away, killing pooled sockets
-    again = SmtpSink(port=sink.port).start()              # and comes back on the same port
+    sink.stop()  # the server goes away, killing pooled sockets
+    again = SmtpSink(port=sink.port).start()  # and comes back on the same port
     try:
         assert all(r.ok for r in p.send_batch(_mails(2, prefix="again")))
         assert len(again.raw) == 2
     finally:
         p.close()
         again.stop()
-        sink.controller = SmtpSink(port=free_port()).controller   # the fixture stops something running
+        sink.controller = SmtpSink(port=free_port()).controller  # the fixture stops something running
         sink.controller.start()
 
 
 def _self_signed(tmp_path):
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
-            .not_valid_after(now + dt.timedelta(days=1)).sign(key, hashes.SHA256()))
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
     (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                         serialization.PrivateFormat.TraditionalOpenSSL,
-                                                         serialization.NoEncryption()))
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+    )
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
     return ctx
@@ -210,20 +234,27 @@ def test_starttls_and_login(tmp_path, use_async):
         ok = auth_data.login == b"user" and auth_data.password == b"secret"
         return AuthResult(success=ok, handled=False)
 
-    s = SmtpSink(tls_context=_self_signed(tmp_path), require_starttls=True, authenticator=authenticator,
-                 auth_required=True, auth_exclude_mechanism=["LOGIN"]).start()
+    s = SmtpSink(
+        tls_context=_self_signed(tmp_path),
+        require_starttls=True,
+        authenticator=authenticator,
+        auth_required=True,
+        auth_exclude_mechanism=["LOGIN"],
+    ).start()
     try:
-        p = SMTPProvider(f"smtp://user:secret@127.0.0.1:{s.port}?starttls=1&insecure=1", pool_size=1, timeout=5,
-                         use_async=use_async)
+        p = SMTPProvider(
+            f"smtp://user:secret@127.0.0.1:{s.port}?starttls=1&insecure=1", pool_size=1, timeout=5, use_async=use_async
+        )
         assert p.send_batch(_mails(2))[1].ok and len(s.raw) == 2
         p.close()
-        wrong = SMTPProvider(f"smtp://user:nope@127.0.0.1:{s.port}?starttls=1&insecure=1", pool_size=1, timeout=5,
-                             use_async=use_async)
+        wrong = SMTPProvider(
+            f"smtp://user:nope@127.0.0.1:{s.port}?starttls=1&insecure=1", pool_size=1, timeout=5, use_async=use_async
+        )
         with pytest.raises(PermanentError):
             wrong.send_batch(_mails(1))
         plain = SMTPProvider(f"smtp://user:secret@127.0.0.1:{s.port}", pool_size=1, timeout=5, use_async=use_async)
         with pytest.raises(PermanentError, match="starttls"):
-            plain.send_batch(_mails(1))                     # AUTH is only offered after STARTTLS
+            plain.send_batch(_mails(1))  # AUTH is only offered after STARTTLS
     finally:
         s.stop()
 

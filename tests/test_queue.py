@@ -1,5 +1,6 @@
 """Domains enqueue by actor name (app/platform/queue.py), each naming its messages in its own
 `messages` module: every name must be a real actor on its queue."""
+
 from __future__ import annotations
 
 import actors  # noqa: F401  (binds every actor to the broker)
@@ -8,8 +9,12 @@ from app.platform import queue
 from digest import messages as digest_messages
 from tracking import messages as tracking_messages
 
-TARGETS = [value for module in (digest_messages, newsletter_messages, tracking_messages)
-           for value in vars(module).values() if isinstance(value, queue.Target)]
+TARGETS = [
+    value
+    for module in (digest_messages, newsletter_messages, tracking_messages)
+    for value in vars(module).values()
+    if isinstance(value, queue.Target)
+]
 
 
 def test_every_target_is_an_actor_on_its_queue():

@@ -1,4 +1,5 @@
 """Scheduler: slots across DST in several zones, planning, checker, watchdog, leadership, hooks, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -7,13 +8,13 @@ import signal
 import subprocess
 import sys
 import threading
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from app.platform import config, db
 from app.cli import scheduler
+from app.platform import config, db
 from app.subscribers import records as subscribers
 from digest import plan as digest_plan
 from tests import factories
@@ -21,7 +22,7 @@ from tests.conftest import wait_for
 from tests.test_digest_support import run_row
 
 ROOT = Path(__file__).resolve().parents[1]
-UTC = timezone.utc
+UTC = UTC
 
 
 def utc(*args):
@@ -29,33 +30,40 @@ def utc(*args):
 
 
 # -- slots ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("tz, now, hour, period, slot", [
-    # New York springs forward on 2026-03-08: 9 am is 14:00Z the day before, 13:00Z that day
-    ("America/New_York", utc(2026, 3, 7, 12), 9, date(2026, 3, 7), utc(2026, 3, 7, 14)),
-    ("America/New_York", utc(2026, 3, 8, 5), 9, date(2026, 3, 8), utc(2026, 3, 8, 13)),
-    # 02:30 does not exist that day: fires right after the gap (03:30 EDT = 07:30Z), once
-    ("America/New_York", utc(2026, 3, 8, 5), 2, date(2026, 3, 8), utc(2026, 3, 8, 7)),
-    # Berlin falls back on 2026-10-25: 9 am is 07:00Z before, 08:00Z on the day
-    ("Europe/Berlin", utc(2026, 10, 24, 3), 9, date(2026, 10, 24), utc(2026, 10, 24, 7)),
-    ("Europe/Berlin", utc(2026, 10, 24, 22, 30), 9, date(2026, 10, 25), utc(2026, 10, 25, 8)),
-    # 02:00-03:00 happens twice that night: the first occurrence (CEST, 00:00Z)
-    ("Europe/Berlin", utc(2026, 10, 24, 22, 30), 2, date(2026, 10, 25), utc(2026, 10, 25, 0)),
-    # Berlin springs forward on 2026-03-29
-    ("Europe/Berlin", utc(2026, 3, 28, 23), 9, date(2026, 3, 29), utc(2026, 3, 29, 7)),
-    # a slot already passed today: tomorrow's
-    ("Asia/Tokyo", utc(2026, 1, 1, 1), 9, date(2026, 1, 2), utc(2026, 1, 2, 0)),
-])
+@pytest.mark.parametrize(
+    "tz, now, hour, period, slot",
+    [
+        # New York springs forward on 2026-03-08: 9 am is 14:00Z the day before, 13:00Z that day
+        ("America/New_York", utc(2026, 3, 7, 12), 9, date(2026, 3, 7), utc(2026, 3, 7, 14)),
+        ("America/New_York", utc(2026, 3, 8, 5), 9, date(2026, 3, 8), utc(2026, 3, 8, 13)),
+        # 02:30 does not exist that day: fires right after the gap (03:30 EDT = 07:30Z), once
+        ("America/New_York", utc(2026, 3, 8, 5), 2, date(2026, 3, 8), utc(2026, 3, 8, 7)),
+        # Berlin falls back on 2026-10-25: 9 am is 07:00Z before, 08:00Z on the day
+        ("Europe/Berlin", utc(2026, 10, 24, 3), 9, date(2026, 10, 24), utc(2026, 10, 24, 7)),
+        ("Europe/Berlin", utc(2026, 10, 24, 22, 30), 9, date(2026, 10, 25), utc(2026, 10, 25, 8)),
+        # 02:00-03:00 happens twice that night: the first occurrence (CEST, 00:00Z)
+        ("Europe/Berlin", utc(2026, 10, 24, 22, 30), 2, date(2026, 10, 25), utc(2026, 10, 25, 0)),
+        # Berlin springs forward on 2026-03-29
+        ("Europe/Berlin", utc(2026, 3, 28, 23), 9, date(2026, 3, 29), utc(2026, 3, 29, 7)),
+        # a slot already passed today: tomorrow's
+        ("Asia/Tokyo", utc(2026, 1, 1, 1), 9, date(2026, 1, 2), utc(2026, 1, 2, 0)),
+    ],
+)
 def test_daily_slots_across_dst(tz, now, hour, period, slot):
     assert digest_plan.next_slot(now, tz, "daily", hour) == (period, slot)
 
 
 def test_weekly_slot_on_a_dst_day():
     # Sydney leaves DST on Sunday 2026-04-05 at 03:00: Sunday 9 am is then +10:00
-    assert digest_plan.next_slot(utc(2026, 4, 1), "Australia/Sydney", "weekly", 9, 6) == \
-        (date(2026, 4, 5), utc(2026, 4, 4, 23))
+    assert digest_plan.next_slot(utc(2026, 4, 1), "Australia/Sydney", "weekly", 9, 6) == (
+        date(2026, 4, 5),
+        utc(2026, 4, 4, 23),
+    )
     # the Sunday before was still +11:00
-    assert digest_plan.next_slot(utc(2026, 3, 25), "Australia/Sydney", "weekly", 9, 6) == \
-        (date(2026, 3, 29), utc(2026, 3, 28, 22))
+    assert digest_plan.next_slot(utc(2026, 3, 25), "Australia/Sydney", "weekly", 9, 6) == (
+        date(2026, 3, 29),
+        utc(2026, 3, 28, 22),
+    )
 
 
 def test_stagger_is_stable_and_within_the_spread():
@@ -75,8 +83,9 @@ def test_plan_uses_local_slot_plus_stagger_in_two_timezones_on_dst_days(settings
     assert ny_run == (date(2026, 3, 8), utc(2026, 3, 8, 13) + timedelta(seconds=digest_plan.stagger_seconds(ny, 900)))
     now = utc(2026, 3, 28, 12)
     digest_plan.plan(now)
-    be_run = db.query("SELECT period, scheduled_for FROM digest_runs WHERE subscriber_id = %s "
-                      "AND period = '2026-03-29'", (be,))[0]
+    be_run = db.query(
+        "SELECT period, scheduled_for FROM digest_runs WHERE subscriber_id = %s AND period = '2026-03-29'", (be,)
+    )[0]
     assert be_run[1] == utc(2026, 3, 29, 7) + timedelta(seconds=digest_plan.stagger_seconds(be, 900))
 
 
@@ -130,8 +139,10 @@ def test_a_tick_looks_only_at_subscribers_whose_planned_slot_has_passed():
     assert digest_plan.plan(now + timedelta(hours=2)) == 0
     # a's slot passed: the next period is planned; b's 18:00 slot is still ahead
     assert digest_plan.plan(utc(2026, 5, 1, 9, 1)) == 1
-    assert db.query("SELECT subscriber_id, period FROM digest_runs ORDER BY subscriber_id") == \
-        [(a, date(2026, 5, 2)), (b, date(2026, 5, 1))]
+    assert db.query("SELECT subscriber_id, period FROM digest_runs ORDER BY subscriber_id") == [
+        (a, date(2026, 5, 2)),
+        (b, date(2026, 5, 1)),
+    ]
     assert _planned_until(a) == utc(2026, 5, 2, 9) and _planned_until(b) == utc(2026, 5, 1, 18)
 
 
@@ -151,7 +162,7 @@ def test_an_hour_change_moves_the_pending_run_to_the_new_hour():
     subscribers.update(sid, {"digest_hour": 20})
     assert (run_row(run)["status"], run_row(run)["skip_reason"]) == ("cancelled", "schedule changed")
     assert _planned_until(sid) is None
-    digest_plan.plan(now)      # same period: the cancelled run comes back at the new hour
+    digest_plan.plan(now)  # same period: the cancelled run comes back at the new hour
     row = run_row(run)
     assert row["status"] == "pending" and row["scheduled_for"] >= utc(2026, 5, 1, 20)
     assert db.query("SELECT count(*) FROM digest_runs")[0][0] == 1
@@ -194,19 +205,21 @@ def test_two_planners_at_once_plan_each_subscriber_once(settings):
 def test_checker_enqueues_due_runs_bounded_by_queue_depth(settings):
     settings(digest_claim_batch=2, digest_queue_max_depth=3, digest_reenqueue_seconds=300)
     now = utc(2026, 5, 1, 12)
-    due = [factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=i + 1))
-           for i in range(10)]
+    due = [
+        factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=i + 1))
+        for i in range(10)
+    ]
     later = factories.digest_run(factories.subscriber("later"), scheduled_for=now + timedelta(minutes=5))
     sent = []
-    assert digest_plan.check(now, sent.append, depth=1) == 4        # 2 free message slots x 2 runs
+    assert digest_plan.check(now, sent.append, depth=1) == 4  # 2 free message slots x 2 runs
     assert [len(m) for m in sent] == [2, 2]
-    assert digest_plan.check(now, sent.append, depth=3) == 0        # queue full
-    assert digest_plan.check(now, sent.append, depth=0) == 6        # the rest, never twice
+    assert digest_plan.check(now, sent.append, depth=3) == 0  # queue full
+    assert digest_plan.check(now, sent.append, depth=0) == 6  # the rest, never twice
     assert sorted(i for m in sent for i in m) == sorted(due) and later not in [i for m in sent for i in m]
     assert digest_plan.check(now + timedelta(seconds=60), sent.append, depth=0) == 0
     # still pending long after being enqueued: the message was lost; enqueue again
     assert digest_plan.check(now + timedelta(seconds=301), sent.append, depth=0) == 6
-    assert run_row(due[-1])["enqueued_at"] == now + timedelta(seconds=301)   # oldest first
+    assert run_row(due[-1])["enqueued_at"] == now + timedelta(seconds=301)  # oldest first
 
 
 def test_enqueue_failure_leaves_runs_for_the_next_tick():
@@ -226,24 +239,27 @@ def test_checker_marks_and_sends_in_chunks_and_a_failure_stops_at_its_message(se
     settings(digest_claim_batch=2, digest_queue_max_depth=100)
     monkeypatch.setattr(digest_plan, "CHECK_CHUNK_MESSAGES", 2)
     now = utc(2026, 5, 1, 12)
-    due = [factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=20 - i))
-           for i in range(11)]
+    due = [
+        factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=20 - i))
+        for i in range(11)
+    ]
     seen_committed = []
 
     def send(ids):
         # another thread, so another pooled connection: what a worker receiving this message sees
-        reader = threading.Thread(target=lambda: seen_committed.append(
-            all(run_row(i)["enqueued_at"] == now for i in ids)))
+        reader = threading.Thread(
+            target=lambda: seen_committed.append(all(run_row(i)["enqueued_at"] == now for i in ids))
+        )
         reader.start()
         reader.join()
         if len(seen_committed) == 4:
             raise ConnectionError("redis down")
 
-    assert digest_plan.check(now, send, depth=0) == 6          # messages 1-3 went, the 4th failed
+    assert digest_plan.check(now, send, depth=0) == 6  # messages 1-3 went, the 4th failed
     assert seen_committed == [True, True, True, True]
     assert [run_row(i)["enqueued_at"] is not None for i in due] == [True] * 6 + [False] * 5
     sent = []
-    assert digest_plan.check(now, sent.append, depth=0) == 5     # the rest on the next tick, never twice
+    assert digest_plan.check(now, sent.append, depth=0) == 5  # the rest on the next tick, never twice
     assert sorted(i for m in sent for i in m) == due[6:]
 
 
@@ -255,8 +271,10 @@ def test_watchdog_returns_stuck_runs_then_fails_them_keeping_the_error(settings)
     last = factories.digest_run(factories.subscriber("b"), status="processing")
     fresh = factories.digest_run(factories.subscriber("c"), status="processing")
     db.query("UPDATE digest_runs SET claimed_at = %s WHERE id IN (%s, %s)", (now - timedelta(minutes=11), stuck, last))
-    db.query("UPDATE digest_runs SET claimed_at = %s, attempts = 2, last_error = 'SMTP 451 busy' WHERE id = %s",
-             (now - timedelta(minutes=11), last))
+    db.query(
+        "UPDATE digest_runs SET claimed_at = %s, attempts = 2, last_error = 'SMTP 451 busy' WHERE id = %s",
+        (now - timedelta(minutes=11), last),
+    )
     db.query("UPDATE digest_runs SET claimed_at = %s WHERE id = %s", (now - timedelta(minutes=1), fresh))
     assert digest_plan.watchdog(now) == (1, 1)
     assert run_row(stuck)["status"] == "pending" and run_row(stuck)["attempts"] == 1
@@ -272,7 +290,7 @@ def test_only_one_scheduler_leads():
     try:
         assert a.acquire() is True
         assert b.acquire() is False
-        assert a.acquire() is True           # still the leader on the next tick
+        assert a.acquire() is True  # still the leader on the next tick
         a.release()
         assert b.acquire() is True
     finally:
@@ -281,11 +299,23 @@ def test_only_one_scheduler_leads():
 
 
 def _scheduler_process(log_path: Path) -> subprocess.Popen:
-    env = {**os.environ, "APP_ENV": "test", "DATABASE_URL": config.get().database_url,
-           "REDIS_URL": config.get().redis_url, "PYTHONPATH": str(ROOT), "LOG_LEVEL": "INFO",
-           "SCHEDULER_INTERVAL_SECONDS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "app", "scheduler"], env=env, cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
+    env = {
+        **os.environ,
+        "APP_ENV": "test",
+        "DATABASE_URL": config.get().database_url,
+        "REDIS_URL": config.get().redis_url,
+        "PYTHONPATH": str(ROOT),
+        "LOG_LEVEL": "INFO",
+        "SCHEDULER_INTERVAL_SECONDS": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "app", "scheduler"],
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log_path, "wb"),
+    )
 
 
 def _leader_pid() -> int | None:
@@ -305,15 +335,16 @@ def test_two_scheduler_processes_one_leads_the_other_takes_over_when_it_is_kille
         wait_for(lambda: db.query("SELECT 1 FROM digest_runs"), 60, "the leader to plan")
         assert _leader_pid() == first.pid
 
-        os.killpg(first.pid, signal.SIGKILL)             # no clean-up: its lease row stays behind
+        os.killpg(first.pid, signal.SIGKILL)  # no clean-up: its lease row stays behind
         first.wait(10)
         wait_for(lambda: _leader_pid() == second.pid, 60, "the standby to take over")
         b = factories.subscriber("b")
-        wait_for(lambda: db.query("SELECT 1 FROM digest_runs WHERE subscriber_id = %s", (b,)), 60,
-                 "the new leader to plan")
+        wait_for(
+            lambda: db.query("SELECT 1 FROM digest_runs WHERE subscriber_id = %s", (b,)), 60, "the new leader to plan"
+        )
         assert "the leader" in (tmp_path / "second.log").read_text()
 
-        os.killpg(second.pid, signal.SIGTERM)            # a clean stop gives the lease up at once
+        os.killpg(second.pid, signal.SIGTERM)  # a clean stop gives the lease up at once
         assert second.wait(30) == 0
         assert db.query("SELECT count(*) FROM leases")[0][0] == 0
     finally:
@@ -327,7 +358,7 @@ def test_the_lease_lets_a_standby_take_over_within_an_interval():
     """A standby tries every third of the lease: a dead leader is replaced within 4/3 of it."""
     for interval in (4.0, 30.0, 300.0):
         assert scheduler.lease_seconds(interval) * 4 / 3 <= interval
-    assert scheduler.lease_seconds(0.5) == 2.0           # never shorter than 2 s: no flapping on a hiccup
+    assert scheduler.lease_seconds(0.5) == 2.0  # never shorter than 2 s: no flapping on a hiccup
 
 
 def test_a_failing_hook_does_not_stop_the_others(caplog):
@@ -357,10 +388,18 @@ def test_tick_runs_every_job_with_injected_queue():
 
 # -- CLI -----------------------------------------------------------------------------------------
 def _cli(*args, **env):
-    full_env = {**os.environ, "APP_ENV": "test", "DATABASE_URL": config.get().database_url,
-                "REDIS_URL": config.get().redis_url, "PYTHONPATH": str(ROOT), "LOG_LEVEL": "WARNING", **env}
-    return subprocess.run([sys.executable, "-m", "app", *args], env=full_env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    full_env = {
+        **os.environ,
+        "APP_ENV": "test",
+        "DATABASE_URL": config.get().database_url,
+        "REDIS_URL": config.get().redis_url,
+        "PYTHONPATH": str(ROOT),
+        "LOG_LEVEL": "WARNING",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.slow
@@ -402,9 +441,9 @@ def test_digest_now_makes_the_next_digest_due_without_duplicating_the_period():
     factories.subscriber("b", digest_hour=9)
     factories.events("a", 1)
     now = datetime.now(UTC)
-    digest_plan.plan(now)                              # a's next run exists, pending
+    digest_plan.plan(now)  # a's next run exists, pending
     (planned,) = [r[0] for r in db.query("SELECT id FROM digest_runs WHERE subscriber_id = %s", (a,))]
-    assert digest_plan.send_next_now(None, now) == [planned]   # only subscribers with unsent events
+    assert digest_plan.send_next_now(None, now) == [planned]  # only subscribers with unsent events
     assert run_row(planned)["scheduled_for"] == now
     ids = digest_plan.send_next_now(["b"], now)
     assert len(ids) == 1 and digest_plan.plan(now) == 0
@@ -414,8 +453,9 @@ def test_two_concurrent_checkers_enqueue_each_run_once(settings):
 
     settings(digest_claim_batch=3)
     now = utc(2026, 5, 1, 12)
-    runs = [factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=1))
-            for i in range(40)]
+    runs = [
+        factories.digest_run(factories.subscriber(f"u{i}"), scheduled_for=now - timedelta(minutes=1)) for i in range(40)
+    ]
     sent, lock, barrier = [], threading.Lock(), threading.Barrier(2)
 
     def send(ids):

@@ -1,4 +1,5 @@
 """With SENTRY_DSN set, the web app and the workers report errors (to a local fake Sentry)."""
+
 from __future__ import annotations
 
 import gzip
@@ -40,12 +41,14 @@ def sentry_dsn():
 
 def run(code: str, dsn: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SENTRY_DSN": dsn}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_web_errors_reach_sentry(sentry_dsn):
-    proc = run("""
+    proc = run(
+        """
         import sentry_sdk
         from starlette.routing import Route
         from starlette.testclient import TestClient
@@ -59,13 +62,16 @@ def test_web_errors_reach_sentry(sentry_dsn):
         with TestClient(app, raise_server_exceptions=False) as c:
             assert c.get("/boom").status_code == 500
         sentry_sdk.flush(10)
-    """, sentry_dsn)
+    """,
+        sentry_dsn,
+    )
     assert proc.returncode == 0, proc.stderr
     assert any("web-boom" in body for body in FakeSentry.received)
 
 
 def test_worker_errors_reach_sentry(sentry_dsn, redis_client):
-    proc = run("""
+    proc = run(
+        """
         import time
         import dramatiq, sentry_sdk
         import actors  # Sentry first, then the broker (actors/broker.py)
@@ -84,6 +90,8 @@ def test_worker_errors_reach_sentry(sentry_dsn, redis_client):
         worker.join()
         worker.stop()
         sentry_sdk.flush(10)
-    """, sentry_dsn)
+    """,
+        sentry_dsn,
+    )
     assert proc.returncode == 0, proc.stderr
     assert any("worker-boom" in body for body in FakeSentry.received)

@@ -3,6 +3,7 @@ go away mid-request: a real uvicorn on 127.0.0.1 and raw sockets, real Postgres 
 
 No assertion is about time: a test waits (bounded) for what the server does, and a pause in a test
 only makes sure the server's deadline has passed before the next step."""
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,11 @@ def deadline_server(settings):
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                           http=PROTOCOL, timeout_keep_alive=60))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", http=PROTOCOL, timeout_keep_alive=60
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started or not thread.is_alive(), 15, "the server to start")
@@ -72,7 +76,7 @@ def test_a_client_trickling_header_bytes_is_answered_408_and_closed(deadline_ser
     with connect(deadline_server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         answer = b""
-        for _ in range(600):     # a byte every 0.1 s, for at most a minute: the server must end it
+        for _ in range(600):  # a byte every 0.1 s, for at most a minute: the server must end it
             if select.select([sock], [], [], 0.1)[0]:
                 answer = sock.recv(65536)
                 break
@@ -89,15 +93,16 @@ def test_a_connection_that_never_sends_a_byte_is_closed(deadline_server):
 def test_headers_sent_in_time_are_not_cut_off_by_a_slow_body_or_an_idle_keep_alive(deadline_server):
     with connect(deadline_server) as sock:
         sock.sendall(b"POST /webhooks/sendgrid HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
-        time.sleep(1.0)          # past the header deadline: the body is not under it
+        time.sleep(1.0)  # past the header deadline: the body is not under it
         sock.sendall(b"[]")
         assert read_response(sock).startswith(b"HTTP/1.1 200 ")
-        time.sleep(1.0)          # idle between requests: keep-alive's business, not the deadline's
+        time.sleep(1.0)  # idle between requests: keep-alive's business, not the deadline's
         sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock).startswith(b"HTTP/1.1 200 ")
 
 
 # ---------------------------------------------------------------- clients that go away
+
 
 class Captured(logging.Handler):
     """Every record of the app's and uvicorn's loggers (uvicorn's do not propagate to the root)."""
@@ -136,8 +141,10 @@ def routes(admin_key: str, preferences_token: str) -> list[tuple[str, bytes]]:
     return [
         ("/webhooks/sendgrid", b"POST /webhooks/sendgrid HTTP/1.1\r\nHost: x\r\n"),
         ("/admin/login", b"POST /admin/login HTTP/1.1\r\nHost: x\r\n" + form),
-        ("/preferences/{token:str}", b"POST /preferences/" + preferences_token.encode() + b" HTTP/1.1\r\nHost: x\r\n"
-         + form),
+        (
+            "/preferences/{token:str}",
+            b"POST /preferences/" + preferences_token.encode() + b" HTTP/1.1\r\nHost: x\r\n" + form,
+        ),
         ("/v1/events", b"POST /v1/events HTTP/1.1\r\nHost: x\r\n" + bearer),
         ("/v1/subscribers/{user_id:str}", b"PUT /v1/subscribers/u1 HTTP/1.1\r\nHost: x\r\n" + bearer),
     ]
@@ -148,9 +155,12 @@ def test_a_client_that_goes_away_mid_request_is_one_info_line(live_server, captu
     token = tokens.make("preferences", factories.subscriber("gone"), 1)
     for route, head in routes(admin_key, token):
         half_a_request(live_server, head)
-        line = wait_for(lambda: [r for r in captured.records if "client went away" in r.getMessage()
-                                 and route in r.getMessage()], 30, f"the line for {route}")
+        line = wait_for(
+            lambda: [r for r in captured.records if "client went away" in r.getMessage() and route in r.getMessage()],
+            30,
+            f"the line for {route}",
+        )
         assert len(line) == 1 and line[0].levelno == logging.INFO and line[0].exc_info is None
     noisy = [r for r in captured.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not noisy, [f"{r.name}: {r.getMessage()}" for r in noisy]
-    assert not [r for r in captured.records if token in r.getMessage()]   # the route's template, not the token
+    assert not [r for r in captured.records if token in r.getMessage()]  # the route's template, not the token

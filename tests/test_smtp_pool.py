@@ -3,6 +3,7 @@ smtp_async.py / smtp.py): grown only while it raises throughput, stopped where t
 kept there, idle ones closed. The policy first, against a model of a relay (no sockets, a fake
 clock), then the pools against real local SMTP servers, one of them capping connections per client
 like a stock Postfix."""
+
 from __future__ import annotations
 
 import collections
@@ -41,14 +42,21 @@ class ModelRelay:
     (the rest of the process: threads rendering mail); `demand` lanes want a connection. Time is
     fake."""
 
-    def __init__(self, round_trip: float, capacity: float, demand: int = 10_000, floor: int = 8, cap: int = 256,
-                 cpu_cost: float = 0.6, loop_cost: float = 0.3):
+    def __init__(
+        self,
+        round_trip: float,
+        capacity: float,
+        demand: int = 10_000,
+        floor: int = 8,
+        cap: int = 256,
+        cpu_cost: float = 0.6,
+        loop_cost: float = 0.3,
+    ):
         self.now = 0.0
         self.round_trip, self.capacity, self.demand = round_trip, capacity, demand
         self.cpu_cost, self.loop_cost = cpu_cost, loop_cost
         self.cpu = self.loop_cpu = 0.0
-        self.sizer = LaneSizer(floor, cap, clock=lambda: self.now, cpu=lambda: self.cpu,
-                               loop_cpu=lambda: self.loop_cpu)
+        self.sizer = LaneSizer(floor, cap, clock=lambda: self.now, cpu=lambda: self.cpu, loop_cpu=lambda: self.loop_cpu)
         self.ceiling = self.sizer.ceiling
         self.ceiling._clock = lambda: self.now
         self.most = 0
@@ -59,7 +67,7 @@ class ModelRelay:
             limit = self.sizer.limit()
             self.most = max(self.most, limit)
             busy = min(limit, self.demand)
-            took = max(self.round_trip, busy / self.capacity)    # queueing once the client is the bottleneck
+            took = max(self.round_trip, busy / self.capacity)  # queueing once the client is the bottleneck
             rate = busy / took
             self.now += 1 / rate
             self.cpu += self.cpu_cost / self.capacity
@@ -87,14 +95,14 @@ def test_a_relay_next_door_keeps_the_floor():
     assert relay.sizer.limit() == 8 and relay.most == 16
     tried = [step for step in relay.sizer.steps if step[1] > step[0]]
     assert tried and not any(kept for _, _, kept in tried)
-    assert len(tried) <= 12          # ten minutes: 1 + 2 + 4 + ... seconds apart, then every 5 minutes
-    busy = ModelRelay(round_trip=0.0002, capacity=1000, cpu_cost=0.95)   # the process is the bottleneck (GIL)
+    assert len(tried) <= 12  # ten minutes: 1 + 2 + 4 + ... seconds apart, then every 5 minutes
+    busy = ModelRelay(round_trip=0.0002, capacity=1000, cpu_cost=0.95)  # the process is the bottleneck (GIL)
     busy.run(60)
-    assert busy.most == 8 and busy.sizer.steps == []                    # not even tried
+    assert busy.most == 8 and busy.sizer.steps == []  # not even tried
 
 
 def test_the_knee_is_found_when_the_client_saturates_midway():
-    relay = ModelRelay(round_trip=0.05, capacity=1000)      # 50 connections carry it
+    relay = ModelRelay(round_trip=0.05, capacity=1000)  # 50 connections carry it
     relay.run(60)
     assert 40 <= relay.sizer.limit() <= 75
 
@@ -103,7 +111,7 @@ def test_growth_stops_at_the_max_and_with_the_work():
     relay = ModelRelay(round_trip=0.05, capacity=100_000, cap=64)
     relay.run(10)
     assert relay.sizer.limit() == 64 and relay.most == 64
-    few = ModelRelay(round_trip=0.05, capacity=100_000, demand=5)   # five lanes of work: no lane ever waits
+    few = ModelRelay(round_trip=0.05, capacity=100_000, demand=5)  # five lanes of work: no lane ever waits
     few.run(10)
     assert few.sizer.limit() == 8 and few.sizer.steps == []
 
@@ -116,18 +124,18 @@ def test_a_refusal_sets_a_ceiling_that_growth_respects_until_it_is_probed_again_
     relay.run(smtp_sizing.REPROBE_AFTER_SECONDS - 61)
     assert relay.ceiling.current() == 30
     relay.run(2)
-    assert relay.ceiling.current() == 33                    # a tenth more after five quiet minutes ...
+    assert relay.ceiling.current() == 33  # a tenth more after five quiet minutes ...
     relay.run(smtp_sizing.HOLD_MAX_SECONDS)
-    assert 30 < relay.sizer.limit() <= relay.ceiling.current() <= 36    # ... which growth then uses
+    assert 30 < relay.sizer.limit() <= relay.ceiling.current() <= 36  # ... which growth then uses
 
 
 def test_refusals_of_attempts_begun_before_the_decrease_do_not_lower_it_again():
     ceiling = RelayCeiling(clock=lambda: 0.0)
     epoch = ceiling.epoch
     assert ceiling.refused(20, epoch) and ceiling.current() == 20
-    assert not ceiling.refused(19, epoch) and not ceiling.refused(18, epoch)    # the same burst of connects
+    assert not ceiling.refused(19, epoch) and not ceiling.refused(18, epoch)  # the same burst of connects
     assert ceiling.current() == 20 and ceiling.refusals == 3
-    assert ceiling.refused(20, ceiling.epoch) and ceiling.current() == 19      # a later one: one less
+    assert ceiling.refused(20, ceiling.epoch) and ceiling.current() == 19  # a later one: one less
     ceiling.forget()
     assert ceiling.current() is None
 
@@ -142,14 +150,23 @@ def test_which_replies_mean_no_more_connections():
 
 # -- the pools, against real local servers -------------------------------------------------------
 def _mails(n: int, prefix: str) -> list[OutgoingMail]:
-    return [OutgoingMail(to=f"user{i}@example.test", subject=f"s{i}", html=f"<p>{i}</p>", text=str(i),
-                         idempotency_key=f"{prefix}-{i}") for i in range(n)]
+    return [
+        OutgoingMail(
+            to=f"user{i}@example.test",
+            subject=f"s{i}",
+            html=f"<p>{i}</p>",
+            text=str(i),
+            idempotency_key=f"{prefix}-{i}",
+        )
+        for i in range(n)
+    ]
 
 
 def _message_ids(sink: SmtpSink) -> collections.Counter:
     with sink.lock:
-        return collections.Counter(re.search(rb"(?mi)^Message-ID: <([^>]+)>", raw).group(1).decode()
-                                   for raw in sink.raw)
+        return collections.Counter(
+            re.search(rb"(?mi)^Message-ID: <([^>]+)>", raw).group(1).decode() for raw in sink.raw
+        )
 
 
 def _send_all(provider: SMTPProvider, batches: list[list[OutgoingMail]], retried: collections.Counter) -> list[str]:
@@ -173,7 +190,7 @@ def _in_threads(*jobs):
     def run(job):
         try:
             job()
-        except BaseException as exc:     # surfaced below
+        except BaseException as exc:  # surfaced below
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
@@ -201,13 +218,13 @@ def test_two_worker_processes_share_a_postfix_cap_of_50_without_a_storm_of_refus
     try:
         _in_threads(lambda: send(0, "a", "b"), lambda: send(1, "a", "b"))
         learned = sink.refused
-        assert 1 <= learned <= 2 * (CONNECT_BURST + 2)        # the limit was reached, and learned at once
+        assert 1 <= learned <= 2 * (CONNECT_BURST + 2)  # the limit was reached, and learned at once
         _in_threads(lambda: send(0, "c"), lambda: send(1, "c"))
-        assert sink.refused - learned <= 2                    # remembered: later batches stay under it
+        assert sink.refused - learned <= 2  # remembered: later batches stay under it
         ids = _message_ids(sink)
-        assert len(ids) == 2 * 1800 and set(ids.values()) == {1}            # every mail, exactly once
+        assert len(ids) == 2 * 1800 and set(ids.values()) == {1}  # every mail, exactly once
         assert sorted(ids) == sorted(accepted[0] + accepted[1])
-        assert retried["mails"] == 0                          # a refused connection fails no mail
+        assert retried["mails"] == 0  # a refused connection fails no mail
         assert sink.peak_connections == 50
         assert sum(p._async._pool.open for p in pools) <= 50
     finally:
@@ -225,7 +242,7 @@ def test_a_relay_that_takes_fewer_connections_than_the_floor_is_kept_at_its_limi
     sink.delay = 0.02
     p = SMTPProvider(sink.url, use_async=use_async)
     if not use_async:
-        p._latency = 1.0           # the threaded pool: use every connection it may
+        p._latency = 1.0  # the threaded pool: use every connection it may
     retried = collections.Counter()
     try:
         _send_all(p, [_mails(200, "first")], retried)
@@ -247,8 +264,11 @@ class LoopbackRelay:
 
     def __init__(self):
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "scripts/bench/smtp_sink.py"),
-                                      "--port", str(self.port)], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).parents[1] / "scripts/bench/smtp_sink.py"), "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout.readline().strip() == "ready"
         self.url = f"smtp://127.0.0.1:{self.port}"
 
@@ -270,8 +290,9 @@ def test_a_fast_local_relay_keeps_the_pool_small(use_async):
     p = SMTPProvider(relay.url, use_async=use_async)
     retried = collections.Counter()
     try:
-        _in_threads(*(lambda k=k: _send_all(p, [_mails(1000, f"t{k}-{b}") for b in range(2)], retried)
-                      for k in range(4)))
+        _in_threads(
+            *(lambda k=k: _send_all(p, [_mails(1000, f"t{k}-{b}") for b in range(2)], retried) for k in range(4))
+        )
         if use_async:
             assert p._async.sizer.limit() <= 2 * size and p._async._pool.open <= 2 * size
     finally:
@@ -299,7 +320,7 @@ def test_idle_connections_close_after_the_idle_timeout(settings, use_async):
             time.sleep(0.05)
         assert _open(brief) == 0
         assert _open(kept) == 2
-        while sink.open_connections > 2 and time.monotonic() < deadline:    # the sink sees them go
+        while sink.open_connections > 2 and time.monotonic() < deadline:  # the sink sees them go
             time.sleep(0.05)
         assert sink.open_connections == 2
         assert all(r.ok for r in brief.send_batch(_mails(3, "again")))
@@ -329,4 +350,3 @@ def test_a_refused_connect_with_nothing_open_is_an_unreachable_relay():
     finally:
         p.close()
         sink.stop()
-

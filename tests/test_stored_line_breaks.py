@@ -2,6 +2,7 @@
 `from`) still go out: the separators become spaces when the mail is built, over SMTP (a real local
 sink) and SendGrid (a real local fake). The rows are inserted directly, as an older version or an
 operator in psql left them."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ from tests import factories
 from tests.newsletter_support import counts, drain, start
 from tests.test_digest_support import sink_as_provider
 
-NAME = "Ana\u2028Lima\u2029Jr\x85"          # U+2028, U+2029, U+0085 (NEL)
+NAME = "Ana\u2028Lima\u2029Jr\x85"  # U+2028, U+2029, U+0085 (NEL)
 SENDER = "News\u2028Desk\u2029Team <news@example.com>"
 
 
@@ -36,7 +37,7 @@ def test_a_digest_to_a_stored_name_with_line_separators_is_sent_with_spaces(sink
     assert digest_send.process([run])["sent"] == 1
     (msg,) = sink.messages()
     assert msg["To"] == "Ana Lima Jr <old@example.test>"
-    assert "Hi Ana, here is your daily digest" in msg.get_body(("plain",)).get_content()   # the first name
+    assert "Hi Ana, here is your daily digest" in msg.get_body(("plain",)).get_content()  # the first name
 
 
 def test_a_newsletter_with_a_stored_sender_and_name_with_line_separators_is_sent_over_smtp(sink, old_rows):
@@ -53,7 +54,8 @@ def test_a_newsletter_with_a_stored_sender_and_name_with_line_separators_is_sent
 
 
 def test_a_newsletter_with_a_stored_sender_and_name_with_line_separators_is_sent_over_sendgrid(
-        fake, provider, old_rows):
+    fake, provider, old_rows
+):
     _, nid = old_rows
     start(nid)
     drain(nid, provider)

@@ -1,5 +1,6 @@
 """Streams: a mail's one-click List-Unsubscribe stops that mail's stream only (digests or
 newsletters); the page behind the link also offers "everything"; old tokens keep their meaning."""
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,13 @@ CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
 def state(subscriber_id: int) -> dict:
-    cols = ("digest_cadence", "digest_cadence_before_off", "newsletters_unsubscribed_at", "unsubscribed_at",
-            "category_opt_outs")
+    cols = (
+        "digest_cadence",
+        "digest_cadence_before_off",
+        "newsletters_unsubscribed_at",
+        "unsubscribed_at",
+        "category_opt_outs",
+    )
     return dict(zip(cols, db.query(f"SELECT {', '.join(cols)} FROM subscribers WHERE id = %s", (subscriber_id,))[0]))
 
 
@@ -37,9 +43,12 @@ def one_click(path: str, encoding: str):
 
     with TestClient(app) as mail_client:
         if encoding == "urlencoded":
-            r = mail_client.post(path, content=b"List-Unsubscribe=One-Click",
-                                 headers={"Content-Type": "application/x-www-form-urlencoded"},
-                                 follow_redirects=False)
+            r = mail_client.post(
+                path,
+                content=b"List-Unsubscribe=One-Click",
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+                follow_redirects=False,
+            )
         else:
             r = mail_client.post(path, files={"List-Unsubscribe": (None, "One-Click")}, follow_redirects=False)
     assert r.status_code == 200 and "location" not in r.headers and "set-cookie" not in r.headers
@@ -54,7 +63,7 @@ def sink(settings):
 
 def send_digest(sink, user_id: str) -> dict:
     """Send one digest through the real worker path; the message as received by the SMTP sink."""
-    (sid, cadence), = db.query("SELECT id, digest_cadence FROM subscribers WHERE user_id = %s", (user_id,))
+    ((sid, cadence),) = db.query("SELECT id, digest_cadence FROM subscribers WHERE user_id = %s", (user_id,))
     factories.events(user_id, 2, entity_id="p1")
     run_id = factories.digest_run(sid, cadence=cadence)
     before = len(sink.messages())
@@ -108,8 +117,10 @@ def test_one_click_from_a_newsletter_stops_newsletters_only(sink, fake, provider
     start(nl2)
     drain(nl2, provider)
     assert counts(nl2) == {"suppressed": 1}
-    assert db.query("SELECT error FROM email_log WHERE newsletter_id = %s", (nl2,))[0][0] == \
-        "unsubscribed from newsletters"
+    assert (
+        db.query("SELECT error FROM email_log WHERE newsletter_id = %s", (nl2,))[0][0]
+        == "unsubscribed from newsletters"
+    )
     send_digest(sink, "u1")
 
 
@@ -117,13 +128,14 @@ def test_newsletter_stream_is_checked_at_claim_time(fake, provider, client):
     """I6: an outbox row built before the unsubscribe is not sent after it."""
     factories.seed_subscribers(3)
     nl = factories.newsletter()
-    start(nl)                                      # rows are `pending` now
+    start(nl)  # rows are `pending` now
     assert counts(nl) == {"pending": 3}
     client.post("/u/" + tokens.make("unsubscribe", 2, 1, streams.NEWSLETTERS), data={"List-Unsubscribe": "One-Click"})
     drain(nl, provider)
     assert counts(nl) == {"sent": 2, "suppressed": 1}
-    assert db.query("SELECT subscriber_id, error FROM email_log WHERE status = 'suppressed'") == \
-        [(2, "unsubscribed from newsletters before send")]
+    assert db.query("SELECT subscriber_id, error FROM email_log WHERE status = 'suppressed'") == [
+        (2, "unsubscribed from newsletters before send")
+    ]
 
 
 @pytest.mark.parametrize("scope", [streams.DIGESTS, streams.NEWSLETTERS])
@@ -134,7 +146,7 @@ def test_the_page_says_what_the_link_stops_and_offers_everything(client, scope):
     page = client.get(path)
     assert f"Stop {what} to <strong>u1@example.test</strong>?" in page.text
     assert 'value="unsubscribe"' in page.text and 'value="unsubscribe_all"' in page.text
-    assert state(sid)["unsubscribed_at"] is None                      # GET changes nothing
+    assert state(sid)["unsubscribed_at"] is None  # GET changes nothing
 
     r = client.post(path, data={"action": "unsubscribe"}, follow_redirects=False)
     assert r.status_code == 303
@@ -166,8 +178,9 @@ def test_everything_stops_both_streams(sink, fake, provider, client):
     factories.events("u1", 2)
     run_id = factories.digest_run(sid)
     assert digest_send.process([run_id])["sent"] == 0
-    assert db.query("SELECT status, skip_reason FROM digest_runs WHERE id = %s", (run_id,)) == \
-        [("skipped", "unsubscribed")]
+    assert db.query("SELECT status, skip_reason FROM digest_runs WHERE id = %s", (run_id,)) == [
+        ("skipped", "unsubscribed")
+    ]
 
 
 @pytest.mark.parametrize("cadence", ["weekly", "daily"])
@@ -175,10 +188,10 @@ def test_resubscribing_to_digests_restores_the_previous_cadence(client, cadence)
     sid = factories.subscriber("u1", digest_cadence=cadence)
     path = "/u/" + tokens.make("unsubscribe", sid, 1, streams.DIGESTS)
     client.post(path, data={"List-Unsubscribe": "One-Click"})
-    client.post(path, data={"List-Unsubscribe": "One-Click"})          # repeated: keeps what it recorded
+    client.post(path, data={"List-Unsubscribe": "One-Click"})  # repeated: keeps what it recorded
     assert state(sid)["digest_cadence_before_off"] == cadence
     csrf = CSRF_RE.search(client.get(path).text).group(1)
-    assert client.post(path, data={"action": "resubscribe"}).status_code == 403   # CSRF-checked
+    assert client.post(path, data={"action": "resubscribe"}).status_code == 403  # CSRF-checked
     client.post(path, data={"action": "resubscribe", "csrf_token": csrf})
     row = state(sid)
     assert (row["digest_cadence"], row["digest_cadence_before_off"]) == (cadence, None)
@@ -193,14 +206,17 @@ def test_digests_off_without_a_recorded_cadence_come_back_daily(client):
     assert state(sid)["digest_cadence"] == "daily"
 
 
-@pytest.mark.parametrize("scope, expected", [
-    (None, "everything"),                 # every link mailed before streams existed
-    ("newsletter:12", "everything"),      # the golden fixture's scope: it always meant everything
-    ("category:likes", "category"),
-    ("digests", "digests"),
-    ("newsletters", "newsletters"),
-    ("something-newer", "everything"),    # a later release's scope after a rollback
-])
+@pytest.mark.parametrize(
+    "scope, expected",
+    [
+        (None, "everything"),  # every link mailed before streams existed
+        ("newsletter:12", "everything"),  # the golden fixture's scope: it always meant everything
+        ("category:likes", "category"),
+        ("digests", "digests"),
+        ("newsletters", "newsletters"),
+        ("something-newer", "everything"),  # a later release's scope after a rollback
+    ],
+)
 def test_scope_meanings(scope, expected):
     assert streams.target(scope).kind == expected
 
@@ -226,8 +242,14 @@ def test_a_revoked_stream_token_changes_nothing(client):
 def test_digests_turned_off_on_the_preference_page_come_back_on_their_cadence(client):
     sid = factories.subscriber("u1", digest_cadence="weekly")
     prefs = "/preferences/" + tokens.make("preferences", sid, 1)
-    form = {"csrf_token": CSRF_RE.search(client.get(prefs).text).group(1), "action": "save",
-            "digest_cadence": "off", "digest_hour": "9", "digest_weekday": "0", "timezone": "UTC"}
+    form = {
+        "csrf_token": CSRF_RE.search(client.get(prefs).text).group(1),
+        "action": "save",
+        "digest_cadence": "off",
+        "digest_hour": "9",
+        "digest_weekday": "0",
+        "timezone": "UTC",
+    }
     assert client.post(prefs, data=form, follow_redirects=False).status_code == 303
     assert (state(sid)["digest_cadence"], state(sid)["digest_cadence_before_off"]) == ("off", "weekly")
     path = "/u/" + tokens.make("unsubscribe", sid, 1, streams.DIGESTS)

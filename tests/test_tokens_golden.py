@@ -1,5 +1,6 @@
 """Subscriber tokens already sent in mails keep verifying: golden tokens made with a fixed key.
 Add new ones when the format grows; never replace these (they are in people's inboxes)."""
+
 from __future__ import annotations
 
 import pytest

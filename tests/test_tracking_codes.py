@@ -1,4 +1,5 @@
 """Tracking codes: golden fixtures of every version keep resolving (I5), MAC, rotation, forgery."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,20 @@ def test_codes_from_a_removed_key_do_not_verify(settings):
     assert codes.decode_click(code) is None
 
 
-@pytest.mark.parametrize("bad", ["", "1", "9AQFeAy5kaa30hoVu", "1AQFeAy5kaa30hoVv", "1AQFeAy5kaa30ho",
-                                 "1AQFe+y5kaa30hoVu", "1" + "A" * 300, "legacy-code", "1!!!!"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "1",
+        "9AQFeAy5kaa30hoVu",
+        "1AQFeAy5kaa30hoVv",
+        "1AQFeAy5kaa30ho",
+        "1AQFe+y5kaa30hoVu",
+        "1" + "A" * 300,
+        "legacy-code",
+        "1!!!!",
+    ],
+)
 def test_forged_or_malformed_codes_are_rejected(golden_key, bad):
     assert codes.decode_click(bad) is None
     assert codes.decode_open(bad) is None
@@ -77,6 +90,6 @@ def test_flipping_any_character_breaks_the_mac():
         for repl in "Ab":
             if code[i] == repl:
                 continue
-            forged = code[:i] + repl + code[i + 1:]
+            forged = code[:i] + repl + code[i + 1 :]
             assert codes.decode_click(forged) in (None,), (i, forged)
     assert all(c in alphabet for c in code)

@@ -4,6 +4,7 @@ Contract (tracking/recorder.py, tracking/README.md): a click's history row is co
 TRACKING_FLUSH_SECONDS after its redirect was sent. SIGTERM (deploys, dyno restarts) flushes
 everything; only a SIGKILL/crash loses rows, and only those of the last window.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,12 +33,31 @@ def free_port() -> int:
 
 def start_web(flush_seconds: float) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": config.get().database_url, "APP_ENV": "test",
-           "TRACKING_FLUSH_SECONDS": str(flush_seconds), "BASE_URL": "http://localhost:8000",
-           "LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.web:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--no-access-log", "--log-level", "warning"],
-                            cwd=ROOT, env=env)
+    env = {
+        **os.environ,
+        "DATABASE_URL": config.get().database_url,
+        "APP_ENV": "test",
+        "TRACKING_FLUSH_SECONDS": str(flush_seconds),
+        "BASE_URL": "http://localhost:8000",
+        "LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.web:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -86,7 +106,7 @@ def test_sigkill_after_the_window_loses_nothing():
     proc, base = start_web(flush_seconds=window)
     try:
         click(base, paths, 60)
-        time.sleep(window + 1.5)          # let the window pass; commit takes milliseconds
+        time.sleep(window + 1.5)  # let the window pass; commit takes milliseconds
     finally:
         proc.kill()
         proc.wait(timeout=30)

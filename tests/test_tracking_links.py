@@ -1,4 +1,5 @@
 """LinkRewriter: every http(s) link tracked, one email_links row per (mail, url), opt-outs."""
+
 from __future__ import annotations
 
 import re
@@ -42,18 +43,17 @@ def test_rewrites_http_links_and_adds_pixel():
     assert "mailto:hi@example.com" in found and "#top" in found and "tel:+123" in found
     assert "http://localhost:8000/u/TOKEN" in found
     assert "http://localhost:8000/preferences/TOKEN" in found
-    assert "https://example.com/style.css" in found          # not an <a>: left alone
+    assert "https://example.com/style.css" in found  # not an <a>: left alone
     assert "https://example.com/b" not in " ".join(found)
     rows = link_rows()
     # &amp; is unescaped: the stored URL is what a browser would have followed.
-    assert [r[3] for r in rows] == ["https://example.com/a?x=1&y=2", "http://example.com/b",
-                                    "https://example.com/map"]
+    assert [r[3] for r in rows] == ["https://example.com/a?x=1&y=2", "http://example.com/b", "https://example.com/map"]
     assert {(r[1], r[2]) for r in rows} == {("newsletter", 42)}
     targets = click_targets(out)
     assert len(targets) == 4
     ids = {r[3]: r[0] for r in rows}
     assert targets[0] == codes.Click(ids["https://example.com/a?x=1&y=2"], 7)
-    assert targets[-1] == targets[0]                          # same URL, same row
+    assert targets[-1] == targets[0]  # same URL, same row
     pixel = re.search(r'<img src="http://localhost:8000/o/([^"]+)\.gif" width="1" height="1"', out)
     assert pixel and codes.decode_open(pixel.group(1)) == codes.Open("newsletter", 42, 7)
     assert out.index(pixel.group(0)) < out.index("</body>")
@@ -76,7 +76,7 @@ def test_one_row_per_mail_and_url_not_per_recipient():
 def test_url_hash_stored_by_postgres_is_the_one_python_computes():
     urls = ["https://example.test/ü?q=1&r=2", "https://example.test/a b", "https://例え.テスト/😀"]
     ids = links.ensure_links("digest", 8, urls)
-    again = links.ensure_links("digest", 8, urls[::-1])           # found, not created: same ids
+    again = links.ensure_links("digest", 8, urls[::-1])  # found, not created: same ids
     assert ids == again and sorted(ids) == sorted(urls)
     rows = db.query("SELECT url, url_hash FROM email_links WHERE mail_id = 8")
     assert {url: bytes(h) for url, h in rows} == {u: links.url_hash(u) for u in urls}
@@ -89,7 +89,7 @@ def test_rewriter_caches_link_ids(monkeypatch):
     monkeypatch.setattr(links, "ensure_links", lambda *a: calls.append(a) or {})
     for sub in range(2, 20):
         rewriter.rewrite(HTML, sub)
-    assert calls == []                    # no DB work for recipients after the first
+    assert calls == []  # no DB work for recipients after the first
 
 
 def test_new_url_for_later_recipient_costs_one_write():

@@ -1,5 +1,6 @@
 """View in browser: every digest links to a hosted copy of itself (GET /v/{token}), signed and
 bound to token_version like the unsubscribe link, re-rendered from the run's events, no pixel."""
+
 from __future__ import annotations
 
 import re
@@ -23,10 +24,10 @@ def sink(settings):
 
 def send_digest(user_id: str = "u1", **subscriber):
     sid = factories.subscriber(user_id, **subscriber)
-    factories.events(user_id, 3, entity_id="p1", payload={"entity_title": "Launch notes",
-                                                          "entity_url": "https://example.test/p1"})
-    factories.events(user_id, 1, category="comment", entity_id="p2", actor=user_id,
-                     payload={"entity_title": "Roadmap"})
+    factories.events(
+        user_id, 3, entity_id="p1", payload={"entity_title": "Launch notes", "entity_url": "https://example.test/p1"}
+    )
+    factories.events(user_id, 1, category="comment", entity_id="p2", actor=user_id, payload={"entity_title": "Roadmap"})
     run_id = factories.digest_run(sid)
     assert digest_send.process([run_id])["sent"] == 1
     return sid, run_id
@@ -38,7 +39,7 @@ def view_path_of(message) -> str:
 
 
 def test_every_digest_links_to_its_hosted_copy_in_both_parts(sink, client, settings):
-    settings(tracking=True)                    # the view link is never a tracked click URL
+    settings(tracking=True)  # the view link is never a tracked click URL
     sid, run_id = send_digest()
     (message,) = sink.messages()
     path = view_path_of(message)
@@ -49,8 +50,8 @@ def test_every_digest_links_to_its_hosted_copy_in_both_parts(sink, client, setti
 
     r = client.get(path)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert "Launch notes" in r.text and 'href="https://example.test/p1"' in r.text   # direct link
-    assert "/o/" not in r.text and "/c/" not in r.text                               # no pixel, no tracking
+    assert "Launch notes" in r.text and 'href="https://example.test/p1"' in r.text  # direct link
+    assert "/o/" not in r.text and "/c/" not in r.text  # no pixel, no tracking
     assert "View in your browser" not in r.text and "This digest was sent on" in r.text
     csp = r.headers["content-security-policy"]
     assert "script" not in csp and "default-src 'none'" in csp and "img-src https:" in csp
@@ -62,8 +63,8 @@ def test_the_copy_shows_what_the_mail_showed(sink, client):
     (message,) = sink.messages()
     mail_html = message.get_body(("html",)).get_content()
     page = client.get(view_path_of(message)).text
-    titles = lambda html: re.findall(r'class="item-title"[^>]*>(?:<a [^>]*>)?([^<]+)<', html)   # noqa: E731
-    assert titles(page) == titles(mail_html) == ["Launch notes"]     # own activity not shown in either
+    titles = lambda html: re.findall(r'class="item-title"[^>]*>(?:<a [^>]*>)?([^<]+)<', html)  # noqa: E731
+    assert titles(page) == titles(mail_html) == ["Launch notes"]  # own activity not shown in either
     assert "Hi Ana, here is your daily digest" in page and "Your first digest: 3 updates." in page
 
 
@@ -90,16 +91,28 @@ def test_after_retention_the_page_says_so(sink, client, settings):
     settings(retention_days=90)
     _, run_id = send_digest()
     path = view_path_of(sink.messages()[0])
-    db.query("DELETE FROM digest_events WHERE digest_run_id = %s", (run_id,))   # what dropping the month does
+    db.query("DELETE FROM digest_events WHERE digest_run_id = %s", (run_id,))  # what dropping the month does
     r = client.get(path)
     assert r.status_code == 410
     assert "no longer available" in r.text and "90 days" in r.text
 
 
-@pytest.mark.parametrize("token", [
-    "%00", "%ff%fe", "a" * 5000, "x.y", "not-base64!.@@@", "djE6MToxOnJ1bjox.AAAAAAAAAAAAAAAAAAAAAA",
-    "%E2%80%AE", "٣.٣", "djE6MToxOnJ1bjox", "a.b.c", "%0d%0aSet-Cookie:x=1",
-])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "%00",
+        "%ff%fe",
+        "a" * 5000,
+        "x.y",
+        "not-base64!.@@@",
+        "djE6MToxOnJ1bjox.AAAAAAAAAAAAAAAAAAAAAA",
+        "%E2%80%AE",
+        "٣.٣",
+        "djE6MToxOnJ1bjox",
+        "a.b.c",
+        "%0d%0aSet-Cookie:x=1",
+    ],
+)
 def test_hostile_tokens_get_the_404_page(client, token):
     factories.subscriber("u1")
     r = client.get("/v/" + token)
@@ -111,8 +124,9 @@ def test_paths_that_are_no_token_are_not_found(client, path):
     assert client.get(path).status_code == 404
 
 
-@pytest.mark.parametrize("scope", [None, "run:", "run:abc", "run:-1", "run:1.5", "run:٣", "run:" + "9" * 19,
-                                   "category:likes", "run:1:2"])
+@pytest.mark.parametrize(
+    "scope", [None, "run:", "run:abc", "run:-1", "run:1.5", "run:٣", "run:" + "9" * 19, "category:likes", "run:1:2"]
+)
 def test_signed_tokens_without_a_usable_run_get_404(client, scope):
     sid = factories.subscriber("u1")
     assert client.get("/v/" + quote(tokens.make("view", sid, 1, scope))).status_code == 404

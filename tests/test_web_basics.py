@@ -1,12 +1,13 @@
 """Health check, OpenAPI document, configuration errors, API key CLI."""
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
-from app.platform import apikeys, config, db
 from app.cli import main as cli_main
+from app.platform import apikeys, config, db
 
 
 def test_healthz_ok(client):
@@ -25,9 +26,13 @@ def test_healthz_reports_redis_down(client, settings):
 def test_openapi_describes_the_api(client):
     doc = client.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
-    for path, method in [("/v1/events", "post"), ("/v1/subscribers/{user_id}", "put"),
-                         ("/v1/subscribers/{user_id}", "get"), ("/v1/subscribers/{user_id}", "delete"),
-                         ("/healthz", "get")]:
+    for path, method in [
+        ("/v1/events", "post"),
+        ("/v1/subscribers/{user_id}", "put"),
+        ("/v1/subscribers/{user_id}", "get"),
+        ("/v1/subscribers/{user_id}", "delete"),
+        ("/healthz", "get"),
+    ]:
         assert method in doc["paths"][path]
     assert "Event" in doc["components"]["schemas"]
 
@@ -35,12 +40,12 @@ def test_openapi_describes_the_api(client):
 def test_missing_secret_key_outside_development_is_a_startup_error():
     env = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
     env["APP_ENV"] = "production"
-    proc = subprocess.run([sys.executable, "-c", "import app.web"], env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", "import app.web"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "SECRET_KEY is not set" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "app", "migrate", "--status"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "migrate", "--status"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "SECRET_KEY is not set" in proc.stderr
 
 
@@ -64,6 +69,10 @@ def test_create_api_key_prints_it_once_and_stores_only_a_hash(capsys):
 
 
 def test_cli_rejects_unknown_scope():
-    proc = subprocess.run([sys.executable, "-m", "app", "create-api-key", "x", "--scope", "root"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "create-api-key", "x", "--scope", "root"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "invalid choice" in proc.stderr

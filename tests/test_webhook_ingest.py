@@ -1,4 +1,5 @@
 """POST /webhooks/sendgrid: signatures, 2xx only once committed (I4), idempotent, concurrent-safe."""
+
 from __future__ import annotations
 
 import base64
@@ -12,8 +13,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from app.platform import config, db
-from app.platform import groupcommit
+from app.platform import config, db, groupcommit
 from tests.conftest import wait_for
 from tracking import webhook_apply, webhook_store
 
@@ -21,8 +21,9 @@ from tracking import webhook_apply, webhook_store
 @pytest.fixture(scope="module")
 def key_pair():
     private = ec.generate_private_key(ec.SECP256R1())
-    public = base64.b64encode(private.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
+    public = base64.b64encode(
+        private.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    ).decode()
     return private, public
 
 
@@ -34,8 +35,12 @@ def signed(settings, key_pair):
     def sign(body: bytes, ts: int | None = None) -> dict:
         ts = str(int(time.time()) if ts is None else ts)
         sig = base64.b64encode(private.sign(ts.encode() + body, ec.ECDSA(hashes.SHA256()))).decode()
-        return {"X-Twilio-Email-Event-Webhook-Signature": sig, "X-Twilio-Email-Event-Webhook-Timestamp": ts,
-                "Content-Type": "application/json"}
+        return {
+            "X-Twilio-Email-Event-Webhook-Signature": sig,
+            "X-Twilio-Email-Event-Webhook-Timestamp": ts,
+            "Content-Type": "application/json",
+        }
+
     return sign
 
 
@@ -47,9 +52,20 @@ def enqueued(monkeypatch):
 
 
 def events(n: int, prefix: str = "ev", start: int = 0) -> list[dict]:
-    return [{"email": f"User{i}@Example.com", "event": "delivered", "sg_event_id": f"{prefix}-{i}",
-             "sg_message_id": f"msg-{i}", "timestamp": 1700000000 + i, "mail_kind": "newsletter",
-             "mail_id": "7", "row_id": str(i), "subscriber_id": str(i)} for i in range(start, start + n)]
+    return [
+        {
+            "email": f"User{i}@Example.com",
+            "event": "delivered",
+            "sg_event_id": f"{prefix}-{i}",
+            "sg_message_id": f"msg-{i}",
+            "timestamp": 1700000000 + i,
+            "mail_kind": "newsletter",
+            "mail_id": "7",
+            "row_id": str(i),
+            "subscriber_id": str(i),
+        }
+        for i in range(start, start + n)
+    ]
 
 
 def stored_ids() -> list[str]:
@@ -65,7 +81,7 @@ def test_signed_batch_is_stored_and_enqueued_after_commit(client, signed, enqueu
     row = db.query("SELECT event, email, payload, processed_at FROM webhook_events WHERE sg_event_id = 'ev-1'")[0]
     assert row[:2] == ("delivered", "User1@Example.com") and row[2]["mail_id"] == "7" and row[3] is None
     deadline = time.monotonic() + 5
-    while not enqueued and time.monotonic() < deadline:   # the hook runs right after the commit
+    while not enqueued and time.monotonic() < deadline:  # the hook runs right after the commit
         time.sleep(0.01)
     ids = [r[0] for r in db.query("SELECT id FROM webhook_events ORDER BY id")]
     assert sorted(i for call in enqueued for i in call) == ids
@@ -79,7 +95,8 @@ def test_bad_signatures_are_403_and_store_nothing(client, signed, case):
         headers.pop("X-Twilio-Email-Event-Webhook-Signature")
     elif case == "bad":
         headers["X-Twilio-Email-Event-Webhook-Signature"] = signed(b"something else")[
-            "X-Twilio-Email-Event-Webhook-Signature"]
+            "X-Twilio-Email-Event-Webhook-Signature"
+        ]
     elif case == "stale":
         headers = signed(body, ts=int(time.time()) - 601)
     elif case == "future":
@@ -114,10 +131,14 @@ def test_body_over_the_limit_is_413(client, signed, settings):
 def test_redelivery_stores_each_event_once(client, signed, enqueued):
     body = orjson.dumps(events(5))
     assert client.post("/webhooks/sendgrid", content=body, headers=signed(body)).json() == {
-        "stored": 5, "duplicates": 0}
-    body2 = orjson.dumps(events(5) + events(2, start=5) + events(1, start=5))   # overlap + in-batch repeat
+        "stored": 5,
+        "duplicates": 0,
+    }
+    body2 = orjson.dumps(events(5) + events(2, start=5) + events(1, start=5))  # overlap + in-batch repeat
     assert client.post("/webhooks/sendgrid", content=body2, headers=signed(body2)).json() == {
-        "stored": 2, "duplicates": 6}
+        "stored": 2,
+        "duplicates": 6,
+    }
     assert stored_ids() == sorted(f"ev-{i}" for i in range(7))
 
 
@@ -125,7 +146,7 @@ def test_events_without_sg_event_id_still_deduplicate(client, signed, enqueued):
     body = b'[{"event": "open", "email": "a@example.com", "timestamp": 1}]'
     for _ in range(2):
         client.post("/webhooks/sendgrid", content=body, headers=signed(body))
-    (sg_id,), = db.query("SELECT sg_event_id FROM webhook_events")
+    ((sg_id,),) = db.query("SELECT sg_event_id FROM webhook_events")
     assert sg_id.startswith("sha256:")
 
 
@@ -171,8 +192,8 @@ def test_database_down_is_503_and_nothing_enqueued(client, signed, settings, enq
     r = client.post("/webhooks/sendgrid", content=body2, headers=signed(body2))
     assert r.status_code == 503 and r.headers["retry-after"]
     assert enqueued == []
-    settings(database_url=real_url)                                          # the database is back
-    r = client.post("/webhooks/sendgrid", content=body2, headers=signed(body2))   # SendGrid's retry
+    settings(database_url=real_url)  # the database is back
+    r = client.post("/webhooks/sendgrid", content=body2, headers=signed(body2))  # SendGrid's retry
     assert r.status_code == 200 and r.json()["stored"] == 2
 
 
@@ -183,6 +204,7 @@ def _writer_with(commit_jobs, **kw):
             cur.execute("SET deadlock_timeout = '500ms'; SET application_name = 'test-gc-writer'")
         conn.commit()
         return conn
+
     return groupcommit.GroupCommitWriter("test", commit_jobs, connect=connect, **kw)
 
 
@@ -199,8 +221,9 @@ def test_deadlock_is_retried_with_backoff():
             cur.execute("INSERT INTO webhook_events (sg_event_id, event, payload) VALUES ('b', 'x', '{}')")
             fut = writer.submit([("a", "x", None, "{}"), ("b", "x", None, "{}")], 2)
             deadline = time.monotonic() + 10
-            while not db.query("SELECT 1 FROM pg_stat_activity WHERE application_name = 'test-gc-writer' "
-                               "AND wait_event_type = 'Lock'"):
+            while not db.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'test-gc-writer' AND wait_event_type = 'Lock'"
+            ):
                 assert time.monotonic() < deadline, "writer never blocked"
                 time.sleep(0.005)
             cur.execute("INSERT INTO webhook_events (sg_event_id, event, payload) VALUES ('a', 'x', '{}')")
@@ -223,7 +246,7 @@ def _insert_suppressions(cur, jobs):
 def test_real_constraint_violation_is_raised_not_swallowed_nor_retried():
     writer = _writer_with(_insert_suppressions, wait_ms=300)
     bad = writer.submit([("x@example.com", "not-a-reason")])
-    good = writer.submit([("y@example.com", "manual")])          # shares the group with the bad one
+    good = writer.submit([("y@example.com", "manual")])  # shares the group with the bad one
     with pytest.raises(psycopg2.errors.CheckViolation):
         bad.result(timeout=10)
     assert good.result(timeout=10) == 1
@@ -241,8 +264,19 @@ def test_end_to_end_through_the_real_broker_and_worker(client, signed, redis_cli
 
     broker = dramatiq.get_broker()
     broker.flush_all()
-    body = orjson.dumps([{"email": "Bounced@Example.com", "event": "bounce", "type": "bounce",
-                          "sg_event_id": "b-1", "mail_kind": "newsletter", "mail_id": "3", "subscriber_id": "1"}])
+    body = orjson.dumps(
+        [
+            {
+                "email": "Bounced@Example.com",
+                "event": "bounce",
+                "type": "bounce",
+                "sg_event_id": "b-1",
+                "mail_kind": "newsletter",
+                "mail_id": "3",
+                "subscriber_id": "1",
+            }
+        ]
+    )
     assert client.post("/webhooks/sendgrid", content=body, headers=signed(body)).status_code == 200
     worker = dramatiq.Worker(broker, queues={"webhooks"}, worker_threads=1, worker_timeout=100)
     worker.start()

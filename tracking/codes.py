@@ -14,6 +14,7 @@ Signing uses SECRET_KEY; verification accepts SECRET_KEY and every SECRET_KEY_FA
 mails sent before a key rotation keep working as long as the old key stays in the fallbacks.
 The code carries ids only: the redirect target always comes from the email_links row.
 """
+
 from __future__ import annotations
 
 import base64

@@ -15,6 +15,7 @@ in your browser" link (unique per mail: tracking it would add an email_links row
 are already tracking URLs. With TRACKING=off or enabled=False (per-subscriber opt-out) the HTML
 is returned unchanged: clean links and no pixel.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,7 +84,7 @@ def ensure_links_many(mail_kind: str, urls_by_mail: dict[int, list[str]]) -> dic
                 found.update({(m, u): i for m, u, i in cur.fetchall()})
         return found
 
-    found = db.thread_connection.retry_once(insert)   # idempotent: ON CONFLICT DO NOTHING
+    found = db.thread_connection.retry_once(insert)  # idempotent: ON CONFLICT DO NOTHING
     out: dict[int, dict[str, int]] = {}
     for (mail_id, url), link_id in found.items():
         out.setdefault(mail_id, {})[url] = link_id
@@ -130,15 +131,17 @@ class LinkRewriter:
             start = tag.start() + href.start()
             out.append(html[pos:start])
             click = clicks.get(url)
-            if click is None:   # a URL linked twice in one mail is signed once
+            if click is None:  # a URL linked twice in one mail is signed once
                 click = clicks[url] = click_url(self._link_ids[url], subscriber_id)
             # Click URLs are base64url + our base URL: nothing to escape inside the quotes.
             out.append(f'{href.group(1)}"{click}"')
             pos = tag.start() + href.end()
         out.append(html[pos:])
         result = "".join(out)
-        pixel = (f'<img src="{pixel_url(self.mail_kind, self.mail_id, subscriber_id)}" width="1" height="1" '
-                 'alt="" style="display:block;border:0;width:1px;height:1px" />')
+        pixel = (
+            f'<img src="{pixel_url(self.mail_kind, self.mail_id, subscriber_id)}" width="1" height="1" '
+            'alt="" style="display:block;border:0;width:1px;height:1px" />'
+        )
         ends = list(_BODY_END_RE.finditer(result))
         if ends:
             at = ends[-1].start()
@@ -152,8 +155,9 @@ def rewrite_many(mail_kind: str, jobs: list[tuple[LinkRewriter, str, int | None,
     return [html for html, _ in rewrite_many_with_clicks(mail_kind, jobs)]
 
 
-def rewrite_many_with_clicks(mail_kind: str, jobs: list[tuple[LinkRewriter, str, int | None, bool]]
-                             ) -> list[tuple[str, dict[str, str]]]:
+def rewrite_many_with_clicks(
+    mail_kind: str, jobs: list[tuple[LinkRewriter, str, int | None, bool]]
+) -> list[tuple[str, dict[str, str]]]:
     """rewrite_many, each HTML with its {original URL: click URL} (empty when not tracked), so a
     plain-text part can carry the same tracked links."""
     tracking_on = config.get().tracking
@@ -167,5 +171,7 @@ def rewrite_many_with_clicks(mail_kind: str, jobs: list[tuple[LinkRewriter, str,
         created = ensure_links_many(mail_kind, new)
         for rewriter, _, _, _ in jobs:
             rewriter._link_ids.update(created.get(rewriter.mail_id, {}))
-    return [(html, {}) if tags is None else rewriter._apply(html, tags, subscriber_id)
-            for (rewriter, html, subscriber_id, _), tags in zip(jobs, scanned)]
+    return [
+        (html, {}) if tags is None else rewriter._apply(html, tags, subscriber_id)
+        for (rewriter, html, subscriber_id, _), tags in zip(jobs, scanned)
+    ]

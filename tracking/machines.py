@@ -11,6 +11,7 @@ count it apart from human traffic. Rules decided here, in the request (no I/O):
 One more rule needs the delivery time and is applied when the history is written
 (tracking/recorder.py): soon_after_delivery — within TRACKING_SCANNER_SECONDS of the send.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -19,14 +20,49 @@ import re
 from app.platform import forwarded
 
 _SCANNER_RE = re.compile(
-    "|".join([
-        r"bot\b", r"bot/", r"crawler", r"spider", r"slurp", r"scanner", r"preview", r"barracuda",
-        r"mimecast", r"proofpoint", r"urldefense", r"safelinks", r"symantec", r"messagelabs",
-        r"trend ?micro", r"forcepoint", r"fireeye", r"ironport", r"sophos", r"zscaler", r"checkpoint",
-        r"python-requests", r"python-urllib", r"aiohttp", r"httpx", r"curl/", r"wget", r"go-http-client",
-        r"okhttp", r"java/", r"libwww", r"httpclient", r"headlesschrome", r"phantomjs",
-        r"facebookexternalhit", r"whatsapp", r"skypeuripreview", r"microsoft office", r"ms-office",
-    ]),
+    "|".join(
+        [
+            r"bot\b",
+            r"bot/",
+            r"crawler",
+            r"spider",
+            r"slurp",
+            r"scanner",
+            r"preview",
+            r"barracuda",
+            r"mimecast",
+            r"proofpoint",
+            r"urldefense",
+            r"safelinks",
+            r"symantec",
+            r"messagelabs",
+            r"trend ?micro",
+            r"forcepoint",
+            r"fireeye",
+            r"ironport",
+            r"sophos",
+            r"zscaler",
+            r"checkpoint",
+            r"python-requests",
+            r"python-urllib",
+            r"aiohttp",
+            r"httpx",
+            r"curl/",
+            r"wget",
+            r"go-http-client",
+            r"okhttp",
+            r"java/",
+            r"libwww",
+            r"httpclient",
+            r"headlesschrome",
+            r"phantomjs",
+            r"facebookexternalhit",
+            r"whatsapp",
+            r"skypeuripreview",
+            r"microsoft office",
+            r"ms-office",
+        ]
+    ),
     re.IGNORECASE,
 )
 _APPLE_NET = ipaddress.ip_network("17.0.0.0/8")

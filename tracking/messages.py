@@ -1,4 +1,5 @@
 """The tracking domain's messages (app/platform/queue.py): what actors/webhooks.py reads, by name."""
+
 from __future__ import annotations
 
 from app.platform.queue import Target

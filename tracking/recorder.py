@@ -16,6 +16,7 @@ The "clicked within N seconds of delivery" scanner rule needs the delivery time 
 or digest_runs.completed_at); it is applied inside the flush's INSERT … SELECT, so the request
 path needs no lookup for it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,8 +39,18 @@ STAGE_DDL = (
     "mail_id bigint, subscriber_id bigint, ip inet, user_agent text, is_machine boolean, "
     "machine_reason text, occurred_epoch double precision) ON COMMIT DELETE ROWS"
 )
-STAGE_COLUMNS = ("kind", "link_id", "mail_kind", "mail_id", "subscriber_id", "ip", "user_agent",
-                 "is_machine", "machine_reason", "occurred_epoch")
+STAGE_COLUMNS = (
+    "kind",
+    "link_id",
+    "mail_kind",
+    "mail_id",
+    "subscriber_id",
+    "ip",
+    "user_agent",
+    "is_machine",
+    "machine_reason",
+    "occurred_epoch",
+)
 # The delivery time of this recipient's copy of the mail decides the "too soon to be a human" rule.
 # A click or open by an erased subscriber (buffered while they were erased, or an old mail clicked
 # later) is kept only as an anonymous count: no subscriber id, IP or user agent (app/subscribers.py).
@@ -75,8 +86,13 @@ def _copy_field(value) -> str:
     if value is False:
         return "f"
     if isinstance(value, str):
-        return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-                .replace("\r", "\\r").replace("\x00", ""))
+        return (
+            value.replace("\\", "\\\\")
+            .replace("\t", "\\t")
+            .replace("\n", "\\n")
+            .replace("\r", "\\r")
+            .replace("\x00", "")
+        )
     return str(value)
 
 
@@ -97,22 +113,34 @@ def _agent_field(user_agent: str | None) -> str:
     return hit
 
 
-def copy_line(kind: str, link_id, mail_kind: str, mail_id: int, subscriber_id, ip, user_agent,
-              is_machine: bool, reason, occurred: float) -> str:
+def copy_line(
+    kind: str,
+    link_id,
+    mail_kind: str,
+    mail_id: int,
+    subscriber_id,
+    ip,
+    user_agent,
+    is_machine: bool,
+    reason,
+    occurred: float,
+) -> str:
     """One history_stage row in COPY text format, built in the request (about a microsecond) so a
     flush is a join of ready strings: no long GIL-holding burst in the writer thread, and the
     buffer holds plain str objects the garbage collector never has to traverse."""
     n = _NULL
-    return (f"{kind}\t{n if link_id is None else link_id}\t{mail_kind}\t{mail_id}\t"
-            f"{n if subscriber_id is None else subscriber_id}\t{n if ip is None else ip}\t"
-            f"{_agent_field(user_agent)}\t{'t' if is_machine else 'f'}\t{reason or n}\t{occurred:.6f}\n")
+    return (
+        f"{kind}\t{n if link_id is None else link_id}\t{mail_kind}\t{mail_id}\t"
+        f"{n if subscriber_id is None else subscriber_id}\t{n if ip is None else ip}\t"
+        f"{_agent_field(user_agent)}\t{'t' if is_machine else 'f'}\t{reason or n}\t{occurred:.6f}\n"
+    )
 
 
 class HistoryRecorder:
     def __init__(self, url: str | None = None):
         self._url = url
-        self._lock = threading.Lock()         # guards _rows
-        self._write_lock = threading.Lock()   # one flush at a time (thread, explicit flush, atexit)
+        self._lock = threading.Lock()  # guards _rows
+        self._write_lock = threading.Lock()  # one flush at a time (thread, explicit flush, atexit)
         self._rows: list[str] = []
         self._wake = threading.Event()
         self._conn = None
@@ -156,8 +184,7 @@ class HistoryRecorder:
             # it. Where it exists already (a direct connection, a reused server session) this is a
             # catalog lookup; ON COMMIT DELETE ROWS leaves it empty for whoever comes next.
             cur.execute(STAGE_DDL)
-            cur.copy_expert(f"COPY history_stage ({', '.join(STAGE_COLUMNS)}) FROM STDIN",
-                            io.StringIO("".join(rows)))
+            cur.copy_expert(f"COPY history_stage ({', '.join(STAGE_COLUMNS)}) FROM STDIN", io.StringIO("".join(rows)))
             cur.execute(INSERT_FROM_STAGE, {"window": config.get().tracking_scanner_seconds})
 
     def _write_one_by_one(self, rows: list[str]) -> None:
@@ -199,8 +226,7 @@ class HistoryRecorder:
             if excess > 0:
                 del self._rows[:excess]
                 self.dropped += excess
-                log.error("history buffer over %d rows while Postgres is failing: dropped the oldest %d",
-                          limit, excess)
+                log.error("history buffer over %d rows while Postgres is failing: dropped the oldest %d", limit, excess)
 
     def _run(self) -> None:
         backoff = 0.0
@@ -240,13 +266,30 @@ def recorder() -> HistoryRecorder:
     return _recorder
 
 
-def record_click(link_id: int, mail_kind: str, mail_id: int, subscriber_id: int | None, ip: str | None,
-                 user_agent: str | None, is_machine: bool, reason: str | None) -> None:
-    recorder().add(copy_line("click", link_id, mail_kind, mail_id, subscriber_id, ip, user_agent, is_machine,
-                             reason, time.time()))
+def record_click(
+    link_id: int,
+    mail_kind: str,
+    mail_id: int,
+    subscriber_id: int | None,
+    ip: str | None,
+    user_agent: str | None,
+    is_machine: bool,
+    reason: str | None,
+) -> None:
+    recorder().add(
+        copy_line("click", link_id, mail_kind, mail_id, subscriber_id, ip, user_agent, is_machine, reason, time.time())
+    )
 
 
-def record_open(mail_kind: str, mail_id: int, subscriber_id: int | None, ip: str | None,
-                user_agent: str | None, is_machine: bool, reason: str | None) -> None:
-    recorder().add(copy_line("open", None, mail_kind, mail_id, subscriber_id, ip, user_agent, is_machine,
-                             reason, time.time()))
+def record_open(
+    mail_kind: str,
+    mail_id: int,
+    subscriber_id: int | None,
+    ip: str | None,
+    user_agent: str | None,
+    is_machine: bool,
+    reason: str | None,
+) -> None:
+    recorder().add(
+        copy_line("open", None, mail_kind, mail_id, subscriber_id, ip, user_agent, is_machine, reason, time.time())
+    )

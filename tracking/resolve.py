@@ -11,6 +11,7 @@ and what was looked up and not found (a legacy-shaped code, or a verified code w
 gone) is remembered as missing for a minute in a bounded cache: after the first sighting, the same
 junk costs no query at all.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +28,7 @@ MAX_CACHED_LINKS = 500_000
 MAX_CACHED_LEGACY = 500_000
 MAX_CACHED_MISSING = 200_000
 MISSING_TTL_SECONDS = 60.0
-MAX_LINK_ID = 2 ** 63 - 1   # email_links.id is a bigint; a larger id cannot exist
+MAX_LINK_ID = 2**63 - 1  # email_links.id is a bigint; a larger id cannot exist
 LOOKUP_CONCURRENCY = 4
 # Everything printable that may appear in a URL stays as is; non-ASCII, spaces, CR/LF are escaped,
 # so a Location header can neither fail to encode nor be split.
@@ -36,7 +37,7 @@ _LOCATION_SAFE = "!#$%&'()*+,/:;=?@[]~-._"
 
 class Link(NamedTuple):
     id: int
-    location: bytes     # the URL, escaped to ASCII: a Location header value ready to send
+    location: bytes  # the URL, escaped to ASCII: a Location header value ready to send
     mail_kind: str
     mail_id: int
 
@@ -48,7 +49,7 @@ class Target(NamedTuple):
 
 _links: dict[int, Link | None] = {}
 _legacy: dict[str, tuple[int, int | None]] = {}
-_missing = NegativeCache(MAX_CACHED_MISSING, MISSING_TTL_SECONDS)   # legacy code or ("link", id)
+_missing = NegativeCache(MAX_CACHED_MISSING, MISSING_TTL_SECONDS)  # legacy code or ("link", id)
 _inflight: dict[object, asyncio.Future] = {}
 
 

@@ -9,6 +9,7 @@ replayed later.
 The headers are checked before the body is read (check_headers, then verify_body): a request
 with no signature, a malformed one or a stale timestamp costs no body bytes, whatever it declares.
 """
+
 from __future__ import annotations
 
 import base64
@@ -52,12 +53,13 @@ def load_public_key(text: str) -> ec.EllipticCurvePublicKey:
 
 @dataclass(frozen=True)
 class SignedHeaders:
-    signature: bytes     # DER
-    timestamp: str       # ASCII digits, as signed
+    signature: bytes  # DER
+    timestamp: str  # ASCII digits, as signed
 
 
-def check_headers(signature: str | None, timestamp: str | None, max_age_seconds: int,
-                  now: float | None = None) -> SignedHeaders:
+def check_headers(
+    signature: str | None, timestamp: str | None, max_age_seconds: int, now: float | None = None
+) -> SignedHeaders:
     """Everything that can be checked before the body is read: both headers present, the timestamp
     plain ASCII digits inside the window, the signature base64 of a DER ECDSA signature.
     SignatureError otherwise."""
@@ -86,13 +88,20 @@ def check_headers(signature: str | None, timestamp: str | None, max_age_seconds:
 def verify_body(public_key: str, headers: SignedHeaders, body: bytes) -> None:
     """Return if `body` is what was signed; raise SignatureError otherwise."""
     try:
-        load_public_key(public_key).verify(headers.signature, headers.timestamp.encode() + body,
-                                           ec.ECDSA(hashes.SHA256()))
+        load_public_key(public_key).verify(
+            headers.signature, headers.timestamp.encode() + body, ec.ECDSA(hashes.SHA256())
+        )
     except InvalidSignature:
         raise SignatureError("signature does not match") from None
 
 
-def verify(public_key: str, body: bytes, signature: str | None, timestamp: str | None,
-           max_age_seconds: int, now: float | None = None) -> None:
+def verify(
+    public_key: str,
+    body: bytes,
+    signature: str | None,
+    timestamp: str | None,
+    max_age_seconds: int,
+    now: float | None = None,
+) -> None:
     """Return if the request is authentic and fresh; raise SignatureError otherwise."""
     verify_body(public_key, check_headers(signature, timestamp, max_age_seconds, now), body)

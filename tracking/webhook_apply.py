@@ -44,6 +44,7 @@ What each event does:
 Suppressed emails are stored in canonical form. Events about an erased address (suppression reason
 'erased', app/subscribers.py) are deleted once applied.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,10 +62,12 @@ log = logging.getLogger("tracking.webhook_apply")
 APPLY_CHUNK = 500
 REQUEUE_AFTER_SECONDS = 60
 REQUEUE_MAX = 20_000
-IMMEDIATE_SUPPRESSION = {"spamreport": "spamreport", "unsubscribe": "unsubscribe",
-                         "group_unsubscribe": "unsubscribe"}
-DROPPED_REASONS = {"bounced address": "bounce", "unsubscribed address": "unsubscribe",
-                   "spam reporting address": "spamreport"}
+IMMEDIATE_SUPPRESSION = {"spamreport": "spamreport", "unsubscribe": "unsubscribe", "group_unsubscribe": "unsubscribe"}
+DROPPED_REASONS = {
+    "bounced address": "bounce",
+    "unsubscribed address": "unsubscribe",
+    "spam reporting address": "spamreport",
+}
 MAIL_KINDS = ("digest", "newsletter")
 
 
@@ -73,7 +76,7 @@ def _int(value) -> int | None:
         n = int(value)
     except (TypeError, ValueError):
         return None
-    return n if 0 < n < 2 ** 63 else None
+    return n if 0 < n < 2**63 else None
 
 
 def suppression_reason(event: str, payload: dict) -> str | None:
@@ -93,8 +96,10 @@ def is_counted_soft_bounce(event: str, payload: dict) -> bool:
 
 def _suppress(cur, address: str, reason: str, source: str) -> None:
     if address:
-        cur.execute("INSERT INTO suppressions (email, reason, source) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (email) DO NOTHING", (address, reason, source))
+        cur.execute(
+            "INSERT INTO suppressions (email, reason, source) VALUES (%s, %s, %s) ON CONFLICT (email) DO NOTHING",
+            (address, reason, source),
+        )
 
 
 def address_of(email) -> str:
@@ -114,12 +119,19 @@ class Owners:
                 row_ids.add(_int(p.get("row_id")))
             elif p.get("mail_kind") == "digest":
                 run_ids.add(_int(p.get("mail_id")))
-        self.subscribers = self._lookup(cur, "SELECT id, canonical_email FROM subscribers WHERE id = ANY(%s)",
-                                        sub_ids)
-        self.outbox = {i: (nl, canonical(e)) for i, nl, e in self._rows(
-            cur, "SELECT id, newsletter_id, email FROM email_log WHERE id = ANY(%s)", row_ids)}
-        self.runs = self._lookup(cur, "SELECT r.id, s.canonical_email FROM digest_runs r "
-                                      "JOIN subscribers s ON s.id = r.subscriber_id WHERE r.id = ANY(%s)", run_ids)
+        self.subscribers = self._lookup(cur, "SELECT id, canonical_email FROM subscribers WHERE id = ANY(%s)", sub_ids)
+        self.outbox = {
+            i: (nl, canonical(e))
+            for i, nl, e in self._rows(
+                cur, "SELECT id, newsletter_id, email FROM email_log WHERE id = ANY(%s)", row_ids
+            )
+        }
+        self.runs = self._lookup(
+            cur,
+            "SELECT r.id, s.canonical_email FROM digest_runs r "
+            "JOIN subscribers s ON s.id = r.subscriber_id WHERE r.id = ANY(%s)",
+            run_ids,
+        )
 
     @staticmethod
     def _rows(cur, sql: str, ids: set) -> list[tuple]:
@@ -171,14 +183,18 @@ def _apply_one(cur, event: str, address: str, payload: dict, counts: Counter, ow
     if where is None:
         return
     if is_counted_soft_bounce(event, payload):
-        cur.execute(f"UPDATE subscribers SET soft_bounce_count = soft_bounce_count + 1 WHERE {where[0]} "
-                    "RETURNING soft_bounce_count", where[1])
+        cur.execute(
+            f"UPDATE subscribers SET soft_bounce_count = soft_bounce_count + 1 WHERE {where[0]} "
+            "RETURNING soft_bounce_count",
+            where[1],
+        )
         n = max((row[0] for row in cur.fetchall()), default=0)
         if n >= config.get().soft_bounce_limit:
             _suppress(cur, address, "soft_bounce", f"sendgrid:deferred x{n}")
     elif event == "delivered":
-        cur.execute(f"UPDATE subscribers SET soft_bounce_count = 0 WHERE {where[0]} AND soft_bounce_count > 0",
-                    where[1])
+        cur.execute(
+            f"UPDATE subscribers SET soft_bounce_count = 0 WHERE {where[0]} AND soft_bounce_count > 0", where[1]
+        )
 
 
 def apply_events(ids: list[int]) -> int:
@@ -186,24 +202,28 @@ def apply_events(ids: list[int]) -> int:
     ids = sorted({int(i) for i in ids})
     done = 0
     for start in range(0, len(ids), APPLY_CHUNK):
-        done += _apply_chunk(ids[start:start + APPLY_CHUNK])
+        done += _apply_chunk(ids[start : start + APPLY_CHUNK])
     return done
 
 
 def _apply_chunk(ids: list[int]) -> int:
     try:
-        with db.transaction(db.thread_connection.get()) as cur:   # kept across messages
+        with db.transaction(db.thread_connection.get()) as cur:  # kept across messages
             return _apply_rows(cur, ids)
     except db.UNAVAILABLE:
-        db.thread_connection.reset()    # the actor retries the chunk on a fresh connection
+        db.thread_connection.reset()  # the actor retries the chunk on a fresh connection
         raise
 
 
 def _apply_rows(cur, ids: list[int]) -> int:
-    cur.execute("SELECT id, event, email, payload, canonical_email FROM webhook_events WHERE id = ANY(%s) "
-                "AND processed_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED", (ids,))
-    rows = [(row_id, event, key or address_of(email), payload, key)
-            for row_id, event, email, payload, key in cur.fetchall()]
+    cur.execute(
+        "SELECT id, event, email, payload, canonical_email FROM webhook_events WHERE id = ANY(%s) "
+        "AND processed_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED",
+        (ids,),
+    )
+    rows = [
+        (row_id, event, key or address_of(email), payload, key) for row_id, event, email, payload, key in cur.fetchall()
+    ]
     owners = Owners(cur, [payload for _, _, _, payload, _ in rows if isinstance(payload, dict)])
     counts: Counter = Counter()
     errors: dict[int, str] = {}
@@ -216,8 +236,8 @@ def _apply_rows(cur, ids: list[int]) -> int:
         try:
             _apply_one(cur, event, address, payload, one, owners)
         except db.UNAVAILABLE:
-            raise            # the connection is gone: the whole chunk is retried by the actor
-        except Exception as exc:  # noqa: BLE001 - one event's data (or a bug it hits) fails it alone
+            raise  # the connection is gone: the whole chunk is retried by the actor
+        except Exception as exc:
             # e.g. an absurd email: record why and move on; retrying would fail the same way
             # forever, and the other events of the chunk must not wait for it.
             cur.execute("ROLLBACK TO SAVEPOINT one_event")
@@ -227,14 +247,17 @@ def _apply_rows(cur, ids: list[int]) -> int:
             cur.execute("RELEASE SAVEPOINT one_event")
             counts.update(one)
     for (kind, mail_id, event), n in sorted(counts.items()):
-        cur.execute("INSERT INTO mail_event_counts (mail_kind, mail_id, event, count) VALUES (%s, %s, %s, %s) "
-                    "ON CONFLICT (mail_kind, mail_id, event) DO UPDATE "
-                    "SET count = mail_event_counts.count + EXCLUDED.count, updated_at = now()",
-                    (kind, mail_id, event, n))
+        cur.execute(
+            "INSERT INTO mail_event_counts (mail_kind, mail_id, event, count) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (mail_kind, mail_id, event) DO UPDATE "
+            "SET count = mail_event_counts.count + EXCLUDED.count, updated_at = now()",
+            (kind, mail_id, event, n),
+        )
     if rows:
-        cur.execute("UPDATE webhook_events SET processed_at = now(), error = (%s::jsonb ->> id::text) "
-                    "WHERE id = ANY(%s)", (psycopg2.extras.Json({str(k): v for k, v in errors.items()}),
-                                           [r[0] for r in rows]))
+        cur.execute(
+            "UPDATE webhook_events SET processed_at = now(), error = (%s::jsonb ->> id::text) WHERE id = ANY(%s)",
+            (psycopg2.extras.Json({str(k): v for k, v in errors.items()}), [r[0] for r in rows]),
+        )
         _key_unkeyed(cur, [(row_id, address) for row_id, _, address, _, key in rows if address and not key])
         _forget_erased(cur, [r[0] for r in rows])
         metrics.webhook_events(event for _, event, *_ in rows)
@@ -244,36 +267,42 @@ def _apply_rows(cur, ids: list[int]) -> int:
 def _forget_erased(cur, ids: list[int]) -> None:
     """SendGrid keeps reporting on mail sent before an erasure (opens, clicks, weeks later). Once
     applied, such an event is not kept: the suppressions row is all we keep of an erased address."""
-    cur.execute("DELETE FROM webhook_events w USING suppressions s WHERE w.id = ANY(%s) "
-                "AND s.email = w.canonical_email AND s.reason = 'erased'", (ids,))
+    cur.execute(
+        "DELETE FROM webhook_events w USING suppressions s WHERE w.id = ANY(%s) "
+        "AND s.email = w.canonical_email AND s.reason = 'erased'",
+        (ids,),
+    )
 
 
 def _key_unkeyed(cur, keys: list[tuple[int, str]]) -> None:
     """Events stored without their canonical address (by a web process of the previous release,
     during a deploy) get it, so that an erasure finds them."""
     if keys:
-        cur.execute("UPDATE webhook_events w SET canonical_email = v.key FROM unnest(%s::bigint[], %s::text[]) "
-                    "AS v(id, key) WHERE w.id = v.id AND w.canonical_email IS NULL",
-                    ([i for i, _ in keys], [k for _, k in keys]))
+        cur.execute(
+            "UPDATE webhook_events w SET canonical_email = v.key FROM unnest(%s::bigint[], %s::text[]) "
+            "AS v(id, key) WHERE w.id = v.id AND w.canonical_email IS NULL",
+            ([i for i, _ in keys], [k for _, k in keys]),
+        )
 
 
 def enqueue(ids: list[int]) -> None:
     """Hint the worker; a failure here loses nothing (requeue_unprocessed finds the rows)."""
     try:
         for start in range(0, len(ids), APPLY_CHUNK):
-            queue.send(messages.APPLY_WEBHOOK_EVENTS, ids[start:start + APPLY_CHUNK])
+            queue.send(messages.APPLY_WEBHOOK_EVENTS, ids[start : start + APPLY_CHUNK])
     except Exception as exc:
         log.warning("could not enqueue %d webhook events (the scheduler will): %s", len(ids), exc)
 
 
 def requeue_unprocessed() -> int:
     """Scheduler tick: re-enqueue stored events still unprocessed a minute after they arrived."""
-    rows = db.query("SELECT id FROM webhook_events WHERE processed_at IS NULL "
-                    "AND received_at < now() - make_interval(secs => %s) ORDER BY id LIMIT %s",
-                    (REQUEUE_AFTER_SECONDS, REQUEUE_MAX))
+    rows = db.query(
+        "SELECT id FROM webhook_events WHERE processed_at IS NULL "
+        "AND received_at < now() - make_interval(secs => %s) ORDER BY id LIMIT %s",
+        (REQUEUE_AFTER_SECONDS, REQUEUE_MAX),
+    )
     ids = [r[0] for r in rows]
     if ids:
         log.info("re-enqueueing %d unprocessed webhook events", len(ids))
         enqueue(ids)
     return len(ids)
-

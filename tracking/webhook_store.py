@@ -11,6 +11,7 @@ the rows stored.
 Rows are sorted by sg_event_id inside each insert: two web processes storing overlapping batches
 then take the key-index locks in the same order and cannot deadlock each other.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,8 +74,10 @@ class StoreResult:
     new_ids: list = field(default_factory=list)
 
 
-INSERT_SQL = ("INSERT INTO webhook_events (sg_event_id, event, email, payload, canonical_email) VALUES %s "
-              "RETURNING id, sg_event_id")
+INSERT_SQL = (
+    "INSERT INTO webhook_events (sg_event_id, event, email, payload, canonical_email) VALUES %s "
+    "RETURNING id, sg_event_id"
+)
 
 
 def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
@@ -94,8 +97,9 @@ def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
         return results
     unique.sort(key=lambda r: r[0])
     keyed = [(*row, None if row[2] is None else webhook_apply.address_of(row[2])) for row in unique]
-    inserted = psycopg2.extras.execute_values(cur, INSERT_SQL, keyed, template="(%s, %s, %s, %s::jsonb, %s)",
-                                              page_size=len(keyed), fetch=True)
+    inserted = psycopg2.extras.execute_values(
+        cur, INSERT_SQL, keyed, template="(%s, %s, %s, %s::jsonb, %s)", page_size=len(keyed), fetch=True
+    )
     for row_id, sg_id in inserted:
         r = results[owner[sg_id]]
         r.stored += 1
@@ -118,8 +122,13 @@ def _after_commit(jobs, results) -> None:
 
 def _new_writer() -> GroupCommitWriter:
     settings = config.get()
-    return GroupCommitWriter("webhook-events", insert_jobs, _after_commit, wait_ms=settings.ingest_group_wait_ms,
-                             max_items=settings.ingest_group_max_events)
+    return GroupCommitWriter(
+        "webhook-events",
+        insert_jobs,
+        _after_commit,
+        wait_ms=settings.ingest_group_wait_ms,
+        max_items=settings.ingest_group_max_events,
+    )
 
 
 writer = OnFirstUse(_new_writer)

@@ -2,6 +2,7 @@
 subcommands: core (migrate, API keys, settings, metrics exporter), scheduler (the scheduler
 process), digest (digest-now, preview-digest), newsletter, mail_stop (the emergency stop),
 tracking (legacy link import)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """Core operator commands: migrate, API keys, settings, the metrics exporter."""
+
 from __future__ import annotations
 
 import sys
@@ -44,8 +45,10 @@ def cmd_revoke_api_key(args) -> int:
 def cmd_list_api_keys(args) -> int:
     db.init()
     for key_id, name, scope, prefix, created, revoked in apikeys.list_keys():
-        print(f"{key_id:>4}  {name:<24} {scope:<7} {prefix}…  created {created:%Y-%m-%d}"
-              + (f"  REVOKED {revoked:%Y-%m-%d}" if revoked else ""))
+        print(
+            f"{key_id:>4}  {name:<24} {scope:<7} {prefix}…  created {created:%Y-%m-%d}"
+            + (f"  REVOKED {revoked:%Y-%m-%d}" if revoked else "")
+        )
     return 0
 
 
@@ -90,8 +93,11 @@ def register(sub) -> None:
     p = sub.add_parser("migrate", help="apply pending SQL migrations (release phase)")
     p.add_argument("--status", action="store_true", help="list applied and pending migrations")
     p.set_defaults(func=cmd_migrate)
-    p = sub.add_parser("rekey-addresses", help="store every address's canonical form again where it is wrong "
-                                                "(after a deploy that changed non-ASCII addresses meanwhile)")
+    p = sub.add_parser(
+        "rekey-addresses",
+        help="store every address's canonical form again where it is wrong "
+        "(after a deploy that changed non-ASCII addresses meanwhile)",
+    )
     p.set_defaults(func=cmd_rekey_addresses)
     p = sub.add_parser("create-api-key", help="create an API key; prints it once")
     p.add_argument("name")
@@ -102,8 +108,11 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_revoke_api_key)
     p = sub.add_parser("list-api-keys", help="list keys (never the keys themselves)")
     p.set_defaults(func=cmd_list_api_keys)
-    p = sub.add_parser("metrics-exporter", help="serve GET /metrics of this host's worker processes (a host "
-                                                 "without a web process): admin key or METRICS_TOKEN")
+    p = sub.add_parser(
+        "metrics-exporter",
+        help="serve GET /metrics of this host's worker processes (a host "
+        "without a web process): admin key or METRICS_TOKEN",
+    )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9191, help="listen port (default 9191)")
     p.set_defaults(func=cmd_metrics_exporter)

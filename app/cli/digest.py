@@ -1,6 +1,7 @@
 """`python -m app digest-now USER_ID… | --all`: make the next digest due now (development: see
 digests arrive in the mail viewer without waiting for 9 am); `python -m app preview-digest USER_ID`:
 render a subscriber's digest as it would be sent now, without sending or marking anything."""
+
 from __future__ import annotations
 
 import sys
@@ -19,8 +20,11 @@ def cmd_digest_now(args) -> int:
     run_ids = digest_plan.send_next_now(None if args.all else args.user_ids)
     batch = max(1, config.get().digest_claim_batch)
     for start in range(0, len(run_ids), batch):
-        digest_plan.enqueue(run_ids[start:start + batch])
-    print(f"{len(run_ids)} digest run(s) due now and enqueued; a worker sends them (make run: the mail viewer on port 8025)")
+        digest_plan.enqueue(run_ids[start : start + batch])
+    print(
+        f"{len(run_ids)} digest run(s) due now and enqueued; a worker sends them "
+        "(make run: the mail viewer on port 8025)"
+    )
     return 0
 
 

@@ -1,11 +1,12 @@
 """`python -m app newsletter-status ID`: a live progress bar until the newsletter is finished."""
+
 from __future__ import annotations
 
 import sys
 import time
 
-from app.platform import db
 from app.newsletter import service
+from app.platform import db
 
 FINAL = ("done", "cancelled")
 BAR_WIDTH = 40
@@ -22,9 +23,11 @@ def progress_line(s: dict, elapsed: float | None = None, rate: float | None = No
     if s["status"] == "draft":
         return f"[{'-' * BAR_WIDTH}]   0.0%  draft: not sent yet (waiting for POST /v1/newsletters/{s['id']}/send)"
     outbox = "" if s["outbox_completed_at"] or s["status"] in FINAL else " (outbox building)"
-    return (f"[{bar}] {fraction * 100:5.1f}%  {s['status']}{outbox}  sent {c['sent']:,}  failed {c['failed']:,}  "
-            f"suppressed {c['suppressed']:,}  pending {c['pending']:,}  sending {c['sending']:,}  "
-            f"of {total:,}{extra}")
+    return (
+        f"[{bar}] {fraction * 100:5.1f}%  {s['status']}{outbox}  sent {c['sent']:,}  failed {c['failed']:,}  "
+        f"suppressed {c['suppressed']:,}  pending {c['pending']:,}  sending {c['sending']:,}  "
+        f"of {total:,}{extra}"
+    )
 
 
 def cmd_status(args) -> int:
@@ -49,9 +52,11 @@ def cmd_status(args) -> int:
         rate = (s["counts"]["sent"] - last_sent) / max(1e-6, now - last_t)
         last_sent, last_t = s["counts"]["sent"], now
     e = s
-    print(f"opens {e['opens']['human']:,} human / {e['opens']['machine']:,} machine, clicks "
-          f"{e['clicks']['human']:,} human / {e['clicks']['machine']:,} machine, bounces {e['bounces']:,}, "
-          f"unsubscribes {e['unsubscribes']:,}")
+    print(
+        f"opens {e['opens']['human']:,} human / {e['opens']['machine']:,} machine, clicks "
+        f"{e['clicks']['human']:,} human / {e['clicks']['machine']:,} machine, bounces {e['bounces']:,}, "
+        f"unsubscribes {e['unsubscribes']:,}"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """How commands print structured results."""
+
 from __future__ import annotations
 
 import json

@@ -14,17 +14,18 @@ Each tick (every SCHEDULER_INTERVAL_SECONDS):
      event-table partitions ahead and retention (app/retention.py)
 
 """
+
 from __future__ import annotations
 
 import logging
 import signal
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from app.platform import config, db, lease, observability, retention
 from app.cli.output import print_json
 from app.newsletter.reclaim import reclaim_stale
+from app.platform import config, db, lease, observability, retention
 from digest import immediate as digest_immediate
 from digest import plan as digest_plan
 from tracking.webhook_apply import requeue_unprocessed
@@ -71,8 +72,11 @@ def _digest_sender():
 
 def _hooks() -> dict:
     """Jobs owned by other packages, run each tick as plain functions."""
-    return {"newsletter_reclaim": reclaim_stale, "webhook_requeue": requeue_unprocessed,
-            "partitions": retention.maintain}
+    return {
+        "newsletter_reclaim": reclaim_stale,
+        "webhook_requeue": requeue_unprocessed,
+        "partitions": retention.maintain,
+    }
 
 
 def run_hooks(hooks: dict | None = None) -> dict:
@@ -89,7 +93,7 @@ def run_hooks(hooks: dict | None = None) -> dict:
 def tick(now: datetime | None = None, send=None, depth=None) -> dict:
     """One pass of every job. `send`/`depth` default to the real digest actor and Redis queue.
     Jobs are independent: one failing (logged, reported as "error") does not skip the others."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     result: dict = {"now": now.isoformat()}
 
     def job(name, fn, default):
@@ -109,7 +113,7 @@ def tick(now: datetime | None = None, send=None, depth=None) -> dict:
         if send is None or depth is None:
             default_send, default_depth = _digest_sender()
             send, depth = send or default_send, depth or default_depth
-        return digest_plan.check(now, send, depth())   # depth() fails when Redis is down
+        return digest_plan.check(now, send, depth())  # depth() fails when Redis is down
 
     result["enqueued"] = job("checker", check, 0)
     result["hooks"] = run_hooks()
@@ -124,7 +128,7 @@ def parse_now(text: str | None) -> datetime | None:
     parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     if parsed.tzinfo is None:
         raise ValueError("--now needs a UTC offset, e.g. 2026-03-08T14:00:00Z")
-    return parsed.astimezone(timezone.utc)
+    return parsed.astimezone(UTC)
 
 
 def cmd_scheduler(args) -> int:
@@ -139,7 +143,7 @@ def cmd_scheduler(args) -> int:
 
     def clock() -> datetime:
         if pinned is None:
-            return datetime.now(timezone.utc)
+            return datetime.now(UTC)
         return pinned + timedelta(seconds=time.monotonic() - started)
 
     interval = max(0.5, config.get().scheduler_interval_seconds)
@@ -148,7 +152,7 @@ def cmd_scheduler(args) -> int:
         if not leadership.acquire():
             print("another scheduler holds the lease; nothing done", file=sys.stderr)
             return 0
-        leadership.keep()   # a first tick after a large import outlasts the lease
+        leadership.keep()  # a first tick after a large import outlasts the lease
         try:
             print_json(tick(pinned or clock()))
         finally:
@@ -166,7 +170,7 @@ def cmd_scheduler(args) -> int:
             leader = leadership.is_leader()
             if leader != was_leader:
                 log.info("scheduler is %s", "the leader" if leader else "standing by (another scheduler leads)")
-                was_leader, last_tick = leader, None   # a new leader ticks at once
+                was_leader, last_tick = leader, None  # a new leader ticks at once
             if leader and (last_tick is None or time.monotonic() - last_tick >= interval):
                 last_tick = time.monotonic()
                 try:

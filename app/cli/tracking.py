@@ -16,6 +16,7 @@ legacy_link_codes row. Re-running the same file is harmless: existing codes are 
 (a code already mapped to a different link is reported as a conflict, never overwritten). Bad lines
 are reported with their line number and skipped; the exit status is 1 if any line was bad.
 """
+
 from __future__ import annotations
 
 import csv
@@ -43,7 +44,7 @@ class ImportReport:
     already_present: int = 0
     conflicts: int = 0
     unknown_recipients: int = 0
-    errors: list = field(default_factory=list)   # (line number, message)
+    errors: list = field(default_factory=list)  # (line number, message)
 
 
 def parse_line(row: list[str]) -> tuple | str:
@@ -74,8 +75,13 @@ def _import_chunk(items: list[tuple], report: ImportReport) -> None:
     emails = sorted({canonical(r) for *_, r in items if "@" in r})
     by_email = {}
     if emails:
-        by_email = dict(db.query("SELECT canonical_email, min(id) FROM subscribers WHERE canonical_email = ANY(%s) "
-                                 "GROUP BY canonical_email", (emails,)))
+        by_email = dict(
+            db.query(
+                "SELECT canonical_email, min(id) FROM subscribers WHERE canonical_email = ANY(%s) "
+                "GROUP BY canonical_email",
+                (emails,),
+            )
+        )
     values = []
     for code, url, kind, mail_id, recipient in items:
         if recipient.isdigit():
@@ -89,8 +95,13 @@ def _import_chunk(items: list[tuple], report: ImportReport) -> None:
         values.append((code, link_ids[(kind, mail_id, url)], subscriber_id))
     with db.raw_cursor() as cur:
         inserted = psycopg2.extras.execute_values(
-            cur, "INSERT INTO legacy_link_codes (code, link_id, subscriber_id) VALUES %s "
-                 "ON CONFLICT (code) DO NOTHING RETURNING code", values, page_size=len(values), fetch=True)
+            cur,
+            "INSERT INTO legacy_link_codes (code, link_id, subscriber_id) VALUES %s "
+            "ON CONFLICT (code) DO NOTHING RETURNING code",
+            values,
+            page_size=len(values),
+            fetch=True,
+        )
         report.imported += len(inserted)
         new = {r[0] for r in inserted}
         old = [v for v in values if v[0] not in new]
@@ -102,8 +113,9 @@ def _import_chunk(items: list[tuple], report: ImportReport) -> None:
                     report.already_present += 1
                 else:
                     report.conflicts += 1
-                    log.warning("legacy code %r already maps to link %s, not %s: kept", code,
-                                existing.get(code), link_id)
+                    log.warning(
+                        "legacy code %r already maps to link %s, not %s: kept", code, existing.get(code), link_id
+                    )
 
 
 def import_legacy_links(stream) -> ImportReport:
@@ -148,14 +160,17 @@ def cmd_import_legacy_links(args) -> int:
         print(f"line {lineno}: {message}", file=sys.stderr)
     if len(report.errors) > 50:
         print(f"... and {len(report.errors) - 50} more bad lines", file=sys.stderr)
-    print(f"{report.lines} lines: {report.imported} imported, {report.already_present} already present, "
-          f"{report.conflicts} conflicts, {len(report.errors)} bad, "
-          f"{report.unknown_recipients} unknown recipient emails (imported without recipient)")
+    print(
+        f"{report.lines} lines: {report.imported} imported, {report.already_present} already present, "
+        f"{report.conflicts} conflicts, {len(report.errors)} bad, "
+        f"{report.unknown_recipients} unknown recipient emails (imported without recipient)"
+    )
     return 1 if report.errors else 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("import-legacy-links",
-                       help="load click codes of a previous system from a CSV (code,url,mail,recipient)")
+    p = sub.add_parser(
+        "import-legacy-links", help="load click codes of a previous system from a CSV (code,url,mail,recipient)"
+    )
     p.add_argument("file", help="CSV file; mail column as newsletter:42 or digest:17")
     p.set_defaults(func=cmd_import_legacy_links)

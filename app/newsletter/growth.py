@@ -16,6 +16,7 @@ Both signals are read cheaply: the chain's own provider time (measured around th
 and the host's idle CPU share from /proc/stat (sampled at most once per GROW_INTERVAL_SECONDS per
 process; without /proc it counts as idle, so latency alone decides).
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,9 +30,9 @@ from app.newsletter import kick
 log = logging.getLogger("app.newsletter.growth")
 
 GROW_INTERVAL_SECONDS = 1.0
-WAIT_SHARE = 0.5      # a chain that waited for the provider more than this share of its time
-IDLE_SHARE = 0.2      # ... on a host with more than this share of its CPU idle, adds a chain
-MIN_OBSERVED_SECONDS = 0.2   # judge a chain only after this much of its time
+WAIT_SHARE = 0.5  # a chain that waited for the provider more than this share of its time
+IDLE_SHARE = 0.2  # ... on a host with more than this share of its CPU idle, adds a chain
+MIN_OBSERVED_SECONDS = 0.2  # judge a chain only after this much of its time
 EXTRA_TTL_SECONDS = 3600
 
 
@@ -45,8 +46,11 @@ def _grow_key(newsletter_id: int) -> str:
 
 def wants_more(provider_seconds: float, elapsed_seconds: float, idle_share: float) -> bool:
     """The decision, from the chain's provider time and elapsed time and the host's idle share."""
-    return (elapsed_seconds >= MIN_OBSERVED_SECONDS and provider_seconds > WAIT_SHARE * elapsed_seconds
-            and idle_share > IDLE_SHARE)
+    return (
+        elapsed_seconds >= MIN_OBSERVED_SECONDS
+        and provider_seconds > WAIT_SHARE * elapsed_seconds
+        and idle_share > IDLE_SHARE
+    )
 
 
 def grow(newsletter_id: int, start_chains: int, max_chains: int) -> bool:
@@ -63,7 +67,7 @@ def grow(newsletter_id: int, start_chains: int, max_chains: int) -> bool:
         if extra > max_chains - start_chains:
             return False
         kick.continue_chain(newsletter_id)
-    except redis_lib.RedisError as exc:   # growth is an optimisation; the chain goes on as it was
+    except redis_lib.RedisError as exc:  # growth is an optimisation; the chain goes on as it was
         log.warning("newsletter %s: could not add a send chain: %s", newsletter_id, exc)
         return False
     log.info("newsletter %s: send chains mostly wait for the provider; one more (%d extra)", newsletter_id, extra)

@@ -2,14 +2,15 @@
 
 Messages are addressed by actor name (app/queue.py): this module never imports the actors.
 """
+
 from __future__ import annotations
 
 import logging
 
 import redis as redis_lib
 
-from app.platform import config, db, queue
 from app.newsletter import messages
+from app.platform import config, db, queue
 
 log = logging.getLogger("app.newsletter.kick")
 
@@ -66,6 +67,6 @@ def restart_sending() -> list[int]:
     for newsletter_id in restarted:
         try:
             send_chains(newsletter_id)
-        except Exception as exc:   # the row is the truth: the scheduler's reclaim re-kicks
+        except Exception as exc:  # the row is the truth: the scheduler's reclaim re-kicks
             log.error("newsletter %s: could not restart its send chains (%s); the next tick will", newsletter_id, exc)
     return restarted

@@ -1,4 +1,5 @@
 """The newsletter domain's messages (app/platform/queue.py): what actors/newsletter.py reads, by name."""
+
 from __future__ import annotations
 
 from app.platform.queue import Target

@@ -7,6 +7,7 @@ re-kicks) walks every chunk again and the unique (newsletter_id, subscriber_id) 
 already-written rows into no-ops: nobody twice, nobody missed. Unsubscribed or suppressed
 subscribers get a row with status `suppressed` (visible in the counts, never sent).
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,14 +15,14 @@ import time
 
 import psycopg2.errors
 
-from app.platform import db, lease
 from app.newsletter import kick, rows, store
+from app.platform import db, lease
 
 log = logging.getLogger("app.newsletter.outbox")
 
-CHUNK_IDS = 10_000          # subscriber id range per INSERT … SELECT (one short transaction each)
+CHUNK_IDS = 10_000  # subscriber id range per INSERT … SELECT (one short transaction each)
 CHUNK_USER_IDS = 1_000
-CANCEL_CHUNK = 10_000        # pending rows cancelled per short transaction
+CANCEL_CHUNK = 10_000  # pending rows cancelled per short transaction
 # One builder per newsletter: a lease (app/lease.py), renewed while the builder lives. A builder
 # that died leaves it to run out within LEASE_SECONDS; a redelivered message waits that long for it.
 LEASE_SECONDS = 10.0
@@ -43,8 +44,7 @@ def lease_name(newsletter_id: int) -> str:
 def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None) -> int:
     """Build (or finish building) the outbox. Returns rows inserted by this run. `on_chunk(n)` is
     called after each committed chunk (progress logging; tests use it to crash mid-way)."""
-    rows = store.run("SELECT status, audience, outbox_completed_at FROM newsletters WHERE id = %s",
-                     (newsletter_id,))
+    rows = store.run("SELECT status, audience, outbox_completed_at FROM newsletters WHERE id = %s", (newsletter_id,))
     if not rows:
         log.warning("outbox: newsletter %s does not exist (deleted?); nothing to do", newsletter_id)
         return 0
@@ -53,7 +53,7 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
         log.info("outbox: newsletter %s is %s; not building", newsletter_id, status)
         return 0
     if done_at is not None:
-        _start_sending(newsletter_id)   # a duplicate message after completion: make sure chains run
+        _start_sending(newsletter_id)  # a duplicate message after completion: make sure chains run
         return 0
     builder = lease.Lease(lease_name(newsletter_id), LEASE_SECONDS)
     # Longer than a lease: a dead builder's lease runs out meanwhile, a live one's never does.
@@ -91,19 +91,25 @@ def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk) -> int:
         refresh_planner_statistics()
     store.run(rows.OUTBOX_COMPLETE, (newsletter_id,))
     if not kicked:
-        _start_sending(newsletter_id)   # re-run that inserted nothing new: pending rows may remain
-    log.info("outbox: newsletter %s complete, %d row(s) inserted by this run in %.1fs",
-             newsletter_id, inserted, time.monotonic() - started)
+        _start_sending(newsletter_id)  # re-run that inserted nothing new: pending rows may remain
+    log.info(
+        "outbox: newsletter %s complete, %d row(s) inserted by this run in %.1fs",
+        newsletter_id,
+        inserted,
+        time.monotonic() - started,
+    )
     return inserted
 
 
 def refresh_planner_statistics() -> bool:
     """ANALYZE email_log (a sample of 30,000 rows whatever the table's size: a fraction of a second).
     Skipped, not waited for, when another ANALYZE or VACUUM holds the table."""
+
     def work(conn):
         with db.transaction(conn) as cur:
             cur.execute(f"SET LOCAL lock_timeout = '{ANALYZE_LOCK_TIMEOUT}'")
             cur.execute("ANALYZE email_log")
+
     try:
         db.thread_connection.retry_once(work)
         return True
@@ -116,7 +122,7 @@ def _chunks(newsletter_id: int, audience: dict, chunk_ids: int):
     if audience.get("kind") == "user_ids":
         user_ids = audience.get("user_ids", [])
         for i in range(0, len(user_ids), CHUNK_USER_IDS):
-            yield {"nl": newsletter_id, "user_ids": user_ids[i:i + CHUNK_USER_IDS]}
+            yield {"nl": newsletter_id, "user_ids": user_ids[i : i + CHUNK_USER_IDS]}
         return
     lo, hi = store.run("SELECT coalesce(min(id), 0) - 1, coalesce(max(id), 0) FROM subscribers")[0]
     while lo < hi:

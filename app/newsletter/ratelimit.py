@@ -18,6 +18,7 @@ BucketRateLimiter admits one unit per acquire(); `scripts/bench/ratelimit.py` me
 against 863 µs of limiter time per recipient here (batches of 100), and the adaptive part (429
 halves the rate for every worker, gradual recovery) has no counterpart there.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,8 @@ import time
 
 import redis as redis_lib
 
-from app.platform import config
 from app.newsletter import kick
+from app.platform import config
 
 log = logging.getLogger("app.newsletter.ratelimit")
 
@@ -123,8 +124,9 @@ class AdaptiveRateLimiter:
     def throttled(self, retry_after: float | None) -> None:
         retry_ms = int(max(0.5, retry_after if retry_after is not None else 1.0) * 1000)
         try:
-            rate = self._throttled(keys=[self.key], args=[self.ceiling, retry_ms, ADAPTIVE_START_RATE, MIN_RATE,
-                                                          KEY_TTL_MS])
+            rate = self._throttled(
+                keys=[self.key], args=[self.ceiling, retry_ms, ADAPTIVE_START_RATE, MIN_RATE, KEY_TTL_MS]
+            )
             log.warning("provider throttled us: rate now %s/s, everyone waits %.1fs", _text(rate), retry_ms / 1000)
         except redis_lib.RedisError as exc:
             log.warning("rate limiter unavailable (%s); backing off locally only", exc)

@@ -10,17 +10,17 @@ flushed Redis leave behind. Postgres is the truth; this turns it back into work.
 Both are safe to repeat: the outbox builder takes a lease and inserts ON CONFLICT DO NOTHING;
 extra send chains only claim rows nobody holds.
 """
+
 from __future__ import annotations
 
 import logging
 
-from app.platform import config
 from app.newsletter import kick, outbox, rows, store
+from app.platform import config
 
 log = logging.getLogger("app.newsletter.reclaim")
 
-OUTBOX_GRACE_SECONDS = 60   # a just-requested send's create_outbox message is probably still queued
-
+OUTBOX_GRACE_SECONDS = 60  # a just-requested send's create_outbox message is probably still queued
 
 
 def reclaim_stale() -> dict:
@@ -37,7 +37,8 @@ def reclaim_stale() -> dict:
         "SELECT n.id FROM newsletters n WHERE n.status IN ('queued', 'sending', 'paused') "
         "AND n.outbox_completed_at IS NULL AND n.send_requested_at < now() - make_interval(secs => %s) "
         "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = %s || n.id AND l.expires_at >= now())",
-        (OUTBOX_GRACE_SECONDS, outbox.LEASE_PREFIX))
+        (OUTBOX_GRACE_SECONDS, outbox.LEASE_PREFIX),
+    )
     for (newsletter_id,) in stalled_outboxes:
         try:
             kick.outbox(newsletter_id)
@@ -48,7 +49,8 @@ def reclaim_stale() -> dict:
     sending = store.run(
         "SELECT n.id FROM newsletters n WHERE n.status = 'sending' AND EXISTS ("
         " SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status = 'pending'"
-        " AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))")
+        " AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))"
+    )
     for (newsletter_id,) in sending:
         try:
             alive = kick.is_alive(newsletter_id)
@@ -61,5 +63,9 @@ def reclaim_stale() -> dict:
     finished = store.run(rows.DONE, {"nl": None})
     if kicked_outbox or kicked_chains:
         log.info("reclaim: outbox re-kicked for %s, send chains for %s", kicked_outbox, kicked_chains)
-    return {"reclaimed_rows": len(reclaimed_rows), "outbox_kicked": kicked_outbox, "chains_kicked": kicked_chains,
-            "finished": [r[0] for r in finished]}
+    return {
+        "reclaimed_rows": len(reclaimed_rows),
+        "outbox_kicked": kicked_outbox,
+        "chains_kicked": kicked_chains,
+        "finished": [r[0] for r in finished],
+    }

@@ -30,6 +30,7 @@ Life of an outbox row (email_log.status):
 
 tests/test_newsletter_rows.py walks every transition and checks no statement makes any other.
 """
+
 from __future__ import annotations
 
 import enum
@@ -56,34 +57,56 @@ class RowStatus(enum.StrEnum):
 
 
 _N = NewsletterStatus
-NEWSLETTER_TRANSITIONS = frozenset({
-    (None, _N.DRAFT), (_N.DRAFT, _N.QUEUED), (_N.QUEUED, _N.SENDING),
-    (_N.QUEUED, _N.PAUSED), (_N.SENDING, _N.PAUSED), (_N.PAUSED, _N.SENDING),
-    (_N.SENDING, _N.DONE), (_N.DONE, _N.SENDING),
-    (_N.DRAFT, _N.CANCELLED), (_N.QUEUED, _N.CANCELLED), (_N.SENDING, _N.CANCELLED), (_N.PAUSED, _N.CANCELLED),
-})
+NEWSLETTER_TRANSITIONS = frozenset(
+    {
+        (None, _N.DRAFT),
+        (_N.DRAFT, _N.QUEUED),
+        (_N.QUEUED, _N.SENDING),
+        (_N.QUEUED, _N.PAUSED),
+        (_N.SENDING, _N.PAUSED),
+        (_N.PAUSED, _N.SENDING),
+        (_N.SENDING, _N.DONE),
+        (_N.DONE, _N.SENDING),
+        (_N.DRAFT, _N.CANCELLED),
+        (_N.QUEUED, _N.CANCELLED),
+        (_N.SENDING, _N.CANCELLED),
+        (_N.PAUSED, _N.CANCELLED),
+    }
+)
 _R = RowStatus
-ROW_TRANSITIONS = frozenset({
-    (None, _R.PENDING), (None, _R.SUPPRESSED),
-    (_R.PENDING, _R.SENDING), (_R.PENDING, _R.SUPPRESSED),
-    (_R.SENDING, _R.SENT), (_R.SENDING, _R.FAILED), (_R.SENDING, _R.PENDING),
-    (_R.PENDING, _R.CANCELLED), (_R.FAILED, _R.PENDING), (_R.SENDING, _R.CANCELLED),
-})
+ROW_TRANSITIONS = frozenset(
+    {
+        (None, _R.PENDING),
+        (None, _R.SUPPRESSED),
+        (_R.PENDING, _R.SENDING),
+        (_R.PENDING, _R.SUPPRESSED),
+        (_R.SENDING, _R.SENT),
+        (_R.SENDING, _R.FAILED),
+        (_R.SENDING, _R.PENDING),
+        (_R.PENDING, _R.CANCELLED),
+        (_R.FAILED, _R.PENDING),
+        (_R.SENDING, _R.CANCELLED),
+    }
+)
 
 # -- newsletters -------------------------------------------------------------------------------
 CREATE = "INSERT INTO newsletters (subject, html, text, from_addr) VALUES (%s, %s, %s, %s) RETURNING id"
-QUEUE = ("UPDATE newsletters SET status = 'queued', audience = %s, send_requested_at = now() "
-         "WHERE id = %s AND status = 'draft' RETURNING status")
+QUEUE = (
+    "UPDATE newsletters SET status = 'queued', audience = %s, send_requested_at = now() "
+    "WHERE id = %s AND status = 'draft' RETURNING status"
+)
 START_SENDING = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'queued'"
-OUTBOX_COMPLETE = ("UPDATE newsletters SET outbox_completed_at = now() "
-                   "WHERE id = %s AND outbox_completed_at IS NULL")
-PAUSE = ("UPDATE newsletters SET status = 'paused' WHERE id = %s AND status IN ('queued', 'sending') "
-         "RETURNING status")
+OUTBOX_COMPLETE = "UPDATE newsletters SET outbox_completed_at = now() WHERE id = %s AND outbox_completed_at IS NULL"
+PAUSE = "UPDATE newsletters SET status = 'paused' WHERE id = %s AND status IN ('queued', 'sending') RETURNING status"
 RESUME = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'paused' RETURNING outbox_completed_at"
-CANCEL = ("UPDATE newsletters SET status = 'cancelled', completed_at = now() "
-          "WHERE id = %s AND status NOT IN ('done', 'cancelled') RETURNING id")
-REOPEN = ("UPDATE newsletters SET status = 'sending', completed_at = NULL, final_counts = NULL "
-          "WHERE id = %s AND status = 'done'")
+CANCEL = (
+    "UPDATE newsletters SET status = 'cancelled', completed_at = now() "
+    "WHERE id = %s AND status NOT IN ('done', 'cancelled') RETURNING id"
+)
+REOPEN = (
+    "UPDATE newsletters SET status = 'sending', completed_at = NULL, final_counts = NULL "
+    "WHERE id = %s AND status = 'done'"
+)
 # One newsletter (%(nl)s) or, with NULL, every one whose last rows a dead worker finished.
 DONE = """
 UPDATE newsletters n SET status = 'done', completed_at = now(),
@@ -106,26 +129,36 @@ _ROW_VALUES = """
     FROM subscribers s
     LEFT JOIN suppressions sup ON sup.email = s.canonical_email
 """
-INSERT_RANGE = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)" + _ROW_VALUES +
-                "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING")
-INSERT_USER_IDS = ("INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)" + _ROW_VALUES +
-                   "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING")
+INSERT_RANGE = (
+    "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
+    + _ROW_VALUES
+    + "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
+)
+INSERT_USER_IDS = (
+    "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
+    + _ROW_VALUES
+    + "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
+)
 
 # One statement = one transaction: pick due rows of a newsletter that is `sending` while mail may go
-# out (so a pause or the emergency stop stops claims immediately), lock them without waiting for rows other workers hold, and move them
-# to `sending` — or straight to `suppressed` if the subscriber unsubscribed or got suppressed
-# since the outbox was built (I6: checked at claim time). `after`: the send loop's cursor (the
-# largest id it claimed last), so a claim starts where the previous one ended instead of stepping
-# over every index entry already claimed or sent — thousands of dead entries at the front of the
-# pending index cost each claim 5-25 ms at a million recipients. A loop ends only when a claim from
-# 0 finds nothing, so rows left behind (locked by a peer, backoff now due) are never missed.
-CLAIM = """
+# out (so a pause or the emergency stop stops claims immediately), lock them without waiting for
+# rows other workers hold, and move them to `sending` — or straight to `suppressed` if the
+# subscriber unsubscribed or got suppressed since the outbox was built (I6: checked at claim
+# time). `after`: the send loop's cursor (the largest id it claimed last), so a claim starts
+# where the previous one ended instead of stepping over every index entry already claimed or sent
+# (thousands of dead entries at the front of the pending index would slow every claim of a big
+# send). A loop ends only when a claim from 0 finds nothing, so rows left behind (locked by a
+# peer, backoff now due) are never missed.
+CLAIM = (
+    """
 WITH picked AS (
     SELECT e.id FROM email_log e
     WHERE e.newsletter_id = %(nl)s AND e.status = 'pending' AND e.id > %(after)s
       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
       AND EXISTS (SELECT 1 FROM newsletters n WHERE n.id = %(nl)s AND n.status = 'sending')
-      AND """ + NOT_ENGAGED + """
+      AND """
+    + NOT_ENGAGED
+    + """
     ORDER BY e.id
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
@@ -143,6 +176,7 @@ FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = s.canonic
 WHERE e.id = p.id AND s.id = e.subscriber_id
 RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
 """
+)
 
 # The outcome of a sent batch: (id, status, message_id, error, next_attempt_at, refund) per row,
 # only for rows still `sending` (a reclaimed row is not marked by the worker that lost it).

@@ -17,44 +17,67 @@ not started go back to `pending` (or `cancelled`) with their attempt refunded. T
 bounds a crash: a worker killed mid-batch leaves at most that many accepted mails unrecorded (the
 reclaimer re-sends them with the same keys).
 """
+
 from __future__ import annotations
 
 import logging
 import random
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from app.platform import config, db, mail, metrics, shutdown, tokens
-from app.subscribers import streams
-from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.newsletter import growth, kick, ratelimit, rows, store, template
+from app.platform import config, db, mail, metrics, shutdown, tokens
+from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.platform.providers import get_provider
-from app.platform.providers.base import OutgoingMail, PermanentError, Progress, SendResult, ThrottledError, TransientError
+from app.platform.providers.base import (
+    OutgoingMail,
+    PermanentError,
+    Progress,
+    SendResult,
+    ThrottledError,
+    TransientError,
+)
+from app.subscribers import streams
 from tracking.links import LinkRewriter
 
 log = logging.getLogger("app.newsletter.sender")
 
-BUDGET_SECONDS = 5.0          # one message's share of a worker thread before it re-enqueues
-BACKOFF_BASE_SECONDS = 5.0    # transient failure n waits base * 2^(n-1) (capped), with jitter
+BUDGET_SECONDS = 5.0  # one message's share of a worker thread before it re-enqueues
+BACKOFF_BASE_SECONDS = 5.0  # transient failure n waits base * 2^(n-1) (capped), with jitter
 BACKOFF_MAX_SECONDS = 1800.0
-MAX_RATE_WAIT = 2.0           # sleep at most this long for the rate limiter; longer = re-enqueue later
-IDLE_RECHECK_MAX = 60.0       # rows in backoff due within this: the chain waits; later: the tick re-kicks
-FLUSH_EVERY = 100             # outcomes written (and controls read) at least every this many mails
+MAX_RATE_WAIT = 2.0  # sleep at most this long for the rate limiter; longer = re-enqueue later
+IDLE_RECHECK_MAX = 60.0  # rows in backoff due within this: the chain waits; later: the tick re-kicks
+FLUSH_EVERY = 100  # outcomes written (and controls read) at least every this many mails
+
 
 def _load(newsletter_id: int):
-    rows = store.run("SELECT status, subject, html, text, from_addr, outbox_completed_at, "
-                     "EXISTS (SELECT 1 FROM mail_stop) FROM newsletters WHERE id = %s", (newsletter_id,))
+    rows = store.run(
+        "SELECT status, subject, html, text, from_addr, outbox_completed_at, "
+        "EXISTS (SELECT 1 FROM mail_stop) FROM newsletters WHERE id = %s",
+        (newsletter_id,),
+    )
     return rows[0] if rows else None
 
 
-def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET_SECONDS,
-               reenqueue: bool = True) -> dict:
+def send_batch(
+    newsletter_id: int, provider=None, budget_seconds: float = BUDGET_SECONDS, reenqueue: bool = True
+) -> dict:
     """Send batches for up to `budget_seconds`; returns what happened (for logs and tests).
     With reenqueue=False (tests, benchmark baseline) the chain is not continued."""
     settings = config.get()
     # retry_in: the delay (seconds) the chain continues after; None when it does not continue.
-    stats = {"claimed": 0, "sent": 0, "failed": 0, "retry": 0, "suppressed": 0, "released": 0, "outcome": "",
-             "retry_in": None, "provider_seconds": 0.0, "grew": False}
+    stats = {
+        "claimed": 0,
+        "sent": 0,
+        "failed": 0,
+        "retry": 0,
+        "suppressed": 0,
+        "released": 0,
+        "outcome": "",
+        "retry_in": None,
+        "provider_seconds": 0.0,
+        "grew": False,
+    }
     row = _load(newsletter_id)
     if row is None or row[0] != "sending":
         stats["outcome"] = f"not sending ({row[0] if row else 'missing'})"
@@ -69,12 +92,12 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
     limiter = ratelimit.for_provider(provider.name)
     preferred = getattr(provider, "preferred_batch", provider.max_batch)
     batch_size = max(1, min(settings.send_batch_size or preferred, provider.max_batch))
-    if limiter.ceiling > 0:   # at most one second's worth per call, so a low limit paces smoothly
+    if limiter.ceiling > 0:  # at most one second's worth per call, so a low limit paces smoothly
         batch_size = max(1, min(batch_size, int(limiter.ceiling)))
     rewriter = LinkRewriter("newsletter", newsletter_id)
     started = time.monotonic()
     deadline = started + budget_seconds
-    after = 0   # claim cursor (rows.CLAIM)
+    after = 0  # claim cursor (rows.CLAIM)
 
     while True:
         kick.mark_alive(newsletter_id)
@@ -94,18 +117,23 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
         after = max(r[0] for r in claimed)
         claimed_at = time.monotonic()
         stats["claimed"] += len(claimed)
-        retry_after = _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter,
-                                    settings, stats, claimed_at)
-        if retry_after is not None:   # throttled: everyone waits; this chain comes back after the reset
+        retry_after = _send_claimed(
+            newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats, claimed_at
+        )
+        if retry_after is not None:  # throttled: everyone waits; this chain comes back after the reset
             stats["outcome"], stats["retry_in"] = f"throttled for {retry_after:.1f}s", retry_after
             if reenqueue:
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + retry_after)
                 kick.continue_chain(newsletter_id, delay_ms=int(retry_after * 1000))
             return stats
-        if reenqueue and not stats["grew"] and growth.wants_more(
-                stats["provider_seconds"], time.monotonic() - started, growth.host_idle.share()):
-            stats["grew"] = growth.grow(newsletter_id, settings.newsletter_send_chains,
-                                        settings.newsletter_send_chains_max)
+        if (
+            reenqueue
+            and not stats["grew"]
+            and growth.wants_more(stats["provider_seconds"], time.monotonic() - started, growth.host_idle.share())
+        ):
+            stats["grew"] = growth.grow(
+                newsletter_id, settings.newsletter_send_chains, settings.newsletter_send_chains_max
+            )
         if time.monotonic() >= deadline or shutdown.requested.is_set():
             stats["outcome"], stats["retry_in"] = "budget used; continuing", 0.0
             if reenqueue:
@@ -115,8 +143,9 @@ def send_batch(newsletter_id: int, provider=None, budget_seconds: float = BUDGET
     return stats
 
 
-def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats,
-                  claimed_at):
+def _send_claimed(
+    newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats, claimed_at
+):
     """Render, send and record one claimed batch, recording as it goes and stopping between two
     mails when the newsletter may not go on. Returns seconds to back off if throttled."""
     outcomes = _Outcomes(newsletter_id, settings, stats, claimed_at)
@@ -127,8 +156,22 @@ def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provide
             metrics.NEWSLETTER_RECIPIENTS.labels("suppressed").inc()
             continue
         try:
-            mails.append(_render(newsletter_id, row_id, sub_id, email, name, user_id, token_version,
-                                 tracking_opt_out, compiled, rewriter, from_addr, settings))
+            mails.append(
+                _render(
+                    newsletter_id,
+                    row_id,
+                    sub_id,
+                    email,
+                    name,
+                    user_id,
+                    token_version,
+                    tracking_opt_out,
+                    compiled,
+                    rewriter,
+                    from_addr,
+                    settings,
+                )
+            )
             mail_rows.append((row_id, attempts))
         except Exception as exc:  # one recipient's render problem must not hold up the batch
             log.exception("newsletter %s row %s: render failed", newsletter_id, row_id)
@@ -141,10 +184,10 @@ def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provide
         called = time.monotonic()
         try:
             results = provider.send_batch(mails, progress)
-            if len(results) != len(mails):   # never leave a row `sending` because a provider miscounted
+            if len(results) != len(mails):  # never leave a row `sending` because a provider miscounted
                 raise TransientError(f"provider returned {len(results)} results for {len(mails)} mails")
             limiter.succeeded()
-            stats["provider_seconds"] += time.monotonic() - called   # successful calls only: a failing
+            stats["provider_seconds"] += time.monotonic() - called  # successful calls only: a failing
             # provider is not a reason to add chains (app/newsletter/growth.py)
         except ThrottledError as exc:
             outcomes.take(progress.drain())
@@ -155,18 +198,19 @@ def _send_claimed(newsletter_id, claimed, compiled, rewriter, from_addr, provide
             unrecorded = outcomes.unrecorded()
             outcomes.marks.extend((mail_rows[i][0], "pending", None, str(exc)[:1000], until, 1) for i in unrecorded)
             stats["retry"] += len(unrecorded)
-            log.warning("newsletter %s: %d row(s) throttled, retry in %.1fs", newsletter_id, len(unrecorded),
-                        retry_after)
+            log.warning(
+                "newsletter %s: %d row(s) throttled, retry in %.1fs", newsletter_id, len(unrecorded), retry_after
+            )
         except TransientError as exc:
-            outcomes.take(progress.drain())   # accepted before the error: recorded as such
+            outcomes.take(progress.drain())  # accepted before the error: recorded as such
             results = [SendResult(ok=False, error=str(exc)) for _ in mails]
             log.warning("newsletter %s: transient provider error for %d row(s): %s", newsletter_id, len(mails), exc)
         except PermanentError as exc:
-            outcomes.take(progress.drain())   # accepted before the error: recorded as such
+            outcomes.take(progress.drain())  # accepted before the error: recorded as such
             results = [SendResult(ok=False, error=str(exc), permanent=True) for _ in mails]
             log.error("newsletter %s: provider rejected a batch of %d: %s", newsletter_id, len(mails), exc)
         except Exception as exc:  # a bug or an unexpected library error: retry the rows later, loudly
-            outcomes.take(progress.drain())   # accepted before the error: recorded as such
+            outcomes.take(progress.drain())  # accepted before the error: recorded as such
             results = [SendResult(ok=False, error=f"unexpected: {exc!r}") for _ in mails]
             log.exception("newsletter %s: unexpected error sending a batch", newsletter_id)
         if retry_after is None:
@@ -182,10 +226,10 @@ class _Outcomes:
     def __init__(self, newsletter_id: int, settings, stats: dict, claimed_at: float):
         self.newsletter_id, self.settings, self.stats = newsletter_id, settings, stats
         self.deadline = db.write_deadline(claimed_at, settings.reclaim_after_seconds)
-        self.rows: list[tuple[int, int]] = []     # (row id, attempts) by position in the batch
-        self.recorded: set[int] = set()            # positions taken
-        self.marks: list[tuple] = []               # MARK rows not written yet
-        self.released: list[int] = []              # row ids not started, not written yet
+        self.rows: list[tuple[int, int]] = []  # (row id, attempts) by position in the batch
+        self.recorded: set[int] = set()  # positions taken
+        self.marks: list[tuple] = []  # MARK rows not written yet
+        self.released: list[int] = []  # row ids not started, not written yet
 
     def take(self, results: list[tuple[int, SendResult]]) -> None:
         for position, result in results:
@@ -214,18 +258,25 @@ class _Outcomes:
         nl = self.newsletter_id
         if self.marks:
             marks = self.marks
-            db.until_written(lambda: store.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE), self.deadline,
-                             f"newsletter {nl}: recording {len(marks)} outcomes")
+            db.until_written(
+                lambda: store.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE),
+                self.deadline,
+                f"newsletter {nl}: recording {len(marks)} outcomes",
+            )
             self.marks = []
-            metrics.newsletter_marks(marks)   # committed: sent / retry / failed
+            metrics.newsletter_marks(marks)  # committed: sent / retry / failed
         if self.released:
             released = self.released
-            db.until_written(lambda: store.run(rows.RELEASE, (released,), fetch=False), self.deadline,
-                             f"newsletter {nl}: releasing {len(released)} rows not sent")
+            db.until_written(
+                lambda: store.run(rows.RELEASE, (released,), fetch=False),
+                self.deadline,
+                f"newsletter {nl}: releasing {len(released)} rows not sent",
+            )
             self.released = []
             self.stats["released"] += len(released)
-            log.info("newsletter %s: stopped between two mails; %d claimed row(s) not sent were released",
-                     nl, len(released))
+            log.info(
+                "newsletter %s: stopped between two mails; %d claimed row(s) not sent were released", nl, len(released)
+            )
 
 
 def _marks_for(results, mail_rows, settings, stats):
@@ -246,21 +297,47 @@ def backoff(attempts: int) -> timedelta:
     return timedelta(seconds=seconds * random.uniform(0.8, 1.2))
 
 
-def _render(newsletter_id, row_id, sub_id, email, name, user_id, token_version, tracking_opt_out,
-            compiled, rewriter, from_addr, settings) -> OutgoingMail:
+def _render(
+    newsletter_id,
+    row_id,
+    sub_id,
+    email,
+    name,
+    user_id,
+    token_version,
+    tracking_opt_out,
+    compiled,
+    rewriter,
+    from_addr,
+    settings,
+) -> OutgoingMail:
     # The newsletter stream's link: a one-click unsubscribe stops newsletters, not digests.
     unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version, streams.NEWSLETTER_MAIL_SCOPE)
-    rendered = compiled.render({
-        "name": name or "", "email": email, "user_id": user_id,
-        "unsubscribe_url": unsubscribe_url, "preferences_url": tokens.preferences_url(sub_id, token_version),
-    })
+    rendered = compiled.render(
+        {
+            "name": name or "",
+            "email": email,
+            "user_id": user_id,
+            "unsubscribe_url": unsubscribe_url,
+            "preferences_url": tokens.preferences_url(sub_id, token_version),
+        }
+    )
     html = rewriter.rewrite(rendered.html, sub_id, enabled=settings.tracking and not tracking_opt_out)
     return OutgoingMail(
-        to=email, to_name=name or "", subject=rendered.subject, html=html, text=rendered.text,
-        idempotency_key=f"newsletter-{newsletter_id}-row-{row_id}", from_addr=from_addr,
+        to=email,
+        to_name=name or "",
+        subject=rendered.subject,
+        html=html,
+        text=rendered.text,
+        idempotency_key=f"newsletter-{newsletter_id}-row-{row_id}",
+        from_addr=from_addr,
         headers=mail.unsubscribe_headers(unsubscribe_url),
-        custom_args={"mail_kind": "newsletter", "mail_id": str(newsletter_id), "row_id": str(row_id),
-                     "subscriber_id": str(sub_id)},
+        custom_args={
+            "mail_kind": "newsletter",
+            "mail_id": str(newsletter_id),
+            "row_id": str(row_id),
+            "subscriber_id": str(sub_id),
+        },
     )
 
 
@@ -277,7 +354,9 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
         return "waiting for the outbox", 1.0
     pending, next_due = store.run(
         "SELECT count(*), min(coalesce(next_attempt_at, now())) - now() FROM email_log "
-        "WHERE newsletter_id = %s AND status = 'pending'", (newsletter_id,))[0]
+        "WHERE newsletter_id = %s AND status = 'pending'",
+        (newsletter_id,),
+    )[0]
     if pending:
         delay = max(0.2, next_due.total_seconds()) if next_due is not None else 0.2
         if delay <= IDLE_RECHECK_MAX:
@@ -293,4 +372,4 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -1,6 +1,7 @@
 """Newsletter operations behind the admin API and the CLI: create, send, pause, resume, cancel,
 retry failed rows, and status with counts. Every state change is one conditional UPDATE, so two
 operators (or a retried request) racing each other cannot produce an impossible state."""
+
 from __future__ import annotations
 
 import logging
@@ -9,9 +10,9 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import AfterValidator, Field
 
-from app.platform import db, mail
 from app.newsletter import kick, outbox, template
 from app.newsletter import rows as statements
+from app.platform import db, mail
 from app.platform.validation import Body, Text, check, documented, fail
 from tracking.stats import mail_stats
 
@@ -37,14 +38,17 @@ class Conflict(Exception):
 # The sender: "addr" or "Name <addr>" — exactly one mailbox, so the name has none of RFC 5322's
 # specials and the address is plain ASCII (it goes in every envelope). Shared with the OpenAPI
 # document, so the documented pattern is exactly what is accepted.
-_SENDER_ADDR = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
+_SENDER_ADDR = (
+    r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
+)
 # The name: none of RFC 5322's specials, no control character, no Unicode line break.
 _SENDER_NAME = r"[^<>()\[\]:;@\\,.\"\x00-\x1f\x7f-\x9f\u2028\u2029]*"
 SENDER_PATTERN = rf"^(?:{_SENDER_ADDR}|{_SENDER_NAME}<{_SENDER_ADDR}>)$"
-_TEMPLATE_HELP = (
-    "is not a supported template: Mustache tags allowed are {{var}}, {{{var}}}, {{&var}}, {{! comment }}, "
+_TEMPLATE_HELP = (  # % keeps the Mustache braces in the text as they are
+    "is not a supported template: Mustache tags allowed are {{var}}, {{{var}}}, {{&var}}, {{! comment }}, "  # noqa: UP031
     "{{#var}}...{{/var}} and {{^var}}...{{/var}} (nested at most %d deep; {{.}} only inside a section); "
-    "a literal '{' must not start '{{'; variables: %s" % (template.SECTION_DEPTH, ", ".join(template.VARIABLES)))
+    "a literal '{' must not start '{{'; variables: %s" % (template.SECTION_DEPTH, ", ".join(template.VARIABLES))
+)
 
 
 def _sender(value: str | None) -> str | None:
@@ -74,14 +78,19 @@ def _template(field: str, max_length: int, description: str):
             raise fail("template", explained[0]["message"] if explained else _TEMPLATE_HELP)
         return value
 
-    return Annotated[str, Field(min_length=1, max_length=max_length, description=description + _GRAMMAR_DOC),
-                     *documented({"pattern": pattern}, check_template)]
+    return Annotated[
+        str,
+        Field(min_length=1, max_length=max_length, description=description + _GRAMMAR_DOC),
+        *documented({"pattern": pattern}, check_template),
+    ]
 
 
 _VARS = "Mustache with " + ", ".join(template.VARIABLES)
-_GRAMMAR_DOC = (f"; tags: {{{{var}}}}, {{{{{{var}}}}}}, {{{{&var}}}}, {{{{! comment }}}}, {{{{#var}}}}/{{{{^var}}}}"
-                f"...{{{{/var}}}} sections (at most {template.SECTION_DEPTH} deep, {{{{.}}}} inside them); "
-                "no partials or delimiter changes; not blank; no U+0000")
+_GRAMMAR_DOC = (
+    f"; tags: {{{{var}}}}, {{{{{{var}}}}}}, {{{{&var}}}}, {{{{! comment }}}}, {{{{#var}}}}/{{{{^var}}}}"
+    f"...{{{{/var}}}} sections (at most {template.SECTION_DEPTH} deep, {{{{.}}}} inside them); "
+    "no partials or delimiter changes; not blank; no U+0000"
+)
 _FROM_MESSAGE = "must be exactly one address like 'News <news@example.com>'"
 
 
@@ -89,9 +98,11 @@ class NewsletterInput(Body):
     subject: _template("subject", template.MAX_SUBJECT, _VARS + "; one line")
     html: _template("html", template.MAX_HTML, _VARS + "; CSS is inlined once")
     text: _template("text", template.MAX_TEXT, _VARS + "; derived from html if absent or null") | None = None
-    from_addr: Annotated[Text(template.MAX_FROM, SENDER_PATTERN, message=_FROM_MESSAGE) | None,
-                         Field(alias="from", description="'addr' or 'Name <addr>'; MAIL_FROM if absent or null"),
-                         AfterValidator(_sender)] = None
+    from_addr: Annotated[
+        Text(template.MAX_FROM, SENDER_PATTERN, message=_FROM_MESSAGE) | None,
+        Field(alias="from", description="'addr' or 'Name <addr>'; MAIL_FROM if absent or null"),
+        AfterValidator(_sender),
+    ] = None
 
 
 UserIds = Annotated[list[Text(200, min_length=1)], Field(min_length=1, max_length=MAX_AUDIENCE_USER_IDS)]
@@ -102,9 +113,14 @@ class UserIdList(Body):
 
 
 class NewsletterAudience(Body):
-    audience: Annotated[Literal["all"], Field(description="every subscriber; unsubscribed/suppressed ones are "
-                                                          "recorded as suppressed")] | UserIdList | Annotated[
-        UserIds, Field(description='shorthand for {"user_ids": [...]}')]
+    audience: (
+        Annotated[
+            Literal["all"],
+            Field(description="every subscriber; unsubscribed/suppressed ones are recorded as suppressed"),
+        ]
+        | UserIdList
+        | Annotated[UserIds, Field(description='shorthand for {"user_ids": [...]}')]
+    )
 
 
 def validate_new(body) -> tuple[dict, list[dict]]:
@@ -126,14 +142,15 @@ def validate_audience(body) -> tuple[dict | None, list[dict]]:
 
 
 def create(values: dict) -> int:
-    created = db.query(statements.CREATE, (values["subject"], values["html"], values.get("text"), values.get("from_addr")))
+    created = db.query(
+        statements.CREATE, (values["subject"], values["html"], values.get("text"), values.get("from_addr"))
+    )
     log.info("newsletter %s created", created[0][0])
     return created[0][0]
 
 
 def _current(newsletter_id: int) -> tuple:
-    rows = db.query("SELECT status, audience, outbox_completed_at FROM newsletters WHERE id = %s",
-                    (newsletter_id,))
+    rows = db.query("SELECT status, audience, outbox_completed_at FROM newsletters WHERE id = %s", (newsletter_id,))
     if not rows:
         raise NotFound(f"no newsletter {newsletter_id}")
     return rows[0]
@@ -166,7 +183,7 @@ def _same_audience(stored: dict | None, requested: dict) -> bool:
     return kept < asked and not db.query("SELECT 1 FROM subscribers WHERE user_id = ANY(%s) LIMIT 1", (gone,))
 
 
-UNKNOWN_SHOWN = 1000   # unknown user_ids listed in a send answer (the count is always whole)
+UNKNOWN_SHOWN = 1000  # unknown user_ids listed in a send answer (the count is always whole)
 
 
 def unknown_user_ids(audience: dict) -> tuple[list[str], int]:
@@ -177,7 +194,7 @@ def unknown_user_ids(audience: dict) -> tuple[list[str], int]:
         return [], 0
     wanted = audience.get("user_ids", [])
     known = {r[0] for r in db.query("SELECT user_id FROM subscribers WHERE user_id = ANY(%s)", (wanted,))}
-    unknown = [u for u in wanted if u not in known]   # wanted is sorted (validate_audience)
+    unknown = [u for u in wanted if u not in known]  # wanted is sorted (validate_audience)
     return unknown[:UNKNOWN_SHOWN], len(unknown)
 
 
@@ -249,10 +266,12 @@ LIST_MAX = 100
 
 class NewsletterListQuery(Body):
     """GET /v1/newsletters query: newest first, keyset-paginated by id."""
-    model_config = {**Body.model_config, "strict": False}   # query values arrive as text
+
+    model_config = {**Body.model_config, "strict": False}  # query values arrive as text
     limit: Annotated[int, Field(ge=1, le=LIST_MAX, description="newsletters per page")] = 20
-    before: Annotated[int | None, Field(ge=1, le=2 ** 63 - 1,
-                                        description="only ids below this (the previous page's `next_before`)")] = None
+    before: Annotated[
+        int | None, Field(ge=1, le=2**63 - 1, description="only ids below this (the previous page's `next_before`)")
+    ] = None
     status: Literal[tuple(statements.NewsletterStatus)] | None = None
 
 
@@ -267,42 +286,61 @@ def list_newsletters(query: NewsletterListQuery) -> dict:
         "SELECT id, subject, status, audience, created_at, send_requested_at, completed_at, final_counts "
         "FROM newsletters WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) "
         "AND (%(status)s::text IS NULL OR status = %(status)s::text) ORDER BY id DESC LIMIT %(limit)s",
-        {"before": query.before, "status": query.status, "limit": query.limit + 1})
-    page, more = found[:query.limit], len(found) > query.limit
+        {"before": query.before, "status": query.status, "limit": query.limit + 1},
+    )
+    page, more = found[: query.limit], len(found) > query.limit
     live = [r[0] for r in page if r[7] is None and r[2] != "draft"]
     counted: dict[int, dict] = {}
     if live:
-        for nid, row_status, n in db.query("SELECT newsletter_id, status, count(*) FROM email_log "
-                                           "WHERE newsletter_id = ANY(%s) GROUP BY 1, 2", (live,)):
+        for nid, row_status, n in db.query(
+            "SELECT newsletter_id, status, count(*) FROM email_log WHERE newsletter_id = ANY(%s) GROUP BY 1, 2", (live,)
+        ):
             counted.setdefault(nid, {})[row_status] = n
     items = []
     for nid, subject, state, audience, created, requested, completed, final in page:
         counts = dict.fromkeys(ROW_STATUSES, 0)
         counts.update(final if final is not None else counted.get(nid, {}))
         counts["total"] = sum(counts[s] for s in ROW_STATUSES)
-        items.append({"id": nid, "subject": subject, "status": state, "audience": _audience_summary(audience),
-                      "created_at": _iso(created), "send_requested_at": _iso(requested),
-                      "completed_at": _iso(completed), "counts": counts})
+        items.append(
+            {
+                "id": nid,
+                "subject": subject,
+                "status": state,
+                "audience": _audience_summary(audience),
+                "created_at": _iso(created),
+                "send_requested_at": _iso(requested),
+                "completed_at": _iso(completed),
+                "counts": counts,
+            }
+        )
     return {"newsletters": items, "next_before": page[-1][0] if more else None}
 
 
 def status(newsletter_id: int) -> dict:
     rows = db.query(
         "SELECT id, subject, from_addr, status, audience, created_at, send_requested_at, "
-        "outbox_completed_at, completed_at FROM newsletters WHERE id = %s", (newsletter_id,))
+        "outbox_completed_at, completed_at FROM newsletters WHERE id = %s",
+        (newsletter_id,),
+    )
     if not rows:
         raise NotFound(f"no newsletter {newsletter_id}")
     (nid, subject, from_addr, state, audience, created, requested, outbox_done, completed) = rows[0]
     counts = dict.fromkeys(ROW_STATUSES, 0)
-    for row_status, n in db.query("SELECT status, count(*) FROM email_log WHERE newsletter_id = %s "
-                                  "GROUP BY status", (newsletter_id,)):
+    for row_status, n in db.query(
+        "SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status", (newsletter_id,)
+    ):
         counts[row_status] = n
     counts["total"] = sum(counts.values())
     result = {
-        "id": nid, "subject": subject, "from": from_addr, "status": state,
+        "id": nid,
+        "subject": subject,
+        "from": from_addr,
+        "status": state,
         "audience": _audience_summary(audience),
-        "created_at": _iso(created), "send_requested_at": _iso(requested),
-        "outbox_completed_at": _iso(outbox_done), "completed_at": _iso(completed),
+        "created_at": _iso(created),
+        "send_requested_at": _iso(requested),
+        "outbox_completed_at": _iso(outbox_done),
+        "completed_at": _iso(completed),
         "counts": counts,
     }
     result.update(engagement(newsletter_id))
@@ -312,9 +350,15 @@ def status(newsletter_id: int) -> dict:
 def engagement(newsletter_id: int) -> dict:
     """Opens/clicks (machine = scanners/prefetch) and applied SendGrid events, from tracking's stats."""
     stats = mail_stats("newsletter", newsletter_id)
-    out = {kind: {"total": stats[kind]["human"] + stats[kind]["machine"], "human": stats[kind]["human"],
-                  "machine": stats[kind]["machine"], "unique_human": stats[kind]["unique_human"]}
-           for kind in ("opens", "clicks")}
+    out = {
+        kind: {
+            "total": stats[kind]["human"] + stats[kind]["machine"],
+            "human": stats[kind]["human"],
+            "machine": stats[kind]["machine"],
+            "unique_human": stats[kind]["unique_human"],
+        }
+        for kind in ("opens", "clicks")
+    }
     events = stats["events"]
     out["bounces"] = sum(events.get(e, 0) for e in BOUNCE_EVENTS)
     out["unsubscribes"] = sum(events.get(e, 0) for e in UNSUBSCRIBE_EVENTS)

@@ -19,6 +19,7 @@ is sent as written. The derived text part comes from the body as written, withou
 pointed at a `display_name` value at compile time, while `{{#name}}` / `{{^name}}` sections still
 test the real name.
 """
+
 from __future__ import annotations
 
 import html as html_lib
@@ -51,14 +52,13 @@ def check(field: str, source: str) -> list[dict]:
         tokens = tokenize(source)
     except ChevronError as exc:
         return [{"field": field, "message": f"is not a valid Mustache template: {exc}"}]
-    except (IndexError, ValueError):   # chevron's tokenizer on e.g. an empty tag "{{}}"
+    except (IndexError, ValueError):  # chevron's tokenizer on e.g. an empty tag "{{}}"
         return [{"field": field, "message": "is not a valid Mustache template: empty or malformed tag"}]
     errors = []
     for kind, key in tokens:
         if kind == "partial":
             errors.append({"field": field, "message": f"partials are not supported ({{{{> {key}}}}})"})
-        elif kind in ("variable", "no escape", "section", "inverted section") and key != "." \
-                and key not in VARIABLES:
+        elif kind in ("variable", "no escape", "section", "inverted section") and key != "." and key not in VARIABLES:
             errors.append({"field": field, "message": f"unknown variable {key!r}; available: {', '.join(VARIABLES)}"})
     return errors
 
@@ -67,12 +67,17 @@ def inline_css(source: str) -> str:
     """premailer once per template; Mustache tags survive it when written without inner spaces."""
     if "<style" not in source.lower():
         return source  # nothing to inline; premailer would only reformat the document
-    import premailer   # measured 248 ms to import (cssutils); only a template with <style> needs it
+    import premailer  # measured 248 ms to import (cssutils); only a template with <style> needs it
 
     try:
         return premailer.Premailer(
-            source, keep_style_tags=False, remove_classes=False, disable_validation=True,
-            cssutils_logging_level=logging.CRITICAL, allow_network=False, disable_link_rewrites=True,
+            source,
+            keep_style_tags=False,
+            remove_classes=False,
+            disable_validation=True,
+            cssutils_logging_level=logging.CRITICAL,
+            allow_network=False,
+            disable_link_rewrites=True,
         ).transform()
     except Exception as exc:  # a stylesheet premailer cannot parse must not block the send
         log.warning("premailer failed (%s); sending the HTML with its <style> block as written", exc)
@@ -143,10 +148,13 @@ def html_footer(address: str, links: bool) -> list:
     """Footer tokens for the HTML part (the address is literal text, escaped here once)."""
     tokens = [("literal", f'\n<div class="notify-footer" style="{_FOOTER_STYLE}">\n')]
     if links:
-        tokens += [("literal", '<a href="'), ("variable", "unsubscribe_url"),
-                   ("literal", f'" style="{_FOOTER_LINK_STYLE}">Unsubscribe</a> &middot; <a href="'),
-                   ("variable", "preferences_url"),
-                   ("literal", f'" style="{_FOOTER_LINK_STYLE}">Email preferences</a>' + ("<br>\n" if address else "\n"))]
+        tokens += [
+            ("literal", '<a href="'),
+            ("variable", "unsubscribe_url"),
+            ("literal", f'" style="{_FOOTER_LINK_STYLE}">Unsubscribe</a> &middot; <a href="'),
+            ("variable", "preferences_url"),
+            ("literal", f'" style="{_FOOTER_LINK_STYLE}">Email preferences</a>' + ("<br>\n" if address else "\n")),
+        ]
     if address:
         tokens.append(("literal", html_lib.escape(address, quote=False) + "\n"))
     tokens.append(("literal", "</div>\n"))
@@ -156,8 +164,13 @@ def html_footer(address: str, links: bool) -> list:
 def text_footer(address: str, links: bool, after_newline: bool = False) -> list:
     tokens = [("literal", ("\n" if after_newline else "\n\n") + "--\n")]
     if links:
-        tokens += [("literal", "Unsubscribe: "), ("no escape", "unsubscribe_url"),
-                   ("literal", "\nEmail preferences: "), ("no escape", "preferences_url"), ("literal", "\n")]
+        tokens += [
+            ("literal", "Unsubscribe: "),
+            ("no escape", "unsubscribe_url"),
+            ("literal", "\nEmail preferences: "),
+            ("no escape", "preferences_url"),
+            ("literal", "\n"),
+        ]
     if address:
         tokens.append(("literal", address + "\n"))
     return tokens
@@ -177,7 +190,7 @@ def _before_body_end(tokens: list, footer: list) -> list:
         return [*tokens, *footer]
     key = tokens[at][1]
     cut = key.lower().rfind("</body")
-    return [*tokens[:at], ("literal", key[:cut]), *footer, ("literal", key[cut:]), *tokens[at + 1:]]
+    return [*tokens[:at], ("literal", key[:cut]), *footer, ("literal", key[cut:]), *tokens[at + 1 :]]
 
 
 def with_footer(tokens: list, address: str, html: bool) -> list:
@@ -197,8 +210,10 @@ DISPLAY_NAME = "display_name"
 
 def _name_fallback(tokens: list) -> list:
     """{{name}} / {{{name}}} read `display_name` (the name, or NAME_FALLBACK); sections keep `name`."""
-    return [(kind, DISPLAY_NAME) if kind in ("variable", "no escape") and key == "name" else (kind, key)
-            for kind, key in tokens]
+    return [
+        (kind, DISPLAY_NAME) if kind in ("variable", "no escape") and key == "name" else (kind, key)
+        for kind, key in tokens
+    ]
 
 
 class Compiled:
@@ -206,8 +221,15 @@ class Compiled:
     `postal_address`, `name_fallback`: from settings by default. `brand`: the layout a fragment
     body is wrapped in (compiled_for, i.e. every send, passes the configured one); None: no layout."""
 
-    def __init__(self, subject: str, html: str, text: str | None, postal_address: str | None = None,
-                 brand: layout.Brand | None = None, name_fallback: str | None = None):
+    def __init__(
+        self,
+        subject: str,
+        html: str,
+        text: str | None,
+        postal_address: str | None = None,
+        brand: layout.Brand | None = None,
+        name_fallback: str | None = None,
+    ):
         settings = config.get()
         if postal_address is None:
             postal_address = settings.mail_postal_address
@@ -216,8 +238,9 @@ class Compiled:
         body = layout.wrap(html, brand) if self.wrapped else html
         self.subject_tokens = _name_fallback(_unescaped(tokenize(subject)))
         self.html_tokens = _name_fallback(with_footer(tokenize(inline_css(body)), postal_address, html=True))
-        self.text_tokens = _name_fallback(with_footer(_unescaped(tokenize(text if text else text_from_html(html))),
-                                                      postal_address, html=False))
+        self.text_tokens = _name_fallback(
+            with_footer(_unescaped(tokenize(text if text else text_from_html(html))), postal_address, html=False)
+        )
 
     def render(self, context: dict) -> Rendered:
         if DISPLAY_NAME not in context:
@@ -263,8 +286,27 @@ def compiled_for(newsletter_id: int, subject: str, html: str, text: str | None) 
 # hold it). A "{" in text must not start "{{".
 SECTION_DEPTH = 2
 # Every character str.isspace() accepts: "blank" means exactly what str.strip() removes.
-_WHITESPACE = (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20, 0x85, 0xA0, 0x1680,
-               *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)
+_WHITESPACE = (
+    0x09,
+    0x0A,
+    0x0B,
+    0x0C,
+    0x0D,
+    0x1C,
+    0x1D,
+    0x1E,
+    0x1F,
+    0x20,
+    0x85,
+    0xA0,
+    0x1680,
+    *range(0x2000, 0x200B),
+    0x2028,
+    0x2029,
+    0x202F,
+    0x205F,
+    0x3000,
+)
 
 
 def _u(codepoint: int) -> str:
@@ -287,8 +329,8 @@ def template_pattern(forbidden: str = "") -> str:
     besides U+0000 (the subject: CR and LF)."""
     bad = {0, *map(ord, forbidden)}
     bad_class = _ranges(bad)
-    char = f"[^\\{{{bad_class}]"                       # a text character other than "{"
-    text = f"(?:{char}|\\{{{char})"                   # ... or a "{" that does not start "{{"
+    char = f"[^\\{{{bad_class}]"  # a text character other than "{"
+    text = f"(?:{char}|\\{{{char})"  # ... or a "{" that does not start "{{"
     blank = f"[{_ranges(set(_WHITESPACE) - bad)}]"
     solid = f"[^\\{{{_ranges(bad | set(_WHITESPACE))}]"
     comment_char = f"[^\\}}{bad_class}]"
@@ -296,7 +338,7 @@ def template_pattern(forbidden: str = "") -> str:
     names = "|".join(VARIABLES)
 
     def variable(allowed: str) -> str:
-        return (f"\\{{\\{{&? *(?:{allowed}) *\\}}\\}}|\\{{\\{{\\{{ *(?:{allowed}) *\\}}\\}}\\}}")
+        return f"\\{{\\{{&? *(?:{allowed}) *\\}}\\}}|\\{{\\{{\\{{ *(?:{allowed}) *\\}}\\}}\\}}"
 
     groups = [0]
 
@@ -304,8 +346,7 @@ def template_pattern(forbidden: str = "") -> str:
         groups[0] += 1
         n = groups[0]
         inner = body(depth - 1, names + "|\\.")
-        return (f"\\{{\\{{[#^] *({names}) *\\}}\\}}(?:{inner})*"
-                f"\\{{\\{{/ *\\{n} *\\}}\\}}")
+        return f"\\{{\\{{[#^] *({names}) *\\}}\\}}(?:{inner})*\\{{\\{{/ *\\{n} *\\}}\\}}"
 
     def body(depth: int, allowed: str) -> str:
         parts = [text, variable(allowed), comment]
@@ -327,8 +368,11 @@ def template_pattern(forbidden: str = "") -> str:
 SUBJECT_FORBIDDEN = "".join(map(chr, [*range(1, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]))
 SUBJECT_PATTERN = template_pattern(SUBJECT_FORBIDDEN)
 BODY_PATTERN = template_pattern()
-_GRAMMAR = {"subject": re.compile(SUBJECT_PATTERN[1:-1]), "html": re.compile(BODY_PATTERN[1:-1]),
-            "text": re.compile(BODY_PATTERN[1:-1])}
+_GRAMMAR = {
+    "subject": re.compile(SUBJECT_PATTERN[1:-1]),
+    "html": re.compile(BODY_PATTERN[1:-1]),
+    "text": re.compile(BODY_PATTERN[1:-1]),
+}
 
 
 def matches_grammar(field: str, source: str) -> bool:

@@ -9,6 +9,7 @@ unsubscribe and preference links); any other address gets empty variables and li
 open the service's "this link is not valid" page. Suppressed addresses are refused: a test must not hurt reputation.
 While the emergency stop holds all mail (app/mail_stop.py), test sends are refused too.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,13 +18,14 @@ from typing import Annotated
 
 from pydantic import Field
 
-from app.platform import config, db, mail, mail_stop, tokens
-from app.subscribers import streams, records as subscribers
-from app.platform.addresses import canonical
 from app.newsletter import template
+from app.platform import config, db, mail, mail_stop, tokens
+from app.platform.addresses import canonical
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, ProviderError
 from app.platform.validation import Body, check
+from app.subscribers import records as subscribers
+from app.subscribers import streams
 
 log = logging.getLogger("app.newsletter.test_send")
 
@@ -35,9 +37,14 @@ PLACEHOLDER_TOKEN = "test-send"
 
 
 class TestSendInput(Body):
-    to: Annotated[list[subscribers.Email], Field(min_length=1, max_length=MAX_ADDRESSES,
-                                                 description=f"1 to {MAX_ADDRESSES} addresses; duplicates are "
-                                                             "sent once")]
+    to: Annotated[
+        list[subscribers.Email],
+        Field(
+            min_length=1,
+            max_length=MAX_ADDRESSES,
+            description=f"1 to {MAX_ADDRESSES} addresses; duplicates are sent once",
+        ),
+    ]
 
 
 class NotFound(Exception):
@@ -74,19 +81,33 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
     subject, html, text, from_addr = found[0]
     stop = mail_stop.state()
     if stop is not None:
-        raise Stopped(f"all outgoing mail is stopped (since {stop['engaged_at']} by {stop['engaged_by']}: "
-                      f"{stop['reason'] or 'no reason given'}); nothing was sent")
+        raise Stopped(
+            f"all outgoing mail is stopped (since {stop['engaged_at']} by {stop['engaged_by']}: "
+            f"{stop['reason'] or 'no reason given'}); nothing was sent"
+        )
     keys = {address: canonical(address) for address in addresses}
-    known = {row[0]: row[1:] for row in db.query(
-        "SELECT DISTINCT ON (canonical_email) canonical_email, id, name, user_id, token_version FROM subscribers "
-        "WHERE canonical_email = ANY (%s) ORDER BY canonical_email, id", (list(keys.values()),))}
-    suppressed = {row[0] for row in db.query("SELECT email FROM suppressions WHERE email = ANY (%s)",
-                                             (list(keys.values()),))}
+    known = {
+        row[0]: row[1:]
+        for row in db.query(
+            "SELECT DISTINCT ON (canonical_email) canonical_email, id, name, user_id, token_version FROM subscribers "
+            "WHERE canonical_email = ANY (%s) ORDER BY canonical_email, id",
+            (list(keys.values()),),
+        )
+    }
+    suppressed = {
+        row[0] for row in db.query("SELECT email FROM suppressions WHERE email = ANY (%s)", (list(keys.values()),))
+    }
     compiled = template.compiled_for(newsletter_id, subject, html, text)
-    results = {address: {"email": keys[address], "status": "suppressed"} for address in addresses
-               if keys[address] in suppressed}
-    mails = [_render(newsletter_id, compiled, address, known.get(keys[address]), from_addr)
-             for address in addresses if keys[address] not in suppressed]
+    results = {
+        address: {"email": keys[address], "status": "suppressed"}
+        for address in addresses
+        if keys[address] in suppressed
+    }
+    mails = [
+        _render(newsletter_id, compiled, address, known.get(keys[address]), from_addr)
+        for address in addresses
+        if keys[address] not in suppressed
+    ]
     if mails:
         provider = provider or get_provider()
         try:
@@ -96,10 +117,14 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
             raise ProviderUnavailable(str(exc)) from exc
         for sent, outcome in zip(mails, outcomes):
             key = keys[sent.to]
-            results[sent.to] = ({"email": key, "status": "sent"} if outcome.ok else
-                                {"email": key, "status": "failed", "error": outcome.error or "refused"})
-    log.info("newsletter %s: test send %s", newsletter_id,
-             ", ".join(f"{r['email']}={r['status']}" for r in results.values()))
+            results[sent.to] = (
+                {"email": key, "status": "sent"}
+                if outcome.ok
+                else {"email": key, "status": "failed", "error": outcome.error or "refused"}
+            )
+    log.info(
+        "newsletter %s: test send %s", newsletter_id, ", ".join(f"{r['email']}={r['status']}" for r in results.values())
+    )
     return [results[address] for address in addresses]
 
 
@@ -114,11 +139,23 @@ def _render(newsletter_id: int, compiled: template.Compiled, address: str, subsc
         base = config.get().base_url
         unsubscribe_url = f"{base}/u/{PLACEHOLDER_TOKEN}"
         preferences_url = f"{base}/preferences/{PLACEHOLDER_TOKEN}"
-    rendered = compiled.render({"name": name or "", "email": address, "user_id": user_id or "",
-                                "unsubscribe_url": unsubscribe_url, "preferences_url": preferences_url})
+    rendered = compiled.render(
+        {
+            "name": name or "",
+            "email": address,
+            "user_id": user_id or "",
+            "unsubscribe_url": unsubscribe_url,
+            "preferences_url": preferences_url,
+        }
+    )
     return OutgoingMail(
-        to=address, to_name=name or "", subject=mail.one_line(SUBJECT_PREFIX + rendered.subject),
-        html=rendered.html, text=rendered.text, from_addr=from_addr, headers=headers,
+        to=address,
+        to_name=name or "",
+        subject=mail.one_line(SUBJECT_PREFIX + rendered.subject),
+        html=rendered.html,
+        text=rendered.text,
+        from_addr=from_addr,
+        headers=headers,
         idempotency_key=f"newsletter-{newsletter_id}-test-{uuid.uuid4().hex}",
         custom_args={"mail_kind": KIND, "mail_id": str(newsletter_id)},
     )

@@ -17,6 +17,7 @@ hold and what every suppression check, webhook, erasure and duplicate check comp
 (subscribers.canonical_email, webhook_events.canonical_email); mail still goes to the address as
 given.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,7 +38,7 @@ class AddressError(ValueError):
     pass
 
 
-@lru_cache(maxsize=8192)   # a few domains carry most mail; the codec costs microseconds a call
+@lru_cache(maxsize=8192)  # a few domains carry most mail; the codec costs microseconds a call
 def _a_labels(domain: str) -> str | None:
     """The domain by UTS 46 to ASCII (non-transitional: ß stays ß), or None if it is not IDNA."""
     try:
@@ -48,7 +49,7 @@ def _a_labels(domain: str) -> str | None:
 
 def _fold(text: str) -> str:
     if text.isascii():
-        return text.lower()           # what the branch below gives for ASCII, without its cost
+        return text.lower()  # what the branch below gives for ASCII, without its cost
     # NFKC again after the fold: case folding can produce a sequence NFKC would compose
     # differently, and the canonical form must be canonical of itself.
     return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
@@ -80,9 +81,9 @@ def sendable(addr: str) -> str:
         raise AddressError(f"invalid address {addr!r}")
     local, _, domain = addr.rpartition("@")
     if domain.isascii() or not local.isascii():
-        return addr                     # SMTPUTF8 carries U-labels as they are (RFC 6531 3.3)
+        return addr  # SMTPUTF8 carries U-labels as they are (RFC 6531 3.3)
     a_labels = _a_labels(domain)
-    return f"{local}@{a_labels}" if a_labels else addr   # not IDNA: only an SMTPUTF8 relay can judge it
+    return f"{local}@{a_labels}" if a_labels else addr  # not IDNA: only an SMTPUTF8 relay can judge it
 
 
 def needs_smtputf8(addr: str) -> bool:

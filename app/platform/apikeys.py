@@ -1,4 +1,5 @@
 """API keys: shown once at creation, stored as sha256 only; verified with a short in-process cache."""
+
 from __future__ import annotations
 
 import hashlib
@@ -100,8 +101,9 @@ class KeyCache:
                 return hit[1]
             if digest in self._unknown:
                 return None
-            rows = db.query("SELECT id, name, scope FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
-                            (digest,))
+            rows = db.query(
+                "SELECT id, name, scope FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL", (digest,)
+            )
             principal = Principal(*rows[0]) if rows else None
             if principal is None:
                 self._unknown.add(digest)

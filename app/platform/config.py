@@ -2,6 +2,7 @@
 The environment variable is the field name in upper case; `load()` reads and type-checks each one,
 and the README's configuration table is generated from the same declarations
 (`python -m app settings --markdown`; tests/test_config.py checks they agree)."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ class ConfigError(RuntimeError):
 
 DEV_SECRET_KEY = "dev-insecure-secret-key-change-me"
 MIN_SECRET_KEY_LENGTH = 32
-MIN_RETENTION_DAYS = 7   # a weekly digest's events must outlive its week
+MIN_RETENTION_DAYS = 7  # a weekly digest's events must outlive its week
 # Where the built-in key, unsigned webhooks and the mail viewer are allowed. Anything else
 # (production, staging, a typo) gets the production rules.
 DEVELOPMENT_ENVS = ("development", "test")
@@ -32,124 +33,185 @@ def setting(default, doc: str, *, shown: str | None = None):
 @dataclass(frozen=True)
 class Settings:
     # -- platform
-    env: str = setting("production", "`development` or `test` allow the built-in key, unsigned webhooks and "
-                                     "the dev mail viewer; anything else (or unset) is production: start-up fails "
-                                     "without a SECRET_KEY of 32+ characters other than the built-in one, "
-                                     "without SENDGRID_WEBHOOK_PUBLIC_KEY or the opt-out, and without "
-                                     "MAIL_POSTAL_ADDRESS. `make run`/`demo`/"
-                                     "`migrate`/`bench` and `Procfile.dev` set `development`; run "
-                                     "`python -m app …` by hand with `APP_ENV=development` locally")
+    env: str = setting(
+        "production",
+        "`development` or `test` allow the built-in key, unsigned webhooks and "
+        "the dev mail viewer; anything else (or unset) is production: start-up fails "
+        "without a SECRET_KEY of 32+ characters other than the built-in one, "
+        "without SENDGRID_WEBHOOK_PUBLIC_KEY or the opt-out, and without "
+        "MAIL_POSTAL_ADDRESS. `make run`/`demo`/"
+        "`migrate`/`bench` and `Procfile.dev` set `development`; run "
+        "`python -m app …` by hand with `APP_ENV=development` locally",
+    )
     database_url: str = setting("postgresql://localhost/notify", "Postgres; created if missing by `migrate`")
-    migration_database_url: str = setting("", "Postgres for `migrate` alone. Behind PgBouncer in transaction "
-                                              "pooling mode, point it at Postgres itself (or a session-mode pool): "
-                                              "the migrator needs one session for its advisory lock and for "
-                                              "`lock_timeout` around CREATE INDEX CONCURRENTLY (README \"Running "
-                                              "behind PgBouncer\")", shown="DATABASE_URL")
+    migration_database_url: str = setting(
+        "",
+        "Postgres for `migrate` alone. Behind PgBouncer in transaction "
+        "pooling mode, point it at Postgres itself (or a session-mode pool): "
+        "the migrator needs one session for its advisory lock and for "
+        '`lock_timeout` around CREATE INDEX CONCURRENTLY (README "Running '
+        'behind PgBouncer")',
+        shown="DATABASE_URL",
+    )
     redis_url: str = setting("redis://localhost:6379/0", "Dramatiq's broker")
-    secret_key: str = setting(DEV_SECRET_KEY, "signs tokens and tracking codes (`openssl rand -hex 32`)",
-                              shown="dev key (development/test only)")
+    secret_key: str = setting(
+        DEV_SECRET_KEY,
+        "signs tokens and tracking codes (`openssl rand -hex 32`)",
+        shown="dev key (development/test only)",
+    )
     secret_key_fallbacks: tuple = setting((), "older keys (comma separated) that still verify after a rotation")
     base_url: str = setting("http://localhost:8000", "public URL used in mails")
     sentry_dsn: str = setting("", "when set, web and workers report errors (Starlette + Dramatiq integrations)")
     db_pool_size: int = setting(10, "peewee pool per process")
     db_pool_timeout_seconds: float = setting(10.0, "how long a request waits for a pooled connection")
-    malloc_arenas: int = setting(2, "glibc malloc arenas per web and worker process (0: glibc's default, 8 per "
-                                    "core): a threaded process with fewer arenas fragments less; 2 took a "
-                                    "SendGrid newsletter worker's peak RSS from 168-171 to 132-146 MB at the same "
-                                    "speed (scripts/bench/newsletter.py, 50,000 recipients)")
-    worker_idle_poll_ms: int = setting(250, "the longest an idle worker process waits before looking at a Redis queue "
-                                            "again (Dramatiq's worker_timeout, 1,000 by default): a busy hour's first "
-                                            "batch and a send-now mail start at most this late. The price is polling: "
-                                            "two idle worker processes used 1.0 % of a core at 1,000, 3.6 % at 250 and "
-                                            "7.5 % at 100")
+    malloc_arenas: int = setting(
+        2,
+        "glibc malloc arenas per web and worker process (0: glibc's default, 8 per "
+        "core): a threaded process with fewer arenas fragments less; 2 took a "
+        "SendGrid newsletter worker's peak RSS from 168-171 to 132-146 MB at the same "
+        "speed (scripts/bench/newsletter.py, 50,000 recipients)",
+    )
+    worker_idle_poll_ms: int = setting(
+        250,
+        "the longest an idle worker process waits before looking at a Redis queue "
+        "again (Dramatiq's worker_timeout, 1,000 by default): a busy hour's first "
+        "batch and a send-now mail start at most this late. The price is polling: "
+        "two idle worker processes used 1.0 % of a core at 1,000, 3.6 % at 250 and "
+        "7.5 % at 100",
+    )
     # -- metrics
-    prometheus_multiproc_dir: str = setting(".var/metrics", "where every process of a deployment writes its Prometheus "
-                                            "values (prometheus-client multiprocess mode; relative paths are "
-                                            "under the checkout); created at start-up, read by `GET /metrics` "
-                                            "(web, or `python -m app metrics-exporter` on a worker-only host). "
-                                            "One directory per deployment and host: empty it when the deployment starts "
-                                            "from scratch (README \"Metrics\")")
-    metrics_token: str = setting("", "a Bearer token that may read `GET /metrics` besides admin API keys "
-                                     "(compared in constant time; unset: admin keys only)")
+    prometheus_multiproc_dir: str = setting(
+        ".var/metrics",
+        "where every process of a deployment writes its Prometheus "
+        "values (prometheus-client multiprocess mode; relative paths are "
+        "under the checkout); created at start-up, read by `GET /metrics` "
+        "(web, or `python -m app metrics-exporter` on a worker-only host). "
+        "One directory per deployment and host: empty it when the deployment starts "
+        'from scratch (README "Metrics")',
+    )
+    metrics_token: str = setting(
+        "",
+        "a Bearer token that may read `GET /metrics` besides admin API keys "
+        "(compared in constant time; unset: admin keys only)",
+    )
     # -- operator dashboard (/admin)
-    admin_session_hours: float = setting(8.0, "how long an /admin sign-in lasts: the signed cookie and the server-side "
-                                              "session expire together (signing out or revoking the key ends it at once)")
-    admin_login_max_failures: int = setting(10, "/admin sign-in attempts checked per client address in 15 minutes, "
-                                                "each counted before its key is looked at (parallel attempts "
-                                                "cannot slip past; a successful sign-in clears the count); then "
-                                                "sign-in answers 429 until the window ends (each failure is also "
-                                                "answered only after a 1 s pause)")
-    admin_cache_seconds: float = setting(60.0, "the dashboard's figures and charts are computed at most this often "
-                                               "per web process and range")
+    admin_session_hours: float = setting(
+        8.0,
+        "how long an /admin sign-in lasts: the signed cookie and the server-side "
+        "session expire together (signing out or revoking the key ends it at once)",
+    )
+    admin_login_max_failures: int = setting(
+        10,
+        "/admin sign-in attempts checked per client address in 15 minutes, "
+        "each counted before its key is looked at (parallel attempts "
+        "cannot slip past; a successful sign-in clears the count); then "
+        "sign-in answers 429 until the window ends (each failure is also "
+        "answered only after a 1 s pause)",
+    )
+    admin_cache_seconds: float = setting(
+        60.0, "the dashboard's figures and charts are computed at most this often per web process and range"
+    )
     # -- ingestion
-    http_header_timeout_seconds: float = setting(10.0, "a web connection that has not sent a request's complete "
-                                                       "headers this long after it opened (or after the previous "
-                                                       "response) gets 408 and is closed: a client trickling header "
-                                                       "bytes holds no connection for longer (app/slow_clients.py; "
-                                                       "0: no deadline)")
+    http_header_timeout_seconds: float = setting(
+        10.0,
+        "a web connection that has not sent a request's complete "
+        "headers this long after it opened (or after the previous "
+        "response) gets 408 and is closed: a client trickling header "
+        "bytes holds no connection for longer (app/slow_clients.py; "
+        "0: no deadline)",
+    )
     max_body_bytes: int = setting(1024 * 1024, "largest request body", shown="1 MiB")
     max_batch_events: int = setting(1000, "events per POST /v1/events")
     max_payload_bytes: int = setting(16 * 1024, "an event's payload as JSON", shown="16 KiB")
-    api_key_cache_seconds: float = setting(10.0, "revocation delay bound; also how long an unknown key is "
-                                                 "remembered as unknown (a key created meanwhile works within it)")
+    api_key_cache_seconds: float = setting(
+        10.0,
+        "revocation delay bound; also how long an unknown key is "
+        "remembered as unknown (a key created meanwhile works within it)",
+    )
     ingest_group_wait_ms: float = setting(1.0, "group commit: how long the writer waits to gather more requests")
     ingest_group_max_events: int = setting(5000, "group commit: most events in one transaction")
     # -- migrations
-    migration_lock_timeout: str = setting("200ms", "lock_timeout of each migration statement, and of the "
-                                                   "scheduler's partition DDL: the longest a writer queues behind "
-                                                   "it (scripts/bench/migrations.py)")
+    migration_lock_timeout: str = setting(
+        "200ms",
+        "lock_timeout of each migration statement, and of the "
+        "scheduler's partition DDL: the longest a writer queues behind "
+        "it (scripts/bench/migrations.py)",
+    )
     migration_retries: int = setting(10, "retries (with backoff) of a migration that hit the lock timeout")
     # -- retention
-    retention_days: int = setting(90, "digest_events, webhook_events and email_link_history are partitioned by "
-                                      "month; a month goes whole (dropped, not DELETEd) once its newest row is older "
-                                      "than this, digest events never included in a digest counted first (README "
-                                      "\"Retention\"). 0 keeps everything; otherwise at least 7 (a weekly digest "
-                                      "must see its week)")
+    retention_days: int = setting(
+        90,
+        "digest_events, webhook_events and email_link_history are partitioned by "
+        "month; a month goes whole (dropped, not DELETEd) once its newest row is older "
+        "than this, digest events never included in a digest counted first (README "
+        '"Retention"). 0 keeps everything; otherwise at least 7 (a weekly digest '
+        "must see its week)",
+    )
     # -- mail
     mail_provider: str = setting("file", "`smtp`, `sendgrid` or `file` (`make run` uses the dev SMTP sink)")
     mail_from: str = setting("Notify <notify@localhost>", "default sender: exactly one mailbox")
     smtp_url: str = setting("smtp://localhost:1025", "`smtp://user:pass@host:port`, `?starttls=1`, or `smtps://`")
     mail_file_dir: str = setting("mail-out", "where the `file` provider writes .eml files")
     unsubscribe_mailto: str = setting("", "adds a mailto: target to List-Unsubscribe")
-    mail_postal_address: str = setting("", "the sender's postal address, shown in the footer of every newsletter "
-                                           "and digest (HTML and text; line breaks become \", \"); required "
-                                           "outside development/test, where empty means no address line")
+    mail_postal_address: str = setting(
+        "",
+        "the sender's postal address, shown in the footer of every newsletter "
+        'and digest (HTML and text; line breaks become ", "); required '
+        "outside development/test, where empty means no address line",
+    )
     sendgrid_api_key: str = setting("", "SendGrid API key")
     sendgrid_api_url: str = setting("https://api.sendgrid.com/v3/mail/send", "SendGrid v3 mail/send endpoint")
-    sendgrid_webhook_public_key: str = setting("", "verifies signed SendGrid event webhooks (base64 DER); "
-                                                   "required outside development")
+    sendgrid_webhook_public_key: str = setting(
+        "", "verifies signed SendGrid event webhooks (base64 DER); required outside development"
+    )
     sendgrid_webhook_allow_unsigned: bool = setting(
-        False, f"set to exactly `{ALLOW_UNSIGNED_WEBHOOK}` to run production without that key (anyone can then "
-               "post events: suppress addresses, fake statistics); logged as a WARNING at start-up", shown="—")
+        False,
+        f"set to exactly `{ALLOW_UNSIGNED_WEBHOOK}` to run production without that key (anyone can then "
+        "post events: suppress addresses, fake statistics); logged as a WARNING at start-up",
+        shown="—",
+    )
     sendgrid_webhook_max_age_seconds: int = setting(600, "oldest signed webhook timestamp accepted")
     sendgrid_webhook_max_body_bytes: int = setting(8 * 1024 * 1024, "largest webhook body", shown="8 MiB")
     dkim_domain: str = setting("", "DKIM signing domain (with DKIM_SELECTOR and DKIM_PRIVATE_KEY)")
     dkim_selector: str = setting("", "DKIM selector")
     dkim_private_key: str = setting("", "PEM key, or a path to one")
     # -- brand (the mail layout around digests and newsletter bodies: app/layout.py)
-    brand_name: str = setting("Notify", "the name at the top of every digest and wrapped newsletter (and the logo's "
-                                        "alt text); plain text, at most 100 characters")
-    brand_logo_url: str = setting("", "an `https://` URL of a logo shown instead of the name (32 px high); unset: "
-                                      "the name as text")
-    brand_color: str = setting("#1f5fbf", "accent colour of links, the name and the card's top edge "
-                                          "(`#rgb` or `#rrggbb`)")
+    brand_name: str = setting(
+        "Notify",
+        "the name at the top of every digest and wrapped newsletter (and the logo's "
+        "alt text); plain text, at most 100 characters",
+    )
+    brand_logo_url: str = setting(
+        "", "an `https://` URL of a logo shown instead of the name (32 px high); unset: the name as text"
+    )
+    brand_color: str = setting(
+        "#1f5fbf", "accent colour of links, the name and the card's top edge (`#rgb` or `#rrggbb`)"
+    )
     brand_background: str = setting("#f4f5f7", "colour around the card (`#rgb` or `#rrggbb`)")
-    name_fallback: str = setting("there", "what `{{name}}` shows for a subscriber without a name (\"Hi there\"), "
-                                          "in newsletters and the digest greeting; at most 60 characters")
+    name_fallback: str = setting(
+        "there",
+        'what `{{name}}` shows for a subscriber without a name ("Hi there"), '
+        "in newsletters and the digest greeting; at most 60 characters",
+    )
     # -- tracking
     tracking: bool = setting(True, "`off` sends clean links and no open pixel")
-    tracking_flush_seconds: float = setting(0.2, "click/open history buffered this long (what a SIGKILLed web "
-                                                 "process can lose; SIGTERM loses none)")
+    tracking_flush_seconds: float = setting(
+        0.2, "click/open history buffered this long (what a SIGKILLed web process can lose; SIGTERM loses none)"
+    )
     tracking_buffer_max_rows: int = setting(200_000, "most buffered history rows per web process")
     tracking_scanner_seconds: int = setting(10, "clicks/opens this soon after delivery are link scanners")
-    forwarded_allow_ips: str = setting("127.0.0.1,::1", "trusted proxies (IPs/CIDRs, `*` = all): only behind one "
-                                                        "of these is `X-Forwarded-For` read, right to left, skipping "
-                                                        "trusted hops; uvicorn reads the same variable")
+    forwarded_allow_ips: str = setting(
+        "127.0.0.1,::1",
+        "trusted proxies (IPs/CIDRs, `*` = all): only behind one "
+        "of these is `X-Forwarded-For` read, right to left, skipping "
+        "trusted hops; uvicorn reads the same variable",
+    )
     # -- digests
-    digest_max_items: int = setting(50, "entities shown per digest (\"and N more\")")
+    digest_max_items: int = setting(50, 'entities shown per digest ("and N more")')
     digest_stagger_seconds: int = setting(3600, "spread of a slot's sends (stable per subscriber)")
-    digest_processing_timeout_seconds: int = setting(300, "a batch's worker is presumed dead after this "
-                                                          "(README \"Failure handling\": how it was chosen)")
+    digest_processing_timeout_seconds: int = setting(
+        300, 'a batch\'s worker is presumed dead after this (README "Failure handling": how it was chosen)'
+    )
     digest_max_attempts: int = setting(5, "attempts before a run is `failed`")
     scheduler_interval_seconds: float = setting(30.0, "scheduler tick")
     digest_template_dir: str = setting("", "override digest/templates")
@@ -160,40 +222,61 @@ class Settings:
     digest_queue_max_depth: int = setting(200, "the checker never lets the digest queue grow past this")
     digest_reenqueue_seconds: int = setting(300, "a pending run enqueued this long ago is enqueued again")
     digest_retry_base_seconds: int = setting(60, "backoff after a retryable failure: base x 2^attempts")
-    immediate_max_per_hour: int = setting(4, "send-now mails (cadence `immediately`, priority high, \"send now\" "
-                                             "categories) per subscriber in any hour; more waits for the next "
-                                             "allowed one (0 = no limit)")
-    immediate_recheck_seconds: int = setting(3600, "how often every `immediately` subscriber is looked at anyway "
-                                                   "(events left behind by a pause or a resubscribe)")
-    smtp_pool_size: int = setting(8, "SMTP connections each worker process starts with and may always hold (fewer only "
-                                     "if the relay refuses them); the threaded pool (SMTP_ASYNC=0) holds no more. "
-                                     "Two worker processes at 8 fit a stock Postfix (50 per client)")
-    smtp_pool_max: int = setting(256, "most SMTP connections per worker process. The async pool grows towards it "
-                                      "only while more connections raise the measured throughput: to a relay far "
-                                      "away (every mail takes 10 ms or more) in a few big steps, to a relay next "
-                                      "door by doublings that are undone when they do not pay, so it stays at "
-                                      "SMTP_POOL_SIZE. A relay that refuses one more (421 or \"too many "
-                                      "connections\" at the greeting, a refused connect) sets the process's most "
-                                      "where it refused, for 5 minutes, then a tenth higher at a time; no mail fails "
-                                      "for it (app/providers/smtp_sizing.py)")
+    immediate_max_per_hour: int = setting(
+        4,
+        'send-now mails (cadence `immediately`, priority high, "send now" '
+        "categories) per subscriber in any hour; more waits for the next "
+        "allowed one (0 = no limit)",
+    )
+    immediate_recheck_seconds: int = setting(
+        3600,
+        "how often every `immediately` subscriber is looked at anyway (events left behind by a pause or a resubscribe)",
+    )
+    smtp_pool_size: int = setting(
+        8,
+        "SMTP connections each worker process starts with and may always hold (fewer only "
+        "if the relay refuses them); the threaded pool (SMTP_ASYNC=0) holds no more. "
+        "Two worker processes at 8 fit a stock Postfix (50 per client)",
+    )
+    smtp_pool_max: int = setting(
+        256,
+        "most SMTP connections per worker process. The async pool grows towards it "
+        "only while more connections raise the measured throughput: to a relay far "
+        "away (every mail takes 10 ms or more) in a few big steps, to a relay next "
+        "door by doublings that are undone when they do not pay, so it stays at "
+        'SMTP_POOL_SIZE. A relay that refuses one more (421 or "too many '
+        "connections\" at the greeting, a refused connect) sets the process's most "
+        "where it refused, for 5 minutes, then a tenth higher at a time; no mail fails "
+        "for it (app/providers/smtp_sizing.py)",
+    )
     smtp_timeout_seconds: float = setting(30.0, "per SMTP step; a batch starts no mail after twice this")
-    smtp_idle_timeout_seconds: float = setting(30.0, "an SMTP connection unused this long is closed (QUIT): a burst's "
-                                                     "connections go back to the relay instead of holding its "
-                                                     "processes (Postfix itself drops a silent client after 300 s)")
+    smtp_idle_timeout_seconds: float = setting(
+        30.0,
+        "an SMTP connection unused this long is closed (QUIT): a burst's "
+        "connections go back to the relay instead of holding its "
+        "processes (Postfix itself drops a silent client after 300 s)",
+    )
     smtp_async: bool = setting(True, "drive the pool from one asyncio loop (off: a thread per connection)")
     # -- newsletters
-    send_batch_size: int = setting(0, "rows per claim and per provider call; 0: the provider's own size "
-                                      "(SendGrid 500 recipients per API call; SMTP 1,000, the best measured by "
-                                      "scripts/bench/knobs.py), capped by what the provider accepts",
-                                   shown="0 (provider's own)")
+    send_batch_size: int = setting(
+        0,
+        "rows per claim and per provider call; 0: the provider's own size "
+        "(SendGrid 500 recipients per API call; SMTP 1,000, the best measured by "
+        "scripts/bench/knobs.py), capped by what the provider accepts",
+        shown="0 (provider's own)",
+    )
     reclaim_after_seconds: int = setting(300, "a `sending` row is presumed lost after this")
     provider_rate_per_second: float = setting(0.0, "shared send ceiling (0: none); 429s lower it adaptively")
     soft_bounce_limit: int = setting(3, "deferrals before an address is suppressed")
-    newsletter_send_chains: int = setting(4, "send loops a newsletter starts with (each holds a worker thread for "
-                                             "at most a few seconds at a time); more are added while they mostly "
-                                             "wait for the provider and the CPU has room (app/newsletter/growth.py)")
-    newsletter_send_chains_max: int = setting(16, "at most this many send loops per newsletter (NEWSLETTER_SEND_CHAINS "
-                                                  "or less: no growth)")
+    newsletter_send_chains: int = setting(
+        4,
+        "send loops a newsletter starts with (each holds a worker thread for "
+        "at most a few seconds at a time); more are added while they mostly "
+        "wait for the provider and the CPU has room (app/newsletter/growth.py)",
+    )
+    newsletter_send_chains_max: int = setting(
+        16, "at most this many send loops per newsletter (NEWSLETTER_SEND_CHAINS or less: no growth)"
+    )
     newsletter_max_attempts: int = setting(8, "retryable failures before a row is `failed`")
 
     @property
@@ -211,8 +294,11 @@ def env_name(name: str) -> str:
 
 
 def _parse(f, raw: str):
-    kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool, "str": str,
-                                                      "tuple": tuple}[f.type]
+    kind = (
+        f.type
+        if isinstance(f.type, type)
+        else {"int": int, "float": float, "bool": bool, "str": str, "tuple": tuple}[f.type]
+    )
     if kind is bool:
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if kind is tuple:
@@ -260,8 +346,7 @@ def _webhook_allow_unsigned(env: str, public_key: str) -> bool:
     raw = os.environ.get("SENDGRID_WEBHOOK_ALLOW_UNSIGNED", "").strip()
     if raw and raw != ALLOW_UNSIGNED_WEBHOOK:
         raise ConfigError(
-            f"SENDGRID_WEBHOOK_ALLOW_UNSIGNED must be exactly {ALLOW_UNSIGNED_WEBHOOK!r} "
-            f"(or unset), got {raw!r}"
+            f"SENDGRID_WEBHOOK_ALLOW_UNSIGNED must be exactly {ALLOW_UNSIGNED_WEBHOOK!r} (or unset), got {raw!r}"
         )
     allowed = bool(raw)
     if env not in DEVELOPMENT_ENVS and not public_key and not allowed:
@@ -281,7 +366,7 @@ def _postal_address(env: str, raw: str) -> str:
     if not address and env not in DEVELOPMENT_ENVS:
         raise ConfigError(
             f"MAIL_POSTAL_ADDRESS is not set (APP_ENV={env}): every newsletter and digest must show the "
-            "sender's postal address. Set MAIL_POSTAL_ADDRESS, e.g. \"Example Ltd, 1 Main St, Springfield\" "
+            'sender\'s postal address. Set MAIL_POSTAL_ADDRESS, e.g. "Example Ltd, 1 Main St, Springfield" '
             "(for local development set APP_ENV=development)."
         )
     return address
@@ -290,8 +375,14 @@ def _postal_address(env: str, raw: str) -> str:
 # Read by load() itself: their rules depend on APP_ENV and on each other.
 # The brand values go into every mail's HTML and CSS: check_brand() refuses what could inject.
 _BRAND = ("brand_name", "brand_logo_url", "brand_color", "brand_background", "name_fallback")
-_SPECIAL = {"env", "secret_key", "secret_key_fallbacks", "sendgrid_webhook_allow_unsigned", "mail_postal_address",
-            *_BRAND}
+_SPECIAL = {
+    "env",
+    "secret_key",
+    "secret_key_fallbacks",
+    "sendgrid_webhook_allow_unsigned",
+    "mail_postal_address",
+    *_BRAND,
+}
 
 
 def load() -> Settings:
@@ -306,14 +397,16 @@ def load() -> Settings:
     values["env"] = env
     values["secret_key"], values["secret_key_fallbacks"] = _secret_keys(env)
     values["sendgrid_webhook_allow_unsigned"] = _webhook_allow_unsigned(
-        env, values.get("sendgrid_webhook_public_key", ""))
+        env, values.get("sendgrid_webhook_public_key", "")
+    )
     values["mail_postal_address"] = _postal_address(env, os.environ.get("MAIL_POSTAL_ADDRESS", ""))
     values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
     values.update({name: raw.strip() for name in _BRAND if (raw := os.environ.get(env_name(name)))})
     retention = values.get("retention_days", Settings.retention_days)
     if retention < 0 or 0 < retention < MIN_RETENTION_DAYS:
-        raise ConfigError(f"RETENTION_DAYS must be 0 (keep everything) or at least {MIN_RETENTION_DAYS}, "
-                          f"got {retention}")
+        raise ConfigError(
+            f"RETENTION_DAYS must be 0 (keep everything) or at least {MIN_RETENTION_DAYS}, got {retention}"
+        )
     settings = Settings(**values)
     check_brand(settings)
     return settings
@@ -334,13 +427,16 @@ def check_brand(settings: Settings) -> None:
     if logo:
         parts = urlsplit(logo)
         if parts.scheme != "https" or not parts.hostname or _URL_UNSAFE.search(logo) or len(logo) > 2000:
-            raise ConfigError(f"BRAND_LOGO_URL must be an https:// URL without quotes, spaces, brackets or "
-                              f"backslashes, got {logo!r}")
+            raise ConfigError(
+                f"BRAND_LOGO_URL must be an https:// URL without quotes, spaces, brackets or backslashes, got {logo!r}"
+            )
     for name, limit, required in (("brand_name", 100, True), ("name_fallback", 60, False)):
         value = getattr(settings, name)
         if (required and not value.strip()) or len(value) > limit or not value.isprintable():
-            raise ConfigError(f"{env_name(name)} must be {'1 to ' if required else 'at most '}{limit} printable "
-                              f"characters on one line, got {value!r}")
+            raise ConfigError(
+                f"{env_name(name)} must be {'1 to ' if required else 'at most '}{limit} printable "
+                f"characters on one line, got {value!r}"
+            )
 
 
 def markdown_table() -> str:
@@ -349,8 +445,13 @@ def markdown_table() -> str:
     for f in fields(Settings):
         shown = f.metadata.get("shown")
         if shown is None:
-            shown = ("on" if f.default else "off") if isinstance(f.default, bool) else \
-                ", ".join(f.default) if isinstance(f.default, tuple) else f.default
+            shown = (
+                ("on" if f.default else "off")
+                if isinstance(f.default, bool)
+                else ", ".join(f.default)
+                if isinstance(f.default, tuple)
+                else f.default
+            )
         rows.append(f"| `{env_name(f.name)}` | {shown if shown != '' else '—'} | {f.metadata['doc']} |")
     return "\n".join(rows)
 

@@ -43,6 +43,7 @@ SELECT … ON CONFLICT`, execute_values, COPY and arrays as literals — SQL an 
 and each has to pick its transaction boundaries (never open across an SMTP call). peewee stays
 for what it does well here: the pool and a few readable admin writes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,8 +66,13 @@ log = logging.getLogger("app.platform.db")
 
 # Every way "the database is not answering" surfaces: a refused or dropped connection (psycopg2 or
 # peewee's wrappers), or no pooled connection free within DB_POOL_TIMEOUT_SECONDS.
-UNAVAILABLE = (psycopg2.OperationalError, psycopg2.InterfaceError, peewee.OperationalError,
-               peewee.InterfaceError, MaxConnectionsExceeded)
+UNAVAILABLE = (
+    psycopg2.OperationalError,
+    psycopg2.InterfaceError,
+    peewee.OperationalError,
+    peewee.InterfaceError,
+    MaxConnectionsExceeded,
+)
 
 _IN_TRANSACTION = psycopg2.extensions.TRANSACTION_STATUS_INTRANS
 _IN_ERROR = psycopg2.extensions.TRANSACTION_STATUS_INERROR
@@ -115,7 +121,7 @@ class Pool(_PooledPostgresqlDatabase, _FromFactory):
         except MaxConnectionsExceeded:
             _observe_checkout(time.perf_counter() - started, True)
             raise
-        if opened:   # False: this thread already held its connection, nothing was checked out
+        if opened:  # False: this thread already held its connection, nothing was checked out
             _observe_checkout(time.perf_counter() - started, False)
         return opened
 
@@ -143,8 +149,9 @@ def init(url: str | None = None) -> Pool:
             if _bound_url is not None:
                 database.close_all()
             # timeout: a burst of threadpool requests waits for a free connection instead of failing.
-            database.init(url, max_connections=settings.db_pool_size, stale_timeout=300,
-                          timeout=settings.db_pool_timeout_seconds)
+            database.init(
+                url, max_connections=settings.db_pool_size, stale_timeout=300, timeout=settings.db_pool_timeout_seconds
+            )
             _bound_url = url
     return database
 
@@ -220,9 +227,8 @@ def _rollback(conn, *statements: str) -> None:
 def raw_cursor():
     """A transaction (`transaction()`) on a pooled connection, for one short unit of work."""
     pool = _pool()
-    with pool.connection_context():
-        with transaction(pool.connection()) as cur:
-            yield cur
+    with pool.connection_context(), transaction(pool.connection()) as cur:
+        yield cur
 
 
 def query(sql: str, params=None) -> list[tuple]:
@@ -289,15 +295,22 @@ def until_written(work, deadline: float, what: str):
     retried while the database is unavailable, with backoff, until `deadline` (time.monotonic()).
     Past it the last error is raised: the caller's rows are then returned by the watchdog or the
     reclaimer, whose timeouts are chosen to come after this deadline."""
+
     def log_wait(state):
-        log.warning("%s: database unavailable (%s); retrying in %.1f s", what, state.outcome.exception(),
-                    state.next_action.sleep)
+        log.warning(
+            "%s: database unavailable (%s); retrying in %.1f s",
+            what,
+            state.outcome.exception(),
+            state.next_action.sleep,
+        )
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(UNAVAILABLE),
         stop=tenacity.stop_before_delay(max(0.0, deadline - time.monotonic())),
         wait=tenacity.wait_exponential_jitter(multiplier=0.2, max=5.0),
-        before_sleep=log_wait, reraise=True)
+        before_sleep=log_wait,
+        reraise=True,
+    )
     return retrying(work)
 
 
@@ -306,9 +319,25 @@ def database_name(url: str) -> str:
 
 
 ALL_TABLES = [
-    "api_keys", "subscribers", "digest_runs", "digest_events", "newsletters", "email_log",
-    "email_links", "email_link_history", "legacy_link_codes", "webhook_events", "suppressions",
-    "mail_event_counts", "leases", "admin_sessions", "admin_audit", "categories",
-    "digest_event_keys", "webhook_event_keys", "retention_drops", "digest_send_now", "mail_stop",
+    "api_keys",
+    "subscribers",
+    "digest_runs",
+    "digest_events",
+    "newsletters",
+    "email_log",
+    "email_links",
+    "email_link_history",
+    "legacy_link_codes",
+    "webhook_events",
+    "suppressions",
+    "mail_event_counts",
+    "leases",
+    "admin_sessions",
+    "admin_audit",
+    "categories",
+    "digest_event_keys",
+    "webhook_event_keys",
+    "retention_drops",
+    "digest_send_now",
+    "mail_stop",
 ]
-

@@ -15,6 +15,7 @@ FORWARDED_ALLOW_IPS is a comma-separated list of IP addresses and CIDR networks,
 "127.0.0.1,::1" — uvicorn reads the same variable with the same rules for its proxy headers, so one
 setting describes the deployment to both.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,7 +24,7 @@ import ipaddress
 from app.platform import config
 from app.platform.config import ConfigError
 
-MAX_HOPS = 32   # a longer header is junk; only its right-most hops are read
+MAX_HOPS = 32  # a longer header is junk; only its right-most hops are read
 
 
 class TrustedProxies:
@@ -49,7 +50,7 @@ class TrustedProxies:
         try:
             ip = ipaddress.ip_address(host)
         except ValueError:
-            return False   # not an address (junk, "unknown", a unix socket): never a proxy of ours
+            return False  # not an address (junk, "unknown", a unix socket): never a proxy of ours
         return ip in self.addresses or any(ip in net for net in self.networks)
 
 
@@ -64,7 +65,7 @@ def trusted_proxies() -> TrustedProxies:
 
 
 def strip_port(entry: str) -> str:
-    """"1.2.3.4:80" → "1.2.3.4", "[2001:db8::1]:443" → "2001:db8::1"; anything else as it is."""
+    """ "1.2.3.4:80" → "1.2.3.4", "[2001:db8::1]:443" → "2001:db8::1"; anything else as it is."""
     entry = entry.strip()
     if entry.startswith("["):
         end = entry.find("]")

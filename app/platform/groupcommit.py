@@ -13,6 +13,7 @@ requests/s from 32 callers on 2 cores (10x). For 500-event batches from 4 caller
 was faster here (28,047 against 17,758 events/s: one writer thread serialises what 4 pooled
 connections do in parallel), so very large batches are a candidate for bypassing the group.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,8 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 import psycopg2
 import psycopg2.errors
@@ -34,9 +35,18 @@ RETRYABLE = (psycopg2.errors.DeadlockDetected, psycopg2.errors.SerializationFail
 
 
 class GroupCommitWriter:
-    def __init__(self, name: str, commit_jobs: Callable, after_commit: Callable | None = None,
-                 url: str | None = None, wait_ms: float = 1.0, max_items: int = 20_000,
-                 retries: int = 6, backoff_base: float = 0.02, connect: Callable | None = None):
+    def __init__(
+        self,
+        name: str,
+        commit_jobs: Callable,
+        after_commit: Callable | None = None,
+        url: str | None = None,
+        wait_ms: float = 1.0,
+        max_items: int = 20_000,
+        retries: int = 6,
+        backoff_base: float = 0.02,
+        connect: Callable | None = None,
+    ):
         """commit_jobs(cursor, jobs) -> one result per job, inside the writer's transaction.
         after_commit(jobs, results) runs on the writer thread after the commit (errors logged)."""
         self.name = name
@@ -56,7 +66,7 @@ class GroupCommitWriter:
         return fut
 
     def _connection(self):
-        url = self._url or config.get().database_url    # follows DATABASE_URL, like db.thread_connection
+        url = self._url or config.get().database_url  # follows DATABASE_URL, like db.thread_connection
         if self._conn is not None and not self._conn.closed and url != self._conn_url:
             self._conn.close()
         if self._conn is None or self._conn.closed:

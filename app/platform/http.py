@@ -1,4 +1,5 @@
 """Shared HTTP plumbing for the JSON API: error bodies, bounded body reading, bearer auth."""
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ def exception_handlers() -> dict:
     """Every Starlette app's (the web app, the metrics exporter): ApiError as its JSON body, Postgres
     unavailable as 503, a client that disconnected mid-request as one INFO line."""
     handlers = {ApiError: api_error_handler, ClientDisconnect: client_disconnected_handler}
-    handlers.update({error: database_unavailable_handler for error in db.UNAVAILABLE})
+    handlers.update(dict.fromkeys(db.UNAVAILABLE, database_unavailable_handler))
     return handlers
 
 
@@ -62,14 +63,18 @@ RETRY_AFTER_SECONDS = "5"
 async def database_unavailable_handler(request: Request, exc: Exception) -> Response:
     """503 + Retry-After on every route (authentication included) while Postgres is unavailable:
     the client retries, nothing was committed. Never a 500."""
-    log.warning("database unavailable for %s %s: %s", request.method, request.url.path,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    log.warning(
+        "database unavailable for %s %s: %s",
+        request.method,
+        request.url.path,
+        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+    )
     headers = {"Retry-After": RETRY_AFTER_SECONDS}
     if request.url.path.startswith(("/v1/", "/webhooks/")):
-        return ApiError(503, "unavailable", "the database is unavailable; nothing was changed, retry later",
-                        headers=headers).response()
-    return PlainTextResponse("Temporarily unavailable, please try again in a moment.", status_code=503,
-                             headers=headers)
+        return ApiError(
+            503, "unavailable", "the database is unavailable; nothing was changed, retry later", headers=headers
+        ).response()
+    return PlainTextResponse("Temporarily unavailable, please try again in a moment.", status_code=503, headers=headers)
 
 
 def field_error(field: str, message: str, index: int | None = None) -> dict:
@@ -80,8 +85,7 @@ def field_error(field: str, message: str, index: int | None = None) -> dict:
 
 
 def validation_error(errors: list[dict]) -> ApiError:
-    return ApiError(422, "validation_failed", f"{len(errors)} problem(s) in the request; nothing was stored",
-                    errors)
+    return ApiError(422, "validation_failed", f"{len(errors)} problem(s) in the request; nothing was stored", errors)
 
 
 class BadContentLength(ValueError):
@@ -102,7 +106,7 @@ def declared_length(headers) -> int | None:
         raise BadContentLength("Content-Length is not a number")
     raw = raw.lstrip("0") or "0"
     # Past 18 digits it is over any limit; int() of a long run is slow and refuses > 4300 digits.
-    return int(raw) if len(raw) <= 18 else 10 ** 18
+    return int(raw) if len(raw) <= 18 else 10**18
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -122,7 +126,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-_LONG_DIGITS = re.compile(rb"\d{19}")   # -2**63 - 1 has 19 digits, 2**64 has 20
+_LONG_DIGITS = re.compile(rb"\d{19}")  # -2**63 - 1 has 19 digits, 2**64 has 20
 # Nothing we accept nests deeper than a few levels (SendGrid events are flat, event payloads are
 # small objects). The bound keeps every later recursive step safe: orjson.dumps stops at 255
 # levels, the standard library's parser at the interpreter's recursion limit.
@@ -137,12 +141,12 @@ class JSONBodyError(ValueError):
 
 
 def _too_deep(value, limit: int) -> bool:
-    stack = [(value, 1)]   # iterative: a recursive walk would hit the limit it is checking
+    stack = [(value, 1)]  # iterative: a recursive walk would hit the limit it is checking
     while stack:
         node, depth = stack.pop()
         if depth > limit:
             return True
-        for child in (node.values() if type(node) is dict else node):
+        for child in node.values() if type(node) is dict else node:
             if type(child) is dict or type(child) is list:
                 stack.append((child, depth + 1))
     return False
@@ -158,12 +162,15 @@ def parse_json(body: bytes, exact_integers: bool = False):
     """JSON from untrusted bytes; JSONBodyError when malformed or nested deeper than MAX_JSON_DEPTH.
     exact_integers: integers past 64 bits stay exact instead of becoming floats."""
     try:
-        value = orjson.loads(body)      # strict RFC 8259 (no NaN, no lone surrogates): the syntax check
+        value = orjson.loads(body)  # strict RFC 8259 (no NaN, no lone surrogates): the syntax check
     except orjson.JSONDecodeError as exc:
         raise JSONBodyError(f"request body is not valid JSON: {exc}") from None
     # Cheap first: a body with few brackets cannot be deep, so single objects skip the walk.
-    if type(value) in (dict, list) and body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH \
-            and _too_deep(value, MAX_JSON_DEPTH):
+    if (
+        type(value) in (dict, list)
+        and body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
+        and _too_deep(value, MAX_JSON_DEPTH)
+    ):
         raise JSONBodyError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
     if exact_integers and _LONG_DIGITS.search(body):
         # orjson reads an integer past 64 bits as a float, silently rounding it. The standard
@@ -201,8 +208,12 @@ async def require_key(request: Request, scope: str) -> apikeys.Principal:
     header = request.headers.get("authorization", "")
     kind, _, key = header.partition(" ")
     if kind.lower() != "bearer" or not key.strip():
-        raise ApiError(401, "unauthorized", "missing API key: send 'Authorization: Bearer <key>'",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(
+            401,
+            "unauthorized",
+            "missing API key: send 'Authorization: Bearer <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     key = key.strip()
     principal = apikeys.cache.peek(key)
     if principal is None and not apikeys.cache.known_unknown(key):

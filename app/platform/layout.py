@@ -18,6 +18,7 @@ Responsive without media queries (which many mail clients drop): the card is flu
 images never exceed it and long words wrap, so a 390 px phone shows it without sideways scrolling
 (tests/test_browser_mail.py).
 """
+
 from __future__ import annotations
 
 import html as html_lib
@@ -40,7 +41,7 @@ class Brand:
     background: str
 
     @classmethod
-    def from_settings(cls, settings=None) -> "Brand":
+    def from_settings(cls, settings=None) -> Brand:
         settings = settings or config.get()
         return cls(settings.brand_name, settings.brand_logo_url, settings.brand_color, settings.brand_background)
 
@@ -56,7 +57,7 @@ def regions(fragment: str) -> tuple[str, dict[str, str]]:
     out = dict.fromkeys(REGIONS, "")
     region, pos = "card", 0
     for marker in _MARKER.finditer(body):
-        out[region] += body[pos:marker.start()]
+        out[region] += body[pos : marker.start()]
         region, pos = marker.group(1), marker.end()
     out[region] += body[pos:]
     return head, out
@@ -90,18 +91,18 @@ def wrap(fragment: str, brand: Brand | None = None) -> str:
     if "<title" not in head.lower():
         head = f"<title>{name}</title>\n{head}"
     if brand.logo_url:
-        mark = (f'<img class="layout-logo" src="{html_lib.escape(brand.logo_url)}" alt="{name}" height="32">')
+        mark = f'<img class="layout-logo" src="{html_lib.escape(brand.logo_url)}" alt="{name}" height="32">'
     else:
         mark = f'<span class="layout-brand">{name}</span>'
     after = f'<div class="layout-after">\n{parts["after"].strip()}\n</div>\n' if parts["after"].strip() else ""
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f'{head}\n{_css(brand)}</head>\n<body>\n'
+        f"{head}\n{_css(brand)}</head>\n<body>\n"
         '<div class="layout">\n'
-        f'{parts["before"].strip()}\n'
+        f"{parts['before'].strip()}\n"
         f'<div class="layout-header">{mark}</div>\n'
         f'<div class="layout-card">\n{parts["card"].strip()}\n</div>\n'
-        f'{after}'
-        '</div>\n</body>\n</html>\n'
+        f"{after}"
+        "</div>\n</body>\n</html>\n"
     )

@@ -19,6 +19,7 @@ statement per renewal, so it works through any pooler.
 Whatever runs under a lease is still idempotent (unique keys, ON CONFLICT, SKIP LOCKED): a lease
 makes duplicate work rare, it is not what keeps the data right.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,7 +57,7 @@ class Lease:
         self.name, self.seconds = name, float(seconds)
         self.holder = holder or new_holder_id()
         self._lock = threading.Lock()
-        self._until = 0.0                 # time.monotonic() after which we no longer hold it
+        self._until = 0.0  # time.monotonic() after which we no longer hold it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -64,7 +65,7 @@ class Lease:
         """Acquire, or renew if ours: one statement. False if another holds a live lease, or if
         the database could not be asked (logged)."""
         with self._lock:
-            sent = time.monotonic()      # the database's expiry is later than sent + seconds
+            sent = time.monotonic()  # the database's expiry is later than sent + seconds
             try:
                 rows = db.query(ACQUIRE, {"name": self.name, "holder": self.holder, "seconds": self.seconds})
             except Exception as exc:
@@ -119,10 +120,11 @@ class Lease:
             was_held, self._until = self.held(), 0.0
             try:
                 db.query(RELEASE, (self.name, self.holder))
-            except Exception as exc:   # it expires by itself
+            except Exception as exc:  # it expires by itself
                 if was_held:
-                    log.warning("lease %s: could not release (it expires within %.0f s): %s",
-                                self.name, self.seconds, exc)
+                    log.warning(
+                        "lease %s: could not release (it expires within %.0f s): %s", self.name, self.seconds, exc
+                    )
 
     def __enter__(self):
         return self

@@ -8,6 +8,7 @@
 - DKIM signature (dkimpy) when DKIM_DOMAIN, DKIM_SELECTOR and DKIM_PRIVATE_KEY are set, covering
   both List-Unsubscribe headers as Gmail and Yahoo require of bulk senders.
 """
+
 from __future__ import annotations
 
 import binascii
@@ -18,8 +19,8 @@ import hashlib
 import logging
 import re
 import secrets
+from datetime import UTC, datetime
 from email.utils import format_datetime
-from datetime import datetime, timezone
 from pathlib import Path
 
 from app.platform import addresses, config
@@ -28,13 +29,34 @@ from app.platform.providers.base import OutgoingMail
 log = logging.getLogger("app.platform.mail")
 
 # Headers the DKIM signature covers (only those present are signed; dkimpy skips absent ones).
-DKIM_HEADERS = (b"from", b"to", b"subject", b"date", b"message-id", b"mime-version", b"content-type",
-                b"list-unsubscribe", b"list-unsubscribe-post", b"reply-to")
+DKIM_HEADERS = (
+    b"from",
+    b"to",
+    b"subject",
+    b"date",
+    b"message-id",
+    b"mime-version",
+    b"content-type",
+    b"list-unsubscribe",
+    b"list-unsubscribe-post",
+    b"reply-to",
+)
 MAX_HEADER_VALUE = 2000
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,60}$")
 # Set by build() itself; a caller's header of these names would duplicate or override them.
-_RESERVED = {"from", "to", "subject", "date", "message-id", "mime-version", "content-type",
-             "content-transfer-encoding", "dkim-signature", "bcc", "cc"}
+_RESERVED = {
+    "from",
+    "to",
+    "subject",
+    "date",
+    "message-id",
+    "mime-version",
+    "content-type",
+    "content-transfer-encoding",
+    "dkim-signature",
+    "bcc",
+    "cc",
+}
 
 
 class MailBuildError(ValueError):
@@ -76,7 +98,7 @@ def unsubscribe_headers(unsubscribe_url: str) -> dict:
     return {"List-Unsubscribe": ", ".join(targets), "List-Unsubscribe-Post": "List-Unsubscribe=One-Click"}
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")       # tab is folding whitespace, allowed
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # tab is folding whitespace, allowed
 # Printable ASCII with no encoded-word marker and no leading/trailing/doubled blanks is written as
 # it is: for such values under 78 columns that is byte-identical to the SMTP policy's output
 # (tests/test_address_policy.py proves it). List-Unsubscribe values stay on one line however long
@@ -84,14 +106,14 @@ _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")       # tab is folding whites
 # clients do not decode there, and one-click unsubscribe would break.
 _URL_HEADERS = {"list-unsubscribe", "list-unsubscribe-post"}
 _PLAIN_VALUE = re.compile(r"[!-~](?:[!-~]| (?! ))*")
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9]+(?: [A-Za-z0-9]+)*")   # a display name that needs no quoting
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9]+(?: [A-Za-z0-9]+)*")  # a display name that needs no quoting
 _POLICY = email.policy.SMTP
 
 
 # Where str.splitlines() breaks a line beyond the ASCII controls: the email package folds header
 # values there, so a display name holding one cannot be written as a header at all.
 _UNICODE_LINE_BREAKS = re.compile("[\x85\u2028\u2029]")
-_DISPLAY_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")   # C0, DEL, C1, separators
+_DISPLAY_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # C0, DEL, C1, separators
 
 
 def one_line(text) -> str:
@@ -130,7 +152,7 @@ def _header(name: str, value: str) -> bytes:
     try:
         stored = _POLICY.header_store_parse(name, value)[1]
         return _POLICY.fold_binary(name, stored)
-    except Exception as exc:   # noqa: BLE001 - the policy's parser refuses it: this mail only
+    except Exception as exc:
         raise MailBuildError(f"header {name} cannot be encoded: {exc}") from exc
 
 
@@ -154,17 +176,17 @@ def _text_header(name: str, value: str) -> bytes:
         for word in value.split(" "):
             if len(line) + 1 + len(word) > 78:
                 if line == f"{name}:" or len(word) > 76:
-                    break                       # a word too long for a line: encoded words below
+                    break  # a word too long for a line: encoded words below
                 lines.append(line)
                 line = ""
             line += " " + word
         else:
             return ("\r\n".join([*lines, line]) + "\r\n").encode("ascii")
     data, words, start = value.encode("utf-8"), [], 0
-    room = (76 - len(name) - 2 - _WORD_OVERHEAD) // 4 * 3     # bytes in the first line's word
+    room = (76 - len(name) - 2 - _WORD_OVERHEAD) // 4 * 3  # bytes in the first line's word
     while start < len(data):
         end = min(start + room, len(data))
-        while end < len(data) and (data[end] & 0xC0) == 0x80:   # never end inside a UTF-8 sequence
+        while end < len(data) and (data[end] & 0xC0) == 0x80:  # never end inside a UTF-8 sequence
             end -= 1
         words.append("=?utf-8?b?" + binascii.b2a_base64(data[start:end], newline=False).decode("ascii") + "?=")
         start, room = end, (76 - 1 - _WORD_OVERHEAD) // 4 * 3
@@ -177,7 +199,7 @@ def _utf8_header(name: str, value: str) -> bytes:
     try:
         stored = email.policy.SMTPUTF8.header_store_parse(name, value)[1]
         return email.policy.SMTPUTF8.fold_binary(name, stored)
-    except Exception as exc:   # noqa: BLE001
+    except Exception as exc:
         raise MailBuildError(f"header {name} cannot be encoded: {exc}") from exc
 
 
@@ -199,7 +221,7 @@ def parse_mailbox(value: str) -> tuple[str, str]:
     _clean(value, "From")
     try:
         header = _POLICY.header_factory("From", value)
-    except Exception as exc:   # noqa: BLE001
+    except Exception as exc:
         raise MailBuildError(f"{value!r} is not a mailbox: {exc}") from exc
     if len(header.addresses) != 1 or header.defects or not header.addresses[0].domain:
         raise MailBuildError(f"{value!r} must be exactly one address like 'News <news@example.com>'")
@@ -209,7 +231,7 @@ def parse_mailbox(value: str) -> tuple[str, str]:
     return address.display_name, address.addr_spec
 
 
-MAX_7BIT_LINE = 998    # RFC 5322 2.1.1, without the CRLF
+MAX_7BIT_LINE = 998  # RFC 5322 2.1.1, without the CRLF
 
 
 def _part(subtype: str, body: str) -> bytes:
@@ -273,17 +295,18 @@ def build(mail: OutgoingMail, now: datetime | None = None) -> bytes:
     more than rendering the whole digest, and the digest pipeline sends 1000+ mails a second per
     core. tests/test_mail.py parses the result with the email package to prove it equivalent."""
     from_addr = sender(mail.from_addr)
-    parse_mailbox(from_addr)                      # exactly one valid mailbox, or this mail fails
+    parse_mailbox(from_addr)  # exactly one valid mailbox, or this mail fails
     to_addr = check_address(mail.to)
     # "=_" can never occur in quoted-printable text, and 96 random bits cannot be guessed by whoever
     # wrote a 7bit part; they also keep the header under 78 columns
     boundary = "=_" + secrets.token_hex(12)
     parts = [
         _header("From", from_addr),
-        _header("To", _address(one_line(mail.to_name), to_addr)) if to_addr.isascii()
+        _header("To", _address(one_line(mail.to_name), to_addr))
+        if to_addr.isascii()
         else _utf8_header("To", _address(one_line(mail.to_name), to_addr)),
         _text_header("Subject", mail.subject),
-        _header("Date", format_datetime(now or datetime.now(timezone.utc))),
+        _header("Date", format_datetime(now or datetime.now(UTC))),
         _header("Message-ID", message_id(mail.idempotency_key, sender_domain(from_addr))),
     ]
     for name, value in mail.headers.items():
@@ -301,9 +324,13 @@ def build(mail: OutgoingMail, now: datetime | None = None) -> bytes:
 
 
 _MIME_VERSION = _header("MIME-Version", "1.0")
-_PART_HEADERS = {(subtype, encoding): _header("Content-Type", f'text/{subtype}; charset="utf-8"')
-                 + _header("Content-Transfer-Encoding", encoding) + b"\r\n"
-                 for subtype in ("plain", "html") for encoding in ("7bit", "quoted-printable")}
+_PART_HEADERS = {
+    (subtype, encoding): _header("Content-Type", f'text/{subtype}; charset="utf-8"')
+    + _header("Content-Transfer-Encoding", encoding)
+    + b"\r\n"
+    for subtype in ("plain", "html")
+    for encoding in ("7bit", "quoted-printable")
+}
 
 
 @functools.lru_cache(maxsize=4)
@@ -324,11 +351,17 @@ def dkim_enabled() -> bool:
 def dkim_sign(raw: bytes) -> bytes:
     if not dkim_enabled():
         return raw
-    import dkim   # measured 146 ms to import; only processes that sign (DKIM_DOMAIN set) pay it
+    import dkim  # measured 146 ms to import; only processes that sign (DKIM_DOMAIN set) pay it
 
     s = config.get()
-    signature = dkim.sign(raw, s.dkim_selector.encode(), s.dkim_domain.encode(), _load_key(s.dkim_private_key),
-                          include_headers=list(DKIM_HEADERS), canonicalize=(b"relaxed", b"simple"))
+    signature = dkim.sign(
+        raw,
+        s.dkim_selector.encode(),
+        s.dkim_domain.encode(),
+        _load_key(s.dkim_private_key),
+        include_headers=list(DKIM_HEADERS),
+        canonicalize=(b"relaxed", b"simple"),
+    )
     return signature + raw
 
 
@@ -336,5 +369,16 @@ def envelope_from(from_addr: str | None = None) -> str:
     return _address_of(from_addr or config.get().mail_from) or "notify@localhost"
 
 
-__all__ = ["build", "ascii_html", "validate", "check_address", "parse_mailbox", "message_id", "unsubscribe_headers",
-           "envelope_from", "sender", "one_line", "MailBuildError"]
+__all__ = [
+    "MailBuildError",
+    "ascii_html",
+    "build",
+    "check_address",
+    "envelope_from",
+    "message_id",
+    "one_line",
+    "parse_mailbox",
+    "sender",
+    "unsubscribe_headers",
+    "validate",
+]

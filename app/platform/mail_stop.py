@@ -16,6 +16,7 @@ runs whose messages found the stop, `app.newsletter.kick.restart_sending()` enqu
 `python -m app stop-sending --reason …` / `resume-sending`, the dashboard's button, and
 `notify_mail_stopped` in /metrics are the ways in and out.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,13 @@ def release(by: str) -> bool:
     released = db.query(_RELEASE)
     if released:
         at, stopped_by, reason = released[0]
-        log.warning("emergency stop released by %s (engaged %s by %s: %s)", by, at.isoformat(), stopped_by,
-                    reason or "no reason given")
+        log.warning(
+            "emergency stop released by %s (engaged %s by %s: %s)",
+            by,
+            at.isoformat(),
+            stopped_by,
+            reason or "no reason given",
+        )
     return bool(released)
 
 

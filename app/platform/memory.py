@@ -7,6 +7,7 @@ with the thread count rather than with the work. Capping the arenas (mallopt M_A
 as the MALLOC_ARENA_MAX environment variable, but without relying on how a process is started)
 keeps the peak down at no measured cost in speed.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,7 +16,7 @@ import logging
 
 log = logging.getLogger("app.platform.memory")
 
-M_ARENA_MAX = -8   # glibc's <malloc.h>
+M_ARENA_MAX = -8  # glibc's <malloc.h>
 
 
 def limit_malloc_arenas(arenas: int) -> bool:
@@ -26,7 +27,7 @@ def limit_malloc_arenas(arenas: int) -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-    except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to tune
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         log.debug("mallopt is not available; malloc arenas left as they are")
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

@@ -21,6 +21,7 @@ Gauges read from Postgres and Redis (age of the oldest due digest, queue depths)
 scrape time by StateCollector: one SQL statement under a short statement_timeout, and one LLEN per
 queue. A failed read leaves those gauges out and sets notify_scrape_source_up to 0.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,16 @@ import time
 from collections import Counter as Tally
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import multiprocess, values
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    values,
+)
 from prometheus_client.core import GaugeMetricFamily
 
 from app.platform import config, db, queue
@@ -53,49 +62,81 @@ def _directory() -> Path:
 
 DIRECTORY = _directory()
 DIRECTORY.mkdir(parents=True, exist_ok=True)
-os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(DIRECTORY)   # children (Dramatiq, uvicorn workers) inherit it
-values.ValueClass = values.MultiProcessValue()            # also if a library imported prometheus_client first
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(DIRECTORY)  # children (Dramatiq, uvicorn workers) inherit it
+values.ValueClass = values.MultiProcessValue()  # also if a library imported prometheus_client first
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 SCRAPE_STATEMENT_TIMEOUT_MS = 500
-COUNT_CAP = 100_000   # the scrape-time counts stop here: a partial-index scan that stays cheap
+COUNT_CAP = 100_000  # the scrape-time counts stop here: a partial-index scan that stays cheap
 
 # -- ingestion
-EVENTS = Counter("notify_events", "Events by result: accepted, duplicate (id already stored), rejected "
-                                  "(in a 422 request)", ["result"])
+EVENTS = Counter(
+    "notify_events",
+    "Events by result: accepted, duplicate (id already stored), rejected (in a 422 request)",
+    ["result"],
+)
 # -- digests
-DIGEST_RUNS = Counter("notify_digest_runs", "Digest runs leaving a worker batch or taken back by the watchdog, "
-                                            "by state: sent, skipped, retry (back to pending), failed", ["state"])
-DIGEST_LATENESS = Histogram("notify_digest_lateness_seconds", "Seconds from a run's scheduled_for to its send",
-                            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400))
+DIGEST_RUNS = Counter(
+    "notify_digest_runs",
+    "Digest runs leaving a worker batch or taken back by the watchdog, "
+    "by state: sent, skipped, retry (back to pending), failed",
+    ["state"],
+)
+DIGEST_LATENESS = Histogram(
+    "notify_digest_lateness_seconds",
+    "Seconds from a run's scheduled_for to its send",
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400),
+)
 # -- newsletters
-NEWSLETTER_RECIPIENTS = Counter("notify_newsletter_recipients", "Newsletter outbox rows by outcome of a send "
-                                                                 "attempt: sent, retry, failed, suppressed",
-                                ["state"])
+NEWSLETTER_RECIPIENTS = Counter(
+    "notify_newsletter_recipients",
+    "Newsletter outbox rows by outcome of a send attempt: sent, retry, failed, suppressed",
+    ["state"],
+)
 # -- providers
-PROVIDER_CALLS = Counter("notify_provider_calls", "Provider deliver calls by provider and result: ok, throttled, "
-                                                  "transient, permanent, unexpected", ["provider", "result"])
-PROVIDER_LATENCY = Histogram("notify_provider_call_seconds", "Provider deliver call latency", ["provider"],
-                             buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
-PROVIDER_IN_FLIGHT = Gauge("notify_provider_calls_in_flight", "Provider deliver calls under way", ["provider"],
-                           multiprocess_mode="livesum")
+PROVIDER_CALLS = Counter(
+    "notify_provider_calls",
+    "Provider deliver calls by provider and result: ok, throttled, transient, permanent, unexpected",
+    ["provider", "result"],
+)
+PROVIDER_LATENCY = Histogram(
+    "notify_provider_call_seconds",
+    "Provider deliver call latency",
+    ["provider"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+PROVIDER_IN_FLIGHT = Gauge(
+    "notify_provider_calls_in_flight", "Provider deliver calls under way", ["provider"], multiprocess_mode="livesum"
+)
 # -- tracking
 WEBHOOK_EVENTS = Counter("notify_webhook_events", "SendGrid webhook events applied, by type", ["type"])
-TRACKING_HITS = Counter("notify_tracking_hits", "Clicks and opens by kind and by who: human or machine "
-                                                "(as classified at request time)", ["kind", "who"])
+TRACKING_HITS = Counter(
+    "notify_tracking_hits",
+    "Clicks and opens by kind and by who: human or machine (as classified at request time)",
+    ["kind", "who"],
+)
 # -- retention
-RETENTION_NEVER_USED = Counter("notify_retention_never_used", "Rows dropped by retention (RETENTION_DAYS) that were "
-                                                               "never used: digest_events never included in a digest, "
-                                                               "webhook_events never applied", ["table"])
-RETENTION_PARTITIONS = Counter("notify_retention_partitions_dropped", "Monthly partitions dropped by retention",
-                               ["table"])
+RETENTION_NEVER_USED = Counter(
+    "notify_retention_never_used",
+    "Rows dropped by retention (RETENTION_DAYS) that were "
+    "never used: digest_events never included in a digest, "
+    "webhook_events never applied",
+    ["table"],
+)
+RETENTION_PARTITIONS = Counter(
+    "notify_retention_partitions_dropped", "Monthly partitions dropped by retention", ["table"]
+)
 
 # -- database
-DB_POOL_WAIT = Histogram("notify_db_pool_wait_seconds", "Time to check out a pooled Postgres connection "
-                                                         "(waiting for a free one, or opening a new one)",
-                         buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
-DB_POOL_TIMEOUTS = Counter("notify_db_pool_timeouts", "Check-outs that gave up: all DB_POOL_SIZE connections "
-                                                      "stayed in use for DB_POOL_TIMEOUT_SECONDS")
+DB_POOL_WAIT = Histogram(
+    "notify_db_pool_wait_seconds",
+    "Time to check out a pooled Postgres connection (waiting for a free one, or opening a new one)",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+DB_POOL_TIMEOUTS = Counter(
+    "notify_db_pool_timeouts",
+    "Check-outs that gave up: all DB_POOL_SIZE connections stayed in use for DB_POOL_TIMEOUT_SECONDS",
+)
 
 
 def db_pool_checkout(seconds: float, timed_out: bool) -> None:
@@ -107,8 +148,11 @@ def db_pool_checkout(seconds: float, timed_out: bool) -> None:
 db.checkout_observers.append(db_pool_checkout)
 
 # Bound once: a click or open pays only the increment (labels() costs as much again on the hot path).
-_TRACKING_HIT = {(kind, machine): TRACKING_HITS.labels(kind, "machine" if machine else "human")
-                 for kind in ("click", "open") for machine in (False, True)}
+_TRACKING_HIT = {
+    (kind, machine): TRACKING_HITS.labels(kind, "machine" if machine else "human")
+    for kind in ("click", "open")
+    for machine in (False, True)
+}
 
 
 def tracking_hit(kind: str, machine: bool) -> None:
@@ -116,8 +160,21 @@ def tracking_hit(kind: str, machine: bool) -> None:
 
 
 # Webhook event types are untrusted input: anything else is counted as `other`.
-WEBHOOK_TYPES = frozenset({"processed", "dropped", "delivered", "deferred", "bounce", "open", "click", "spamreport",
-                           "unsubscribe", "group_unsubscribe", "group_resubscribe"})
+WEBHOOK_TYPES = frozenset(
+    {
+        "processed",
+        "dropped",
+        "delivered",
+        "deferred",
+        "bounce",
+        "open",
+        "click",
+        "spamreport",
+        "unsubscribe",
+        "group_unsubscribe",
+        "group_resubscribe",
+    }
+)
 _NEWSLETTER_STATES = {"pending": "retry"}
 _PID_FILE = re.compile(r"_(\d+)\.db$")
 
@@ -167,8 +224,8 @@ def provider_call(provider: str, result: str, started: float) -> None:
     PROVIDER_IN_FLIGHT.labels(provider).dec()
 
 
-
 # -- process lifecycle --------------------------------------------------------------------------
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -201,14 +258,18 @@ def _remove_unreadable(paths: list[str]) -> None:
     try:
         _read_metrics(paths)
         return
-    except Exception:  # noqa: BLE001 - which file it was is found one by one
+    except Exception:
         pass
     for path in paths:
         try:
             _read(path)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("metrics: removed %s: its process is gone and it cannot be read (%s: %s)",
-                        path, exc.__class__.__name__, exc)
+        except Exception as exc:
+            log.warning(
+                "metrics: removed %s: its process is gone and it cannot be read (%s: %s)",
+                path,
+                exc.__class__.__name__,
+                exc,
+            )
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
 
@@ -220,7 +281,7 @@ def process_stopped() -> None:
 
 # -- scrape ---------------------------------------------------------------------------------------
 
-_read_metrics = multiprocess.MultiProcessCollector._read_metrics      # the parsing its merge() does
+_read_metrics = multiprocess.MultiProcessCollector._read_metrics  # the parsing its merge() does
 _accumulate = multiprocess.MultiProcessCollector._accumulate_metrics  # the summing its merge() does
 
 
@@ -228,11 +289,11 @@ def _read(path: str) -> dict:
     """One file's metrics ({} when it is gone). Raises on a file that cannot be read."""
     try:
         return _read_metrics([path])
-    except FileNotFoundError:   # removed since the listing: mark_process_dead, an operator
+    except FileNotFoundError:  # removed since the listing: mark_process_dead, an operator
         return {}
 
 
-_named: set[str] = set()    # files found unreadable and named in a WARNING, until they read again
+_named: set[str] = set()  # files found unreadable and named in a WARNING, until they read again
 _named_lock = threading.Lock()
 
 
@@ -241,8 +302,13 @@ def _left_out(path: str, exc: Exception) -> None:
         if path in _named:
             return
         _named.add(path)
-    log.warning("metrics: %s left out of the scrape until it can be read (%s: %s); a process may be "
-                "creating it, else it is broken", path, exc.__class__.__name__, exc)
+    log.warning(
+        "metrics: %s left out of the scrape until it can be read (%s: %s); a process may be "
+        "creating it, else it is broken",
+        path,
+        exc.__class__.__name__,
+        exc,
+    )
 
 
 def _merge_into(merged: dict, part: dict) -> None:
@@ -251,7 +317,7 @@ def _merge_into(merged: dict, part: dict) -> None:
         seen = merged.setdefault(name, metric)
         if seen is not metric:
             seen.samples += metric.samples
-            if hasattr(metric, "_multiprocess_mode"):   # gauges: as the last file says
+            if hasattr(metric, "_multiprocess_mode"):  # gauges: as the last file says
                 seen._multiprocess_mode = metric._multiprocess_mode
 
 
@@ -265,27 +331,30 @@ class FilesCollector:
     def collect(self):
         paths = glob.glob(os.path.join(DIRECTORY, "*.db"))
         with _named_lock:
-            _named.intersection_update(paths)      # forget files that are gone
-            suspect = set(_named)                  # one view: another scrape may add to _named meanwhile
+            _named.intersection_update(paths)  # forget files that are gone
+            suspect = set(_named)  # one view: another scrape may add to _named meanwhile
         alone = [path for path in paths if path in suspect]
         try:
             merged = _read_metrics([path for path in paths if path not in suspect])
-        except Exception:  # noqa: BLE001 - which file it was is found one by one
+        except Exception:
             merged, alone = {}, paths
         unreadable = 0
         for path in alone:
             try:
                 part = _read(path)
-            except Exception as exc:  # noqa: BLE001 - one file never fails the scrape
+            except Exception as exc:
                 unreadable += 1
                 _left_out(path, exc)
                 continue
-            _named.discard(path)     # readable now: a later breakage is named again
+            _named.discard(path)  # readable now: a later breakage is named again
             _merge_into(merged, part)
         yield from _accumulate(merged, accumulate=True)
-        yield GaugeMetricFamily("notify_metrics_files_unreadable", "Multiprocess metric files this scrape "
-                                "could not read and left out (a process creating one, or a broken file)",
-                                value=unreadable)
+        yield GaugeMetricFamily(
+            "notify_metrics_files_unreadable",
+            "Multiprocess metric files this scrape "
+            "could not read and left out (a process creating one, or a broken file)",
+            value=unreadable,
+        )
 
 
 # Recipients of the newsletters being sent, by email_log status, each read from its partial index
@@ -319,46 +388,66 @@ class StateCollector:
     """Gauges read at scrape time from Postgres (one statement) and Redis (LLEN per queue)."""
 
     def collect(self):
-        up = GaugeMetricFamily("notify_scrape_source_up", "Whether the scrape-time read of a source worked",
-                               labels=["source"])
+        up = GaugeMetricFamily(
+            "notify_scrape_source_up", "Whether the scrape-time read of a source worked", labels=["source"]
+        )
         try:
             with db.raw_cursor() as cur:
                 cur.execute(f"SET LOCAL statement_timeout = {SCRAPE_STATEMENT_TIMEOUT_MS}")
                 cur.execute(STATE_SQL)
                 oldest, due, processing, unapplied, ahead, *recipients, stopped = cur.fetchone()
-        except Exception as exc:  # noqa: BLE001 - a scrape never fails because Postgres is slow or down
+        except Exception as exc:
             log.warning("metrics: database read failed: %s", str(exc).strip().splitlines()[:1])
             up.add_metric(["postgres"], 0)
         else:
             up.add_metric(["postgres"], 1)
-            yield GaugeMetricFamily("notify_mail_stopped", "1 while the emergency stop holds all outgoing mail "
-                                    "(python -m app stop-sending / resume-sending, or the dashboard)",
-                                    value=int(stopped))
-            yield GaugeMetricFamily("notify_digest_oldest_due_seconds", "Age of the oldest due, unsent digest run "
-                                    "(0 when none is due)", value=float(oldest or 0))
-            yield GaugeMetricFamily("notify_digest_runs_due", f"Pending digest runs already due (capped at "
-                                    f"{COUNT_CAP})", value=due)
-            yield GaugeMetricFamily("notify_digest_runs_processing", "Digest runs claimed by a worker",
-                                    value=processing)
-            yield GaugeMetricFamily("notify_webhook_events_unapplied", f"Stored SendGrid events not applied yet "
-                                    f"(capped at {COUNT_CAP})", value=unapplied)
-            yield GaugeMetricFamily("notify_partitions_ahead_seconds", "How far ahead the monthly partitions of the "
-                                    "event tables reach (the least of the three): a row past it is refused. The "
-                                    "scheduler keeps it above two months", value=float(ahead or 0))
-            family = GaugeMetricFamily("notify_newsletter_sending_recipients", f"Outbox rows of the newsletters "
-                                       f"being sent, by status (capped at {COUNT_CAP})", labels=["state"])
+            yield GaugeMetricFamily(
+                "notify_mail_stopped",
+                "1 while the emergency stop holds all outgoing mail "
+                "(python -m app stop-sending / resume-sending, or the dashboard)",
+                value=int(stopped),
+            )
+            yield GaugeMetricFamily(
+                "notify_digest_oldest_due_seconds",
+                "Age of the oldest due, unsent digest run (0 when none is due)",
+                value=float(oldest or 0),
+            )
+            yield GaugeMetricFamily(
+                "notify_digest_runs_due", f"Pending digest runs already due (capped at {COUNT_CAP})", value=due
+            )
+            yield GaugeMetricFamily(
+                "notify_digest_runs_processing", "Digest runs claimed by a worker", value=processing
+            )
+            yield GaugeMetricFamily(
+                "notify_webhook_events_unapplied",
+                f"Stored SendGrid events not applied yet (capped at {COUNT_CAP})",
+                value=unapplied,
+            )
+            yield GaugeMetricFamily(
+                "notify_partitions_ahead_seconds",
+                "How far ahead the monthly partitions of the "
+                "event tables reach (the least of the three): a row past it is refused. The "
+                "scheduler keeps it above two months",
+                value=float(ahead or 0),
+            )
+            family = GaugeMetricFamily(
+                "notify_newsletter_sending_recipients",
+                f"Outbox rows of the newsletters being sent, by status (capped at {COUNT_CAP})",
+                labels=["state"],
+            )
             for state, n in zip(NEWSLETTER_STATES, recipients):
                 family.add_metric([state], n)
             yield family
         try:
             depths = {name: queue.depth(name) for name in queue.QUEUES}
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("metrics: redis read failed: %s", exc)
             up.add_metric(["redis"], 0)
         else:
             up.add_metric(["redis"], 1)
-            family = GaugeMetricFamily("notify_queue_depth", "Messages waiting in a Dramatiq queue (ready + delayed)",
-                                       labels=["queue"])
+            family = GaugeMetricFamily(
+                "notify_queue_depth", "Messages waiting in a Dramatiq queue (ready + delayed)", labels=["queue"]
+            )
             for name, depth in depths.items():
                 family.add_metric([name], depth)
             yield family

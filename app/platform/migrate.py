@@ -22,6 +22,7 @@ Behind a 10 s transaction a writer stalled 10 s under yoyo (no retry: a lock_tim
 fails the release) and 0.2 s at most here with MIGRATION_LOCK_TIMEOUT=200ms, hence that default
 (at 5s it stalled 5 s per attempt, 9.6 s of the 10 blocked).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -143,12 +144,15 @@ def status(url: str | None = None) -> list[dict]:
         rows = []
         for m in discover():
             row = done.get(m.version)
-            rows.append({
-                "version": m.version, "name": m.name,
-                "state": "applied" if row else "pending",
-                "applied_at": row[2].isoformat() if row else None,
-                "duration_ms": row[3] if row else None,
-            })
+            rows.append(
+                {
+                    "version": m.version,
+                    "name": m.name,
+                    "state": "applied" if row else "pending",
+                    "applied_at": row[2].isoformat() if row else None,
+                    "duration_ms": row[3] if row else None,
+                }
+            )
         return rows
     finally:
         conn.close()
@@ -185,11 +189,15 @@ def _with_lock_retry(conn, statement: str) -> None:
         except psycopg2.errors.LockNotAvailable:
             if not conn.autocommit:
                 raise
-            delay = min(0.2 * 2 ** attempt, 10.0)
-            log.warning("lock not granted within %s (attempt %d), retrying in %.1fs",
-                        settings.migration_lock_timeout, attempt, delay)
+            delay = min(0.2 * 2**attempt, 10.0)
+            log.warning(
+                "lock not granted within %s (attempt %d), retrying in %.1fs",
+                settings.migration_lock_timeout,
+                attempt,
+                delay,
+            )
             time.sleep(delay)
-            _drop_invalid_index(conn, statement)   # a concurrent build that timed out left it INVALID
+            _drop_invalid_index(conn, statement)  # a concurrent build that timed out left it INVALID
     raise MigrationError(f"gave up after {settings.migration_retries} lock timeouts: {statement[:80]}")
 
 
@@ -198,16 +206,21 @@ def _apply_transactional(conn, m: Migration, pid: int) -> None:
     for attempt in range(1, settings.migration_retries + 1):
         conn.autocommit = False
         try:
-            _same_session(conn, pid)   # inside the migration's own transaction
+            _same_session(conn, pid)  # inside the migration's own transaction
             with conn.cursor() as cur:
                 cur.execute("SET LOCAL lock_timeout = %s", (settings.migration_lock_timeout,))
                 cur.execute(m.sql)
             return
         except psycopg2.errors.LockNotAvailable:
             conn.rollback()
-            delay = min(0.2 * 2 ** attempt, 10.0)
-            log.warning("%s: lock not granted within %s (attempt %d), retrying in %.1fs",
-                        m.path.name, settings.migration_lock_timeout, attempt, delay)
+            delay = min(0.2 * 2**attempt, 10.0)
+            log.warning(
+                "%s: lock not granted within %s (attempt %d), retrying in %.1fs",
+                m.path.name,
+                settings.migration_lock_timeout,
+                attempt,
+                delay,
+            )
             time.sleep(delay)
         except Exception:
             conn.rollback()
@@ -223,7 +236,7 @@ def _apply_autocommit(conn, m: Migration, pid: int) -> None:
         body = sqlparse.format(statement, strip_comments=True).strip().rstrip(";").strip()
         if not body:
             continue
-        for step in partitioned_index.steps(conn, body):   # the statement, unless an index on a partitioned table
+        for step in partitioned_index.steps(conn, body):  # the statement, unless an index on a partitioned table
             _same_session(conn, pid)
             _drop_invalid_index(conn, step)
             _with_lock_retry(conn, step)
@@ -253,11 +266,16 @@ def _take_migrator_lock(conn) -> int:
             waited = time.monotonic() - waiting_since
             if waited - reported >= 10:
                 reported = waited
-                cur.execute("SELECT array_agg(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                            "AND classid = %s AND objid = %s AND objsubid = 1",   # a bigint key: high, low half
-                            (ADVISORY_LOCK_KEY >> 32, ADVISORY_LOCK_KEY & 0xFFFFFFFF))
-                log.warning("waiting %.0f s for another migrator (backend %s holds the migration lock)",
-                            waited, cur.fetchone()[0])
+                cur.execute(
+                    "SELECT array_agg(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND classid = %s AND objid = %s AND objsubid = 1",  # a bigint key: high, low half
+                    (ADVISORY_LOCK_KEY >> 32, ADVISORY_LOCK_KEY & 0xFFFFFFFF),
+                )
+                log.warning(
+                    "waiting %.0f s for another migrator (backend %s holds the migration lock)",
+                    waited,
+                    cur.fetchone()[0],
+                )
         time.sleep(0.1)
 
 
@@ -272,7 +290,8 @@ def _same_session(conn, pid: int) -> None:
         raise MigrationError(
             f"the migrator's server session changed (backend {pid}, then {now}): the connection goes "
             "through a transaction-pooling proxy such as PgBouncer. Set MIGRATION_DATABASE_URL to "
-            "Postgres itself (or a session-mode pool) and run the migration again.")
+            "Postgres itself (or a session-mode pool) and run the migration again."
+        )
 
 
 def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
@@ -286,7 +305,7 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
     url = target_url(url)
     if create_db:
         ensure_database(url)
-    conn = db.connect_raw(url, autocommit=True)   # owned, not pooled: the advisory lock is this session's
+    conn = db.connect_raw(url, autocommit=True)  # owned, not pooled: the advisory lock is this session's
     applied = []
     try:
         pid = _take_migrator_lock(conn)
@@ -296,8 +315,9 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
                 if m.version in done:
                     continue
                 started = time.monotonic()
-                log.info("applying %s_%s (%s)", m.version, m.name,
-                         "transaction" if m.transactional else "no transaction")
+                log.info(
+                    "applying %s_%s (%s)", m.version, m.name, "transaction" if m.transactional else "no transaction"
+                )
                 if m.transactional:
                     _apply_transactional(conn, m, pid)  # leaves the transaction open
                 else:
@@ -324,7 +344,7 @@ def migrate(url: str | None = None, create_db: bool = True) -> list[str]:
         finally:
             conn.autocommit = True
             with conn.cursor() as cur:
-                cur.execute("RESET lock_timeout")   # if a no-transaction file stopped half-way
+                cur.execute("RESET lock_timeout")  # if a no-transaction file stopped half-way
                 cur.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK_KEY,))
     finally:
         conn.close()

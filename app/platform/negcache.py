@@ -4,12 +4,13 @@ Junk is the input an attacker controls, so what remembers it must be bounded in 
 entries go first, one at a time, so a flood of fresh junk never wipes out everything at once) and
 in time (a key or code created after it was seen missing must start working within the TTL).
 """
+
 from __future__ import annotations
 
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 
 class NegativeCache:

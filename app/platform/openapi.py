@@ -1,5 +1,6 @@
 """OpenAPI document: the operations each route module lists in OPENAPI_PATHS, and the schemas of the
 pydantic models it lists in OPENAPI_MODELS — the same models that validate the requests."""
+
 from __future__ import annotations
 
 from pydantic import BaseModel
@@ -25,13 +26,17 @@ class Error(BaseModel):
 # encoder and jsonb store exactly; a larger one is refused by name, never rounded), other numbers,
 # strings, and arrays and objects of the same.
 _VALUE_REF = {"$ref": "#/components/schemas/JsonValue"}
-JSON_VALUE = {"anyOf": [
-    {"type": "null"}, {"type": "boolean"}, {"type": "string"},
-    {"type": "integer", "minimum": -2 ** 63, "maximum": 2 ** 64 - 1},
-    {"type": "number", "not": {"type": "integer"}},
-    {"type": "array", "items": _VALUE_REF},
-    {"type": "object", "additionalProperties": _VALUE_REF},
-]}
+JSON_VALUE = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "boolean"},
+        {"type": "string"},
+        {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
+        {"type": "number", "not": {"type": "integer"}},
+        {"type": "array", "items": _VALUE_REF},
+        {"type": "object", "additionalProperties": _VALUE_REF},
+    ]
+}
 
 
 def free_form_values(schema: dict) -> None:
@@ -54,8 +59,12 @@ def build(modules) -> dict:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {**schema_components(models), "JsonValue": JSON_VALUE},
-            "responses": {"Error": {"description": "error", "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/Error"}}}}},
+            "responses": {
+                "Error": {
+                    "description": "error",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                }
+            },
         },
     }
 
@@ -63,4 +72,5 @@ def build(modules) -> dict:
 def endpoint(document: dict):
     async def openapi_json(request: Request):
         return FastJSONResponse(document)
+
     return openapi_json

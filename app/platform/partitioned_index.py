@@ -24,12 +24,13 @@ yet: ATTACH PARTITION (how app/partitions.py adds months) and CREATE TABLE ... P
 build or adopt a matching index on the new partition. A partition whose DETACH CONCURRENTLY is
 pending is left out: Postgres neither counts it for validity nor lets an index attach to it.
 """
+
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 _IDENT = r'(?:"(?:[^"]|"")+"|[^\s"(.]+)'
 CREATE_INDEX_RE = re.compile(
@@ -39,7 +40,7 @@ CREATE_INDEX_RE = re.compile(
          (?P<definition>.+)$""",
     re.IGNORECASE | re.DOTALL | re.VERBOSE,
 )
-MAX_NAME_BYTES = 63   # NAMEDATALEN - 1: Postgres would truncate a longer name silently
+MAX_NAME_BYTES = 63  # NAMEDATALEN - 1: Postgres would truncate a longer name silently
 
 
 class PartitionedIndexError(RuntimeError):
@@ -49,22 +50,35 @@ class PartitionedIndexError(RuntimeError):
 @dataclass(frozen=True)
 class IndexSpec:
     unique: bool
-    definition: str   # what follows the table name: [USING method] (columns) [INCLUDE, WITH, WHERE ...]
+    definition: str  # what follows the table name: [USING method] (columns) [INCLUDE, WITH, WHERE ...]
 
     def statement(self, quoted_name: str, table: str, *, concurrently: bool, only: bool, if_not_exists: bool) -> str:
-        return " ".join(filter(None, [
-            "CREATE", "UNIQUE" if self.unique else "", "INDEX", "CONCURRENTLY" if concurrently else "",
-            "IF NOT EXISTS" if if_not_exists else "", quoted_name,
-            "ON", "ONLY" if only else "", table, self.definition]))
+        return " ".join(
+            filter(
+                None,
+                [
+                    "CREATE",
+                    "UNIQUE" if self.unique else "",
+                    "INDEX",
+                    "CONCURRENTLY" if concurrently else "",
+                    "IF NOT EXISTS" if if_not_exists else "",
+                    quoted_name,
+                    "ON",
+                    "ONLY" if only else "",
+                    table,
+                    self.definition,
+                ],
+            )
+        )
 
 
 @dataclass(frozen=True)
 class Relation:
     oid: int
-    text: str        # oid::regclass::text: quoted, schema-qualified when off the search_path
+    text: str  # oid::regclass::text: quoted, schema-qualified when off the search_path
     name: str
     schema: int
-    kind: str        # pg_class.relkind: 'p' partitioned table, 'r' table, 'I' partitioned index, 'i' index
+    kind: str  # pg_class.relkind: 'p' partitioned table, 'r' table, 'I' partitioned index, 'i' index
 
 
 def steps(conn, statement: str) -> Iterator[str]:
@@ -78,7 +92,8 @@ def steps(conn, statement: str) -> Iterator[str]:
         return
     if not m["name"]:
         raise PartitionedIndexError(
-            f"name the index built on the partitioned table {table.text}: a rerun finds a half-built one by its name")
+            f"name the index built on the partitioned table {table.text}: a rerun finds a half-built one by its name"
+        )
     spec = IndexSpec(unique=bool(m["unique"]), definition=m["definition"].strip())
     yield from _build(conn, table, _unquote(m["name"]), spec, if_not_exists=bool(m["if_not_exists"]))
 
@@ -86,19 +101,18 @@ def steps(conn, statement: str) -> Iterator[str]:
 def _build(conn, table: Relation, name: str, spec: IndexSpec, if_not_exists: bool) -> Iterator[str]:
     index = _index_named(conn, name, table.schema)
     valid = index is not None and _is_valid(conn, index)
-    if index is None or (valid and not if_not_exists):   # the latter to fail as Postgres would
-        yield spec.statement(_quote(conn, name), table.text, concurrently=False, only=True,
-                             if_not_exists=if_not_exists)
+    if index is None or (valid and not if_not_exists):  # the latter to fail as Postgres would
+        yield spec.statement(_quote(conn, name), table.text, concurrently=False, only=True, if_not_exists=if_not_exists)
     if valid:
         return
     # INVALID until every partition's index is attached: completed here, also after a stop.
     index = index or _index_named(conn, name, table.schema)
     _check_belongs(conn, index, table)
-    spec = _spec_of(conn, index)   # the partitions' must match the parent's as built, whatever the file says now
+    spec = _spec_of(conn, index)  # the partitions' must match the parent's as built, whatever the file says now
     tried = set()
     while missing := _partitions_without_index(conn, table, index):
         for partition in missing:
-            if partition.oid in tried:   # attached a moment ago: cannot be missing again
+            if partition.oid in tried:  # attached a moment ago: cannot be missing again
                 raise PartitionedIndexError(f"{partition.text} still has no index attached to {index.text}")
             tried.add(partition.oid)
             child_name = child_index_name(partition.name, table.name, name)
@@ -106,8 +120,9 @@ def _build(conn, table: Relation, name: str, spec: IndexSpec, if_not_exists: boo
             if partition.kind == "p":
                 yield from _build(conn, partition, child_name, spec, if_not_exists=True)
             else:
-                yield spec.statement(_quote(conn, child_name), partition.text, concurrently=True,
-                                     only=False, if_not_exists=True)
+                yield spec.statement(
+                    _quote(conn, child_name), partition.text, concurrently=True, only=False, if_not_exists=True
+                )
             child = _index_named(conn, child_name, partition.schema)
             _check_belongs(conn, child, partition)
             if not _is_valid(conn, child):
@@ -123,7 +138,8 @@ def _build(conn, table: Relation, name: str, spec: IndexSpec, if_not_exists: boo
             invalid = [c.text for c in attached if not _is_valid(conn, c)]
             raise PartitionedIndexError(
                 f"{index.text} stays INVALID: attached partition indexes {invalid} are INVALID "
-                "(REINDEX INDEX CONCURRENTLY each, then run the migration again)")
+                "(REINDEX INDEX CONCURRENTLY each, then run the migration again)"
+            )
 
 
 def _drop_if_stale(conn, existing: Relation | None, partition: Relation, spec: IndexSpec) -> Iterator[str]:
@@ -136,8 +152,8 @@ def _drop_if_stale(conn, existing: Relation | None, partition: Relation, spec: I
         return
     if partition.kind == "p":
         raise PartitionedIndexError(
-            f"{existing.text} is left from another definition of the index: DROP INDEX it, "
-            "then run the migration again")
+            f"{existing.text} is left from another definition of the index: DROP INDEX it, then run the migration again"
+        )
     yield f"DROP INDEX CONCURRENTLY {existing.text}"
 
 
@@ -145,12 +161,12 @@ def child_index_name(partition: str, table: str, index: str) -> str:
     """`<partition>_<suffix>`: the suffix is the index name without its table's prefix
     (digest_events_category_idx on digest_events_p2026_01 is digest_events_p2026_01_category_idx).
     The same every run, so a rerun finds what an earlier one built."""
-    suffix = index[len(table) + 1:] if index.startswith(table + "_") and len(index) > len(table) + 1 else index
+    suffix = index[len(table) + 1 :] if index.startswith(table + "_") and len(index) > len(table) + 1 else index
     name = f"{partition}_{suffix}"
     if len(name.encode()) <= MAX_NAME_BYTES:
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-    return name.encode()[:MAX_NAME_BYTES - 9].decode(errors="ignore") + "_" + digest
+    return name.encode()[: MAX_NAME_BYTES - 9].decode(errors="ignore") + "_" + digest
 
 
 def _quote(conn, name: str) -> str:
@@ -191,35 +207,47 @@ def _check_belongs(conn, index: Relation | None, table: Relation) -> None:
         row = cur.fetchone()
     if not row or row[0] != table.oid:
         raise PartitionedIndexError(
-            f"{index.text if index else 'the index'} is not an index on {table.text}: the name is taken")
+            f"{index.text if index else 'the index'} is not an index on {table.text}: the name is taken"
+        )
 
 
 def _is_valid(conn, index: Relation) -> bool:
     with conn.cursor() as cur:
         cur.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = %s", (index.oid,))
         row = cur.fetchone()
-    return bool(row and row[0])   # no row: the name belongs to something else than an index
+    return bool(row and row[0])  # no row: the name belongs to something else than an index
 
 
 def _spec_of(conn, index: Relation) -> IndexSpec:
     """What Postgres says the index is, from USING on (the same text for a parent's index and a
     matching partition's: columns by name, the predicate, storage parameters)."""
     with conn.cursor() as cur:
-        cur.execute("SELECT indisunique, substring(pg_get_indexdef(indexrelid) FROM ' (USING .*)$') "
-                    "FROM pg_index WHERE indexrelid = %s", (index.oid,))
+        cur.execute(
+            "SELECT indisunique, substring(pg_get_indexdef(indexrelid) FROM ' (USING .*)$') "
+            "FROM pg_index WHERE indexrelid = %s",
+            (index.oid,),
+        )
         unique, definition = cur.fetchone()
     return IndexSpec(unique=unique, definition=definition)
 
 
 def _partitions_without_index(conn, table: Relation, index: Relation) -> list[Relation]:
-    return _fetch(conn, _RELATION + """
+    return _fetch(
+        conn,
+        _RELATION
+        + """
         JOIN pg_inherits i ON i.inhrelid = c.oid
         WHERE i.inhparent = %(table)s AND NOT i.inhdetachpending
           AND NOT EXISTS (SELECT 1 FROM pg_inherits ii JOIN pg_index x ON x.indexrelid = ii.inhrelid
                           WHERE ii.inhparent = %(index)s AND x.indrelid = c.oid)
-        ORDER BY c.relname""", {"table": table.oid, "index": index.oid})
+        ORDER BY c.relname""",
+        {"table": table.oid, "index": index.oid},
+    )
 
 
 def _attached_children(conn, index: Relation) -> list[Relation]:
-    return _fetch(conn, _RELATION + " JOIN pg_inherits i ON i.inhrelid = c.oid WHERE i.inhparent = %s "
-                  "ORDER BY c.relname", (index.oid,))
+    return _fetch(
+        conn,
+        _RELATION + " JOIN pg_inherits i ON i.inhrelid = c.oid WHERE i.inhparent = %s ORDER BY c.relname",
+        (index.oid,),
+    )

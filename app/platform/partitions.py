@@ -14,6 +14,7 @@ partition is created alone and then attached, which takes SHARE UPDATE EXCLUSIVE
 no read or write waits for it. Its statements run under MIGRATION_LOCK_TIMEOUT; a lock not
 granted is retried on the next tick.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,17 +33,23 @@ AHEAD_MONTHS = 3
 @dataclass(frozen=True)
 class Table:
     name: str
-    key: str                          # the partition key column
-    keys_table: str | None = None     # its dedup keys (migration 0520), pruned by retention
+    key: str  # the partition key column
+    keys_table: str | None = None  # its dedup keys (migration 0520), pruned by retention
     key_columns: tuple[str, ...] = ()
-    never_used: str | None = None     # SQL: a row retention counts as dropped without ever being used
+    never_used: str | None = None  # SQL: a row retention counts as dropped without ever being used
 
 
 TABLES = (
-    Table("digest_events", "received_at", "digest_event_keys", ("source", "producer_id"),
-          never_used="digest_run_id IS NULL"),          # never included in a sent digest
-    Table("webhook_events", "received_at", "webhook_event_keys", ("sg_event_id",),
-          never_used="processed_at IS NULL"),           # never applied
+    Table(
+        "digest_events",
+        "received_at",
+        "digest_event_keys",
+        ("source", "producer_id"),
+        never_used="digest_run_id IS NULL",
+    ),  # never included in a sent digest
+    Table(
+        "webhook_events", "received_at", "webhook_event_keys", ("sg_event_id",), never_used="processed_at IS NULL"
+    ),  # never applied
     Table("email_link_history", "occurred_at"),
 )
 BY_NAME = {t.name: t for t in TABLES}
@@ -51,7 +58,7 @@ BY_NAME = {t.name: t for t in TABLES}
 @dataclass(frozen=True)
 class Partition:
     name: str
-    range_from: datetime | None   # None: MINVALUE (the table as it was before partitioning)
+    range_from: datetime | None  # None: MINVALUE (the table as it was before partitioning)
     range_to: datetime
     detach_pending: bool
 
@@ -81,8 +88,11 @@ def ensure_ahead(conn, now: datetime | None = None, months: int = AHEAD_MONTHS) 
                 cur.execute("SELECT create_time_partitions(%s, coalesce(%s, now()), %s)", (table.name, now, months))
                 names = [row[0] for row in cur.fetchall()]
         except psycopg2.errors.LockNotAvailable:
-            log.warning("partitions of %s: lock not granted within %s; the next tick tries again",
-                        table.name, config.get().migration_lock_timeout)
+            log.warning(
+                "partitions of %s: lock not granted within %s; the next tick tries again",
+                table.name,
+                config.get().migration_lock_timeout,
+            )
             continue
         if names:
             log.info("created partitions %s", ", ".join(names))

@@ -14,6 +14,7 @@ with `--queues transactional digest` if a big newsletter must never share thread
   newsletter     outbox creation and send batches
   webhooks       applying stored SendGrid events
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,9 +31,9 @@ QUEUES = ("transactional", "digest", "newsletter", "webhooks")
 
 class Target(NamedTuple):
     """A message's queue and the name of the actor that reads it."""
+
     queue: str
     actor: str
-
 
 
 _lock = threading.Lock()
@@ -40,8 +41,15 @@ _broker: RedisBroker | None = None
 
 
 def make_broker(url: str | None = None, namespace: str = "dramatiq", extra_middleware=()) -> RedisBroker:
-    middleware = [AgeLimit(), TimeLimit(), ShutdownNotifications(), Callbacks(), Pipelines(), Retries(),
-                  *extra_middleware]
+    middleware = [
+        AgeLimit(),
+        TimeLimit(),
+        ShutdownNotifications(),
+        Callbacks(),
+        Pipelines(),
+        Retries(),
+        *extra_middleware,
+    ]
     return RedisBroker(url=url or config.get().redis_url, namespace=namespace, middleware=middleware)
 
 
@@ -68,8 +76,7 @@ def broker() -> RedisBroker:
 
 
 def send(target: Target, *args, delay_ms: int | None = None) -> None:
-    message = dramatiq.Message(queue_name=target.queue, actor_name=target.actor, args=args, kwargs={},
-                               options={})
+    message = dramatiq.Message(queue_name=target.queue, actor_name=target.actor, args=args, kwargs={}, options={})
     broker().enqueue(message, delay=int(delay_ms) if delay_ms else None)
 
 

@@ -24,6 +24,7 @@ table (digest_runs, email_links): MIGRATION_LOCK_TIMEOUT bounds it, and a lock n
 retried on the next tick. A tick spends at most WORK_SECONDS here; a large partition's keys take
 several ticks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,8 @@ from app.platform import config, db, metrics, migrate, partitions
 
 log = logging.getLogger("app.platform.retention")
 
-WORK_SECONDS = 5.0     # of each scheduler tick, at most
-PRUNE_CHUNK = 20_000   # dedup keys deleted per transaction
+WORK_SECONDS = 5.0  # of each scheduler tick, at most
+PRUNE_CHUNK = 20_000  # dedup keys deleted per transaction
 
 
 @dataclass
@@ -60,7 +61,7 @@ def maintain(now: datetime | None = None, url: str | None = None) -> dict:
         created = []
         try:
             created = partitions.ensure_ahead(conn, now)
-        except Exception:   # noqa: BLE001 - retention below must still run
+        except Exception:
             log.exception("adding partitions ahead failed; the next tick tries again")
         return {"created": created, **run(conn, now)}
 
@@ -80,8 +81,11 @@ def run(conn, now: datetime | None = None, budget_seconds: float = WORK_SECONDS)
         try:
             done, left = _retire(conn, table, cutoff, deadline)
         except psycopg2.errors.LockNotAvailable:
-            log.warning("retention of %s: lock not granted within %s; the next tick tries again",
-                        table.name, config.get().migration_lock_timeout)
+            log.warning(
+                "retention of %s: lock not granted within %s; the next tick tries again",
+                table.name,
+                config.get().migration_lock_timeout,
+            )
             continue
         dropped += done
         unfinished += left
@@ -94,10 +98,16 @@ def _retire(conn, table: partitions.Table, cutoff: datetime, deadline: float) ->
             return [], 0
         for p in partitions.list_partitions(cur, table.name):
             if p.range_to <= cutoff:
-                cur.execute("INSERT INTO retention_drops (parent, partition, range_to) VALUES (%s, %s, %s) "
-                            "ON CONFLICT (partition) DO NOTHING", (table.name, p.name, p.range_to))
-        cur.execute("SELECT id, partition, state, keys_pruned_to FROM retention_drops "
-                    "WHERE parent = %s AND state <> 'dropped' ORDER BY range_to", (table.name,))
+                cur.execute(
+                    "INSERT INTO retention_drops (parent, partition, range_to) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (partition) DO NOTHING",
+                    (table.name, p.name, p.range_to),
+                )
+        cur.execute(
+            "SELECT id, partition, state, keys_pruned_to FROM retention_drops "
+            "WHERE parent = %s AND state <> 'dropped' ORDER BY range_to",
+            (table.name,),
+        )
         drops = [Drop(*row) for row in cur.fetchall()]
     dropped = []
     for drop in drops:
@@ -125,8 +135,11 @@ def _detach(conn, table: partitions.Table, drop: Drop) -> None:
             how = "FINALIZE" if attached.detach_pending else "CONCURRENTLY"
             cur.execute("SET lock_timeout = %s", (config.get().migration_lock_timeout,))
             try:
-                cur.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {} " + how).format(
-                    sql.Identifier(table.name), sql.Identifier(drop.partition)))
+                cur.execute(
+                    sql.SQL("ALTER TABLE {} DETACH PARTITION {} " + how).format(
+                        sql.Identifier(table.name), sql.Identifier(drop.partition)
+                    )
+                )
             finally:
                 cur.execute("RESET lock_timeout")
     with db.transaction(conn) as cur:
@@ -136,24 +149,33 @@ def _detach(conn, table: partitions.Table, drop: Drop) -> None:
         if exists:
             cur.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", (drop.partition,))
             rows = cur.fetchone()[0]
-            if rows < 0:   # never analyzed, so small: count it
+            if rows < 0:  # never analyzed, so small: count it
                 cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(drop.partition)))
                 rows = cur.fetchone()[0]
             if table.never_used:
-                cur.execute(sql.SQL("SELECT count(*) FROM {} WHERE " + table.never_used).format(
-                    sql.Identifier(drop.partition)))
+                cur.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE " + table.never_used).format(sql.Identifier(drop.partition))
+                )
                 never_used = cur.fetchone()[0]
         # A partition that is gone already (dropped by hand) has nothing left to count or prune.
         drop.state = "pruning" if exists else "dropped"
-        cur.execute("UPDATE retention_drops SET state = %s, rows_estimate = %s, never_used = %s, "
-                    "dropped_at = CASE WHEN %s = 'dropped' THEN now() END "
-                    "WHERE id = %s AND state = 'detaching' RETURNING 1",
-                    (drop.state, rows, never_used, drop.state, drop.id))
+        cur.execute(
+            "UPDATE retention_drops SET state = %s, rows_estimate = %s, never_used = %s, "
+            "dropped_at = CASE WHEN %s = 'dropped' THEN now() END "
+            "WHERE id = %s AND state = 'detaching' RETURNING 1",
+            (drop.state, rows, never_used, drop.state, drop.id),
+        )
         counted = cur.fetchone() is not None
     if counted and never_used is not None:
         what = "included in a digest" if table.name == "digest_events" else "applied"
-        log.info("retention: %s detached (about %d rows older than %d days); %d of them were never %s",
-                 drop.partition, rows, config.get().retention_days, never_used, what)
+        log.info(
+            "retention: %s detached (about %d rows older than %d days); %d of them were never %s",
+            drop.partition,
+            rows,
+            config.get().retention_days,
+            never_used,
+            what,
+        )
         metrics.retention_never_used(table.name, never_used)
 
 
@@ -166,9 +188,13 @@ def _prune_keys(conn, table: partitions.Table, drop: Drop, deadline: float) -> b
     prune = sql.SQL(
         "WITH chunk AS (SELECT id, {cols} FROM {part} WHERE id > %s ORDER BY id LIMIT %s), "
         "gone AS (DELETE FROM {keys} k USING chunk c WHERE {match} AND k.event_id = c.id) "
-        "SELECT max(id), count(*) FROM chunk").format(
-        cols=sql.SQL(", ").join(map(sql.Identifier, table.key_columns)), part=sql.Identifier(drop.partition),
-        keys=sql.Identifier(table.keys_table), match=match)
+        "SELECT max(id), count(*) FROM chunk"
+    ).format(
+        cols=sql.SQL(", ").join(map(sql.Identifier, table.key_columns)),
+        part=sql.Identifier(drop.partition),
+        keys=sql.Identifier(table.keys_table),
+        match=match,
+    )
     while True:
         with db.transaction(conn) as cur:
             cur.execute(prune, (drop.keys_pruned_to, PRUNE_CHUNK))
@@ -185,12 +211,14 @@ def _prune_keys(conn, table: partitions.Table, drop: Drop, deadline: float) -> b
 
 def _drop(conn, table: partitions.Table, drop: Drop) -> None:
     with db.transaction(conn) as cur:
-        if _attached(cur, table, drop.partition) is not None:   # never drop a partition still in use
+        if _attached(cur, table, drop.partition) is not None:  # never drop a partition still in use
             raise RuntimeError(f"{drop.partition} is still attached to {table.name}; not dropping it")
         cur.execute("SET LOCAL lock_timeout = %s", (config.get().migration_lock_timeout,))
         cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(drop.partition)))
-        cur.execute("UPDATE retention_drops SET state = 'dropped', dropped_at = now() WHERE id = %s "
-                    "RETURNING rows_estimate", (drop.id,))
+        cur.execute(
+            "UPDATE retention_drops SET state = 'dropped', dropped_at = now() WHERE id = %s RETURNING rows_estimate",
+            (drop.id,),
+        )
         rows = cur.fetchone()[0]
     drop.state = "dropped"
     log.info("retention: dropped %s (about %d rows)", drop.partition, rows or 0)

@@ -10,6 +10,7 @@ be slow and legitimate); its size is bounded by the endpoints' limits.
 
 The Procfile's web command selects it: `uvicorn … --http app.platform.slow_clients:HeaderDeadlineHttpTools`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,10 +32,10 @@ class HeaderDeadlineHttpTools(HttpToolsProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.header_timeout = config.get().http_header_timeout_seconds
-        self._headers_since: float | None = None     # when the request now awaiting its headers began
+        self._headers_since: float | None = None  # when the request now awaiting its headers began
         self._header_timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport) -> None:   # type: ignore[override]
+    def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if self.header_timeout > 0:
             self._headers_since = self.loop.time()
@@ -42,7 +43,7 @@ class HeaderDeadlineHttpTools(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._headers_since is None:   # the first request's clock started when the connection opened
+        if self._headers_since is None:  # the first request's clock started when the connection opened
             self._headers_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
@@ -64,10 +65,13 @@ class HeaderDeadlineHttpTools(HttpToolsProtocol):
             since = now if self._headers_since is None else self._headers_since
             self._header_timer = self.loop.call_at(since + self.header_timeout, self._check_headers)
             return
-        log.info("closing a connection from %s: no complete request headers within %s s",
-                 self.client[0] if self.client else "?", self.header_timeout)
+        log.info(
+            "closing a connection from %s: no complete request headers within %s s",
+            self.client[0] if self.client else "?",
+            self.header_timeout,
+        )
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(REQUEST_TIMEOUT)
             self.transport.close()
-        else:   # a pipelined request trickles in while the one before is answered: close after that
+        else:  # a pipelined request trickles in while the one before is answered: close after that
             self.cycle.keep_alive = False

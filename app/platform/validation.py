@@ -11,23 +11,24 @@ inside the noise: 6.5k vs 6.6k single events/s, 20-39k vs 24-45k batched events/
 Errors are translated to the API's contract: one entry per field (the first problem pydantic
 reports for it), `index` for an item of a batch, and messages in the API's own words.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.json_schema import models_json_schema
 from pydantic_core import PydanticCustomError
 
-__all__ = ["Body", "Integer", "Text", "check", "fail", "plain_int", "problems", "schema_components",
-           "ValidationError"]
+__all__ = ["Body", "Integer", "Text", "ValidationError", "check", "fail", "plain_int", "problems", "schema_components"]
 
 
 class Body(BaseModel):
     """Base of every request body: unknown fields refused, no coercion ("42" is not 42)."""
-    model_config = ConfigDict(extra="forbid", strict=True,
-                              json_schema_mode_override="validation")
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_mode_override="validation")
 
 
 def fail(kind: str, message: str) -> PydanticCustomError:
@@ -39,8 +40,7 @@ def fail(kind: str, message: str) -> PydanticCustomError:
 # Every character str.isspace() accepts, as a class body: patterns are both the OpenAPI document's
 # (ECMA-262) and the server's (Python re), whose \\s differ (U+0085, U+001C-U+001F, U+FEFF), so
 # they spell whitespace out.
-SPACE_CLASS = ("\\t-\\r\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f"
-               "\\u3000")
+SPACE_CLASS = "\\t-\\r\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
 # Control characters (C0, DEL, C1) and the characters str.splitlines() breaks lines at besides
 # them (U+0085 is C1; U+2028, U+2029): text that becomes a mail header must hold none, or the
 # email package's folding splits the header and every mail built with it fails.
@@ -55,8 +55,9 @@ _PATTERN_MESSAGES = {
 }
 
 
-def Text(max_length: int, pattern: str = NO_NUL, min_length: int | None = None, message: str | None = None,
-         **field) -> Any:
+def Text(
+    max_length: int, pattern: str = NO_NUL, min_length: int | None = None, message: str | None = None, **field
+) -> Any:
     """A string field whose limits are checked and documented from this one declaration; `message`
     says what a value that does not match `pattern` is missing."""
     if message:
@@ -135,7 +136,7 @@ def problems(exc: ValidationError, batch_key: str | None = None, root: str = "bo
         if batch_key and len(loc) >= 2 and loc[0] == batch_key and isinstance(loc[1], int):
             index, loc = loc[1], loc[2:] or ["event"]
         field = str(loc[0]) if loc else root
-        if (index, field) in seen:   # unions report once per alternative: the first says enough
+        if (index, field) in seen:  # unions report once per alternative: the first says enough
             continue
         seen.add((index, field))
         entry = {"field": field, "message": _message(error)}
@@ -155,7 +156,5 @@ def check(adapter: TypeAdapter | type[BaseModel], data, **where) -> tuple[Any, l
 
 def schema_components(models: list[type[BaseModel]]) -> dict:
     """JSON Schemas of `models` (and the models they use) for #/components/schemas."""
-    _, doc = models_json_schema([(m, "validation") for m in models],
-                                ref_template="#/components/schemas/{model}")
+    _, doc = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
     return doc.get("$defs", {})
-

@@ -9,6 +9,7 @@ Readers never query per item or per digest: `registry()` is a snapshot of the wh
 in process for CACHE_SECONDS (a digest batch reads it at most once; a change made through the API is
 seen at once by the process that made it and by every other process within CACHE_SECONDS).
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,17 +40,32 @@ def _strip(value: str) -> str:
 
 class CategoryInput(Body):
     """PUT /v1/categories/{key}: how a category is shown."""
-    label: Annotated[Text(100, _LABEL, min_length=1, message="must show at least one character and contain no "
-                                                             "line breaks or control characters",
-                          description="shown as the topic's name: \"Comments\""), AfterValidator(_strip)]
-    description: Annotated[Text(500, NO_CONTROL, description="one sentence under the topic on the preference page"),
-                           AfterValidator(_strip)] = ""
-    verb: Annotated[Text(60, NO_CONTROL, description="what the actors did, read before the entity's title: "
-                                                     "\"liked\", \"commented on\" (\"Eli commented on Launch notes\"; "
-                                                     "inside the entity's block a trailing preposition is dropped: "
-                                                     "\"Eli commented\"). Empty: \"Comments from Eli\""),
-                    AfterValidator(_strip)] = ""
-    delivery: Annotated[Literal[DELIVERIES], Field(description="`digest`, or `immediate` (\"send now\")")] = "digest"
+
+    label: Annotated[
+        Text(
+            100,
+            _LABEL,
+            min_length=1,
+            message="must show at least one character and contain no line breaks or control characters",
+            description='shown as the topic\'s name: "Comments"',
+        ),
+        AfterValidator(_strip),
+    ]
+    description: Annotated[
+        Text(500, NO_CONTROL, description="one sentence under the topic on the preference page"), AfterValidator(_strip)
+    ] = ""
+    verb: Annotated[
+        Text(
+            60,
+            NO_CONTROL,
+            description="what the actors did, read before the entity's title: "
+            '"liked", "commented on" ("Eli commented on Launch notes"; '
+            "inside the entity's block a trailing preposition is dropped: "
+            '"Eli commented"). Empty: "Comments from Eli"',
+        ),
+        AfterValidator(_strip),
+    ] = ""
+    delivery: Annotated[Literal[DELIVERIES], Field(description='`digest`, or `immediate` ("send now")')] = "digest"
 
 
 FIELDS = tuple(CategoryInput.model_fields)
@@ -64,8 +80,13 @@ class Category:
     delivery: str = "digest"
 
     def as_dict(self) -> dict:
-        return {"key": self.key, "label": self.label, "description": self.description, "verb": self.verb,
-                "delivery": self.delivery}
+        return {
+            "key": self.key,
+            "label": self.label,
+            "description": self.description,
+            "verb": self.verb,
+            "delivery": self.delivery,
+        }
 
 
 def valid_key(key) -> bool:
@@ -73,7 +94,7 @@ def valid_key(key) -> bool:
 
 
 def humanise(key: str) -> str:
-    """"new_comment" -> "New comment", "pr.review-requested" -> "Pr review requested"."""
+    """ "new_comment" -> "New comment", "pr.review-requested" -> "Pr review requested"."""
     words = _SEPARATORS.sub(" ", key).strip() or key
     return words[:1].upper() + words[1:]
 
@@ -100,7 +121,9 @@ def upsert(key: str, values: dict) -> tuple[dict, bool]:
         f"INSERT INTO categories ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s) "
         "ON CONFLICT (key) DO UPDATE SET label = EXCLUDED.label, description = EXCLUDED.description, "
         "verb = EXCLUDED.verb, delivery = EXCLUDED.delivery, updated_at = now() "
-        f"RETURNING {_COLUMNS}, (xmax = 0) AS created", params)
+        f"RETURNING {_COLUMNS}, (xmax = 0) AS created",
+        params,
+    )
     cache.clear()
     return Category(*rows[0][:-1]).as_dict(), rows[0][-1]
 

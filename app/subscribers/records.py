@@ -1,4 +1,5 @@
 """Subscriber records: validation shared by the admin API and the preference pages, upsert, erasure."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -13,6 +14,7 @@ CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 MAX_CATEGORIES = 100
 
+
 def _sendable(addr: str) -> bool:
     try:
         sendable(addr)
@@ -25,10 +27,11 @@ def _email(value: str) -> str:
     if not _sendable(value):
         raise fail("email", "must be a valid email address")
     try:
-        check_domain(value)   # so that the address has one canonical form (README "Address identity")
+        check_domain(value)  # so that the address has one canonical form (README "Address identity")
     except AddressError:
-        raise fail("email", "must be a valid email address: its domain is not a valid internationalised "
-                            "domain name (IDNA)") from None
+        raise fail(
+            "email", "must be a valid email address: its domain is not a valid internationalised domain name (IDNA)"
+        ) from None
     return value
 
 
@@ -46,13 +49,17 @@ def _weekday(value) -> int:
     value = whole_number(value)
     if isinstance(value, str) and value.lower() in WEEKDAYS:
         return WEEKDAYS.index(value.lower())
-    if type(value) is int and 0 <= value <= 6:   # not a bool
+    if type(value) is int and 0 <= value <= 6:  # not a bool
         return value
     raise fail("weekday", "must be 0-6 (0 = Monday) or a weekday name")
 
 
-_WEEKDAY_SCHEMA = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 6, "description": "0 = Monday"},
-                             {"type": "string", "enum": list(WEEKDAYS)}]}
+_WEEKDAY_SCHEMA = {
+    "oneOf": [
+        {"type": "integer", "minimum": 0, "maximum": 6, "description": "0 = Monday"},
+        {"type": "string", "enum": list(WEEKDAYS)},
+    ]
+}
 
 
 Category = Text(100, min_length=1)
@@ -61,32 +68,47 @@ Category = Text(100, min_length=1)
 # A deliverable address, as the API takes it wherever one is given (subscribers, test sends).
 # `idn-email` (JSON Schema: RFC 6531, its domain an IDNA name) says what the pattern cannot: the domain
 # check, which refuses what a pattern-valid address may still have (a label over 63 characters, an `_`).
-Email = Annotated[Text(254, EMAIL_PATTERN, message="must be a valid email address",
-                       json_schema_extra={"format": "idn-email"},
-                       description="an email address whose domain is a valid IDNA name (UTS 46); compared "
-                                   "with other addresses by its canonical form (README \"Address identity\")"),
-                  AfterValidator(_email)]
+Email = Annotated[
+    Text(
+        254,
+        EMAIL_PATTERN,
+        message="must be a valid email address",
+        json_schema_extra={"format": "idn-email"},
+        description="an email address whose domain is a valid IDNA name (UTS 46); compared "
+        'with other addresses by its canonical form (README "Address identity")',
+    ),
+    AfterValidator(_email),
+]
 
 
 class SubscriberInput(Body):
     """PUT /v1/subscribers/{user_id} (the preference pages send a subset of the same fields)."""
+
     email: Email
-    name: Annotated[Text(200, NO_CONTROL) | None, Field(description="display name; no line breaks or control characters"),
-                    AfterValidator(lambda v: (v or "").strip())] = ""
+    name: Annotated[
+        Text(200, NO_CONTROL) | None,
+        Field(description="display name; no line breaks or control characters"),
+        AfterValidator(lambda v: (v or "").strip()),
+    ] = ""
     timezone: Annotated[str, *documented(_timezone_names, _timezone)] = "UTC"
     digest_cadence: Literal[CADENCES] = "daily"
     digest_hour: Integer(ge=0, le=23, description="local hour") = 9
     digest_weekday: Annotated[int, PlainValidator(_weekday), WithJsonSchema(_WEEKDAY_SCHEMA)] = 0
-    category_opt_outs: Annotated[list[Category], Field(max_length=MAX_CATEGORIES),
-                                 AfterValidator(lambda v: sorted(set(v)))] = []
+    category_opt_outs: Annotated[
+        list[Category], Field(max_length=MAX_CATEGORIES), AfterValidator(lambda v: sorted(set(v)))
+    ] = []
     tracking_opt_out: bool = False
 
 
 FIELDS = tuple(SubscriberInput.model_fields)
 DEFAULTS = {name: info.default for name, info in SubscriberInput.model_fields.items() if not info.is_required()}
-_field_checks = {name: TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,
-                                   config=SubscriberInput.model_config)
-                 for name, info in SubscriberInput.model_fields.items()}
+_field_checks = {
+    name: TypeAdapter(
+        Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,
+        config=SubscriberInput.model_config,
+    )
+    for name, info in SubscriberInput.model_fields.items()
+}
 
 
 def validate(data, partial: bool = False) -> tuple[dict, list[dict]]:
@@ -110,9 +132,22 @@ def validate(data, partial: bool = False) -> tuple[dict, list[dict]]:
     return values, errors
 
 
-COLUMNS = ("id", "user_id", "email", "name", "timezone", "digest_cadence", "digest_hour", "digest_weekday",
-           "category_opt_outs", "tracking_opt_out", "paused_until", "unsubscribed_at", "created_at",
-           "updated_at")
+COLUMNS = (
+    "id",
+    "user_id",
+    "email",
+    "name",
+    "timezone",
+    "digest_cadence",
+    "digest_hour",
+    "digest_weekday",
+    "category_opt_outs",
+    "tracking_opt_out",
+    "paused_until",
+    "unsubscribed_at",
+    "created_at",
+    "updated_at",
+)
 
 
 def _as_dict(row) -> dict:
@@ -167,13 +202,17 @@ def update(subscriber_id: int, values: dict) -> None:
 # Addresses are compared by their canonical form (README "Address identity"), so every spelling
 # SendGrid reported an event under is found and the suppression kept is the canonical one.
 # Raw SendGrid events carry the address (and our custom_args carry the subscriber id).
-ERASE_WEBHOOK_EVENTS = ("DELETE FROM webhook_events WHERE canonical_email = ANY(%(addresses)s) "
-                        "OR payload ->> 'subscriber_id' = %(sid_text)s")
+ERASE_WEBHOOK_EVENTS = (
+    "DELETE FROM webhook_events WHERE canonical_email = ANY(%(addresses)s) "
+    "OR payload ->> 'subscriber_id' = %(sid_text)s"
+)
 # A newsletter's audience lists user_ids (jsonb {"kind": "user_ids", "user_ids": [...]}, app/newsletter/
 # service.py). The last step, so the newsletter rows it changes stay locked for the shortest time (a
 # pause or cancel of one waits for it; the outbox's inserts do not: a non-key update).
-ERASE_FROM_AUDIENCES = ("UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
-                        "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s")
+ERASE_FROM_AUDIENCES = (
+    "UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
+    "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s"
+)
 ERASE_STEPS = (
     # Keep any earlier reason in `source` (bounce, spamreport...: not personal, useful to support).
     "INSERT INTO suppressions (email, reason, source) VALUES (%(address)s, 'erased', 'erasure') "
@@ -185,8 +224,7 @@ ERASE_STEPS = (
     "DELETE FROM email_link_history WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
     "DELETE FROM mail_event_counts WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
     # Newsletter clicks/opens stay as anonymous counts so the newsletter's statistics stay right.
-    "UPDATE email_link_history SET subscriber_id = NULL, ip = NULL, user_agent = NULL "
-    "WHERE subscriber_id = %(sid)s",
+    "UPDATE email_link_history SET subscriber_id = NULL, ip = NULL, user_agent = NULL WHERE subscriber_id = %(sid)s",
     "UPDATE legacy_link_codes SET subscriber_id = NULL WHERE subscriber_id = %(sid)s",
     # Cascades to digest_runs and email_log (the outbox rows, with the address at send time).
     "DELETE FROM subscribers WHERE id = %(sid)s",
@@ -221,7 +259,9 @@ def erase(user_id: str) -> bool:
 def _erasure_scope(execute, sid: int, address: str) -> dict:
     """Every address the subscriber was mailed at (it may have changed), canonical, and their
     digest runs."""
-    addresses = {address} | {canonical(e) for (e,) in execute(
-        "SELECT DISTINCT email FROM email_log WHERE subscriber_id = %s", (sid,)).fetchall()}
+    addresses = {address} | {
+        canonical(e)
+        for (e,) in execute("SELECT DISTINCT email FROM email_log WHERE subscriber_id = %s", (sid,)).fetchall()
+    }
     run_ids = [r for (r,) in execute("SELECT id FROM digest_runs WHERE subscriber_id = %s", (sid,)).fetchall()]
     return {"addresses": sorted(addresses), "run_ids": run_ids}

@@ -16,6 +16,7 @@ release's processes wrote while a deploy was under way, and running it again cha
                                 sources are appended to the kept row's source
   webhook_events.canonical_email set where it differs (rows without an email keep NULL)
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,7 +47,7 @@ def _batch(conn, work):
         except (psycopg2.errors.LockNotAvailable, psycopg2.errors.UniqueViolation) as exc:
             # UniqueViolation: a suppression for the canonical form was added meanwhile; the
             # retry sees it and merges into it.
-            delay = min(0.2 * 2 ** attempt, 10.0)
+            delay = min(0.2 * 2**attempt, 10.0)
             log.warning("rekey batch: %s (attempt %d), retrying in %.1fs", exc.__class__.__name__, attempt, delay)
             time.sleep(delay)
     raise RuntimeError(f"rekey: gave up after {settings.migration_retries} attempts")
@@ -56,10 +57,14 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
     """Set `canonical_email` of `table` (subscribers or webhook_events) where it differs; returns
     how many rows changed."""
     missing = " AND canonical_email IS NULL" if only_missing else ""
-    read = (f"SELECT id, email, canonical_email FROM {table} WHERE id > %s AND email IS NOT NULL{missing} "
-            f"ORDER BY id LIMIT {BATCH}")
-    write = (f"UPDATE {table} t SET canonical_email = v.key FROM (VALUES %s) AS v(id, email, key) "
-             "WHERE t.id = v.id AND t.email = v.email AND t.canonical_email IS DISTINCT FROM v.key")
+    read = (
+        f"SELECT id, email, canonical_email FROM {table} WHERE id > %s AND email IS NOT NULL{missing} "
+        f"ORDER BY id LIMIT {BATCH}"
+    )
+    write = (
+        f"UPDATE {table} t SET canonical_email = v.key FROM (VALUES %s) AS v(id, email, key) "
+        "WHERE t.id = v.id AND t.email = v.email AND t.canonical_email IS DISTINCT FROM v.key"
+    )
     after, changed = 0, 0
 
     def one_batch(cur):
@@ -67,8 +72,9 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
         rows = cur.fetchall()
         stale = [(i, email, key) for i, email, stored in rows if (key := canonical(email)) != stored]
         if stale:
-            psycopg2.extras.execute_values(cur, write, stale, template="(%s::bigint, %s::text, %s::text)",
-                                           page_size=len(stale))
+            psycopg2.extras.execute_values(
+                cur, write, stale, template="(%s::bigint, %s::text, %s::text)", page_size=len(stale)
+            )
         return (rows[-1][0] if rows else None), cur.rowcount if stale else 0
 
     while True:
@@ -80,19 +86,23 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
 
 def _merge_suppression(cur, row_id: int, key: str) -> int:
     """Rewrite one suppression to `key`, merging it with the row that holds `key` already."""
-    cur.execute("SELECT id, email, reason, source, created_at FROM suppressions "
-                "WHERE id = %s OR email = %s ORDER BY created_at, id FOR UPDATE", (row_id, key))
+    cur.execute(
+        "SELECT id, email, reason, source, created_at FROM suppressions "
+        "WHERE id = %s OR email = %s ORDER BY created_at, id FOR UPDATE",
+        (row_id, key),
+    )
     rows = cur.fetchall()
     if not any(r[0] == row_id and r[1] != key for r in rows):
-        return 0                       # removed or rewritten meanwhile
+        return 0  # removed or rewritten meanwhile
     kept, *merged = rows
     reason = "erased" if any(r[2] == "erased" for r in rows) else kept[2]
     source = kept[3]
     if merged:
         source = "; ".join(filter(None, [kept[3], *(f"merged {r[2]} ({r[3] or 'no source'})" for r in merged)]))
         cur.execute("DELETE FROM suppressions WHERE id = ANY(%s)", ([r[0] for r in merged],))
-    cur.execute("UPDATE suppressions SET email = %s, reason = %s, source = %s WHERE id = %s",
-                (key, reason, source, kept[0]))
+    cur.execute(
+        "UPDATE suppressions SET email = %s, reason = %s, source = %s WHERE id = %s", (key, reason, source, kept[0])
+    )
     return 1
 
 
@@ -115,11 +125,14 @@ def _suppressions(conn) -> int:
 def _add_constraint(conn) -> None:
     """From now on no subscriber row is without its key (NOT VALID: existing rows are checked by
     0602's VALIDATE, which blocks no writer). A brief ACCESS EXCLUSIVE lock, under the lock timeout."""
+
     def add(cur):
         cur.execute("SELECT 1 FROM pg_constraint WHERE conname = %s", (CONSTRAINT,))
         if not cur.fetchone():
-            cur.execute(f"ALTER TABLE subscribers ADD CONSTRAINT {CONSTRAINT} "
-                        "CHECK (canonical_email IS NOT NULL) NOT VALID")
+            cur.execute(
+                f"ALTER TABLE subscribers ADD CONSTRAINT {CONSTRAINT} CHECK (canonical_email IS NOT NULL) NOT VALID"
+            )
+
     _batch(conn, add)
 
 

@@ -15,6 +15,7 @@ Scopes (inside the signed token, app/tokens.py), old ones included because they 
 A scope this code does not know (a newer release's, after a rollback) also means everything:
 the safe reading of a link someone clicked to leave.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ _CATEGORY_PREFIX = "category:"
 
 @dataclass(frozen=True)
 class Target:
-    kind: str                  # DIGESTS, NEWSLETTERS, CATEGORY or EVERYTHING
+    kind: str  # DIGESTS, NEWSLETTERS, CATEGORY or EVERYTHING
     category: str | None = None
 
 
@@ -37,7 +38,7 @@ def target(scope: str | None) -> Target:
     if not scope:
         return Target(EVERYTHING)
     if scope.startswith(_CATEGORY_PREFIX) and len(scope) > len(_CATEGORY_PREFIX):
-        return Target(CATEGORY, scope[len(_CATEGORY_PREFIX):])
+        return Target(CATEGORY, scope[len(_CATEGORY_PREFIX) :])
     if scope == DIGESTS:
         return Target(DIGESTS)
     if scope == NEWSLETTERS:

@@ -1,4 +1,5 @@
 """The web process: JSON API, tracking endpoints, subscriber pages, operator dashboard. `app.web:app` for uvicorn."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +10,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from app.platform import config, db, forwarded, memory, metrics, openapi, observability
+from app.platform import config, db, forwarded, memory, metrics, observability, openapi
 from app.platform.http import exception_handlers
 
 log = logging.getLogger("app.web")
@@ -33,7 +34,7 @@ def create_app() -> Starlette:
     observability.setup_logging()
     observability.init_sentry("web")
     db.init()
-    metrics.setup()   # PROMETHEUS_MULTIPROC_DIR exists; dead processes' live gauges are gone
+    metrics.setup()  # PROMETHEUS_MULTIPROC_DIR exists; dead processes' live gauges are gone
     forwarded.trusted_proxies()  # a malformed FORWARDED_ALLOW_IPS is a start-up error, not a 500 per click
     modules = [importlib.import_module(name) for name in ROUTE_MODULES]
     for module in modules:  # e.g. the webhook refuses a malformed public key now, not per request
@@ -49,7 +50,7 @@ def create_app() -> Starlette:
         # run less often: fewer pauses on the hot paths' tail latency.
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
-        memory.limit_malloc_arenas(settings.malloc_arenas)   # before the threadpool's threads exist
+        memory.limit_malloc_arenas(settings.malloc_arenas)  # before the threadpool's threads exist
         yield
         for module in modules:  # e.g. tracking flushes its buffered click history (SIGTERM loses none)
             if hasattr(module, "on_shutdown"):

@@ -2,6 +2,7 @@
 that does not. GET /metrics: Prometheus exposition (app/metrics.py) for an admin API key or
 METRICS_TOKEN, as a Bearer token — on the web app, and alone on the metrics exporter
 (`python -m app metrics-exporter`) of hosts that run workers but no web process."""
+
 from __future__ import annotations
 
 import contextlib
@@ -43,7 +44,7 @@ async def healthz(request: Request):
 async def metrics_endpoint(request: Request):
     kind, _, token = request.headers.get("authorization", "").partition(" ")
     if not (kind.lower() == "bearer" and metrics.token_matches(token.strip())):
-        await require_key(request, "admin")     # 401 without a valid key, 403 for another scope
+        await require_key(request, "admin")  # 401 without a valid key, 403 for another scope
     return Response(await run_in_threadpool(metrics.scrape), media_type=metrics.CONTENT_TYPE)
 
 
@@ -53,7 +54,7 @@ routes = [Route("/healthz", healthz, methods=["GET"]), Route("/metrics", metrics
 def exporter_app() -> Starlette:
     """GET /metrics alone: a worker-only host's values (its PROMETHEUS_MULTIPROC_DIR), with the web
     app's exposition and credentials. Prometheus scrapes every host; counters are per host."""
-    db.init()       # API keys are checked against Postgres, as on the web app
+    db.init()  # API keys are checked against Postgres, as on the web app
     metrics.setup()
 
     @contextlib.asynccontextmanager
@@ -62,15 +63,29 @@ def exporter_app() -> Starlette:
         db.database.close_all()
         metrics.process_stopped()
 
-    return Starlette(routes=[Route("/metrics", metrics_endpoint, methods=["GET"])],
-                     exception_handlers=exception_handlers(), lifespan=lifespan)
+    return Starlette(
+        routes=[Route("/metrics", metrics_endpoint, methods=["GET"])],
+        exception_handlers=exception_handlers(),
+        lifespan=lifespan,
+    )
 
 
-OPENAPI_PATHS = {"/healthz": {"get": {"summary": "Postgres and Redis reachability",
-                                      "responses": {"200": {"description": "both answer"},
-                                                    "503": {"description": "one does not"}}}},
-                 "/metrics": {"get": {"summary": "Prometheus metrics of every process (admin key or METRICS_TOKEN)",
-                                      "security": [{"bearer": []}],
-                                      "responses": {"200": {"description": "text exposition format"},
-                                                    "401": {"$ref": "#/components/responses/Error"},
-                                                    "403": {"$ref": "#/components/responses/Error"}}}}}
+OPENAPI_PATHS = {
+    "/healthz": {
+        "get": {
+            "summary": "Postgres and Redis reachability",
+            "responses": {"200": {"description": "both answer"}, "503": {"description": "one does not"}},
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "Prometheus metrics of every process (admin key or METRICS_TOKEN)",
+            "security": [{"bearer": []}],
+            "responses": {
+                "200": {"description": "text exposition format"},
+                "401": {"$ref": "#/components/responses/Error"},
+                "403": {"$ref": "#/components/responses/Error"},
+            },
+        }
+    },
+}

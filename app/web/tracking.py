@@ -10,6 +10,7 @@ Both endpoints are plain ASGI callables rather than Request/Response endpoints: 
 headers and answer with a fixed set, and skipping the wrappers is a sizeable share of the per-click
 CPU at 10k clicks/s.
 """
+
 from __future__ import annotations
 
 import base64
@@ -28,17 +29,26 @@ MAX_FORWARDED_FOR = 2048
 PIXEL_GIF = base64.b64decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7")
 _NO_STORE = b"no-store, private"
 _NOT_FOUND_HTML = (
-    "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Link not found</title>"
-    "<meta name=\"robots\" content=\"noindex\"></head><body style=\"font-family:sans-serif;max-width:32em;"
-    "margin:4em auto\"><h1>This link does not work</h1><p>The link you followed is not valid. If you "
-    "copied it from an email, make sure you copied all of it.</p></body></html>"
-).encode()
-_NOT_FOUND_START = {"type": "http.response.start", "status": 404, "headers": [
-    (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(_NOT_FOUND_HTML)).encode()),
-    (b"cache-control", _NO_STORE)]}
+    b'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Link not found</title>'
+    b'<meta name="robots" content="noindex"></head><body style="font-family:sans-serif;max-width:32em;'
+    b'margin:4em auto"><h1>This link does not work</h1><p>The link you followed is not valid. If you '
+    b"copied it from an email, make sure you copied all of it.</p></body></html>"
+)
+_NOT_FOUND_START = {
+    "type": "http.response.start",
+    "status": 404,
+    "headers": [
+        (b"content-type", b"text/html; charset=utf-8"),
+        (b"content-length", str(len(_NOT_FOUND_HTML)).encode()),
+        (b"cache-control", _NO_STORE),
+    ],
+}
 _EMPTY_BODY = {"type": "http.response.body", "body": b""}
-_PIXEL_HEADERS = [(b"content-type", b"image/gif"), (b"content-length", str(len(PIXEL_GIF)).encode()),
-                  (b"cache-control", _NO_STORE)]
+_PIXEL_HEADERS = [
+    (b"content-type", b"image/gif"),
+    (b"content-length", str(len(PIXEL_GIF)).encode()),
+    (b"cache-control", _NO_STORE),
+]
 
 
 def _request_facts(scope) -> tuple[str | None, str | None]:
@@ -72,13 +82,19 @@ async def click(scope, receive, send) -> None:
     except db.UNAVAILABLE as exc:
         # Only a first sighting of a link touches the DB; if that fails we cannot know the target.
         log.warning("click code lookup failed, database unavailable: %s", str(exc).strip().splitlines()[:1])
-        await Response("Temporarily unavailable, try again shortly.", status_code=503,
-                       headers={"Retry-After": "5", "Cache-Control": "no-store"})(scope, receive, send)
+        await Response(
+            "Temporarily unavailable, try again shortly.",
+            status_code=503,
+            headers={"Retry-After": "5", "Cache-Control": "no-store"},
+        )(scope, receive, send)
         return
     except Exception:
         log.exception("click code lookup failed")
-        await Response("Temporarily unavailable, try again shortly.", status_code=503,
-                       headers={"Retry-After": "5", "Cache-Control": "no-store"})(scope, receive, send)
+        await Response(
+            "Temporarily unavailable, try again shortly.",
+            status_code=503,
+            headers={"Retry-After": "5", "Cache-Control": "no-store"},
+        )(scope, receive, send)
         return
     if target is None:
         await not_found(send, head)
@@ -86,12 +102,22 @@ async def click(scope, receive, send) -> None:
     ip, ua = _request_facts(scope)
     reason = machines.classify_click(scope["method"], ua)
     link = target.link
-    recorder.record_click(link.id, link.mail_kind, link.mail_id, target.subscriber_id, ip, ua,
-                          reason is not None, reason)
+    recorder.record_click(
+        link.id, link.mail_kind, link.mail_id, target.subscriber_id, ip, ua, reason is not None, reason
+    )
     metrics.tracking_hit("click", reason is not None)
-    await send({"type": "http.response.start", "status": 302, "headers": [
-        (b"location", link.location), (b"content-length", b"0"), (b"cache-control", _NO_STORE),
-        (b"referrer-policy", b"no-referrer")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 302,
+            "headers": [
+                (b"location", link.location),
+                (b"content-length", b"0"),
+                (b"cache-control", _NO_STORE),
+                (b"referrer-policy", b"no-referrer"),
+            ],
+        }
+    )
     await send(_EMPTY_BODY)
 
 
@@ -100,12 +126,16 @@ async def open_pixel(scope, receive, send) -> None:
     if decoded is not None:
         ip, ua = _request_facts(scope)
         reason = machines.classify_open(scope["method"], ua, ip)
-        recorder.record_open(decoded.mail_kind, decoded.mail_id, decoded.subscriber_id, ip, ua,
-                             reason is not None, reason)
+        recorder.record_open(
+            decoded.mail_kind, decoded.mail_id, decoded.subscriber_id, ip, ua, reason is not None, reason
+        )
         metrics.tracking_hit("open", reason is not None)
     # A broken image would show in the mail: answer with the pixel even for a bad code (but 404).
-    await _send(send, {"type": "http.response.start", "status": 200 if decoded else 404, "headers": _PIXEL_HEADERS},
-                b"" if scope["method"] == "HEAD" else PIXEL_GIF)
+    await _send(
+        send,
+        {"type": "http.response.start", "status": 200 if decoded else 404, "headers": _PIXEL_HEADERS},
+        b"" if scope["method"] == "HEAD" else PIXEL_GIF,
+    )
 
 
 class _Asgi:
@@ -131,11 +161,18 @@ routes = [
 
 _CODE_PARAM = [{"name": "code", "in": "path", "required": True, "schema": {"type": "string"}}]
 OPENAPI_PATHS = {
-    "/c/{code}": {"get": {"summary": "Click redirect: 302 to the link's URL, 404 for unknown/forged codes",
-                          "parameters": _CODE_PARAM,
-                          "responses": {"302": {"description": "redirect"}, "404": {"description": "unknown"}}}},
-    "/o/{code}.gif": {"get": {"summary": "Open pixel (1x1 GIF); the same pixel with 404 for unknown/forged codes",
-                              "parameters": _CODE_PARAM,
-                              "responses": {"200": {"description": "pixel"},
-                                            "404": {"description": "unknown code (still a pixel)"}}}},
+    "/c/{code}": {
+        "get": {
+            "summary": "Click redirect: 302 to the link's URL, 404 for unknown/forged codes",
+            "parameters": _CODE_PARAM,
+            "responses": {"302": {"description": "redirect"}, "404": {"description": "unknown"}},
+        }
+    },
+    "/o/{code}.gif": {
+        "get": {
+            "summary": "Open pixel (1x1 GIF); the same pixel with 404 for unknown/forged codes",
+            "parameters": _CODE_PARAM,
+            "responses": {"200": {"description": "pixel"}, "404": {"description": "unknown code (still a pixel)"}},
+        }
+    },
 }

@@ -14,6 +14,7 @@ The request waits for a group commit shared with concurrent deliveries (app/grou
 so there is no per-request transaction and no threadpool hop. Applying the events (suppressions,
 stats) happens afterwards in a worker (actors/webhooks.py), enqueued only after the commit.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,16 +40,21 @@ def check_config(settings: config.Settings) -> None:
         except ValueError as exc:
             raise config.ConfigError(str(exc)) from None
     elif not settings.is_development and settings.sendgrid_webhook_allow_unsigned:
-        log.warning("SENDGRID_WEBHOOK_ALLOW_UNSIGNED is set (APP_ENV=%s): /webhooks/sendgrid accepts "
-                    "UNSIGNED events, so anyone can suppress addresses and fake statistics. Set "
-                    "SENDGRID_WEBHOOK_PUBLIC_KEY instead.", settings.env)
+        log.warning(
+            "SENDGRID_WEBHOOK_ALLOW_UNSIGNED is set (APP_ENV=%s): /webhooks/sendgrid accepts "
+            "UNSIGNED events, so anyone can suppress addresses and fake statistics. Set "
+            "SENDGRID_WEBHOOK_PUBLIC_KEY instead.",
+            settings.env,
+        )
 
 
 def _signed_headers(request: Request, settings: config.Settings) -> signature.SignedHeaders:
     try:
-        return signature.check_headers(request.headers.get(signature.SIGNATURE_HEADER),
-                                       request.headers.get(signature.TIMESTAMP_HEADER),
-                                       settings.sendgrid_webhook_max_age_seconds)
+        return signature.check_headers(
+            request.headers.get(signature.SIGNATURE_HEADER),
+            request.headers.get(signature.TIMESTAMP_HEADER),
+            settings.sendgrid_webhook_max_age_seconds,
+        )
     except signature.SignatureError as exc:
         log.warning("sendgrid webhook refused before reading its body: %s", exc)
         # Closing the connection, so the server does not take in the unread body either.
@@ -80,24 +86,35 @@ async def sendgrid(request: Request):
         result = await asyncio.wrap_future(webhook_store.writer().submit(rows, len(rows)))
     except Exception as exc:
         log.error("sendgrid webhook batch of %d not stored: %s", len(rows), exc)
-        raise ApiError(503, "unavailable", "events not stored; nothing committed, retry later",
-                       headers={"Retry-After": "10"}) from None
+        raise ApiError(
+            503, "unavailable", "events not stored; nothing committed, retry later", headers={"Retry-After": "10"}
+        ) from None
     return FastJSONResponse({"stored": result.stored, "duplicates": result.duplicates})
 
 
 routes = [Route("/webhooks/sendgrid", sendgrid, methods=["POST"])]
 
 OPENAPI_PATHS = {
-    "/webhooks/sendgrid": {"post": {
-        "summary": "SendGrid Event Webhook (signed); 200 only once the batch is committed",
-        "responses": {
-            "200": {"description": "committed", "content": {"application/json": {"schema": {
-                "type": "object", "properties": {"stored": {"type": "integer"},
-                                                 "duplicates": {"type": "integer"}}}}}},
-            "400": {"$ref": "#/components/responses/Error"},
-            "403": {"$ref": "#/components/responses/Error"},
-            "413": {"$ref": "#/components/responses/Error"},
-            "503": {"$ref": "#/components/responses/Error"},
-        },
-    }}
+    "/webhooks/sendgrid": {
+        "post": {
+            "summary": "SendGrid Event Webhook (signed); 200 only once the batch is committed",
+            "responses": {
+                "200": {
+                    "description": "committed",
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"stored": {"type": "integer"}, "duplicates": {"type": "integer"}},
+                            }
+                        }
+                    },
+                },
+                "400": {"$ref": "#/components/responses/Error"},
+                "403": {"$ref": "#/components/responses/Error"},
+                "413": {"$ref": "#/components/responses/Error"},
+                "503": {"$ref": "#/components/responses/Error"},
+            },
+        }
+    }
 }

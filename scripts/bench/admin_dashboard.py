@@ -12,6 +12,7 @@ email_link_history and webhook_events are plain tables here: time partitions (by
 received_at) prune them to the window, so a partitioned deployment reads less, not more.
 Its own database (notify_bench_admin); 127.0.0.1 only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,8 @@ LOAD_SQL = [
     "FROM generate_series(1, %(per_day)s) g",
     # one digest per subscriber per day, sent 5-120 s after its slot
     "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status, completed_at) "
-    "SELECT s, 'daily', (now() - d * interval '1 day')::date, slot, 'sent', slot + (5 + random() * 115) * interval '1 s' "
+    "SELECT s, 'daily', (now() - d * interval '1 day')::date, slot, 'sent', "
+    "slot + (5 + random() * 115) * interval '1 s' "
     "FROM generate_series(0, %(days)s - 1) d, generate_series(1, %(per_day)s) s, "
     "LATERAL (SELECT now() - d * interval '1 day' - random() * interval '1 day' AS slot) x",
     "INSERT INTO newsletters (subject, html, status) SELECT 'n' || d, '<p>x</p>', 'done' "
@@ -65,10 +67,12 @@ LOAD_SQL = [
     "FROM generate_series(1, %(per_day)s * %(days)s / 10) g",
     "VACUUM ANALYZE",
 ]
-INDEXES = {"digest_runs_sent_idx": "CREATE INDEX digest_runs_sent_idx ON digest_runs (completed_at) "
-                                   "INCLUDE (scheduled_for, id) WHERE status = 'sent'",
-           "email_log_sent_idx": "CREATE INDEX email_log_sent_idx ON email_log (sent_at) "
-                                 "INCLUDE (newsletter_id, subscriber_id) WHERE status = 'sent'"}
+INDEXES = {
+    "digest_runs_sent_idx": "CREATE INDEX digest_runs_sent_idx ON digest_runs (completed_at) "
+    "INCLUDE (scheduled_for, id) WHERE status = 'sent'",
+    "email_log_sent_idx": "CREATE INDEX email_log_sent_idx ON email_log (sent_at) "
+    "INCLUDE (newsletter_id, subscriber_id) WHERE status = 'sent'",
+}
 
 
 def timed(name: str) -> float:
@@ -89,11 +93,15 @@ def main() -> None:
     with conn.cursor() as cur:
         for sql in LOAD_SQL:
             cur.execute(sql, {"per_day": args.per_day, "days": args.days})
-        cur.execute("SELECT (SELECT count(*) FROM digest_runs), (SELECT count(*) FROM email_log), "
-                    "(SELECT count(*) FROM email_link_history), (SELECT count(*) FROM webhook_events)")
+        cur.execute(
+            "SELECT (SELECT count(*) FROM digest_runs), (SELECT count(*) FROM email_log), "
+            "(SELECT count(*) FROM email_link_history), (SELECT count(*) FROM webhook_events)"
+        )
         runs, mails, hits, events = cur.fetchone()
-    print(f"loaded {runs:,} digest runs, {mails:,} newsletter mails, {hits:,} opens/clicks, {events:,} webhook "
-          f"events in {time.perf_counter() - started:.0f} s")
+    print(
+        f"loaded {runs:,} digest runs, {mails:,} newsletter mails, {hits:,} opens/clicks, {events:,} webhook "
+        f"events in {time.perf_counter() - started:.0f} s"
+    )
     with_index = {name: timed(name) for name in stats.RANGES}
     with conn.cursor() as cur:
         for index in INDEXES:
@@ -106,11 +114,21 @@ def main() -> None:
     from scripts.bench.shared import record
 
     for name in stats.RANGES:
-        print(f"{name:>3}: {with_index[name] * 1000:7.0f} ms with the partial indexes, "
-              f"{without[name] * 1000:7.0f} ms without (best of 3; four statements)")
-        record("operator dashboard figures, uncached", f"last {name}", with_index[name] * 1000, "ms",
-               baseline=without[name] * 1000, baseline_label="same queries without the sent-mail indexes",
-               higher_is_better=False, digests_per_day=args.per_day, days=args.days)
+        print(
+            f"{name:>3}: {with_index[name] * 1000:7.0f} ms with the partial indexes, "
+            f"{without[name] * 1000:7.0f} ms without (best of 3; four statements)"
+        )
+        record(
+            "operator dashboard figures, uncached",
+            f"last {name}",
+            with_index[name] * 1000,
+            "ms",
+            baseline=without[name] * 1000,
+            baseline_label="same queries without the sent-mail indexes",
+            higher_is_better=False,
+            digests_per_day=args.per_day,
+            days=args.days,
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Target: ours >= 10x the naive baseline, and >= 1,500 digests/s at 50 ms on 2 qui
 
 Everything on 127.0.0.1; its own database (notify_bench_digest) and Redis db; bounded by --timeout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -35,26 +36,41 @@ sys.path.insert(0, str(ROOT))
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--subscribers", type=int, default=15000, help="subscribers for our pipeline (20 events each)")
-    p.add_argument("--baseline-subscribers", type=int, default=0,
-                   help="subscribers for the naive baseline (default: min(subscribers, 1000); it is slow)")
+    p.add_argument(
+        "--baseline-subscribers",
+        type=int,
+        default=0,
+        help="subscribers for the naive baseline (default: min(subscribers, 1000); it is slow)",
+    )
     p.add_argument("--events", type=int, default=20, help="events per subscriber")
     p.add_argument("--delays", default="0,50", help="per-message sink delays in ms, comma separated")
     p.add_argument("--processes", type=int, default=2, help="worker processes (both pipelines)")
     p.add_argument("--threads", type=int, default=8, help="worker threads per process (both pipelines)")
     # Little's law: 2,000 mails/s at a 50 ms round trip keep 100 sends in flight, 50 per process,
     # plus headroom for the moments a lane waits on its batch's claim or commit.
-    p.add_argument("--smtp-pool", type=int, default=None,
-                   help="SMTP_POOL_SIZE for ours (default: the service's own, which grows by itself)")
+    p.add_argument(
+        "--smtp-pool",
+        type=int,
+        default=None,
+        help="SMTP_POOL_SIZE for ours (default: the service's own, which grows by itself)",
+    )
     p.add_argument("--claim-batch", type=int, default=100, help="runs per actor message (ours)")
     p.add_argument("--database-url", default="postgresql://127.0.0.1/notify_bench_digest")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/11")
     p.add_argument("--port", type=int, default=2526, help="sink port on 127.0.0.1")
     p.add_argument("--timeout", type=float, default=240.0, help="give up on one phase after this many seconds")
-    p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=True,
-                   help="rewrite links for click tracking, as production does (default on; --no-tracking)")
+    p.add_argument(
+        "--tracking",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rewrite links for click tracking, as production does (default on; --no-tracking)",
+    )
     p.add_argument("--no-baseline", action="store_true", help="skip the naive baseline phases (ours only)")
-    p.add_argument("--label", default="digest pipeline",
-                   help="names this run in the report (BENCH_RESULTS); tracking and the relay delay are appended")
+    p.add_argument(
+        "--label",
+        default="digest pipeline",
+        help="names this run in the report (BENCH_RESULTS); tracking and the relay delay are appended",
+    )
     return p.parse_args()
 
 
@@ -83,15 +99,13 @@ ENV = {
     **({"SMTP_POOL_SIZE": str(args.smtp_pool)} if args.smtp_pool else {}),
     "DIGEST_CLAIM_BATCH": str(args.claim_batch),
     "DIGEST_STAGGER_SECONDS": "600",
-    "DIGEST_QUEUE_MAX_DEPTH": "100000",   # the bench enqueues all; the bound is tested elsewhere
+    "DIGEST_QUEUE_MAX_DEPTH": "100000",  # the bench enqueues all; the bound is tested elsewhere
     "TRACKING": "1" if args.tracking else "0",
     "LOG_LEVEL": "WARNING",
     "PYTHONPATH": str(ROOT),
 }
 os.environ.update(ENV)
 
-import psycopg2  # noqa: E402
-import psycopg2.extras  # noqa: E402
 import redis  # noqa: E402
 
 from app.platform import config, db, migrate  # noqa: E402
@@ -102,7 +116,7 @@ BIN = Path(sys.executable).parent
 
 
 def ensure_database() -> None:
-    migrate.migrate(args.database_url)     # creates the database if it is missing
+    migrate.migrate(args.database_url)  # creates the database if it is missing
     db.init(args.database_url)
 
 
@@ -111,8 +125,9 @@ def load_data(n: int, events: int, now: datetime) -> None:
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def stop(proc: subprocess.Popen, timeout: float = 20) -> str:
@@ -129,8 +144,16 @@ def stop(proc: subprocess.Popen, timeout: float = 20) -> str:
 
 
 def start_sink(delay_ms: float) -> subprocess.Popen:
-    proc = start([sys.executable, str(ROOT / "scripts/bench/smtp_sink.py"), "--port", str(args.port),
-                  "--delay-ms", str(delay_ms)])
+    proc = start(
+        [
+            sys.executable,
+            str(ROOT / "scripts/bench/smtp_sink.py"),
+            "--port",
+            str(args.port),
+            "--delay-ms",
+            str(delay_ms),
+        ]
+    )
     line = proc.stdout.readline()
     if "ready" not in line:
         raise SystemExit(f"sink did not start: {line}{stop(proc)}")
@@ -138,10 +161,20 @@ def start_sink(delay_ms: float) -> subprocess.Popen:
 
 
 def start_workers(module: str, queue: str, broker_client) -> subprocess.Popen:
-    proc = start([str(BIN / "dramatiq"), module, "--processes", str(args.processes), "--threads", str(args.threads),
-                  "--queues", queue])
+    proc = start(
+        [
+            str(BIN / "dramatiq"),
+            module,
+            "--processes",
+            str(args.processes),
+            "--threads",
+            str(args.threads),
+            "--queues",
+            queue,
+        ]
+    )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:   # ready when every process registered a Redis heartbeat
+    while time.monotonic() < deadline:  # ready when every process registered a Redis heartbeat
         if broker_client.zcard("dramatiq:__heartbeats__") >= args.processes:
             time.sleep(1.0)
             return proc
@@ -171,11 +204,19 @@ def phase_cpu(workers: subprocess.Popen, sink: subprocess.Popen, since: datetime
                     group.append(int(name))
             except OSError:
                 pass
-    backends = [r[0] for r in db.query(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_start >= %s "
-        "AND pid <> pg_backend_pid()", (since,))]
-    return {"workers": sum(map(_cpu_seconds, group)), "postgres": sum(map(_cpu_seconds, backends)),
-            "sink": _cpu_seconds(sink.pid)}
+    backends = [
+        r[0]
+        for r in db.query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_start >= %s "
+            "AND pid <> pg_backend_pid()",
+            (since,),
+        )
+    ]
+    return {
+        "workers": sum(map(_cpu_seconds, group)),
+        "postgres": sum(map(_cpu_seconds, backends)),
+        "sink": _cpu_seconds(sink.pid),
+    }
 
 
 def counts() -> dict:
@@ -188,8 +229,10 @@ def wait_all_done(deadline: float, on_poll=None) -> bool:
     while time.monotonic() < deadline:
         if on_poll:
             on_poll()
-        left = db.query("SELECT (SELECT count(*) FROM digest_runs WHERE status = 'pending') + "
-                        "(SELECT count(*) FROM digest_runs WHERE status = 'processing')")[0][0]
+        left = db.query(
+            "SELECT (SELECT count(*) FROM digest_runs WHERE status = 'pending') + "
+            "(SELECT count(*) FROM digest_runs WHERE status = 'processing')"
+        )[0][0]
         if left == 0:
             return True
         time.sleep(0.1)
@@ -199,10 +242,10 @@ def wait_all_done(deadline: float, on_poll=None) -> bool:
 def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: str, drive) -> tuple:
     """Fresh data, a sink and workers; drive(now, started) schedules the work and waits for it.
     Returns (seconds, run counts, mails the sink got, CPU use)."""
-    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     load_data(n, args.events, now)
     rclient.flushdb()
-    phase_start = datetime.now(timezone.utc)
+    phase_start = datetime.now(UTC)
     sink = start_sink(delay_ms)
     workers = start_workers(module, queue, rclient)
     try:
@@ -222,13 +265,13 @@ def drive_ours(now: datetime, started: float) -> tuple[bool, dict]:
     from app.cli import scheduler
     from digest import plan as digest_plan
 
-    due = now + timedelta(hours=2)              # past every slot + stagger
-    scheduler.tick(now)                         # plans the runs (none due yet)
+    due = now + timedelta(hours=2)  # past every slot + stagger
+    scheduler.tick(now)  # plans the runs (none due yet)
     planned_in = time.monotonic() - started
     ticks = [0]
     send, depth = scheduler._digest_sender()
 
-    def next_tick():                            # the scheduler's checker, ticking fast for the bench
+    def next_tick():  # the scheduler's checker, ticking fast for the bench
         if ticks[0] % 5 == 0:
             digest_plan.check(due, send, depth())
         ticks[0] += 1
@@ -241,12 +284,12 @@ def drive_baseline(now: datetime, started: float) -> tuple[bool, dict]:
     from scripts.bench import digest_naive
 
     digest_plan.plan(now)
-    for (run_id,) in db.query("SELECT id FROM digest_runs ORDER BY id"):   # one task per subscriber
+    for (run_id,) in db.query("SELECT id FROM digest_runs ORDER BY id"):  # one task per subscriber
         digest_naive.naive_send_digest.send(run_id)
     return wait_all_done(started + args.timeout), {}
 
 
-TARGET_SPEEDUP = 10.0     # ours against the naive baseline, at every delay
+TARGET_SPEEDUP = 10.0  # ours against the naive baseline, at every delay
 TARGET_AT_50MS = 1500.0  # digests/s at a 50 ms relay on 2 quiet cores
 
 
@@ -258,11 +301,19 @@ def cpu_per_digest_ms(cpu: dict, n: int) -> dict:
 def record_delay(delay: float, ours: dict, base: dict | None) -> None:
     """The figures of one delay for BENCHMARKS.md (scripts/bench/report.py)."""
     bench = f"{args.label}, tracking {'on' if args.tracking else 'off'}, relay {delay:g} ms"
-    details = {"delay_ms": delay, "subscribers": args.subscribers, "events": args.events,
-               "processes": args.processes, "threads": args.threads, "tracking": args.tracking,
-               "claim_batch": args.claim_batch, "smtp_pool": args.smtp_pool or "default",
-               "sent": ours["sent"], "seconds": round(ours["seconds"], 3),
-               "plan_seconds": round(ours["cpu"].get("plan_seconds", 0.0), 3)}
+    details = {
+        "delay_ms": delay,
+        "subscribers": args.subscribers,
+        "events": args.events,
+        "processes": args.processes,
+        "threads": args.threads,
+        "tracking": args.tracking,
+        "claim_batch": args.claim_batch,
+        "smtp_pool": args.smtp_pool or "default",
+        "sent": ours["sent"],
+        "seconds": round(ours["seconds"], 3),
+        "plan_seconds": round(ours["cpu"].get("plan_seconds", 0.0), 3),
+    }
     ours_ok = ours["sent"] == args.subscribers
     goals, met = [], ours_ok
     if base is not None:
@@ -273,16 +324,35 @@ def record_delay(delay: float, ours: dict, base: dict | None) -> None:
         goals.append(f">= {TARGET_AT_50MS:,.0f}/s at 50 ms on 2 quiet cores")
         met = met and ours["rate"] >= TARGET_AT_50MS
     naive = "naive (task + SMTP connection per mail)" if base else ""
-    shared.record(bench, "digests/s", ours["rate"], "digests/s", baseline=base["rate"] if base else None,
-                  baseline_label=naive, target="; ".join(goals), met=met if goals else None, **details)
+    shared.record(
+        bench,
+        "digests/s",
+        ours["rate"],
+        "digests/s",
+        baseline=base["rate"] if base else None,
+        baseline_label=naive,
+        target="; ".join(goals),
+        met=met if goals else None,
+        **details,
+    )
     split = {f"{k}_ms": round(v, 4) for k, v in ours["per"].items()}
     if base is not None:
         split.update({f"baseline_{k}_ms": round(v, 4) for k, v in base["per"].items()})
-    shared.record(bench, "CPU per digest (workers + postgres + sink)", sum(ours["per"].values()), "ms",
-                  baseline=sum(base["per"].values()) if base else None,
-                  baseline_label=naive, higher_is_better=False,
-                  processes=args.processes, threads=args.threads, subscribers=args.subscribers,
-                  tracking=args.tracking, delay_ms=delay, **split)
+    shared.record(
+        bench,
+        "CPU per digest (workers + postgres + sink)",
+        sum(ours["per"].values()),
+        "ms",
+        baseline=sum(base["per"].values()) if base else None,
+        baseline_label=naive,
+        higher_is_better=False,
+        processes=args.processes,
+        threads=args.threads,
+        subscribers=args.subscribers,
+        tracking=args.tracking,
+        delay_ms=delay,
+        **split,
+    )
 
 
 def main() -> int:
@@ -290,35 +360,56 @@ def main() -> int:
     rclient = redis.Redis.from_url(args.redis_url)
     delays = [float(d) for d in args.delays.split(",") if d.strip()]
     base_n = args.baseline_subscribers or min(args.subscribers, 1000)
-    print(f"digest bench: {args.subscribers} subscribers x {args.events} events "
-          f"({'no baseline' if args.no_baseline else f'baseline {base_n}'}); "
-          f"{args.processes} worker processes x {args.threads} threads; SMTP pool {args.smtp_pool or 'default'}/process; "
-          f"claim batch {args.claim_batch}; tracking {'on' if args.tracking else 'off'}; {os.cpu_count()} CPUs")
+    print(
+        f"digest bench: {args.subscribers} subscribers x {args.events} events "
+        f"({'no baseline' if args.no_baseline else f'baseline {base_n}'}); "
+        f"{args.processes} worker processes x {args.threads} threads; SMTP pool {args.smtp_pool or 'default'}/process; "
+        f"claim batch {args.claim_batch}; tracking {'on' if args.tracking else 'off'}; {os.cpu_count()} CPUs"
+    )
     print(f"  load average before: {os.getloadavg()[0]:.1f} (other work on the machine lowers the wall-clock figures)")
     summary = []
 
     def cpu_text(cpu, per):
         plan = cpu.get("plan_seconds")
-        return (f"CPU per digest: workers {per.get('workers', 0) * 1000:.0f} us, "
-                f"postgres {per.get('postgres', 0) * 1000:.0f} us, sink {per.get('sink', 0) * 1000:.0f} us"
-                + (f"; planning tick {plan:.2f} s" if plan is not None else ""))
+        return (
+            f"CPU per digest: workers {per.get('workers', 0) * 1000:.0f} us, "
+            f"postgres {per.get('postgres', 0) * 1000:.0f} us, sink {per.get('sink', 0) * 1000:.0f} us"
+            + (f"; planning tick {plan:.2f} s" if plan is not None else "")
+        )
 
     for delay in delays:
         t, c, received, cpu = run_phase("ours", args.subscribers, delay, rclient, "actors", "digest", drive_ours)
         n = c.get("sent", 0)
-        ours = {"n": args.subscribers, "sent": n, "seconds": t, "rate": n / t, "cpu": cpu,
-                "per": cpu_per_digest_ms(cpu, n)}
-        print(f"  delay {delay:>4.0f} ms  ours:     {n:>6} sent in {t:6.2f} s = {ours['rate']:8.0f} digests/s "
-              f"(sink got {received}); {cpu_text(cpu, ours['per'])}")
+        ours = {
+            "n": args.subscribers,
+            "sent": n,
+            "seconds": t,
+            "rate": n / t,
+            "cpu": cpu,
+            "per": cpu_per_digest_ms(cpu, n),
+        }
+        print(
+            f"  delay {delay:>4.0f} ms  ours:     {n:>6} sent in {t:6.2f} s = {ours['rate']:8.0f} digests/s "
+            f"(sink got {received}); {cpu_text(cpu, ours['per'])}"
+        )
         base = None
         if not args.no_baseline:
-            bt, bc, breceived, bcpu = run_phase("baseline", base_n, delay, rclient, "scripts.bench.digest_naive",
-                                                "digest_naive", drive_baseline)
+            bt, bc, breceived, bcpu = run_phase(
+                "baseline", base_n, delay, rclient, "scripts.bench.digest_naive", "digest_naive", drive_baseline
+            )
             bn = bc.get("sent", 0)
-            base = {"n": base_n, "sent": bn, "seconds": bt, "rate": bn / bt, "cpu": bcpu,
-                    "per": cpu_per_digest_ms(bcpu, bn)}
-            print(f"  delay {delay:>4.0f} ms  baseline: {bn:>6} sent in {bt:6.2f} s = {base['rate']:8.0f} digests/s "
-                  f"(sink got {breceived}); {cpu_text(bcpu, base['per'])}")
+            base = {
+                "n": base_n,
+                "sent": bn,
+                "seconds": bt,
+                "rate": bn / bt,
+                "cpu": bcpu,
+                "per": cpu_per_digest_ms(bcpu, bn),
+            }
+            print(
+                f"  delay {delay:>4.0f} ms  baseline: {bn:>6} sent in {bt:6.2f} s = {base['rate']:8.0f} digests/s "
+                f"(sink got {breceived}); {cpu_text(bcpu, base['per'])}"
+            )
         record_delay(delay, ours, base)
         summary.append((delay, ours, base))
     print("\nsummary (digests/s end to end, scheduler tick -> all runs sent; CPU = workers + postgres + sink)")
@@ -328,9 +419,11 @@ def main() -> int:
             print(f"  {delay:>4.0f} ms per message: ours {ours['rate']:7.0f}/s   CPU/digest {ours_cpu:.2f} ms")
             continue
         base_cpu = sum(base["per"].values())
-        print(f"  {delay:>4.0f} ms per message: ours {ours['rate']:7.0f}/s   naive baseline {base['rate']:6.0f}/s   "
-              f"speed-up {ours['rate'] / base['rate'] if base['rate'] else float('inf'):5.1f}x   "
-              f"CPU/digest {ours_cpu:.2f} ms vs {base_cpu:.2f} ms")
+        print(
+            f"  {delay:>4.0f} ms per message: ours {ours['rate']:7.0f}/s   naive baseline {base['rate']:6.0f}/s   "
+            f"speed-up {ours['rate'] / base['rate'] if base['rate'] else float('inf'):5.1f}x   "
+            f"CPU/digest {ours_cpu:.2f} ms vs {base_cpu:.2f} ms"
+        )
     print(f"  load average after: {os.getloadavg()[0]:.1f}")
     rclient.flushdb()
     return 0

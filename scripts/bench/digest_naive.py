@@ -5,10 +5,11 @@ the template string every time, the standard library's EmailMessage, and a new S
 mail. It shares the digest logic (load, group, rank) and the database access with the real sender,
 so the difference measured is the sending architecture.
 """
+
 from __future__ import annotations
 
 import smtplib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.policy import SMTP
 from urllib.parse import urlparse
@@ -17,8 +18,8 @@ import chevron
 import dramatiq
 
 import actors  # noqa: F401  (broker first, then this module's actor binds to it)
-from app.subscribers import categories
 from app.platform import config, db, mail, tokens
+from app.subscribers import categories
 from digest import claim as digest_claim
 from digest import context as digest_context
 from digest import details as digest_details
@@ -32,7 +33,7 @@ def _naive_render(ctx: dict) -> tuple[str, str, str]:
     html_src = (directory / "digest.html").read_text()
     subject = " ".join(chevron.render((directory / "subject.txt").read_text(), ctx).split())
     ctx = {**ctx, "subject": subject}
-    html = chevron.render(digest_render.inline_css(html_src), ctx)      # premailer per mail
+    html = chevron.render(digest_render.inline_css(html_src), ctx)  # premailer per mail
     text = chevron.render((directory / "digest.txt").read_text(), ctx)
     return subject, html, text
 
@@ -52,10 +53,17 @@ def naive_send_digest(run_id: int) -> None:
         digest_details.resolve(cur, [digest])
         registry = categories.registry(cur)
     unsubscribe_url = tokens.unsubscribe_url(run.subscriber_id, run.token_version)
-    ctx = digest_context.build(digest, categories=registry, cadence=run.cadence, name=run.name,
-                               timezone=run.timezone, now=datetime.now(timezone.utc),
-                               last_digest_at=run.last_digest_at, unsubscribe_url=unsubscribe_url,
-                               preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version))
+    ctx = digest_context.build(
+        digest,
+        categories=registry,
+        cadence=run.cadence,
+        name=run.name,
+        timezone=run.timezone,
+        now=datetime.now(UTC),
+        last_digest_at=run.last_digest_at,
+        unsubscribe_url=unsubscribe_url,
+        preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
+    )
     subject, html, text = _naive_render(ctx)
     msg = EmailMessage(policy=SMTP)
     msg["From"], msg["To"], msg["Subject"] = settings.mail_from, run.email, subject
@@ -65,10 +73,14 @@ def naive_send_digest(run_id: int) -> None:
     msg.set_content(text)
     msg.add_alternative(html, subtype="html")
     url = urlparse(settings.smtp_url)
-    with smtplib.SMTP(url.hostname, url.port, timeout=30) as smtp:   # new connection per mail
+    with smtplib.SMTP(url.hostname, url.port, timeout=30) as smtp:  # new connection per mail
         smtp.send_message(msg)
     with db.transaction(conn) as cur:
-        cur.execute("UPDATE digest_events SET digest_run_id = %s WHERE id = ANY (%s) AND digest_run_id IS NULL",
-                    (run.id, digest.event_ids))
-        cur.execute("UPDATE digest_runs SET status = 'sent', event_count = %s, completed_at = now() WHERE id = %s",
-                    (len(digest.event_ids), run.id))
+        cur.execute(
+            "UPDATE digest_events SET digest_run_id = %s WHERE id = ANY (%s) AND digest_run_id IS NULL",
+            (run.id, digest.event_ids),
+        )
+        cur.execute(
+            "UPDATE digest_runs SET status = 'sent', event_count = %s, completed_at = now() WHERE id = %s",
+            (len(digest.event_ids), run.id),
+        )

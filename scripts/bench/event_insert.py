@@ -13,6 +13,7 @@ Rounds alternate between the variants so machine noise hits them alike; each dat
 earlier key (a duplicate). Databases notify_bench_insert_{before,after} on postgresql://127.0.0.1,
 created and dropped here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ import psycopg2  # noqa: E402
 import psycopg2.extras  # noqa: E402
 
 from app.platform import config, migrate  # noqa: E402
-from digest import ingest
+from digest import ingest  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
@@ -73,8 +74,21 @@ def drop(name: str) -> None:
 
 
 def rows(tag: str, n: int, repeat_of: str | None) -> list[tuple]:
-    out = [("bench", f"{tag}-{i}", f"user-{i % 5000}", "likes", "post", f"p{i % 97}", f"a{i % 31}", "Actor",
-            '{"title": "A post title"}', None) for i in range(n)]
+    out = [
+        (
+            "bench",
+            f"{tag}-{i}",
+            f"user-{i % 5000}",
+            "likes",
+            "post",
+            f"p{i % 97}",
+            f"a{i % 31}",
+            "Actor",
+            '{"title": "A post title"}',
+            None,
+        )
+        for i in range(n)
+    ]
     if repeat_of:
         out[::10] = [("bench", f"{repeat_of}-{i + 1}", *r[2:]) for i, r in zip(range(0, n, 10), out[::10])]
     return out
@@ -87,20 +101,26 @@ def main() -> int:
     p.add_argument("--existing", type=int, default=200_000)
     args = p.parse_args()
     names = {"before": "notify_bench_insert_before", "after": "notify_bench_insert_after"}
-    conns = {"before": psycopg2.connect(fresh(names["before"], "0519")),
-             "after": psycopg2.connect(fresh(names["after"], None))}
-    variants = {"before": ("before", OLD_SQL), "after": ("after", ingest.INSERT_SQL),
-                "after+oc": ("after", WITH_OC)}
+    conns = {
+        "before": psycopg2.connect(fresh(names["before"], "0519")),
+        "after": psycopg2.connect(fresh(names["after"], None)),
+    }
+    variants = {"before": ("before", OLD_SQL), "after": ("after", ingest.INSERT_SQL), "after+oc": ("after", WITH_OC)}
     for conn in conns.values():
         with conn.cursor() as cur:
             for start in range(0, args.existing, 50_000):
-                psycopg2.extras.execute_values(cur, ingest.INSERT_SQL, rows(f"seed{start}", 50_000, None),
-                                               template=ingest.INSERT_TEMPLATE, page_size=50_000)
+                psycopg2.extras.execute_values(
+                    cur,
+                    ingest.INSERT_SQL,
+                    rows(f"seed{start}", 50_000, None),
+                    template=ingest.INSERT_TEMPLATE,
+                    page_size=50_000,
+                )
             conn.commit()
             cur.execute("ANALYZE")
         conn.commit()
     times: dict[str, list[float]] = {v: [] for v in variants}
-    last_tag: dict[str, str | None] = {v: None for v in variants}
+    last_tag: dict[str, str | None] = dict.fromkeys(variants)
     for _ in range(args.rounds):
         for variant, (db, sql) in variants.items():
             tag = uuid.uuid4().hex[:8]
@@ -108,8 +128,9 @@ def main() -> int:
             conn = conns[db]
             with conn.cursor() as cur:
                 started = time.perf_counter()
-                stored = psycopg2.extras.execute_values(cur, sql, batch, template=ingest.INSERT_TEMPLATE,
-                                                        page_size=len(batch), fetch=True)
+                stored = psycopg2.extras.execute_values(
+                    cur, sql, batch, template=ingest.INSERT_TEMPLATE, page_size=len(batch), fetch=True
+                )
                 conn.commit()
                 times[variant].append((time.perf_counter() - started) * 1e6 / len(batch))
             expected = len(batch) - (len(batch[::10]) if last_tag[variant] else 0)
@@ -119,14 +140,24 @@ def main() -> int:
         conn.close()
     for name in names.values():
         drop(name)
-    print(f"database time per event, {args.events}-event group commits, {args.rounds} rounds "
-          f"({os.cpu_count()} cores, 10 % duplicates, {args.existing:,} events stored first):")
+    print(
+        f"database time per event, {args.events}-event group commits, {args.rounds} rounds "
+        f"({os.cpu_count()} cores, 10 % duplicates, {args.existing:,} events stored first):"
+    )
     for variant, values in times.items():
         values.sort()
         print(f"  {variant:<9} median {statistics.median(values):6.1f} us   p25 {values[len(values) // 4]:6.1f} us")
-    record("stored event, database time", "partitioned + key trigger", statistics.median(times["after"]), "us",
-           baseline=statistics.median(times["before"]), baseline_label="plain table, unique key (before 0520)",
-           higher_is_better=False, group_commit=args.events, rounds=args.rounds)
+    record(
+        "stored event, database time",
+        "partitioned + key trigger",
+        statistics.median(times["after"]),
+        "us",
+        baseline=statistics.median(times["before"]),
+        baseline_label="plain table, unique key (before 0520)",
+        higher_is_better=False,
+        group_commit=args.events,
+        rounds=args.rounds,
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ so the figure is the writer's alone: requests/s and events/s for single-event re
 `--threads` concurrent callers (the API's hot case), and for 500-event batches. Every request
 waits for its own commit in both (a 2xx means committed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ os.environ.setdefault("APP_ENV", "development")
 from psycopg2.pool import ThreadedConnectionPool  # noqa: E402
 
 from app.platform import config, db, migrate  # noqa: E402
-from digest import ingest
+from digest import ingest  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 
 
@@ -38,8 +39,10 @@ def parse_args():
 
 
 def rows(n: int) -> list[tuple]:
-    return [("bench", uuid.uuid4().hex, f"u{i % 1000}", "like", "post", f"p{i % 50}", "a1", "Ann", "{}", None)
-            for i in range(n)]
+    return [
+        ("bench", uuid.uuid4().hex, f"u{i % 1000}", "like", "post", f"p{i % 50}", "a1", "Ann", "{}", None)
+        for i in range(n)
+    ]
 
 
 def drive(submit, threads: int, seconds: float, size: int) -> tuple[float, float]:
@@ -81,22 +84,34 @@ def main() -> None:
         finally:
             pool.putconn(conn)
 
-    print(f"group commit vs execute_values on a pool: {args.threads} callers, {args.seconds:.0f} s per phase, "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"group commit vs execute_values on a pool: {args.threads} callers, {args.seconds:.0f} s per phase, "
+        f"{os.cpu_count()} CPUs"
+    )
     for size in (1, 500):
         threads = args.threads if size == 1 else 4
         results = {}
         for name, fn in (("ours", ours), ("plain", plain)):
             db.query("TRUNCATE digest_events")
             results[name] = drive(fn, threads, args.seconds, size)
-            print(f"  {size:>3}-event requests, {threads:>2} callers, {name:<5}: "
-                  f"{results[name][0]:>9,.0f} requests/s {results[name][1]:>10,.0f} events/s")
+            print(
+                f"  {size:>3}-event requests, {threads:>2} callers, {name:<5}: "
+                f"{results[name][0]:>9,.0f} requests/s {results[name][1]:>10,.0f} events/s"
+            )
         print(f"  ratio ours/plain at {size}-event requests: {results['ours'][1] / results['plain'][1]:.1f}x")
-        record("group-commit writer (in process, no HTTP)", f"events/s, {size}-event requests, {threads} callers",
-               results["ours"][1], "events/s", baseline=results["plain"][1],
-               baseline_label="execute_values + commit per request on a pool", events_per_request=size,
-               callers=threads, seconds=args.seconds, requests_per_s=round(results["ours"][0], 1),
-               baseline_requests_per_s=round(results["plain"][0], 1))
+        record(
+            "group-commit writer (in process, no HTTP)",
+            f"events/s, {size}-event requests, {threads} callers",
+            results["ours"][1],
+            "events/s",
+            baseline=results["plain"][1],
+            baseline_label="execute_values + commit per request on a pool",
+            events_per_request=size,
+            callers=threads,
+            seconds=args.seconds,
+            requests_per_s=round(results["ours"][0], 1),
+            baseline_requests_per_s=round(results["plain"][0], 1),
+        )
     pool.closeall()
 
 

@@ -3,6 +3,7 @@
 httpx costs more CPU per request than the server under test does; on a 2-core machine the client
 would be the bottleneck. This client only writes pre-built requests and parses status + length.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -61,8 +62,9 @@ class LoadResult:
         return self.count / self.elapsed if self.elapsed else 0.0
 
 
-async def run_load(port: int, requests, concurrency: int, duration: float, keep_bodies: bool = False,
-                   max_requests: int | None = None) -> LoadResult:
+async def run_load(
+    port: int, requests, concurrency: int, duration: float, keep_bodies: bool = False, max_requests: int | None = None
+) -> LoadResult:
     """`requests(i)` returns the bytes of request i. Runs for `duration` s or `max_requests`."""
     result = LoadResult()
     counter = iter(range(10**12))
@@ -96,9 +98,25 @@ SERVICE_HTTP = {"app.web:app": "app.platform.slow_clients:HeaderDeadlineHttpTool
 
 
 def start_server(app: str, port: int, env: dict, workers: int = 1, app_dir: str | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--loop", "uvloop", "--http", SERVICE_HTTP.get(app, "httptools"),
-           "--no-access-log", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        app,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--loop",
+        "uvloop",
+        "--http",
+        SERVICE_HTTP.get(app, "httptools"),
+        "--no-access-log",
+        "--log-level",
+        "warning",
+    ]
     if app_dir:
         cmd += ["--app-dir", app_dir]
     proc = subprocess.Popen(cmd, env=env)

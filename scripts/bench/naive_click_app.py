@@ -3,6 +3,7 @@
 A synchronous endpoint (Starlette runs it in its threadpool) that looks the link up and inserts
 the history row with one DB round trip each, per request. Same code check, same redirect.
 """
+
 from __future__ import annotations
 
 from starlette.applications import Starlette
@@ -23,10 +24,18 @@ def click(request: Request) -> Response:
     if not rows:
         return Response(status_code=404)
     url, kind, mail_id = rows[0]
-    db.query("INSERT INTO email_link_history (kind, link_id, mail_kind, mail_id, subscriber_id, ip, user_agent) "
-             "VALUES ('click', %s, %s, %s, %s, %s, %s)",
-             (decoded.link_id, kind, mail_id, decoded.subscriber_id, request.client.host if request.client else None,
-              request.headers.get("user-agent")))
+    db.query(
+        "INSERT INTO email_link_history (kind, link_id, mail_kind, mail_id, subscriber_id, ip, user_agent) "
+        "VALUES ('click', %s, %s, %s, %s, %s, %s)",
+        (
+            decoded.link_id,
+            kind,
+            mail_id,
+            decoded.subscriber_id,
+            request.client.host if request.client else None,
+            request.headers.get("user-agent"),
+        ),
+    )
     return Response(status_code=302, headers={"Location": url})
 
 

@@ -3,6 +3,7 @@
 A sync endpoint (Starlette's threadpool), a fresh connection per request, one INSERT per event,
 one commit per request. Same validation and same table as the real endpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ async def post_events(request: Request):
     key = request.headers.get("authorization", "").partition(" ")[2]
     body = json.loads(await request.body())
     from starlette.concurrency import run_in_threadpool
+
     return await run_in_threadpool(_store, key, body)
 
 
@@ -36,7 +38,9 @@ def _store(key, body):
             cur.execute(
                 "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
                 "actor_id, actor_name, payload, occurred_at, high_priority) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,"
-                "%s::jsonb, COALESCE(%s::timestamptz, now()), %s) ON CONFLICT DO NOTHING", row)
+                "%s::jsonb, COALESCE(%s::timestamptz, now()), %s) ON CONFLICT DO NOTHING",
+                row,
+            )
             accepted += cur.rowcount
     return JSONResponse({"accepted": accepted, "duplicates": len(rows) - accepted}, status_code=202)
 

@@ -5,6 +5,7 @@ a transaction per request and INSERTs the events one statement at a time with ON
 NOTHING, committing before it answers (so it is just as correct, only slower). The rows are sorted
 by sg_event_id: unsorted, concurrent overlapping batches deadlock outright (seen in this bench).
 """
+
 from __future__ import annotations
 
 from starlette.applications import Starlette
@@ -24,7 +25,9 @@ def store(rows) -> int:
         for sg_id, event, email, payload in sorted(rows):
             cur = db.database.execute_sql(
                 "INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES (%s, %s, %s, %s::jsonb) "
-                "ON CONFLICT DO NOTHING", (sg_id, event, email, payload))
+                "ON CONFLICT DO NOTHING",
+                (sg_id, event, email, payload),
+            )
             stored += cur.rowcount
     return stored
 
@@ -33,9 +36,13 @@ async def sendgrid(request: Request):
     body = await request.body()
     settings = config.get()
     try:
-        signature.verify(settings.sendgrid_webhook_public_key, body,
-                         request.headers.get(signature.SIGNATURE_HEADER),
-                         request.headers.get(signature.TIMESTAMP_HEADER), settings.sendgrid_webhook_max_age_seconds)
+        signature.verify(
+            settings.sendgrid_webhook_public_key,
+            body,
+            request.headers.get(signature.SIGNATURE_HEADER),
+            request.headers.get(signature.TIMESTAMP_HEADER),
+            settings.sendgrid_webhook_max_age_seconds,
+        )
     except signature.SignatureError:
         return JSONResponse({"error": "bad_signature"}, status_code=403)
     rows = webhook_store.rows_from_body(body)

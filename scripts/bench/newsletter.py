@@ -10,6 +10,7 @@ the workers' peak RSS (VmHWM of each worker process). Targets on 2 cores: 1M in 
 both delays, RSS <= 150 MB. Its own database (notify_bench_newsletter) and Redis db; 127.0.0.1 only;
 every wait is bounded (--timeout).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,12 @@ def parse_args():
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--threads", type=int, default=8, help="worker threads per process (the Procfile's default)")
     p.add_argument("--chains", type=int, default=None, help="NEWSLETTER_SEND_CHAINS (default: the service's)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="SEND_BATCH_SIZE (default: the service's, which is the provider's own: 500 for SendGrid)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="SEND_BATCH_SIZE (default: the service's, which is the provider's own: 500 for SendGrid)",
+    )
     p.add_argument("--baseline-sample", type=int, default=2000)
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per run")
@@ -49,8 +54,14 @@ def parse_args():
 
 
 ARGS = parse_args()
-os.environ.update(APP_ENV="test", DATABASE_URL=ARGS.database_url, REDIS_URL=ARGS.redis_url, LOG_LEVEL="WARNING",
-                  MAIL_PROVIDER="sendgrid", SENDGRID_API_KEY="bench")
+os.environ.update(
+    APP_ENV="test",
+    DATABASE_URL=ARGS.database_url,
+    REDIS_URL=ARGS.redis_url,
+    LOG_LEVEL="WARNING",
+    MAIL_PROVIDER="sendgrid",
+    SENDGRID_API_KEY="bench",
+)
 
 import redis  # noqa: E402
 
@@ -58,7 +69,7 @@ from app.platform import db, migrate  # noqa: E402
 from scripts.bench.shared import HTML, peak_rss_mb, record, seed_subscribers, stop_group, wait_heartbeats  # noqa: E402
 
 RSS_TARGET_MB = 150
-MILLION_TARGET_S = 600   # 1M recipients in 10 minutes at the measured rate
+MILLION_TARGET_S = 600  # 1M recipients in 10 minutes at the measured rate
 
 
 def log(msg: str) -> None:
@@ -72,8 +83,13 @@ def prepare_database(n: int) -> None:
 
 
 def start_sink(delay_ms: float):
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fake_sendgrid", "--delay", str(delay_ms / 1000)],
-                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fake_sendgrid", "--delay", str(delay_ms / 1000)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     url = proc.stdout.readline().strip()
     assert url.startswith("http://127.0.0.1:"), url
     return proc, url
@@ -97,10 +113,25 @@ def start_worker(sink_url: str, modules=("actors",)) -> subprocess.Popen:
         env["SEND_BATCH_SIZE"] = str(ARGS.batch_size)
     if ARGS.chains:
         env["NEWSLETTER_SEND_CHAINS"] = str(ARGS.chains)
-    return subprocess.Popen([sys.executable, "-m", "dramatiq", *modules, "--processes", str(ARGS.processes),
-                             "--threads", str(ARGS.threads), "--queues", "newsletter"],
-                            cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(WORKER_LOG, "a"))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            *modules,
+            "--processes",
+            str(ARGS.processes),
+            "--threads",
+            str(ARGS.threads),
+            "--queues",
+            "newsletter",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=open(WORKER_LOG, "a"),
+    )
 
 
 def wait_ready(worker) -> None:
@@ -108,8 +139,9 @@ def wait_ready(worker) -> None:
 
 
 def row_counts(newsletter_id: int) -> dict:
-    return dict(db.query("SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status",
-                         (newsletter_id,)))
+    return dict(
+        db.query("SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status", (newsletter_id,))
+    )
 
 
 def run_pipeline(delay_ms: float) -> dict:
@@ -146,10 +178,22 @@ def run_pipeline(delay_ms: float) -> dict:
         stop(worker)
         sink.stdin.close()
         sink.wait(timeout=30)
-    ok = counts == {"sent": ARGS.recipients} and sink_seen["unique"] == ARGS.recipients \
+    ok = (
+        counts == {"sent": ARGS.recipients}
+        and sink_seen["unique"] == ARGS.recipients
         and sink_seen["accepted"] == ARGS.recipients
-    return {"delay_ms": delay_ms, "wall_s": wall, "rate": ARGS.recipients / wall, "rss_mb": rss,
-            "parent_rss_mb": parent_rss, "calls": sink_seen["calls"], "ok": ok, "counts": counts, "sink": sink_seen}
+    )
+    return {
+        "delay_ms": delay_ms,
+        "wall_s": wall,
+        "rate": ARGS.recipients / wall,
+        "rss_mb": rss,
+        "parent_rss_mb": parent_rss,
+        "calls": sink_seen["calls"],
+        "ok": ok,
+        "counts": counts,
+        "sink": sink_seen,
+    }
 
 
 def run_naive(delay_ms: float) -> dict:
@@ -165,8 +209,10 @@ def run_naive(delay_ms: float) -> dict:
     audience = {"kind": "user_ids", "user_ids": [f"u{i}" for i in range(1, sample + 1)]}
     # The outbox is built here, outside the measurement, while the newsletter is paused; the send
     # chains it kicks are then flushed from Redis so only the naive tasks send.
-    db.query("UPDATE newsletters SET status = 'paused', audience = %s, send_requested_at = now() WHERE id = %s",
-             (orjson.dumps(audience).decode(), newsletter_id))
+    db.query(
+        "UPDATE newsletters SET status = 'paused', audience = %s, send_requested_at = now() WHERE id = %s",
+        (orjson.dumps(audience).decode(), newsletter_id),
+    )
     outbox.create_outbox(newsletter_id)
     client.flushdb()
     db.query("UPDATE newsletters SET status = 'sending' WHERE id = %s", (newsletter_id,))
@@ -194,8 +240,15 @@ def run_naive(delay_ms: float) -> dict:
         sink.wait(timeout=30)
     assert sink_seen["calls"] == sample, f"naive baseline made {sink_seen['calls']} calls for {sample} recipients"
     rate = sample / wall
-    return {"delay_ms": delay_ms, "sample": sample, "wall_s": wall, "rate": rate, "rss_mb": rss,
-            "calls": sink_seen["calls"], "extrapolated_s": ARGS.recipients / rate}
+    return {
+        "delay_ms": delay_ms,
+        "sample": sample,
+        "wall_s": wall,
+        "rate": rate,
+        "rss_mb": rss,
+        "calls": sink_seen["calls"],
+        "extrapolated_s": ARGS.recipients / rate,
+    }
 
 
 def record_results(r: dict, b: dict | None) -> None:
@@ -203,49 +256,100 @@ def record_results(r: dict, b: dict | None) -> None:
     bench = f"newsletter via fake SendGrid API, call delay {r['delay_ms']:g} ms"
     naive = f"naive (task + API call per recipient), {b['sample']:,}-recipient sample" if b else ""
     million_s = r["wall_s"] * 1_000_000 / ARGS.recipients
-    details = {"recipients": ARGS.recipients, "delay_ms": r["delay_ms"], "processes": ARGS.processes,
-               "threads": ARGS.threads, "chains": ARGS.chains or ARGS.processes * ARGS.threads,
-               "batch_size": ARGS.batch_size, "provider_calls": r["calls"], "exactly_once": r["ok"]}
-    record(bench, "recipients/s", r["rate"], "recipients/s", baseline=b["rate"] if b else None, baseline_label=naive,
-           target=f"1M recipients <= {MILLION_TARGET_S // 60} min on 2 cores, exactly once",
-           met=r["ok"] and million_s <= MILLION_TARGET_S, million_extrapolated_s=round(million_s, 1), **details)
-    record(bench, "wall time, send requested -> done", r["wall_s"], "s", baseline=b["extrapolated_s"] if b else None,
-           baseline_label=naive + " (extrapolated)" if b else "", higher_is_better=False, **details)
-    record(bench, "worker peak RSS (largest process)", r["rss_mb"], "MB", baseline=b["rss_mb"] if b else None,
-           baseline_label=naive, target=f"<= {RSS_TARGET_MB} MB", met=r["rss_mb"] <= RSS_TARGET_MB,
-           higher_is_better=False, parent_rss_mb=round(r["parent_rss_mb"], 1), **details)
+    details = {
+        "recipients": ARGS.recipients,
+        "delay_ms": r["delay_ms"],
+        "processes": ARGS.processes,
+        "threads": ARGS.threads,
+        "chains": ARGS.chains or ARGS.processes * ARGS.threads,
+        "batch_size": ARGS.batch_size,
+        "provider_calls": r["calls"],
+        "exactly_once": r["ok"],
+    }
+    record(
+        bench,
+        "recipients/s",
+        r["rate"],
+        "recipients/s",
+        baseline=b["rate"] if b else None,
+        baseline_label=naive,
+        target=f"1M recipients <= {MILLION_TARGET_S // 60} min on 2 cores, exactly once",
+        met=r["ok"] and million_s <= MILLION_TARGET_S,
+        million_extrapolated_s=round(million_s, 1),
+        **details,
+    )
+    record(
+        bench,
+        "wall time, send requested -> done",
+        r["wall_s"],
+        "s",
+        baseline=b["extrapolated_s"] if b else None,
+        baseline_label=naive + " (extrapolated)" if b else "",
+        higher_is_better=False,
+        **details,
+    )
+    record(
+        bench,
+        "worker peak RSS (largest process)",
+        r["rss_mb"],
+        "MB",
+        baseline=b["rss_mb"] if b else None,
+        baseline_label=naive,
+        target=f"<= {RSS_TARGET_MB} MB",
+        met=r["rss_mb"] <= RSS_TARGET_MB,
+        higher_is_better=False,
+        parent_rss_mb=round(r["parent_rss_mb"], 1),
+        **details,
+    )
 
 
 def main() -> int:
     delays = [float(d) for d in ARGS.delays_ms.split(",") if d.strip()]
-    log(f"newsletter benchmark: {ARGS.recipients:,} recipients, workers {ARGS.processes}x{ARGS.threads} threads, "
-        f"batch {ARGS.batch_size or 'default'}, delays {delays} ms, cores {os.cpu_count()}")
+    log(
+        f"newsletter benchmark: {ARGS.recipients:,} recipients, workers {ARGS.processes}x{ARGS.threads} threads, "
+        f"batch {ARGS.batch_size or 'default'}, delays {delays} ms, cores {os.cpu_count()}"
+    )
     prepare_database(ARGS.recipients)
     results, naive = [], []
     for delay in delays:
         results.append(run_pipeline(delay))
         r = results[-1]
-        log(f"  done: {r['rate']:,.0f} recipients/s, {r['wall_s']:.1f}s, worker peak RSS {r['rss_mb']:.0f} MB, "
-            f"{r['calls']:,} provider calls, exactly once: {r['ok']}")
+        log(
+            f"  done: {r['rate']:,.0f} recipients/s, {r['wall_s']:.1f}s, worker peak RSS {r['rss_mb']:.0f} MB, "
+            f"{r['calls']:,} provider calls, exactly once: {r['ok']}"
+        )
         if not ARGS.skip_baseline:
             naive.append(run_naive(delay))
             b = naive[-1]
-            log(f"  naive: {b['rate']:,.0f} recipients/s on a {b['sample']:,} sample "
-                f"-> {ARGS.recipients:,} in ~{b['extrapolated_s']:,.0f}s (extrapolated)")
+            log(
+                f"  naive: {b['rate']:,.0f} recipients/s on a {b['sample']:,} sample "
+                f"-> {ARGS.recipients:,} in ~{b['extrapolated_s']:,.0f}s (extrapolated)"
+            )
     print()
-    print(f"Newsletter send, {ARGS.recipients:,} recipients, {ARGS.processes} worker processes x {ARGS.threads} "
-          f"threads, batches of {ARGS.batch_size or 'the default (500 for SendGrid)'}, chains "
-          f"{ARGS.chains or 'default'}, {os.cpu_count()} cores")
-    print(f"{'sink delay':>10} | {'recipients/s':>12} | {'wall':>9} | {'peak RSS':>8} | {'calls':>7} | once | "
-          f"{'naive rec/s':>11} | naive wall (extrapolated)")
+    print(
+        f"Newsletter send, {ARGS.recipients:,} recipients, {ARGS.processes} worker processes x {ARGS.threads} "
+        f"threads, batches of {ARGS.batch_size or 'the default (500 for SendGrid)'}, chains "
+        f"{ARGS.chains or 'default'}, {os.cpu_count()} cores"
+    )
+    print(
+        f"{'sink delay':>10} | {'recipients/s':>12} | {'wall':>9} | {'peak RSS':>8} | {'calls':>7} | once | "
+        f"{'naive rec/s':>11} | naive wall (extrapolated)"
+    )
     for i, r in enumerate(results):
         b = naive[i] if i < len(naive) else None
-        naive_cols = (f"{b['rate']:>11,.0f} | {b['extrapolated_s']:,.0f}s (measured on {b['sample']:,})"
-                      if b else f"{'-':>11} | -")
-        print(f"{r['delay_ms']:>8g}ms | {r['rate']:>12,.0f} | {r['wall_s']:>8.1f}s | {r['rss_mb']:>6.0f}MB | "
-              f"{r['calls']:>7,} | {'yes' if r['ok'] else 'NO'}  | {naive_cols}")
-    target_ok = all(r["ok"] and r["rss_mb"] <= RSS_TARGET_MB and r["wall_s"] * 1_000_000 / ARGS.recipients
-                    <= MILLION_TARGET_S for r in results)
+        naive_cols = (
+            f"{b['rate']:>11,.0f} | {b['extrapolated_s']:,.0f}s (measured on {b['sample']:,})"
+            if b
+            else f"{'-':>11} | -"
+        )
+        print(
+            f"{r['delay_ms']:>8g}ms | {r['rate']:>12,.0f} | {r['wall_s']:>8.1f}s | {r['rss_mb']:>6.0f}MB | "
+            f"{r['calls']:>7,} | {'yes' if r['ok'] else 'NO'}  | {naive_cols}"
+        )
+    target_ok = all(
+        r["ok"] and r["rss_mb"] <= RSS_TARGET_MB and r["wall_s"] * 1_000_000 / ARGS.recipients <= MILLION_TARGET_S
+        for r in results
+    )
     for i, r in enumerate(results):
         record_results(r, naive[i] if i < len(naive) else None)
     print(f"targets (1M <= 600 s at this rate, RSS <= 150 MB, exactly once): {'met' if target_ok else 'NOT met'}")

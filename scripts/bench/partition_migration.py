@@ -9,10 +9,11 @@ Steps: a fresh database at the schema before 0520; --rows digest_events (spread 
 VACUUM ANALYZE; 0520 (the key tables and triggers this release's writers need: milliseconds, as a
 release applies it before starting the new processes). Then writer threads start: each sends
 batches of 20 new events + 2 re-sent ones (one stored before the conversion, one by itself)
-through validation and the ingest group-commit writer (what POST /v1/events does), 5 + 1 re-sent webhook events through the webhook store's
-writer (as it was then: webhook_writer_of_that_release), and 5 opens through the click-history
-recorder. After --warmup seconds, `migrate` runs
-every migration after 0520 (0521-0526: the conversion) while they go on, and they go on for --after seconds more.
+through validation and the ingest group-commit writer (what POST /v1/events does), 5 + 1 re-sent
+webhook events through the webhook store's writer (as it was then: webhook_writer_of_that_release),
+and 5 opens through the click-history recorder. After --warmup seconds, `migrate` runs every
+migration after 0520 (0521-0526: the conversion) while they go on, and they go on for --after
+seconds more.
 
 Measured per phase (before / during / after the migration): batches/s and the commit wait of an
 event batch (submit to committed: p50, p99, max); during the migration a sampler polls
@@ -21,6 +22,7 @@ runner's lock-timeout retries are counted. At the end: every accepted event stor
 every re-send answered as a duplicate, and each key table holding exactly its rows' keys.
 Database notify_bench_partition on postgresql://127.0.0.1, created and dropped here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +43,7 @@ import psycopg2  # noqa: E402
 import psycopg2.extras  # noqa: E402
 
 from app.platform import config, groupcommit, migrate  # noqa: E402
-from digest import ingest
+from digest import ingest  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 from tracking import recorder, webhook_store  # noqa: E402
 
@@ -57,8 +59,12 @@ def webhook_writer_of_that_release(cur, jobs: list[list[tuple]]) -> list[webhook
     results = []
     for rows in jobs:
         stored = psycopg2.extras.execute_values(
-            cur, "INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES %s RETURNING id",
-            sorted(rows), template="(%s, %s, %s, %s::jsonb)", fetch=True)
+            cur,
+            "INSERT INTO webhook_events (sg_event_id, event, email, payload) VALUES %s RETURNING id",
+            sorted(rows),
+            template="(%s, %s, %s, %s::jsonb)",
+            fetch=True,
+        )
         results.append(webhook_store.StoreResult(len(stored), len(rows) - len(stored), [r[0] for r in stored]))
     return results
 
@@ -121,10 +127,14 @@ def seed(url: str, rows: int) -> None:
     conn = psycopg2.connect(url)
     conn.autocommit = True
     with conn.cursor() as cur:
-        cur.execute("INSERT INTO subscribers (user_id, email) SELECT 'user-' || i, 'user' || i || '@example.test' "
-                    "FROM generate_series(1, 5000) i")
-        cur.execute("INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status) "
-                    "SELECT id, 'daily', current_date - 1, now() - interval '1 day', 'sent' FROM subscribers")
+        cur.execute(
+            "INSERT INTO subscribers (user_id, email) SELECT 'user-' || i, 'user' || i || '@example.test' "
+            "FROM generate_series(1, 5000) i"
+        )
+        cur.execute(
+            "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for, status) "
+            "SELECT id, 'daily', current_date - 1, now() - interval '1 day', 'sent' FROM subscribers"
+        )
         cur.execute("SELECT min(id) FROM digest_runs")
         (run,) = cur.fetchone()
         step = 1_000_000
@@ -134,19 +144,25 @@ def seed(url: str, rows: int) -> None:
                 "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
                 "actor_id, actor_name, payload, occurred_at, received_at, digest_run_id) "
                 "SELECT 'producer', 'old-' || i, 'user-' || (i %% 5000), 'likes', 'post', 'p' || (i %% 997), "
-                "'a' || (i %% 31), 'Actor', '{\"title\": \"A post title\", \"url\": \"https://example.com/p\"}', "
+                '\'a\' || (i %% 31), \'Actor\', \'{"title": "A post title", "url": "https://example.com/p"}\', '
                 "now() - make_interval(secs => (%s - i) * 5184000.0 / %s), "
                 "now() - make_interval(secs => (%s - i) * 5184000.0 / %s), "
                 "CASE WHEN i %% 10 <> 0 THEN %s END FROM generate_series(%s, %s) i",
-                (rows, rows, rows, rows, run, start, end))
+                (rows, rows, rows, rows, run, start, end),
+            )
         n = max(1, rows // 10)
-        cur.execute("INSERT INTO webhook_events (sg_event_id, event, email, payload, received_at, processed_at) "
-                    "SELECT 'old-' || i, 'delivered', 'a@example.test', '{\"event\": \"delivered\"}', "
-                    "now() - make_interval(secs => (%s - i) * 51840.0), now() FROM generate_series(1, %s) i",
-                    (n, n))
-        cur.execute("INSERT INTO email_link_history (kind, mail_kind, mail_id, subscriber_id, ip, user_agent, "
-                    "occurred_at) SELECT 'open', 'digest', i, i %% 5000, '192.0.2.1', 'Mozilla/5.0', "
-                    "now() - make_interval(secs => (%s - i) * 51840.0) FROM generate_series(1, %s) i", (n, n))
+        cur.execute(
+            "INSERT INTO webhook_events (sg_event_id, event, email, payload, received_at, processed_at) "
+            "SELECT 'old-' || i, 'delivered', 'a@example.test', '{\"event\": \"delivered\"}', "
+            "now() - make_interval(secs => (%s - i) * 51840.0), now() FROM generate_series(1, %s) i",
+            (n, n),
+        )
+        cur.execute(
+            "INSERT INTO email_link_history (kind, mail_kind, mail_id, subscriber_id, ip, user_agent, "
+            "occurred_at) SELECT 'open', 'digest', i, i %% 5000, '192.0.2.1', 'Mozilla/5.0', "
+            "now() - make_interval(secs => (%s - i) * 51840.0) FROM generate_series(1, %s) i",
+            (n, n),
+        )
         cur.execute("VACUUM ANALYZE")
     conn.close()
 
@@ -187,7 +203,7 @@ class Writers:
         while not self._stop.is_set():
             try:
                 self._batch(w, n)
-            except Exception as exc:   # noqa: BLE001 - counted and reported
+            except Exception as exc:
                 with self._lock:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
             n += 1
@@ -195,18 +211,32 @@ class Writers:
     def _batch(self, w: int, n: int) -> None:
         new = [f"w{w}-{n}-{i}" for i in range(20)]
         again = [f"old-{(n * 7919 + w) % 1000 + 1}"] + ([f"w{w}-{n - 1}-0"] if n else [])
-        body = {"events": [{"id": i, "user_id": f"user-{(n + w) % 5000}", "category": "likes", "entity_type": "post",
-                            "entity_id": f"p{n % 97}", "payload": {"title": "A post title"}} for i in new + again]}
-        rows, errors = ingest.validate_body(body, "producer")
+        body = {
+            "events": [
+                {
+                    "id": i,
+                    "user_id": f"user-{(n + w) % 5000}",
+                    "category": "likes",
+                    "entity_type": "post",
+                    "entity_id": f"p{n % 97}",
+                    "payload": {"title": "A post title"},
+                }
+                for i in new + again
+            ]
+        }
+        rows, _errors = ingest.validate_body(body, "producer")
         started = time.monotonic()
         result = self.events.submit(rows, size=len(rows)).result(timeout=120)
         wait = time.monotonic() - started
-        hooks = sorted([(f"sg-w{w}-{n}-{i}", "delivered", "a@example.test", "{}") for i in range(5)]
-                       + [(f"old-{n % 1000 + 1}", "delivered", "a@example.test", "{}")])
+        hooks = sorted(
+            [(f"sg-w{w}-{n}-{i}", "delivered", "a@example.test", "{}") for i in range(5)]
+            + [(f"old-{n % 1000 + 1}", "delivered", "a@example.test", "{}")]
+        )
         stored = self.webhooks.submit(hooks, size=len(hooks)).result(timeout=120)
         for _ in range(5):
-            self.history.add(recorder.copy_line("open", None, "digest", n, None, "192.0.2.1", "bench", False, None,
-                                                time.time()))
+            self.history.add(
+                recorder.copy_line("open", None, "digest", n, None, "192.0.2.1", "bench", False, None, time.time())
+            )
         with self._lock:
             self.waits[self.phase].append(wait)
             self.accepted += result.accepted
@@ -240,11 +270,13 @@ class LockSampler:
     def _run(self):
         with self.conn.cursor() as cur:
             while not self._stop.is_set():
-                cur.execute("SELECT coalesce(max(extract(epoch FROM clock_timestamp() - query_start)), 0), count(*), "
-                            "coalesce(string_agg(DISTINCT wait_event, ','), '') "
-                            "FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-                            "AND (query LIKE 'INSERT INTO digest_events%%' OR query LIKE 'INSERT INTO webhook_events%%' "
-                            "OR query LIKE '%%email_link_history%%') AND query NOT LIKE 'ALTER%%'")
+                cur.execute(
+                    "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - query_start)), 0), count(*), "
+                    "coalesce(string_agg(DISTINCT wait_event, ','), '') "
+                    "FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                    "AND (query LIKE 'INSERT INTO digest_events%%' OR query LIKE 'INSERT INTO webhook_events%%' "
+                    "OR query LIKE '%%email_link_history%%') AND query NOT LIKE 'ALTER%%'"
+                )
                 longest, waiting, kinds = cur.fetchone()
                 for kind in filter(None, kinds.split(",")):
                     self.kinds[kind] = self.kinds.get(kind, 0) + 1
@@ -280,8 +312,10 @@ def main() -> int:
     migrate_until(url, "0519")
     t0 = time.monotonic()
     seed(url, args.rows)
-    print(f"seeded {args.rows:,} digest_events, {args.rows // 10:,} webhook_events and email_link_history "
-          f"rows in {time.monotonic() - t0:.0f} s")
+    print(
+        f"seeded {args.rows:,} digest_events, {args.rows // 10:,} webhook_events and email_link_history "
+        f"rows in {time.monotonic() - t0:.0f} s"
+    )
     migrate_until(url, EXPAND)
 
     writers = Writers(url, args.writers)
@@ -300,23 +334,31 @@ def main() -> int:
 
     conn = psycopg2.connect(url)
     with conn.cursor() as cur:
-        cur.execute("SELECT version || '_' || name, duration_ms FROM schema_migrations WHERE version >= %s "
-                    "ORDER BY version", (FIRST_NEW,))
+        cur.execute(
+            "SELECT version || '_' || name, duration_ms FROM schema_migrations WHERE version >= %s ORDER BY version",
+            (FIRST_NEW,),
+        )
         durations = cur.fetchall()
         cur.execute("SELECT count(*), count(DISTINCT (source, producer_id)) FROM digest_events")
         events, distinct = cur.fetchone()
-        cur.execute("SELECT count(*), count(*) FILTER (WHERE e.id = k.event_id) FROM digest_event_keys k "
-                    "LEFT JOIN digest_events e USING (source, producer_id)")
+        cur.execute(
+            "SELECT count(*), count(*) FILTER (WHERE e.id = k.event_id) FROM digest_event_keys k "
+            "LEFT JOIN digest_events e USING (source, producer_id)"
+        )
         keys, matching = cur.fetchone()
         cur.execute("SELECT count(*) FROM webhook_events")
         (hooks,) = cur.fetchone()
-        cur.execute("SELECT relname, pg_size_pretty(pg_total_relation_size(oid)) FROM pg_class "
-                    "WHERE relname IN ('digest_events_legacy', 'digest_event_keys')")
+        cur.execute(
+            "SELECT relname, pg_size_pretty(pg_total_relation_size(oid)) FROM pg_class "
+            "WHERE relname IN ('digest_events_legacy', 'digest_event_keys')"
+        )
         sizes = dict(cur.fetchall())
     conn.close()
 
-    print(f"\nmigrations {', '.join(applied)} applied in {took:.1f} s with writes going on "
-          f"({retries.count} lock-timeout retries):")
+    print(
+        f"\nmigrations {', '.join(applied)} applied in {took:.1f} s with writes going on "
+        f"({retries.count} lock-timeout retries):"
+    )
     for name, ms in durations:
         note = "  (before the writers started)" if name.startswith(EXPAND) else ""
         print(f"  {name:<40} {ms / 1000:8.2f} s{note}")
@@ -325,29 +367,50 @@ def main() -> int:
     for phase in ("before", "during", "after"):
         waits = writers.waits[phase]
         span = writers.spans[phase][1] - writers.spans[phase][0]
-        print(f"  {phase:<8} {len(waits) / max(span, 1e-9):10.0f} {pct(waits, .5) * 1000:8.1f}ms "
-              f"{pct(waits, .99) * 1000:8.1f}ms {max(waits or [0]) * 1000:8.1f}ms")
-    print(f"  longest lock wait of a writer seen during the migration: {sampler.longest * 1000:.0f} ms "
-          f"({sampler.samples_waiting} of {sampler.samples} samples had a writer waiting on a lock; "
-          f"samples by lock type: {sampler.kinds})")
+        print(
+            f"  {phase:<8} {len(waits) / max(span, 1e-9):10.0f} {pct(waits, 0.5) * 1000:8.1f}ms "
+            f"{pct(waits, 0.99) * 1000:8.1f}ms {max(waits or [0]) * 1000:8.1f}ms"
+        )
+    print(
+        f"  longest lock wait of a writer seen during the migration: {sampler.longest * 1000:.0f} ms "
+        f"({sampler.samples_waiting} of {sampler.samples} samples had a writer waiting on a lock; "
+        f"samples by lock type: {sampler.kinds})"
+    )
     lost = args.rows + writers.accepted - events
-    print(f"\nerrors {len(writers.errors)}  accepted {writers.accepted:,}  lost {lost}  "
-          f"stored twice {events - distinct}  "
-          f"re-sent {writers.resent:,} answered duplicate {writers.duplicates:,}  keys {keys:,} (owned by their row: "
-          f"{matching:,})  webhook events {hooks:,}")
+    print(
+        f"\nerrors {len(writers.errors)}  accepted {writers.accepted:,}  lost {lost}  "
+        f"stored twice {events - distinct}  "
+        f"re-sent {writers.resent:,} answered duplicate {writers.duplicates:,}  keys {keys:,} (owned by their row: "
+        f"{matching:,})  webhook events {hooks:,}"
+    )
     print(f"sizes: {sizes}")
     for e in writers.errors[:5]:
         print("  error:", e)
-    ok = not writers.errors and lost == 0 and events == distinct and writers.duplicates == writers.resent \
+    ok = (
+        not writers.errors
+        and lost == 0
+        and events == distinct
+        and writers.duplicates == writers.resent
         and keys == matching == events
+    )
     print("OK" if ok else "FAILED")
     bench = f"partition conversion, {args.rows:,} events, writes going on"
     during, before = writers.waits["during"], writers.waits["before"]
-    record(bench, "writer commit wait p99 during the conversion", pct(during, .99) * 1000, "ms",
-           baseline=pct(before, .99) * 1000, baseline_label="the same writers before it", higher_is_better=False,
-           target="no write refused or lost; no writer stalled past MIGRATION_LOCK_TIMEOUT", met=ok and
-           sampler.longest <= 0.25, longest_lock_wait_ms=round(sampler.longest * 1000), conversion_s=round(took, 1),
-           errors=len(writers.errors), lost=lost)
+    record(
+        bench,
+        "writer commit wait p99 during the conversion",
+        pct(during, 0.99) * 1000,
+        "ms",
+        baseline=pct(before, 0.99) * 1000,
+        baseline_label="the same writers before it",
+        higher_is_better=False,
+        target="no write refused or lost; no writer stalled past MIGRATION_LOCK_TIMEOUT",
+        met=ok and sampler.longest <= 0.25,
+        longest_lock_wait_ms=round(sampler.longest * 1000),
+        conversion_s=round(took, 1),
+        errors=len(writers.errors),
+        lost=lost,
+    )
     drop(url)
     return 0 if ok else 1
 

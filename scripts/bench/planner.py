@@ -11,13 +11,14 @@ and the idle and hourly ticks of the naive planner measured in the same run (the
 every tick joins every active subscriber and checks for an existing run of their next slot).
 Its own database (notify_bench_planner); 127.0.0.1 only.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -37,8 +38,16 @@ from digest import plan as digest_planner  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
-ZONES = ["UTC", "Europe/Berlin", "America/New_York", "America/Los_Angeles", "Asia/Tokyo", "Asia/Kolkata",
-         "Australia/Sydney", "America/Sao_Paulo"]
+ZONES = [
+    "UTC",
+    "Europe/Berlin",
+    "America/New_York",
+    "America/Los_Angeles",
+    "Asia/Tokyo",
+    "Asia/Kolkata",
+    "Australia/Sydney",
+    "America/Sao_Paulo",
+]
 
 # The previous planner, kept here as the baseline: one statement over every active subscriber.
 NAIVE_SQL = """
@@ -58,8 +67,9 @@ ON CONFLICT ON CONSTRAINT digest_runs_once_per_period DO NOTHING
 def naive_plan(now: datetime) -> int:
     cols = {k: [] for k in ("tz", "cadence", "hour", "weekday", "period", "slot")}
     for tz_name, cadence, hour, weekday in db.query(
-            "SELECT DISTINCT timezone, digest_cadence, digest_hour, CASE WHEN digest_cadence = 'weekly' "
-            "THEN digest_weekday ELSE 0 END FROM subscribers WHERE digest_cadence <> 'off' AND unsubscribed_at IS NULL"):
+        "SELECT DISTINCT timezone, digest_cadence, digest_hour, CASE WHEN digest_cadence = 'weekly' "
+        "THEN digest_weekday ELSE 0 END FROM subscribers WHERE digest_cadence <> 'off' AND unsubscribed_at IS NULL"
+    ):
         period, slot = digest_planner.next_slot(now, tz_name, cadence, hour, weekday)
         for key, value in zip(cols, (tz_name, cadence, hour, weekday, period, slot)):
             cols[key].append(value)
@@ -69,7 +79,7 @@ def naive_plan(now: datetime) -> int:
 
 
 def setup() -> None:
-    migrate.migrate(args.database_url)     # creates the database if it is missing
+    migrate.migrate(args.database_url)  # creates the database if it is missing
     db.init(args.database_url)
 
 
@@ -80,7 +90,9 @@ def load(n: int) -> None:
             "INSERT INTO subscribers (user_id, email, timezone, digest_cadence, digest_hour, digest_weekday) "
             "SELECT 'p' || i, 'p' || i || '@example.test', (%s::text[])[1 + i %% %s], "
             "CASE WHEN i %% 5 = 0 THEN 'weekly' ELSE 'daily' END, (i / 7) %% 24, i %% 7 "
-            "FROM generate_series(1, %s) AS i", (ZONES, len(ZONES), n))
+            "FROM generate_series(1, %s) AS i",
+            (ZONES, len(ZONES), n),
+        )
     vacuum()
 
 
@@ -102,7 +114,7 @@ def measure(label: str, fn, now: datetime) -> list[tuple[str, float, int]]:
     # subscribers took 225 s). Both start from ours; only the recurring ticks are compared.
     first = timed(digest_planner.plan, now)
     out = [("first tick", *first)] if fn is digest_planner.plan else []
-    vacuum()   # autovacuum would have visited a million fresh rows before the next hour
+    vacuum()  # autovacuum would have visited a million fresh rows before the next hour
     out.append(("idle tick", *timed(fn, now + timedelta(minutes=1))))
     out.append(("hourly tick", *timed(fn, now + timedelta(hours=1))))
     for what, seconds, planned in out:
@@ -112,22 +124,42 @@ def measure(label: str, fn, now: datetime) -> list[tuple[str, float, int]]:
 
 def main() -> int:
     setup()
-    now = datetime.now(timezone.utc).replace(minute=5, second=0, microsecond=0)
-    print(f"planner bench: {args.subscribers} subscribers, {len(ZONES)} time zones x 24 hours, "
-          f"batch {config.get().digest_plan_batch}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    now = datetime.now(UTC).replace(minute=5, second=0, microsecond=0)
+    print(
+        f"planner bench: {args.subscribers} subscribers, {len(ZONES)} time zones x 24 hours, "
+        f"batch {config.get().digest_plan_batch}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
     ours = measure("ours", digest_planner.plan, now)
     naive = measure("naive", naive_plan, now)
     print("\nsummary (ms per tick)")
     print(f"  first tick   ours {ours[0][1] * 1000:10.1f}")
     details = {"subscribers": args.subscribers, "time_zones": len(ZONES), "batch": config.get().digest_plan_batch}
-    record("digest planner tick", "first tick (fresh import)", ours[0][1] * 1000, "ms", higher_is_better=False,
-           runs_planned=ours[0][2], **details)
+    record(
+        "digest planner tick",
+        "first tick (fresh import)",
+        ours[0][1] * 1000,
+        "ms",
+        higher_is_better=False,
+        runs_planned=ours[0][2],
+        **details,
+    )
     for (what, t_ours, planned), (_, t_naive, naive_planned) in zip(ours[1:], naive):
-        print(f"  {what:<12} ours {t_ours * 1000:10.1f}   naive {t_naive * 1000:10.1f}   "
-              f"{t_naive / t_ours if t_ours else float('inf'):7.1f}x")
-        record("digest planner tick", what, t_ours * 1000, "ms", baseline=t_naive * 1000,
-               baseline_label="naive (joins every subscriber each tick)", higher_is_better=False,
-               runs_planned=planned, baseline_runs_planned=naive_planned, **details)
+        print(
+            f"  {what:<12} ours {t_ours * 1000:10.1f}   naive {t_naive * 1000:10.1f}   "
+            f"{t_naive / t_ours if t_ours else float('inf'):7.1f}x"
+        )
+        record(
+            "digest planner tick",
+            what,
+            t_ours * 1000,
+            "ms",
+            baseline=t_naive * 1000,
+            baseline_label="naive (joins every subscriber each tick)",
+            higher_is_better=False,
+            runs_planned=planned,
+            baseline_runs_planned=naive_planned,
+            **details,
+        )
     return 0
 
 

@@ -36,6 +36,7 @@ Dramatiq consumers backed off up to 1 s and the checker marked all 15,000 due ru
 statement before sending the first message: the first claim moved from 0.95 to 0.47 s after the
 plan. End to end: CPU per digest 1.27 -> 1.12 ms, 1,312 -> 1,558 digests/s at 50 ms.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,9 +65,16 @@ args = p.parse_args()
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     PORT = s.getsockname()[1]
-os.environ.update({"APP_ENV": "development", "DATABASE_URL": args.database_url, "MAIL_PROVIDER": "smtp",
-                   "SMTP_URL": f"smtp://127.0.0.1:{PORT}", "TRACKING": "1" if args.tracking else "0",
-                   "LOG_LEVEL": "WARNING"})
+os.environ.update(
+    {
+        "APP_ENV": "development",
+        "DATABASE_URL": args.database_url,
+        "MAIL_PROVIDER": "smtp",
+        "SMTP_URL": f"smtp://127.0.0.1:{PORT}",
+        "TRACKING": "1" if args.tracking else "0",
+        "LOG_LEVEL": "WARNING",
+    }
+)
 
 import psycopg2  # noqa: E402
 
@@ -101,15 +109,18 @@ def area_of(filename: str, name: str) -> str:
 def main() -> None:
     migrate.migrate(args.database_url)
     db.init(args.database_url)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     shared.seed_digest_data(args.subscribers, args.events, now)
     digest_plan.plan(now)
     ids = [r[0] for r in db.query("SELECT id FROM digest_runs ORDER BY id")]
-    sink = subprocess.Popen([sys.executable, str(ROOT / "scripts/bench/smtp_sink.py"), "--port", str(PORT)],
-                            stdout=subprocess.PIPE, text=True)
+    sink = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts/bench/smtp_sink.py"), "--port", str(PORT)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     sink.stdout.readline()
     provider = providers.get_provider()
-    digest_send.process(run_ids=ids[:100], provider=provider)          # warm-up: templates, connections
+    digest_send.process(run_ids=ids[:100], provider=provider)  # warm-up: templates, connections
     conn = psycopg2.connect(args.database_url)
     conn.autocommit = True
     pg = shared.PostgresCPU(conn, config.get().database_url.rsplit("/", 1)[-1])
@@ -118,7 +129,7 @@ def main() -> None:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     profiler.enable()
     for k in range(100, len(ids), 100):
-        digest_send.process(run_ids=ids[k:k + 100], provider=provider)
+        digest_send.process(run_ids=ids[k : k + 100], provider=provider)
     profiler.disable()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     pg_cpu = pg.stop()["seconds"]
@@ -133,10 +144,14 @@ def main() -> None:
     for (filename, _, name), (_, _, tottime, _, _) in stats.stats.items():
         by_area[area_of(filename, name)] += tottime
         total += tottime
-    print(f"profile_digest: {n} digests ({sent} sent incl. warm-up), {args.events} events each, tracking "
-          f"{'on' if args.tracking else 'off'}, under cProfile")
-    print(f"  wall {wall:.1f} s; worker CPU {cpu / n * 1e6:.0f} us/digest (profiled); "
-          f"Postgres CPU {pg_cpu / n * 1e6:.0f} us/digest")
+    print(
+        f"profile_digest: {n} digests ({sent} sent incl. warm-up), {args.events} events each, tracking "
+        f"{'on' if args.tracking else 'off'}, under cProfile"
+    )
+    print(
+        f"  wall {wall:.1f} s; worker CPU {cpu / n * 1e6:.0f} us/digest (profiled); "
+        f"Postgres CPU {pg_cpu / n * 1e6:.0f} us/digest"
+    )
     print("  worker time by area (own time, share of the profiled total):")
     for area, seconds in sorted(by_area.items(), key=lambda kv: -kv[1]):
         print(f"    {area:<46s} {seconds / n * 1e6:7.0f} us/digest  {seconds / total:6.1%}")

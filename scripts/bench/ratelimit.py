@@ -10,6 +10,7 @@ acquire(), so a batch costs 100 Redis round trips (counting batches instead woul
 recipient with an unlimited-enough bucket, so only the limiter's own cost is measured. The
 adaptive part (a 429 halves the rate everywhere, recovery on success) has no counterpart there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,9 +61,19 @@ def main() -> None:
     print(f"  ours (AdaptiveRateLimiter.reserve(n)):  {1 / BATCH:>5.2f} round trips, {ours_us:>6.2f} µs per recipient")
     print(f"  dramatiq BucketRateLimiter.acquire():   {1:>5.2f} round trips, {theirs_us:>6.2f} µs per recipient")
     print(f"  ratio: {theirs_us / ours_us:.0f}x less limiter time per recipient with ours")
-    record("send-rate limiter on one Redis", "limiter time per recipient", ours_us, "µs", baseline=theirs_us,
-           baseline_label="dramatiq BucketRateLimiter.acquire() per recipient", higher_is_better=False,
-           batch=BATCH, batches=BATCHES, round_trips_per_recipient=1 / BATCH, baseline_round_trips_per_recipient=1)
+    record(
+        "send-rate limiter on one Redis",
+        "limiter time per recipient",
+        ours_us,
+        "µs",
+        baseline=theirs_us,
+        baseline_label="dramatiq BucketRateLimiter.acquire() per recipient",
+        higher_is_better=False,
+        batch=BATCH,
+        batches=BATCHES,
+        round_trips_per_recipient=1 / BATCH,
+        baseline_round_trips_per_recipient=1,
+    )
 
 
 if __name__ == "__main__":

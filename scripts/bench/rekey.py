@@ -8,6 +8,7 @@ webhook_events and --rows/20 suppressions (a tenth of them colliding once canoni
 application stored them before 0600, then applies 0600-0602 and runs `rekey` once more (the no-op
 pass `python -m app rekey-addresses` costs). The database is created and dropped here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ os.environ.setdefault("APP_ENV", "development")
 import psycopg2  # noqa: E402
 
 from app.platform import config, migrate  # noqa: E402
-from app.subscribers import rekey
+from app.subscribers import rekey  # noqa: E402
 from scripts.bench.partition_migration import migrate_until  # noqa: E402
 
 config.reload()
@@ -43,16 +44,32 @@ def sql(url, statement, params=None):
 
 
 def seed(url: str, n: int) -> None:
-    sql(url, "INSERT INTO subscribers (user_id, email) SELECT 'u' || g, CASE "
-             "WHEN g %% 40 = 0 THEN 'User' || g || '@Bücher' || (g %% 7) || '.example' "
-             "WHEN g %% 40 = 1 THEN 'ｕｓｅｒ' || g || '@example.com' "
-             "ELSE 'User' || g || '@Example.com' END FROM generate_series(1, %s) g", (n,))
-    sql(url, "INSERT INTO webhook_events (sg_event_id, event, email, payload) SELECT 'sg-' || g, 'delivered', "
-             "'User' || (g %% %s) || '@Example.com', '{}' FROM generate_series(1, %s) g", (n, n))
-    sql(url, "INSERT INTO suppressions (email, reason) SELECT CASE WHEN g %% 10 = 0 THEN 'ｕｓｅｒ' || g "
-             "ELSE 'user' || g END || '@example.com', 'bounce' FROM generate_series(1, %s) g", (n // 20,))
-    sql(url, "INSERT INTO suppressions (email, reason) SELECT 'user' || g || '@example.com', 'spamreport' "
-             "FROM generate_series(1, %s) g WHERE g %% 10 = 0", (n // 20,))
+    sql(
+        url,
+        "INSERT INTO subscribers (user_id, email) SELECT 'u' || g, CASE "
+        "WHEN g %% 40 = 0 THEN 'User' || g || '@Bücher' || (g %% 7) || '.example' "
+        "WHEN g %% 40 = 1 THEN 'ｕｓｅｒ' || g || '@example.com' "
+        "ELSE 'User' || g || '@Example.com' END FROM generate_series(1, %s) g",
+        (n,),
+    )
+    sql(
+        url,
+        "INSERT INTO webhook_events (sg_event_id, event, email, payload) SELECT 'sg-' || g, 'delivered', "
+        "'User' || (g %% %s) || '@Example.com', '{}' FROM generate_series(1, %s) g",
+        (n, n),
+    )
+    sql(
+        url,
+        "INSERT INTO suppressions (email, reason) SELECT CASE WHEN g %% 10 = 0 THEN 'ｕｓｅｒ' || g "
+        "ELSE 'user' || g END || '@example.com', 'bounce' FROM generate_series(1, %s) g",
+        (n // 20,),
+    )
+    sql(
+        url,
+        "INSERT INTO suppressions (email, reason) SELECT 'user' || g || '@example.com', 'spamreport' "
+        "FROM generate_series(1, %s) g WHERE g %% 10 = 0",
+        (n // 20,),
+    )
     sql(url, "ANALYZE")
 
 
@@ -69,8 +86,10 @@ class Writer(threading.Thread):
         with conn.cursor() as cur:
             while not self.stop.is_set():
                 started = time.perf_counter()
-                cur.execute("UPDATE subscribers SET soft_bounce_count = soft_bounce_count + 1 WHERE user_id = %s",
-                            (f"u{random.randint(1, self.n)}",))
+                cur.execute(
+                    "UPDATE subscribers SET soft_bounce_count = soft_bounce_count + 1 WHERE user_id = %s",
+                    (f"u{random.randint(1, self.n)}",),
+                )
                 self.latencies.append(time.perf_counter() - started)
         conn.close()
 
@@ -93,15 +112,19 @@ def main() -> None:
         writer.stop.set()
         writer.join()
         durations = dict(sql(url, "SELECT version, duration_ms FROM schema_migrations WHERE version >= '0600'"))
-        print(f"{args.rows:,} subscribers, {args.rows:,} webhook_events, {args.rows // 20 + args.rows // 200:,} "
-              f"suppressions; applied {', '.join(applied)} in {total:.1f} s")
+        print(
+            f"{args.rows:,} subscribers, {args.rows:,} webhook_events, {args.rows // 20 + args.rows // 200:,} "
+            f"suppressions; applied {', '.join(applied)} in {total:.1f} s"
+        )
         for version in sorted(durations):
             print(f"  {version}: {durations[version] / 1000:.2f} s")
         keyed = args.rows * 2 / (durations["0601"] / 1000)
         print(f"  0601 keyed {keyed:,.0f} rows/s (subscribers + webhook_events)")
         lat = sorted(writer.latencies)
-        print(f"  concurrent writer: {len(lat):,} updates, median {lat[len(lat) // 2] * 1000:.1f} ms, "
-              f"p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms")
+        print(
+            f"  concurrent writer: {len(lat):,} updates, median {lat[len(lat) // 2] * 1000:.1f} ms, "
+            f"p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms"
+        )
         conn = psycopg2.connect(url)
         conn.autocommit = True
         started = time.perf_counter()

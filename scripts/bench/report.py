@@ -12,6 +12,7 @@ Each step is a bench script run as a subprocess with BENCH_RESULTS pointing at i
 .var/bench/logs/<step>.log. A failed or timed-out step is reported as such, and the rest still run.
 Re-running replaces the three files. CI never runs it: the figures need a quiet machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -43,9 +44,9 @@ SCALING_PROCESSES = (1, 2, 4, 8)
 class Step:
     name: str
     argv: list[str]
-    quick: list[str] = field(default_factory=list)   # replaces the size arguments under --quick
+    quick: list[str] = field(default_factory=list)  # replaces the size arguments under --quick
     timeout: float = 1800.0
-    group: str = "other"                             # "scaling" steps feed the chart
+    group: str = "other"  # "scaling" steps feed the chart
 
 
 def bench(script: str, *args: str) -> list[str]:
@@ -61,37 +62,80 @@ def steps() -> list[Step]:
         Step("validation", bench("validation.py")),
         Step("tokens", bench("tokens.py")),
         Step("migrations", bench("migrations.py"), ["--hold", "2", "--repeat", "1"]),
-        Step("partition-migration", bench("partition_migration.py"), ["--rows", "300000", "--warmup", "3",
-                                                                         "--after", "3"]),
+        Step(
+            "partition-migration",
+            bench("partition_migration.py"),
+            ["--rows", "300000", "--warmup", "3", "--after", "3"],
+        ),
         Step("event-insert", bench("event_insert.py"), ["--rounds", "10"]),
         Step("groupcommit", bench("groupcommit.py"), ["--seconds", "2"]),
         Step("ratelimit", bench("ratelimit.py")),
         Step("smtp-client", bench("smtp_client.py"), ["--mails", "1000"]),
         Step("newsletter-sendgrid", bench("newsletter.py"), ["--recipients", "5000", "--baseline-sample", "300"]),
         Step("peer-0ms", bench("peer_postoffice.py", "--smtp-delay-ms", "0"), ["--recipients", "2000"]),
-        Step("peer-50ms", bench("peer_postoffice.py", "--smtp-delay-ms", "50", "--recipients", "5000"),
-             ["--recipients", "1000"]),
-        Step("newsletter-1m-smtp", bench("peer_postoffice.py", "--skip-peer", "--recipients", "1000000",
-                                         "--label", "newsletter over SMTP, 1,000,000 recipients, relay 0 ms"),
-             ["--recipients", "20000"], timeout=3600),
+        Step(
+            "peer-50ms",
+            bench("peer_postoffice.py", "--smtp-delay-ms", "50", "--recipients", "5000"),
+            ["--recipients", "1000"],
+        ),
+        Step(
+            "newsletter-1m-smtp",
+            bench(
+                "peer_postoffice.py",
+                "--skip-peer",
+                "--recipients",
+                "1000000",
+                "--label",
+                "newsletter over SMTP, 1,000,000 recipients, relay 0 ms",
+            ),
+            ["--recipients", "20000"],
+            timeout=3600,
+        ),
         # The knobs that moved the figures most in a full sweep (`knobs.py` alone sweeps them all).
         # Best of 2 per configuration: one run each put the same defaults at 82 % and at 100 % of the
         # best at 50 ms in two runs an hour apart.
-        Step("knobs", bench("knobs.py", "--repeat", "2", "--only",
-                            "SMTP_POOL_SIZE=32,SEND_BATCH_SIZE=100,NEWSLETTER_SEND_CHAINS=8,no chain growth"),
-             ["--recipients", "2000"], timeout=3600),
+        Step(
+            "knobs",
+            bench(
+                "knobs.py",
+                "--repeat",
+                "2",
+                "--only",
+                "SMTP_POOL_SIZE=32,SEND_BATCH_SIZE=100,NEWSLETTER_SEND_CHAINS=8,no chain growth",
+            ),
+            ["--recipients", "2000"],
+            timeout=3600,
+        ),
         Step("click", bench("click.py"), ["--seconds", "3", "--baseline-seconds", "2"]),
         Step("webhook", bench("webhook.py")),
         Step("admin-dashboard", bench("admin_dashboard.py"), ["--per-day", "5000", "--days", "7"]),
     ]
     for p in SCALING_PROCESSES:
-        out.append(Step(f"scaling-digest-{p}p", bench("digest.py", "--no-baseline", "--delays", "0",
-                                                      "--processes", str(p), "--subscribers", "8000"),
-                        ["--subscribers", "800"], group="scaling"))
-        out.append(Step(f"scaling-newsletter-{p}p", bench("peer_postoffice.py", "--skip-peer", "--recipients", "30000",
-                                                          "--worker-processes", str(p),
-                                                          "--label", f"scaling: newsletter, {p} worker processes"),
-                        ["--recipients", "3000"], group="scaling"))
+        out.append(
+            Step(
+                f"scaling-digest-{p}p",
+                bench("digest.py", "--no-baseline", "--delays", "0", "--processes", str(p), "--subscribers", "8000"),
+                ["--subscribers", "800"],
+                group="scaling",
+            )
+        )
+        out.append(
+            Step(
+                f"scaling-newsletter-{p}p",
+                bench(
+                    "peer_postoffice.py",
+                    "--skip-peer",
+                    "--recipients",
+                    "30000",
+                    "--worker-processes",
+                    str(p),
+                    "--label",
+                    f"scaling: newsletter, {p} worker processes",
+                ),
+                ["--recipients", "3000"],
+                group="scaling",
+            )
+        )
     return out
 
 
@@ -114,13 +158,12 @@ def run_step(step: Step, quick: bool) -> dict:
     env = {**os.environ, "BENCH_RESULTS": str(results), "PYTHONPATH": str(ROOT)}
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    print(f"[{time.strftime('%H:%M:%S')}] {step.name}: {' '.join(Path(a).name if a.endswith('.py') else a for a in argv[1:])}",
-          flush=True)
+    shown = " ".join(Path(a).name if a.endswith(".py") else a for a in argv[1:])
+    print(f"[{time.strftime('%H:%M:%S')}] {step.name}: {shown}", flush=True)
     with open(LOGS / f"{step.name}.log", "w") as log:
         # Its own process group: on a timeout the bench gets SIGINT (its cleanup stops the workers
         # and sinks it started), then the whole group SIGKILL, so nothing is left consuming Redis.
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=step.timeout)
         except subprocess.TimeoutExpired:
@@ -138,9 +181,17 @@ def run_step(step: Step, quick: bool) -> dict:
     figures = read_records(results)
     seconds = time.monotonic() - started
     print(f"    exit {rc}, {len(figures)} figures, {seconds:.0f} s", flush=True)
-    return {"step": step.name, "group": step.group, "argv": argv[1:], "exit": rc, "seconds": seconds,
-            "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "load_before": load_before, "load_after": os.getloadavg()[0], "figures": figures}
+    return {
+        "step": step.name,
+        "group": step.group,
+        "argv": argv[1:],
+        "exit": rc,
+        "seconds": seconds,
+        "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "figures": figures,
+    }
 
 
 # -- machine facts
@@ -156,13 +207,29 @@ def command_output(argv: list[str]) -> str:
 def machine_facts() -> dict:
     from importlib import metadata
 
-    cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), platform.processor())
-    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                  if line.startswith("MemTotal:"))
+    cpu_model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem_kb = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")
+    )
     versions = {}
-    for dist in ("starlette", "uvicorn", "dramatiq", "peewee", "psycopg2-binary", "redis", "chevron",
-                 "pydantic", "aiosmtpd"):
+    for dist in (
+        "starlette",
+        "uvicorn",
+        "dramatiq",
+        "peewee",
+        "psycopg2-binary",
+        "redis",
+        "chevron",
+        "pydantic",
+        "aiosmtpd",
+    ):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -172,20 +239,28 @@ def machine_facts() -> dict:
     try:
         import psycopg2
 
-        server = urlparse(config.get().database_url)._replace(path="/postgres").geturl()   # any database will do
+        server = urlparse(config.get().database_url)._replace(path="/postgres").geturl()  # any database will do
         with psycopg2.connect(server, connect_timeout=5) as conn, conn.cursor() as cur:
             cur.execute("SHOW server_version")
             postgres = cur.fetchone()[0]
-    except Exception as exc:   # the report still says what it could find
+    except Exception as exc:  # the report still says what it could find
         postgres = f"unknown ({exc.__class__.__name__})"
     redis_info = command_output(["redis-cli", "-u", config.get().redis_url, "INFO", "server"])
-    redis_version = next((line.split(":", 1)[1] for line in redis_info.splitlines()
-                          if line.startswith("redis_version:")), "")
-    return {"cores": os.cpu_count(), "cpu": cpu_model, "memory_gib": round(mem_kb / 1024 / 1024, 1),
-            "kernel": platform.release(), "python": platform.python_version(), "postgres": postgres,
-            "redis": redis_version.strip(), "packages": versions,
-            "commit": command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
-            "dirty": bool(command_output(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]))}
+    redis_version = next(
+        (line.split(":", 1)[1] for line in redis_info.splitlines() if line.startswith("redis_version:")), ""
+    )
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu_model,
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "postgres": postgres,
+        "redis": redis_version.strip(),
+        "packages": versions,
+        "commit": command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        "dirty": bool(command_output(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])),
+    }
 
 
 # -- the report
@@ -213,7 +288,8 @@ def markdown(run: dict) -> str:
         "# Benchmarks",
         "",
         f"Written by `make bench` (scripts/bench/report.py) on {run['finished']} from commit `{m['commit']}`"
-        f"{' with local changes' if m['dirty'] else ''}{' — QUICK mode: small sizes, not for quoting' if run['quick'] else ''}."
+        f"{' with local changes' if m['dirty'] else ''}"
+        f"{' — QUICK mode: small sizes, not for quoting' if run['quick'] else ''}."
         " Every figure stands beside its target and the baseline or peer measured in the same run;"
         " re-running replaces this file, docs/benchmarks.json and docs/benchmarks.png.",
         "",
@@ -222,11 +298,13 @@ def markdown(run: dict) -> str:
         f"- {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, Linux {m['kernel']}",
         f"- Python {m['python']}, PostgreSQL {m['postgres']}, Redis {m['redis']}",
         "- " + ", ".join(f"{k} {v}" for k, v in m["packages"].items()),
-        (f"- steps from several invocations (`--keep`): each step's load average and time are under Steps."
-         if run.get("kept") else
-         f"- load average (1 min) before {run['load_before']:.2f}, after {run['load_after']:.2f};"
-         f" total {run['seconds'] / 60:.0f} min.") +
-        " Everything ran on this machine over 127.0.0.1: the relay/ESP"
+        (
+            "- steps from several invocations (`--keep`): each step's load average and time are under Steps."
+            if run.get("kept")
+            else f"- load average (1 min) before {run['load_before']:.2f}, after {run['load_after']:.2f};"
+            f" total {run['seconds'] / 60:.0f} min."
+        )
+        + " Everything ran on this machine over 127.0.0.1: the relay/ESP"
         " sinks, Postgres and Redis share the same cores as the service.",
         "",
         "## Figures",
@@ -238,32 +316,49 @@ def markdown(run: dict) -> str:
         if step["group"] == "scaling":
             continue
         if not step["figures"]:
-            lines.append(f"| {step['step']} | (no figures: exit {step['exit']}, see .var/bench/logs/{step['step']}.log)"
-                         " | | | | | |")
+            lines.append(
+                f"| {step['step']} | (no figures: exit {step['exit']}, see .var/bench/logs/{step['step']}.log)"
+                " | | | | | |"
+            )
         for f in step["figures"]:
             base = f"{fmt(f['baseline'], f['unit'])} ({f['baseline_label']})" if f["baseline"] is not None else ""
             ratio = f"{f['ratio']:.2f}×" if f["ratio"] else ""
-            lines.append(f"| {f['bench']} | {f['figure']} | {fmt(f['value'], f['unit'])} | {base} | {ratio} | "
-                         f"{f['target']} | {verdict(f)} |")
-    lines += ["", "## Scaling with worker processes", "",
-              "Digests (tracking on, relay 0 ms) and newsletter mails over SMTP (relay 0 ms) per second against"
-              " `WORKER_PROCESSES`, each point one run of scripts/bench/digest.py `--no-baseline` resp."
-              " scripts/bench/peer_postoffice.py `--skip-peer`; what limits each point is in docs/scaling.md.", "",
-              "![throughput against worker processes](docs/benchmarks.png)", "",
-              "| worker processes | digests/s | CPU ms per digest (workers / postgres) | newsletter mails/s |",
-              "|---|---|---|---|"]
+            lines.append(
+                f"| {f['bench']} | {f['figure']} | {fmt(f['value'], f['unit'])} | {base} | {ratio} | "
+                f"{f['target']} | {verdict(f)} |"
+            )
+    lines += [
+        "",
+        "## Scaling with worker processes",
+        "",
+        "Digests (tracking on, relay 0 ms) and newsletter mails over SMTP (relay 0 ms) per second against"
+        " `WORKER_PROCESSES`, each point one run of scripts/bench/digest.py `--no-baseline` resp."
+        " scripts/bench/peer_postoffice.py `--skip-peer`; what limits each point is in docs/scaling.md.",
+        "",
+        "![throughput against worker processes](docs/benchmarks.png)",
+        "",
+        "| worker processes | digests/s | CPU ms per digest (workers / postgres) | newsletter mails/s |",
+        "|---|---|---|---|",
+    ]
     curve = scaling_curve(run)
     for p in SCALING_PROCESSES:
         d, n = curve["digest"].get(p), curve["newsletter"].get(p)
         cpu = curve["digest_cpu"].get(p)
         cpu_text = f"{cpu['workers']:.2f} / {cpu['postgres']:.2f}" if cpu else "–"
         lines.append(f"| {p} | {fmt(d, '')} | {cpu_text} | {fmt(n, '')} |")
-    lines += ["", "## Steps", "", "| step | command | exit | minutes | load before → after | finished (UTC) |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Steps",
+        "",
+        "| step | command | exit | minutes | load before → after | finished (UTC) |",
+        "|---|---|---|---|---|---|",
+    ]
     for step in run["steps"]:
         command = " ".join(Path(a).name if a.endswith(".py") else a for a in step["argv"])
-        lines.append(f"| {step['step']} | `{command}` | {step['exit']} | {step['seconds'] / 60:.1f} | "
-                     f"{step['load_before']:.1f} → {step['load_after']:.1f} | {step.get('finished', '')} |")
+        lines.append(
+            f"| {step['step']} | `{command}` | {step['exit']} | {step['seconds'] / 60:.1f} | "
+            f"{step['load_before']:.1f} → {step['load_after']:.1f} | {step.get('finished', '')} |"
+        )
     lines += ["", "Logs of each step: `.var/bench/logs/<step>.log` (not committed).", ""]
     return "\n".join(lines)
 
@@ -278,8 +373,10 @@ def scaling_curve(run: dict) -> dict:
             if f["figure"] == "digests/s" and p:
                 curve["digest"][p] = f["value"]
             elif f["figure"].startswith("CPU per digest") and p:
-                curve["digest_cpu"][p] = {"workers": f["details"].get("workers_ms", 0.0),
-                                          "postgres": f["details"].get("postgres_ms", 0.0)}
+                curve["digest_cpu"][p] = {
+                    "workers": f["details"].get("workers_ms", 0.0),
+                    "postgres": f["details"].get("postgres_ms", 0.0),
+                }
             elif f["figure"] == "mails/s" and p:
                 curve["newsletter"][p] = f["value"]
     return curve
@@ -293,8 +390,10 @@ def chart(run: dict) -> None:
 
     curve = scaling_curve(run)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    for key, label, marker in (("digest", "digests/s (tracking on)", "o"),
-                               ("newsletter", "newsletter mails/s over SMTP", "s")):
+    for key, label, marker in (
+        ("digest", "digests/s (tracking on)", "o"),
+        ("newsletter", "newsletter mails/s over SMTP", "s"),
+    ):
         points = sorted(curve[key].items())
         if points:
             ax.plot([p for p, _ in points], [v for _, v in points], marker=marker, label=label)
@@ -305,8 +404,9 @@ def chart(run: dict) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     m = run["machine"]
-    ax.set_title(f"Throughput against worker processes — {m['cores']} cores, relay 0 ms, all on one machine",
-                 fontsize=9)
+    ax.set_title(
+        f"Throughput against worker processes — {m['cores']} cores, relay 0 ms, all on one machine", fontsize=9
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     CHART.parent.mkdir(parents=True, exist_ok=True)
@@ -319,8 +419,11 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="small sizes: checks the report, figures not for quoting")
     p.add_argument("--only", default="", help="comma-separated step names (see the list in --list)")
     p.add_argument("--list", action="store_true", help="print the steps and exit")
-    p.add_argument("--keep", action="store_true",
-                   help="with --only: keep the other steps' results from the last report (each step says when it ran)")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="with --only: keep the other steps' results from the last report (each step says when it ran)",
+    )
     args = p.parse_args()
     all_steps = steps()
     if args.list:
@@ -333,8 +436,12 @@ def main() -> int:
         p.error(f"unknown steps: {', '.join(sorted(unknown))} (see --list)")
     chosen = [s for s in all_steps if not wanted or s.name in wanted]
     os.environ.setdefault("APP_ENV", "development")
-    run = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
-           "machine": machine_facts(), "load_before": os.getloadavg()[0]}
+    run = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "machine": machine_facts(),
+        "load_before": os.getloadavg()[0],
+    }
     started = time.monotonic()
     run["steps"] = [run_step(step, args.quick) for step in chosen]
     if args.keep and JSON_OUT.exists():
@@ -343,10 +450,14 @@ def main() -> int:
         order = [s.name for s in all_steps]
         kept = [s for s in previous.get("steps", []) if s["step"] not in fresh]
         run["kept"] = bool(kept)
-        run["steps"] = sorted([*kept, *fresh.values()], key=lambda s: order.index(s["step"])
-                              if s["step"] in order else len(order))
-    run.update(finished=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_after=os.getloadavg()[0],
-               seconds=time.monotonic() - started)
+        run["steps"] = sorted(
+            [*kept, *fresh.values()], key=lambda s: order.index(s["step"]) if s["step"] in order else len(order)
+        )
+    run.update(
+        finished=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        load_after=os.getloadavg()[0],
+        seconds=time.monotonic() - started,
+    )
     JSON_OUT.parent.mkdir(parents=True, exist_ok=True)
     JSON_OUT.write_text(json.dumps(run, indent=1, default=str) + "\n")
     chart(run)

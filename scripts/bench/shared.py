@@ -1,9 +1,11 @@
 """Helpers shared by the benchmarks (newsletter.py, peer_postoffice.py, digest.py, profile_digest.py):
-the ~1 KB newsletter body, seeding the subscribers (and their digest events), Dramatiq worker process groups, and CPU accounting from
-/proc (worker processes, the Postgres server's processes, single processes such as the sink).
+the ~1 KB newsletter body, seeding the subscribers (and their digest events), Dramatiq worker process
+groups, and CPU accounting from /proc (worker processes, the Postgres server's processes, single
+processes such as the sink).
 
 Nothing here imports app/ at module level: the benchmarks set DATABASE_URL and friends first.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +16,7 @@ import time
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-RESULTS_ENV = "BENCH_RESULTS"   # scripts/bench/report.py sets it: every figure also goes there as one JSON line
+RESULTS_ENV = "BENCH_RESULTS"  # scripts/bench/report.py sets it: every figure also goes there as one JSON line
 
 
 def read_records(path) -> list[dict]:
@@ -25,9 +27,19 @@ def read_records(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def record(bench: str, figure: str, value: float, unit: str, *, baseline: float | None = None,
-           baseline_label: str = "", target: str = "", met: bool | None = None, higher_is_better: bool = True,
-           **details) -> None:
+def record(
+    bench: str,
+    figure: str,
+    value: float,
+    unit: str,
+    *,
+    baseline: float | None = None,
+    baseline_label: str = "",
+    target: str = "",
+    met: bool | None = None,
+    higher_is_better: bool = True,
+    **details,
+) -> None:
     """One figure for the report (BENCHMARKS.md): what, how much, beside which baseline or peer measured
     in the same run, and the target it answers to. A no-op when the script runs on its own."""
     path = os.environ.get(RESULTS_ENV)
@@ -36,11 +48,22 @@ def record(bench: str, figure: str, value: float, unit: str, *, baseline: float 
     ratio = None
     if baseline:
         ratio = value / baseline if higher_is_better else baseline / value if value else None
-    line = {"bench": bench, "figure": figure, "value": value, "unit": unit, "baseline": baseline,
-            "baseline_label": baseline_label, "ratio": ratio, "target": target, "met": met,
-            "higher_is_better": higher_is_better, "details": details}
+    line = {
+        "bench": bench,
+        "figure": figure,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_label": baseline_label,
+        "ratio": ratio,
+        "target": target,
+        "met": met,
+        "higher_is_better": higher_is_better,
+        "details": details,
+    }
     with open(path, "a") as out:
         out.write(json.dumps(line, default=str) + "\n")
+
 
 # ~1 KB of HTML, personalised four times ({{name}}, {{email}}, both links).
 HTML = """<html><head><style>
@@ -87,13 +110,18 @@ def seed_subscribers(n: int, log=print) -> None:
     with db.raw_cursor() as cur:
         cur.execute("SELECT count(*), coalesce(max(id), 0) FROM subscribers")
         count, max_id = cur.fetchone()
-        cur.execute("TRUNCATE newsletters, email_log, email_links, email_link_history, legacy_link_codes "
-                    "RESTART IDENTITY CASCADE")
+        cur.execute(
+            "TRUNCATE newsletters, email_log, email_links, email_link_history, legacy_link_codes "
+            "RESTART IDENTITY CASCADE"
+        )
         if count != n or max_id != n:
             log(f"seeding {n:,} subscribers")
             cur.execute("TRUNCATE subscribers RESTART IDENTITY CASCADE")
-            cur.execute("INSERT INTO subscribers (user_id, email, name) SELECT 'u' || g, 'user' || g || "
-                        "'@example.com', 'User ' || g FROM generate_series(1, %s) g", (n,))
+            cur.execute(
+                "INSERT INTO subscribers (user_id, email, name) SELECT 'u' || g, 'user' || g || "
+                "'@example.com', 'User ' || g FROM generate_series(1, %s) g",
+                (n,),
+            )
     db.query("VACUUM ANALYZE subscribers")
 
 
@@ -114,20 +142,37 @@ def seed_digest_data(n: int, events: int, now) -> None:
         hour = (now + timedelta(hours=1)).hour
         rows = [(f"bench-{i}", f"bench-{i}@example.test", f"Bench User {i}", "UTC", "daily", hour) for i in range(n)]
         psycopg2.extras.execute_values(
-            cur, "INSERT INTO subscribers (user_id, email, name, timezone, digest_cadence, digest_hour) VALUES %s",
-            rows, page_size=5000)
+            cur,
+            "INSERT INTO subscribers (user_id, email, name, timezone, digest_cadence, digest_hour) VALUES %s",
+            rows,
+            page_size=5000,
+        )
         actors = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal"]
         ev_rows = []
         for i in range(n):
             for j in range(events):
                 post = j % 6
-                ev_rows.append(("bench", f"{i}-{j}", f"bench-{i}", ("like", "comment", "follow")[j % 3], "post",
-                                f"post-{post}", f"actor-{(i + j) % 8}", actors[(i + j) % 8],
-                                '{"title": "Post %d", "url": "https://example.test/p/%d"}' % (post, post),
-                                now - timedelta(minutes=j)))
+                ev_rows.append(
+                    (
+                        "bench",
+                        f"{i}-{j}",
+                        f"bench-{i}",
+                        ("like", "comment", "follow")[j % 3],
+                        "post",
+                        f"post-{post}",
+                        f"actor-{(i + j) % 8}",
+                        actors[(i + j) % 8],
+                        '{"title": "Post %d", "url": "https://example.test/p/%d"}' % (post, post),  # noqa: UP031 - JSON braces
+                        now - timedelta(minutes=j),
+                    )
+                )
         psycopg2.extras.execute_values(
-            cur, "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, actor_id, "
-                 "actor_name, payload, occurred_at) VALUES %s", ev_rows, page_size=10000)
+            cur,
+            "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, actor_id, "
+            "actor_name, payload, occurred_at) VALUES %s",
+            ev_rows,
+            page_size=10000,
+        )
     db.query("VACUUM ANALYZE digest_events")
     db.query("VACUUM ANALYZE subscribers")
 
@@ -139,7 +184,7 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return sum(int(f) for f in fields[11:15 if children else 13]) / CLK_TCK
+    return sum(int(f) for f in fields[11 : 15 if children else 13]) / CLK_TCK
 
 
 def parent_pid(pid: int) -> int:
@@ -233,11 +278,15 @@ class PostgresCPU:
 
     def _snapshot(self) -> dict:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT pid FROM pg_stat_activity WHERE datname IS NOT NULL AND datname <> %s",
-                        (self.database,))
+            cur.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname IS NOT NULL AND datname <> %s", (self.database,)
+            )
             others = {r[0] for r in cur.fetchall()}
-            cur.execute("SELECT coalesce(sum(active_time), 0) FROM pg_stat_database "
-                        "WHERE datname IS NOT NULL AND datname <> %s", (self.database,))
+            cur.execute(
+                "SELECT coalesce(sum(active_time), 0) FROM pg_stat_database "
+                "WHERE datname IS NOT NULL AND datname <> %s",
+                (self.database,),
+            )
             others_active = float(cur.fetchone()[0])
         procs = {}
         for entry in os.listdir("/proc"):
@@ -247,8 +296,12 @@ class PostgresCPU:
                         procs[int(entry)] = cpu_seconds(int(entry))
                 except (OSError, IndexError, ValueError):
                     pass
-        return {"procs": procs, "others": others | {self.own_pid}, "others_active_ms": others_active,
-                "postmaster": cpu_seconds(self.postmaster, children=True)}
+        return {
+            "procs": procs,
+            "others": others | {self.own_pid},
+            "others_active_ms": others_active,
+            "postmaster": cpu_seconds(self.postmaster, children=True),
+        }
 
     def start(self) -> None:
         self.before = self._snapshot()
@@ -256,9 +309,12 @@ class PostgresCPU:
     def stop(self) -> dict:
         b, a = self.before, self._snapshot()
         excluded = b["others"] | a["others"]
-        total = a["postmaster"] - b["postmaster"]            # itself + every child reaped meanwhile
-        total += sum(cpu - b["procs"].get(pid, 0.0) for pid, cpu in a["procs"].items())   # live children
-        total -= sum(cpu for pid, cpu in b["procs"].items() if pid not in a["procs"])     # counted in cutime
-        others = sum(a["procs"].get(pid, b["procs"].get(pid, 0.0)) - b["procs"].get(pid, 0.0)
-                     for pid in excluded if pid in a["procs"])
+        total = a["postmaster"] - b["postmaster"]  # itself + every child reaped meanwhile
+        total += sum(cpu - b["procs"].get(pid, 0.0) for pid, cpu in a["procs"].items())  # live children
+        total -= sum(cpu for pid, cpu in b["procs"].items() if pid not in a["procs"])  # counted in cutime
+        others = sum(
+            a["procs"].get(pid, b["procs"].get(pid, 0.0)) - b["procs"].get(pid, 0.0)
+            for pid in excluded
+            if pid in a["procs"]
+        )
         return {"seconds": total - others, "others_active_ms": a["others_active_ms"] - b["others_active_ms"]}

@@ -10,6 +10,7 @@ Sends the same built mails to the loopback benchmark sink over N connections wit
               `pip install aiosmtplib`; it is not a project dependency)
 and prints the client's CPU per mail and mails/s. CPU per mail is what limits digests/s on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,16 @@ from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
 URL = f"smtp://127.0.0.1:{args.port}"
-MAILS = [OutgoingMail(to=f"user{i}@example.test", subject="Your daily digest", html="<p>hello</p>" * 200,
-                      text="hello\n" * 200, idempotency_key=f"bench-{i}") for i in range(args.mails)]
+MAILS = [
+    OutgoingMail(
+        to=f"user{i}@example.test",
+        subject="Your daily digest",
+        html="<p>hello</p>" * 200,
+        text="hello\n" * 200,
+        idempotency_key=f"bench-{i}",
+    )
+    for i in range(args.mails)
+]
 
 
 def measure(send) -> tuple[float, float]:
@@ -50,28 +59,31 @@ def measure(send) -> tuple[float, float]:
 
 def provider(use_async: bool):
     prov = SMTPProvider(URL, pool_size=args.connections, use_async=use_async)
-    prov._latency = 1.0    # smtplib lanes: use every connection, as at a 50 ms round trip
-    prov.send_batch(MAILS[:args.connections])   # open the connections first
+    prov._latency = 1.0  # smtplib lanes: use every connection, as at a 50 ms round trip
+    prov.send_batch(MAILS[: args.connections])  # open the connections first
     return prov
 
 
 def send_with(prov):
-    step = prov.max_batch      # what the digest and newsletter senders hand over per call
-    results = [r for start in range(0, len(MAILS), step) for r in prov.send_batch(MAILS[start:start + step])]
+    step = prov.max_batch  # what the digest and newsletter senders hand over per call
+    results = [r for start in range(0, len(MAILS), step) for r in prov.send_batch(MAILS[start : start + step])]
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
 
 
 def aiosmtplib_run():
     import aiosmtplib
+
     try:
         import uvloop
+
         loop = uvloop.new_event_loop()
     except ImportError:
         loop = asyncio.new_event_loop()
+
     async def lane(k: int):
         client = aiosmtplib.SMTP(hostname="127.0.0.1", port=args.port, start_tls=False)
         await client.connect()
-        for m in MAILS[k::args.connections]:
+        for m in MAILS[k :: args.connections]:
             await client.sendmail("bench@example.test", [m.to], mail.build(m))
         await client.quit()
 
@@ -82,13 +94,25 @@ def aiosmtplib_run():
 
 
 def main() -> int:
-    sink = subprocess.Popen([sys.executable, str(ROOT / "scripts/bench/smtp_sink.py"), "--port", str(args.port),
-                             "--delay-ms", str(args.delay_ms)], stdout=subprocess.PIPE, text=True)
+    sink = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "scripts/bench/smtp_sink.py"),
+            "--port",
+            str(args.port),
+            "--delay-ms",
+            str(args.delay_ms),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         if "ready" not in sink.stdout.readline():
             sys.exit("sink did not start")
-        print(f"smtp client bench: {args.mails} mails over {args.connections} connections, sink delay "
-              f"{args.delay_ms:.0f} ms; client CPU per mail (mail building included for every client)")
+        print(
+            f"smtp client bench: {args.mails} mails over {args.connections} connections, sink delay "
+            f"{args.delay_ms:.0f} ms; client CPU per mail (mail building included for every client)"
+        )
         results = {}
         for name, use_async in (("ours", True), ("smtplib", False)):
             prov = provider(use_async)
@@ -113,10 +137,19 @@ def record_results(results: dict) -> None:
     bench = f"SMTP client, relay {args.delay_ms:g} ms"
     peer = results.get("aiosmtplib")
     for figure, col, unit, higher in (("client CPU per mail", 0, "µs", False), ("mails/s", 1, "mails/s", True)):
-        record(bench, figure, results["ours"][col], unit, baseline=results["smtplib"][col],
-               baseline_label="smtplib, a thread per connection", higher_is_better=higher, mails=args.mails,
-               connections=args.connections, delay_ms=args.delay_ms,
-               aiosmtplib=round(peer[col], 1) if peer else "not installed")
+        record(
+            bench,
+            figure,
+            results["ours"][col],
+            unit,
+            baseline=results["smtplib"][col],
+            baseline_label="smtplib, a thread per connection",
+            higher_is_better=higher,
+            mails=args.mails,
+            connections=args.connections,
+            delay_ms=args.delay_ms,
+            aiosmtplib=round(peer[col], 1) if peer else "not installed",
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ at once (how many the clients' pools held). With --expect N it prints
 `stats {json}` line; when stopped (SIGTERM / SIGINT) it prints the stats line, then
 `received <count>` as its last line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,9 @@ received = 0
 message_bytes = 0
 wire_bytes = 0
 expect = 0
-connections = 0        # opened so far
+connections = 0  # opened so far
 open_connections = 0
-peak_connections = 0   # most open at once
+peak_connections = 0  # most open at once
 
 
 class SinkProtocol(asyncio.Protocol):
@@ -62,7 +63,7 @@ class SinkProtocol(asyncio.Protocol):
                 if end < 0:
                     return
                 message_bytes += end + 2
-                self.buf = self.buf[end + 5:]
+                self.buf = self.buf[end + 5 :]
                 self.in_data = False
                 received += 1
                 if received == expect:
@@ -77,7 +78,7 @@ class SinkProtocol(asyncio.Protocol):
                 if len(self.buf) > 4096:
                     self.transport.close()
                 return
-            line, self.buf = self.buf[:end], self.buf[end + 2:]
+            line, self.buf = self.buf[:end], self.buf[end + 2 :]
             verb = line[:4].upper()
             if verb == b"EHLO":
                 self._reply(b"250-bench-sink\r\n250-PIPELINING\r\n250-8BITMIME\r\n250 SIZE 10485760\r\n")
@@ -93,8 +94,15 @@ class SinkProtocol(asyncio.Protocol):
 
 
 def stats_line() -> str:
-    return "stats " + json.dumps({"received": received, "message_bytes": message_bytes, "wire_bytes": wire_bytes,
-                                  "connections": connections, "peak_connections": peak_connections})
+    return "stats " + json.dumps(
+        {
+            "received": received,
+            "message_bytes": message_bytes,
+            "wire_bytes": wire_bytes,
+            "connections": connections,
+            "peak_connections": peak_connections,
+        }
+    )
 
 
 async def serve(host: str, port: int, delay: float) -> None:
@@ -122,6 +130,7 @@ def main() -> None:
         sys.exit("the bench sink listens on loopback only")
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass

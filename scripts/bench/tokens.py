@@ -8,6 +8,7 @@ preference page view). itsdangerous is measured only when installed (`pip instal
 it is not a project dependency. Whatever the speed, tokens already sent in mails must keep
 verifying: tests/test_pages.py and the golden tokens there pin the format.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,14 @@ def per_call_us(fn) -> float:
 def main() -> None:
     ours = tokens.make("unsubscribe", 123456, 3, "newsletter:42")
     assert tokens.verify("unsubscribe", ours).subscriber_id == 123456
-    rows = [("ours (app/tokens.py)", per_call_us(lambda: tokens.make("unsubscribe", 123456, 3, "newsletter:42")),
-             per_call_us(lambda: tokens.verify("unsubscribe", ours)), len(ours))]
+    rows = [
+        (
+            "ours (app/tokens.py)",
+            per_call_us(lambda: tokens.make("unsubscribe", 123456, 3, "newsletter:42")),
+            per_call_us(lambda: tokens.verify("unsubscribe", ours)),
+            len(ours),
+        )
+    ]
     try:
         from itsdangerous import URLSafeSerializer
     except ImportError:
@@ -43,17 +50,32 @@ def main() -> None:
         s = URLSafeSerializer(config.get().secret_key, salt="unsubscribe")
         theirs = s.dumps([123456, 3, "newsletter:42"])
         assert s.loads(theirs) == [123456, 3, "newsletter:42"]
-        rows.append(("itsdangerous URLSafeSerializer", per_call_us(lambda: s.dumps([123456, 3, "newsletter:42"])),
-                     per_call_us(lambda: s.loads(theirs)), len(theirs)))
+        rows.append(
+            (
+                "itsdangerous URLSafeSerializer",
+                per_call_us(lambda: s.dumps([123456, 3, "newsletter:42"])),
+                per_call_us(lambda: s.loads(theirs)),
+                len(theirs),
+            )
+        )
     print(f"{'signer':<34} {'make µs':>9} {'verify µs':>10} {'length':>7}")
     for name, make, verify, length in rows:
         print(f"{name:<34} {make:>9.1f} {verify:>10.1f} {length:>7}")
     ours, peer = rows[0], (rows[1] if len(rows) > 1 else None)
     for figure, col in (("make, per token", 1), ("verify, per token", 2)):
-        record("subscriber link tokens", figure, ours[col], "µs", baseline=peer[col] if peer else None,
-               baseline_label="itsdangerous URLSafeSerializer" if peer else "", higher_is_better=False,
-               calls=N, token_length=ours[3], peer=("itsdangerous" if peer else "itsdangerous not installed"),
-               **({"peer_token_length": peer[3]} if peer else {}))
+        record(
+            "subscriber link tokens",
+            figure,
+            ours[col],
+            "µs",
+            baseline=peer[col] if peer else None,
+            baseline_label="itsdangerous URLSafeSerializer" if peer else "",
+            higher_is_better=False,
+            calls=N,
+            token_length=ours[3],
+            peer=("itsdangerous" if peer else "itsdangerous not installed"),
+            **({"peer_token_length": peer[3]} if peer else {}),
+        )
 
 
 if __name__ == "__main__":

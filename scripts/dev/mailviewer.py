@@ -7,6 +7,7 @@ The sink writes into MAIL_FILE_DIR, the same folder the `file` provider writes t
 shows mail from either provider. `make run` starts it (Procfile.dev); it refuses to run outside
 APP_ENV=development/test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ from app.platform import config, observability
 log = logging.getLogger("scripts.dev.mailviewer")
 
 MAX_LISTED = 200
-MAX_STORED = 2000          # the sink prunes the oldest files beyond this
+MAX_STORED = 2000  # the sink prunes the oldest files beyond this
 MAX_MESSAGE_BYTES = 10 * 1024 * 1024
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
@@ -62,8 +63,13 @@ class SinkHandler:
         tmp = self.directory / (name + ".tmp")
         tmp.write_bytes(envelope.content)
         os.replace(tmp, self.directory / name)
-        log.info("caught mail from %s to %s (%d bytes) -> %s", envelope.mail_from, ", ".join(envelope.rcpt_tos),
-                 len(envelope.content), name)
+        log.info(
+            "caught mail from %s to %s (%d bytes) -> %s",
+            envelope.mail_from,
+            ", ".join(envelope.rcpt_tos),
+            len(envelope.content),
+            name,
+        )
         with self._lock:
             self._count += 1
             if self._count % 100 == 0:
@@ -72,17 +78,21 @@ class SinkHandler:
 
     def prune(self) -> None:
         files = sorted(self.directory.glob("*.eml"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in files[self.max_stored:]:
+        for old in files[self.max_stored :]:
             old.unlink(missing_ok=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m scripts.dev.mailviewer", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.dev.mailviewer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", default=os.environ.get("MAIL_SINK_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("MAIL_SINK_PORT", "1025")), help="SMTP port")
-    p.add_argument("--web-port", type=int, default=int(os.environ.get("MAIL_VIEWER_PORT", "8025")),
-                   help="the viewer's HTTP port")
+    p.add_argument(
+        "--web-port", type=int, default=int(os.environ.get("MAIL_VIEWER_PORT", "8025")), help="the viewer's HTTP port"
+    )
     p.add_argument("--dir", help="where to store caught mail (default MAIL_FILE_DIR)")
     return p.parse_args(argv)
 
@@ -95,11 +105,18 @@ def main(argv=None) -> int:
         return 2
     logging.getLogger("mail.log").setLevel(logging.WARNING)  # aiosmtpd logs every SMTP verb at INFO
     directory = Path(args.dir or mail_dir())
-    controller = Controller(SinkHandler(directory), hostname=args.host, port=args.port,
-                            data_size_limit=MAX_MESSAGE_BYTES)
+    controller = Controller(
+        SinkHandler(directory), hostname=args.host, port=args.port, data_size_limit=MAX_MESSAGE_BYTES
+    )
     controller.start()
-    log.info("dev mail sink listening on %s:%d, storing mail in %s/; viewer on http://%s:%d/dev/mail",
-             args.host, args.port, directory, args.host, args.web_port)
+    log.info(
+        "dev mail sink listening on %s:%d, storing mail in %s/; viewer on http://%s:%d/dev/mail",
+        args.host,
+        args.port,
+        directory,
+        args.host,
+        args.web_port,
+    )
     try:
         uvicorn.run(viewer_app(), host=args.host, port=args.web_port, log_level="warning")
     finally:
@@ -126,7 +143,8 @@ def _page(title: str, body: str) -> HTMLResponse:
         "width:100%}td,th{border-bottom:1px solid #e4e7eb;padding:6px 8px;text-align:left;font-size:14px}"
         "iframe{width:100%;height:70vh;border:1px solid #cbd2d9;border-radius:6px}pre{white-space:pre-wrap;"
         "background:#f5f7fa;padding:12px}.meta td{border:0;padding:2px 8px}</style></head><body>"
-        + body + "</body></html>",
+        + body
+        + "</body></html>",
         headers={"Cache-Control": "no-store"},
     )
 
@@ -141,8 +159,11 @@ def list_mail(request: Request):
     if (denied := _dev_only()) is not None:
         return denied
     directory = mail_dir()
-    files = sorted(directory.glob("*.eml"), key=lambda p: p.stat().st_mtime, reverse=True)[:MAX_LISTED] \
-        if directory.is_dir() else []
+    files = (
+        sorted(directory.glob("*.eml"), key=lambda p: p.stat().st_mtime, reverse=True)[:MAX_LISTED]
+        if directory.is_dir()
+        else []
+    )
     rows = []
     for path in files:
         try:
@@ -153,13 +174,18 @@ def list_mail(request: Request):
         rows.append(
             f"<tr><td>{html.escape(when or '')}</td><td>{html.escape(str(msg.get('To', '')))}</td>"
             f"<td><a href='/dev/mail/{html.escape(path.stem)}'>{html.escape(str(msg.get('Subject', '(no subject)')))}"
-            f"</a></td></tr>")
-    body = (f"<h1>Caught mail</h1><p>{len(rows)} newest in <code>{html.escape(str(directory))}/</code> "
-            "(the <code>mail-sink</code> process and the <code>file</code> provider write here).</p>"
-            "<table><tr><th>Date</th><th>To</th><th>Subject</th></tr>" + "".join(rows) + "</table>")
+            f"</a></td></tr>"
+        )
+    body = (
+        f"<h1>Caught mail</h1><p>{len(rows)} newest in <code>{html.escape(str(directory))}/</code> "
+        "(the <code>mail-sink</code> process and the <code>file</code> provider write here).</p>"
+        "<table><tr><th>Date</th><th>To</th><th>Subject</th></tr>" + "".join(rows) + "</table>"
+    )
     if not rows:
-        body += ("<p>Nothing yet. Digests go out at each subscriber's local hour; to get the demo "
-                 "subscribers' digests now run <code>python -m app digest-now --all</code>.</p>")
+        body += (
+            "<p>Nothing yet. Digests go out at each subscriber's local hour; to get the demo "
+            "subscribers' digests now run <code>python -m app digest-now --all</code>.</p>"
+        )
     return _page("Caught mail", body)
 
 
@@ -171,16 +197,19 @@ def show_mail(request: Request):
         return _page("Not found", "<p>No such mail. <a href='/dev/mail'>Back</a></p>")
     msg = _parse(path)
     mail_id = html.escape(path.stem)
-    meta = "".join(f"<tr><td><b>{name}</b></td><td>{html.escape(str(msg.get(name, '')))}</td></tr>"
-                   for name in ("From", "To", "Subject", "Date", "Message-ID", "List-Unsubscribe",
-                                "List-Unsubscribe-Post"))
+    meta = "".join(
+        f"<tr><td><b>{name}</b></td><td>{html.escape(str(msg.get(name, '')))}</td></tr>"
+        for name in ("From", "To", "Subject", "Date", "Message-ID", "List-Unsubscribe", "List-Unsubscribe-Post")
+    )
     text_part = msg.get_body(("plain",))
     text = html.escape(text_part.get_content()) if text_part is not None else "(no text part)"
-    body = (f"<p><a href='/dev/mail'>&larr; all mail</a> &middot; <a href='/dev/mail/{mail_id}/raw'>raw .eml</a></p>"
-            f"<table class='meta'>{meta}</table><h2>HTML</h2>"
-            # sandbox: the mail's HTML cannot run scripts or reach this page
-            f"<iframe sandbox='' src='/dev/mail/{mail_id}/html' title='mail HTML'></iframe>"
-            f"<h2>Plain text</h2><pre>{text}</pre>")
+    body = (
+        f"<p><a href='/dev/mail'>&larr; all mail</a> &middot; <a href='/dev/mail/{mail_id}/raw'>raw .eml</a></p>"
+        f"<table class='meta'>{meta}</table><h2>HTML</h2>"
+        # sandbox: the mail's HTML cannot run scripts or reach this page
+        f"<iframe sandbox='' src='/dev/mail/{mail_id}/html' title='mail HTML'></iframe>"
+        f"<h2>Plain text</h2><pre>{text}</pre>"
+    )
     return _page(str(msg.get("Subject", "mail")), body)
 
 

@@ -17,6 +17,7 @@ exits 0 without running COMMAND, as the browser tests do without Chromium — ex
 environment variable CI set, as CI services do): there it fails (exit 1), so a pass that never
 ran cannot look green.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,21 +83,21 @@ def start(binary: str, workdir: Path, port: int, upstream: str, pool_size: int, 
     users_file = workdir / "users.txt"
     users_file.write_text("".join(f'"{u}" ""\n' for u in sorted(users)))
     ini = workdir / "pgbouncer.ini"
-    ini.write_text(config_text(port, parsed.hostname or "127.0.0.1", parsed.port or 5432, pool_size,
-                               str(users_file)))
+    ini.write_text(config_text(port, parsed.hostname or "127.0.0.1", parsed.port or 5432, pool_size, str(users_file)))
     command = [binary, str(ini)]
     if os.geteuid() == 0:
         # PgBouncer refuses to run as root; it reads its files before switching user.
         command += ["-u", "postgres" if _user_exists("postgres") else "nobody"]
         for path in (workdir, users_file, ini):
             path.chmod(0o755 if path.is_dir() else 0o644)
-    log = open(workdir / "pgbouncer.log", "wb")
+    log = open(workdir / "pgbouncer.log", "wb")  # noqa: SIM115 - the child process writes to it after we return
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, workdir / "pgbouncer.log"
 
 
 def _user_exists(name: str) -> bool:
     import pwd
+
     try:
         pwd.getpwnam(name)
         return True
@@ -106,6 +107,7 @@ def _user_exists(name: str) -> bool:
 
 def wait_until_serving(proc, url: str, log_path: Path, timeout: float = 20.0) -> None:
     import psycopg2
+
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -130,7 +132,7 @@ def through(url: str, port: int) -> str:
 
 def stop(proc) -> None:
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)   # immediate shutdown: the command is done with it
+        proc.send_signal(signal.SIGTERM)  # immediate shutdown: the command is done with it
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -145,10 +147,18 @@ def in_ci() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, default=int(os.environ.get("PGBOUNCER_PORT") or 0),
-                        help="listen port (default PGBOUNCER_PORT, else a free one)")
-    parser.add_argument("--pool-size", type=int, default=int(os.environ.get("PGBOUNCER_POOL_SIZE") or 20),
-                        help="server connections per database and user (default 20)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("PGBOUNCER_PORT") or 0),
+        help="listen port (default PGBOUNCER_PORT, else a free one)",
+    )
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=int(os.environ.get("PGBOUNCER_POOL_SIZE") or 20),
+        help="server connections per database and user (default 20)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -157,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     binary = find_binary()
     if binary is None:
         missing = "pgbouncer is not installed (apt-get install pgbouncer, or `make pgbouncer` as root)"
-        if in_ci():     # a skipped pass must not look green where nobody reads the warning
+        if in_ci():  # a skipped pass must not look green where nobody reads the warning
             print(f"ERROR: {missing}: CI is set, so the PgBouncer pass cannot be skipped", file=sys.stderr)
             return 1
         print(f"WARNING: {missing}: the PgBouncer pass is skipped", file=sys.stderr)
@@ -170,24 +180,31 @@ def main(argv: list[str] | None = None) -> int:
     # A database PgBouncer once failed to log in to is retried only after server_login_retry (15 s):
     # make sure it exists before anything connects through PgBouncer.
     from app.platform.migrate import ensure_database
+
     ensure_database(upstream)
     workdir = Path(tempfile.mkdtemp(prefix="notify-pgbouncer-"))
     proc, log_path = start(binary, workdir, port, upstream, args.pool_size, users)
     try:
         pooled = through(upstream, port)
         wait_until_serving(proc, pooled, log_path)
-        print(f"pgbouncer: transaction pooling on 127.0.0.1:{port} (pool size {args.pool_size}) "
-              f"in front of {urlparse(upstream).hostname}:{urlparse(upstream).port or 5432}", flush=True)
-        env = {**os.environ, "TEST_DATABASE_URL": pooled, "TEST_DIRECT_DATABASE_URL": upstream,
-               "TEST_THROUGH_PGBOUNCER": "1"}
+        print(
+            f"pgbouncer: transaction pooling on 127.0.0.1:{port} (pool size {args.pool_size}) "
+            f"in front of {urlparse(upstream).hostname}:{urlparse(upstream).port or 5432}",
+            flush=True,
+        )
+        env = {
+            **os.environ,
+            "TEST_DATABASE_URL": pooled,
+            "TEST_DIRECT_DATABASE_URL": upstream,
+            "TEST_THROUGH_PGBOUNCER": "1",
+        }
         try:
             status = subprocess.call(command, env=env)
         except KeyboardInterrupt:
             return 130
         if status != 0:
             tail = log_path.read_text(errors="replace").splitlines()[-40:]
-            print("pgbouncer: the command failed; the end of PgBouncer's log:\n  " + "\n  ".join(tail),
-                  file=sys.stderr)
+            print("pgbouncer: the command failed; the end of PgBouncer's log:\n  " + "\n  ".join(tail), file=sys.stderr)
         return status
     finally:
         stop(proc)

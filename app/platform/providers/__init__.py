@@ -7,6 +7,7 @@
 get_provider() returns one shared instance per process (providers are thread-safe), rebuilt when
 the settings change (tests override SMTP_URL and friends).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,7 +23,7 @@ PROVIDERS = {
 }
 
 _lock = threading.Lock()
-_instances: dict[str, tuple] = {}   # name -> (settings it was built with, provider)
+_instances: dict[str, tuple] = {}  # name -> (settings it was built with, provider)
 
 
 def provider_class(name: str):

@@ -22,6 +22,7 @@ it did not start come back as `SendResult(stopped=True)`, never attempted. While
 works, the calling thread runs `Progress.poll()` (the provider calls it for the caller), which every
 `every` results or `interval` seconds hands the new results to the caller's `flush` callback.
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,10 +60,10 @@ class OutgoingMail:
     subject: str
     html: str
     text: str
-    idempotency_key: str                 # "digest-run-<id>" / "newsletter-<nl>-row-<id>"
-    from_addr: str | None = None         # None: MAIL_FROM
+    idempotency_key: str  # "digest-run-<id>" / "newsletter-<nl>-row-<id>"
+    from_addr: str | None = None  # None: MAIL_FROM
     to_name: str = ""
-    headers: dict = field(default_factory=dict)       # List-Unsubscribe, List-Unsubscribe-Post, …
+    headers: dict = field(default_factory=dict)  # List-Unsubscribe, List-Unsubscribe-Post, …
     # Come back flattened in SendGrid webhook events: mail_kind, mail_id, row_id, subscriber_id.
     custom_args: dict = field(default_factory=dict)
 
@@ -72,8 +73,8 @@ class SendResult:
     ok: bool
     message_id: str | None = None
     error: str | None = None
-    permanent: bool = False              # with ok=False: retrying will not help
-    stopped: bool = False                # with ok=False: never attempted, the caller asked to stop
+    permanent: bool = False  # with ok=False: retrying will not help
+    stopped: bool = False  # with ok=False: never attempted, the caller asked to stop
 
 
 STOPPED = SendResult(ok=False, error="not attempted: sending was stopped", stopped=True)
@@ -84,8 +85,7 @@ class Progress:
     docstring). `flush(new_results)` runs on the calling thread only, gets [(index, SendResult)]
     in the batch's order of arrival and returns True to stop the rest of the batch."""
 
-    def __init__(self, flush: Callable[[list[tuple[int, SendResult]]], bool], every: int = 100,
-                 interval: float = 0.25):
+    def __init__(self, flush: Callable[[list[tuple[int, SendResult]]], bool], every: int = 100, interval: float = 0.25):
         self._flush, self.every, self.interval = flush, max(1, every), interval
         self._owner = threading.get_ident()
         self._ready = threading.Condition()
@@ -124,7 +124,7 @@ class Progress:
         self._last = now
         try:
             stop = self._flush(new)
-        except Exception:  # noqa: BLE001 - recording failed; the caller records again at the end
+        except Exception:
             log.exception("recording or checking a batch's progress failed; the batch goes on")
             return
         if stop:
@@ -139,14 +139,19 @@ class Progress:
 
 def _result(exc: ProviderError) -> str:
     """A failed provider call's `result` label in notify_provider_calls_total."""
-    return "throttled" if isinstance(exc, ThrottledError) else "transient" if isinstance(exc, TransientError) \
+    return (
+        "throttled"
+        if isinstance(exc, ThrottledError)
+        else "transient"
+        if isinstance(exc, TransientError)
         else "permanent"
+    )
 
 
 class Provider:
     name = "base"
     max_batch = 1
-    preferred_batch = 1   # rows a newsletter claims per call when SEND_BATCH_SIZE is 0 (the default)
+    preferred_batch = 1  # rows a newsletter claims per call when SEND_BATCH_SIZE is 0 (the default)
 
     def prepare(self, mail: OutgoingMail):
         """What deliver() needs for one mail. Raise anything to refuse this mail alone."""
@@ -160,7 +165,7 @@ class Provider:
         raise NotImplementedError
 
     def send_batch(self, mails: list[OutgoingMail], progress: Progress | None = None) -> list[SendResult]:
-        if len(mails) > self.max_batch:   # a caller's bug, not the mails' fault
+        if len(mails) > self.max_batch:  # a caller's bug, not the mails' fault
             raise ValueError(f"at most {self.max_batch} mails per batch, got {len(mails)}")
         results: list[SendResult | None] = [None] * len(mails)
         ready, positions = [], []
@@ -169,7 +174,7 @@ class Provider:
             try:
                 ready.append((m, self.prepare(m)))
                 positions.append(i)
-            except Exception as exc:  # noqa: BLE001 - any per-mail problem fails that mail only
+            except Exception as exc:
                 log.warning("%s: mail %s cannot be built: %s", self.name, m.idempotency_key, exc)
                 results[i] = SendResult(ok=False, error=f"cannot build mail: {exc}"[:1000], permanent=True)
                 if outer is not None:
@@ -184,12 +189,12 @@ class Provider:
             except ProviderError as exc:
                 metrics.provider_call(self.name, _result(exc), started)
                 raise
-            except Exception as exc:  # noqa: BLE001 - a bug or library surprise: the caller retries the batch
+            except Exception as exc:
                 metrics.provider_call(self.name, "unexpected", started)
                 log.exception("%s: unexpected error delivering %d mail(s)", self.name, len(ready))
                 raise TransientError(f"unexpected {self.name} error: {exc!r}"[:1000]) from exc
             metrics.provider_call(self.name, "ok", started)
-            if len(delivered) != len(ready):   # never leave a row claimed because a provider miscounted
+            if len(delivered) != len(ready):  # never leave a row claimed because a provider miscounted
                 raise TransientError(f"{self.name} returned {len(delivered)} results for {len(ready)} mails")
             for i, result in zip(positions, delivered):
                 results[i] = result

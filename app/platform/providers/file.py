@@ -3,6 +3,7 @@
 The file is named after the idempotency key, so a re-send of the same mail replaces its file
 instead of adding a second one (what an ESP honouring idempotency keys would do).
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,10 +40,7 @@ class FileProvider(Provider):
         results = []
         for m, raw in prepared:
             progress.poll()
-            if progress.stop_requested():
-                result = STOPPED
-            else:
-                result = self._write(m, raw)
+            result = STOPPED if progress.stop_requested() else self._write(m, raw)
             progress.add(len(results), result)
             results.append(result)
         return results

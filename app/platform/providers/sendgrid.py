@@ -28,6 +28,7 @@ and the rest of the request is sent again without them; a 400 naming no recipien
 whole request. Every mail is validated locally first (mail.validate), so most bad recipients
 never reach SendGrid.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,7 +43,16 @@ import httpx
 import orjson
 
 from app.platform import config, mail
-from app.platform.providers.base import STOPPED, OutgoingMail, PermanentError, Progress, Provider, SendResult, ThrottledError, TransientError
+from app.platform.providers.base import (
+    STOPPED,
+    OutgoingMail,
+    PermanentError,
+    Progress,
+    Provider,
+    SendResult,
+    ThrottledError,
+    TransientError,
+)
 
 log = logging.getLogger("app.platform.providers.sendgrid")
 # httpx logs every request at INFO: one line per 1000-recipient batch is noise; errors are logged here.
@@ -63,8 +73,13 @@ class SendGridProvider(Provider):
     # with a fifth less worker memory at peak (150 MB instead of 188), and still few calls and 429s.
     preferred_batch = MAX_PERSONALIZATIONS // 2
 
-    def __init__(self, api_key: str | None = None, api_url: str | None = None, timeout: float = 30.0,
-                 client: httpx.Client | None = None):
+    def __init__(
+        self,
+        api_key: str | None = None,
+        api_url: str | None = None,
+        timeout: float = 30.0,
+        client: httpx.Client | None = None,
+    ):
         settings = config.get()
         self.api_key = api_key if api_key is not None else settings.sendgrid_api_key
         self.api_url = api_url or settings.sendgrid_api_url
@@ -85,8 +100,9 @@ class SendGridProvider(Provider):
         to = mail.check_address(m.to)
         if mail.needs_smtputf8(to):
             raise mail.MailBuildError(f"SendGrid cannot send to {to!r}: a non-ASCII local part needs SMTPUTF8")
-        return dataclasses.replace(m, to=to, to_name=mail.one_line(m.to_name),
-                                   from_addr=m.from_addr and mail.sender(m.from_addr))
+        return dataclasses.replace(
+            m, to=to, to_name=mail.one_line(m.to_name), from_addr=m.from_addr and mail.sender(m.from_addr)
+        )
 
     def deliver(self, prepared: list[tuple[OutgoingMail, OutgoingMail]], progress: Progress) -> list[SendResult]:
         """One API call per request group: a stop request is honoured between two calls."""
@@ -191,7 +207,7 @@ def _error_fields(response: httpx.Response) -> list[str]:
     try:
         errors = response.json().get("errors") or []
         return [str(e["field"]) for e in errors[:MAX_PERSONALIZATIONS] if isinstance(e, dict) and e.get("field")]
-    except Exception:   # noqa: BLE001 - an unreadable error body names nothing
+    except Exception:
         return []
 
 
@@ -264,8 +280,8 @@ def build_requests(mails: list[OutgoingMail], default_from: str) -> list[tuple[d
     """[(payload, indexes of the mails it carries)]: as few requests as the content allows."""
     requests: list[tuple[dict, list[int]]] = []
     by_from: dict[str | None, list[int]] = {}
-    for i, mail in enumerate(mails):
-        by_from.setdefault(mail.from_addr, []).append(i)
+    for i, m in enumerate(mails):
+        by_from.setdefault(m.from_addr, []).append(i)
     for indexes in by_from.values():
         requests.extend(_factor(mails, indexes, default_from))
     return requests
@@ -326,14 +342,14 @@ def _factor(mails: list[OutgoingMail], indexes: list[int], default_from: str):
         for k, tag in text_tags.items():
             text_lines[k] = tag
         shared_text = "\n".join(text_lines) if first.text else ""
-        requests.append((_payload(first, default_from, "".join(html_parts), shared_text,
-                                  personalizations), grouped))
+        requests.append((_payload(first, default_from, "".join(html_parts), shared_text, personalizations), grouped))
     if loners:
         log.info("sendgrid: %d mail(s) could not share the batch body; sent with their own content", len(loners))
         for i in loners:
             mail = mails[i]
-            requests.append((_payload(mail, default_from, mail.html, mail.text,
-                                      [_personalization(mail, mail.subject)]), [i]))
+            requests.append(
+                (_payload(mail, default_from, mail.html, mail.text, [_personalization(mail, mail.subject)]), [i])
+            )
     return requests
 
 
@@ -347,6 +363,11 @@ def render_personalization(payload: dict, index: int) -> dict:
         for tag, sub in subs.items():
             value = value.replace(tag, sub)
         content[part["type"]] = value
-    return {"to": p["to"][0]["email"], "subject": p.get("subject", payload["subject"]),
-            "html": content.get("text/html", ""), "text": content.get("text/plain", ""),
-            "headers": p.get("headers", {}), "custom_args": p.get("custom_args", {})}
+    return {
+        "to": p["to"][0]["email"],
+        "subject": p.get("subject", payload["subject"]),
+        "html": content.get("text/html", ""),
+        "text": content.get("text/plain", ""),
+        "headers": p.get("headers", {}),
+        "custom_args": p.get("custom_args", {}),
+    }

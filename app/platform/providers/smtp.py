@@ -21,6 +21,7 @@ timeouts and dropped connections are transient (the caller retries with the same
 A dropped idle connection is reopened once before a mail counts as failed. Credentials the server
 rejects raise PermanentError (every mail would fail the same way).
 """
+
 from __future__ import annotations
 
 import collections
@@ -42,8 +43,8 @@ from app.platform.providers.smtp_sizing import CONNECT_BURST, RelayCeiling, Rela
 
 log = logging.getLogger("app.platform.providers.smtp")
 
-BATCH_TIMEOUTS = 2          # a batch starts no mail after 2 x SMTP_TIMEOUT_SECONDS (60 s by default)
-LANE_TARGET_SECONDS = 0.025   # threads: lanes enough that a batch's share per connection takes about this
+BATCH_TIMEOUTS = 2  # a batch starts no mail after 2 x SMTP_TIMEOUT_SECONDS (60 s by default)
+LANE_TARGET_SECONDS = 0.025  # threads: lanes enough that a batch's share per connection takes about this
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 _DISCONNECTS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, TimeoutError, ssl.SSLError)
 
@@ -76,9 +77,9 @@ class ThreadedPool:
         self.size, self._connect, self.idle_timeout = size, connect, idle_timeout
         self.ceiling = RelayCeiling()
         self._lock = threading.Condition()
-        self._idle: collections.deque = collections.deque()   # (connection, idle since), most recent on the right
-        self._conns: set = set()       # every connection opened, until seen closed
-        self._held = 0                 # places held by lanes
+        self._idle: collections.deque = collections.deque()  # (connection, idle since), most recent on the right
+        self._conns: set = set()  # every connection opened, until seen closed
+        self._held = 0  # places held by lanes
         self._connecting = 0
         self._reaper: threading.Timer | None = None
         self._closed = False
@@ -95,7 +96,7 @@ class ThreadedPool:
                 if conn is not None or self._held + len(self._idle) < self.limit():
                     self._held += 1
                     return conn
-                self._lock.wait(1.0)     # also re-counts what lanes closed
+                self._lock.wait(1.0)  # also re-counts what lanes closed
 
     def connect(self, deadline: float, fresh: bool = False) -> smtplib.SMTP:
         """A connection for a lane that holds a place but no connection: an idle one (not when
@@ -113,10 +114,10 @@ class ThreadedPool:
                         epoch = self.ceiling.epoch
                         break
                     if fresh and self._idle:
-                        stale = self._idle.popleft()[0]      # room for a new one
+                        stale = self._idle.popleft()[0]  # room for a new one
                         self._conns.discard(stale)
                         break
-                    self._wait(deadline)     # refused at the limit, or connects under way
+                    self._wait(deadline)  # refused at the limit, or connects under way
             if stale is not None:
                 _quit(stale)
                 continue
@@ -126,15 +127,19 @@ class ThreadedPool:
                 with self._lock:
                     self._connecting -= 1
                     self._lock.notify_all()
-                    while self._open() == 0 and self._connecting:     # the others' connects may yet get in
+                    while self._open() == 0 and self._connecting:  # the others' connects may yet get in
                         self._wait(deadline)
                     established = self._open()
                     if established == 0:
-                        self.ceiling.forget()   # the relay is down or full with others: no limit of ours
+                        self.ceiling.forget()  # the relay is down or full with others: no limit of ours
                         raise
                     if self.ceiling.refused(established, epoch):
-                        log.warning("SMTP relay refused connection %d (%s); this process keeps at most %d",
-                                    established + 1, exc, self.limit())
+                        log.warning(
+                            "SMTP relay refused connection %d (%s); this process keeps at most %d",
+                            established + 1,
+                            exc,
+                            self.limit(),
+                        )
                 continue
             except BaseException:
                 with self._lock:
@@ -222,8 +227,13 @@ class SMTPProvider(Provider):
     # the relay had accepted go again (same Message-ID, so receivers can drop the copy).
     preferred_batch = 1000
 
-    def __init__(self, url: str | None = None, pool_size: int | None = None, timeout: float | None = None,
-                 use_async: bool | None = None):
+    def __init__(
+        self,
+        url: str | None = None,
+        pool_size: int | None = None,
+        timeout: float | None = None,
+        use_async: bool | None = None,
+    ):
         """`pool_size` given: exactly that many connections at most. Not given: SMTP_POOL_SIZE
         connections, growing towards SMTP_POOL_MAX while that raises throughput (async pool)."""
         settings = config.get()
@@ -232,7 +242,7 @@ class SMTPProvider(Provider):
         self.pool_max = self.pool_size if pool_size else max(self.pool_size, settings.smtp_pool_max)
         self.timeout = timeout or settings.smtp_timeout_seconds
         self.idle_timeout = settings.smtp_idle_timeout_seconds
-        self._latency = 0.05     # seconds per mail on one connection; measured as batches go
+        self._latency = 0.05  # seconds per mail on one connection; measured as batches go
         self.use_async = config.get().smtp_async if use_async is None else use_async
         self._async = None
         self._threaded = ThreadedPool(self.pool_size, self._connect, self.idle_timeout)
@@ -250,7 +260,7 @@ class SMTPProvider(Provider):
     def _connect(self) -> smtplib.SMTP:
         o = self.options
         conn = None
-        greeted = False     # refusals come before or in answer to the greeting and EHLO
+        greeted = False  # refusals come before or in answer to the greeting and EHLO
         failed = f"cannot connect to SMTP {o['host']}:{o['port']}"
         try:
             if o["ssl"]:
@@ -274,14 +284,14 @@ class SMTPProvider(Provider):
                 raise
             if isinstance(exc, smtplib.SMTPAuthenticationError):
                 raise PermanentError(f"SMTP login refused by {o['host']}: {exc.smtp_code} {exc.smtp_error!r}") from exc
-            if isinstance(exc, smtplib.SMTPNotSupportedError):   # e.g. AUTH only offered after STARTTLS
+            if isinstance(exc, smtplib.SMTPNotSupportedError):  # e.g. AUTH only offered after STARTTLS
                 raise PermanentError(f"SMTP server {o['host']}: {exc} (check SMTP_URL, e.g. ?starttls=1)") from exc
-            if isinstance(exc, smtplib.SMTPConnectError):        # the greeting was not a 220
+            if isinstance(exc, smtplib.SMTPConnectError):  # the greeting was not a 220
                 text = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc)
                 error = RelayRefused if refuses_connections(exc.smtp_code, text) else TransientError
                 raise error(f"{failed}: {exc}") from exc
             if not greeted and isinstance(exc, (ConnectionError, smtplib.SMTPServerDisconnected)):
-                raise RelayRefused(f"{failed}: {exc!r}") from exc     # refused, reset or closed at the greeting
+                raise RelayRefused(f"{failed}: {exc!r}") from exc  # refused, reset or closed at the greeting
             if isinstance(exc, (smtplib.SMTPException, OSError)):
                 raise TransientError(f"{failed}: {exc}") from exc
             raise
@@ -299,8 +309,9 @@ class SMTPProvider(Provider):
         sender = mail.envelope_from(m.from_addr)
         if not (sender.isascii() and m.to.isascii()):
             if not conn.has_extn("smtputf8"):
-                return SendResult(ok=False, permanent=True,
-                                  error="non-ASCII address and the server does not offer SMTPUTF8")
+                return SendResult(
+                    ok=False, permanent=True, error="non-ASCII address and the server does not offer SMTPUTF8"
+                )
             conn.sendmail(sender, [m.to], raw, mail_options=["SMTPUTF8"])
         elif conn.does_esmtp and conn.has_extn("pipelining"):
             _pipelined_sendmail(conn, sender, m.to, raw)
@@ -308,14 +319,15 @@ class SMTPProvider(Provider):
             conn.sendmail(sender, [m.to], raw)
         return SendResult(ok=True, message_id=mail.message_id_of(m))
 
-    def _send_chunk(self, items: list[tuple[int, OutgoingMail, bytes]], deadline: float,
-                    progress: Progress) -> list[tuple[int, SendResult]]:
+    def _send_chunk(
+        self, items: list[tuple[int, OutgoingMail, bytes]], deadline: float, progress: Progress
+    ) -> list[tuple[int, SendResult]]:
         out = Reported(progress)
         conn = self._acquire()
         started = time.perf_counter()
         try:
             for pos, (index, m, raw) in enumerate(items):
-                progress.poll()     # inline on the caller's thread: record and check between mails
+                progress.poll()  # inline on the caller's thread: record and check between mails
                 rest = not_started(items[pos:], deadline, progress)
                 if rest is not None:
                     out.extend(rest)
@@ -332,7 +344,7 @@ class SMTPProvider(Provider):
                         break
                     except smtplib.SMTPResponseException as exc:  # sender refused, data error, …
                         out.append((index, _reply_result(exc.smtp_code, exc.smtp_error)))
-                        if exc.smtp_code == 421:     # server is closing the connection
+                        if exc.smtp_code == 421:  # server is closing the connection
                             _quit(conn)
                             conn = None
                         break
@@ -344,13 +356,13 @@ class SMTPProvider(Provider):
                         conn = None
                         if attempt == 2:
                             out.append((index, SendResult(ok=False, error=f"SMTP connection lost: {exc}")))
-                    except TransientError as exc:   # cannot (re)connect: the rest of the chunk fails too
+                    except TransientError as exc:  # cannot (re)connect: the rest of the chunk fails too
                         for index2, _, _ in items[pos:]:
                             out.append((index2, SendResult(ok=False, error=str(exc))))
                         return out
                     except (PermanentError, KeyboardInterrupt, SystemExit):
                         raise
-                    except Exception as exc:   # a bug or an odd reply: this mail retries later, the lane goes on
+                    except Exception as exc:  # a bug or an odd reply: this mail retries later, the lane goes on
                         log.exception("unexpected error sending %s", m.idempotency_key)
                         _quit(conn)
                         conn = None
@@ -360,7 +372,7 @@ class SMTPProvider(Provider):
             self._release(conn)
             if items:
                 per_mail = (time.perf_counter() - started) / len(items)
-                self._latency += 0.2 * (per_mail - self._latency)   # EWMA; races only blur it
+                self._latency += 0.2 * (per_mail - self._latency)  # EWMA; races only blur it
         return out
 
     def lanes_for(self, count: int) -> int:
@@ -374,8 +386,9 @@ class SMTPProvider(Provider):
         if self._async is None:
             with self._executor_lock:
                 if self._async is None:
-                    self._async = AsyncSender(self.options, self.pool_size, self.pool_max, self.timeout,
-                                              self._tls_context, self.idle_timeout)
+                    self._async = AsyncSender(
+                        self.options, self.pool_size, self.pool_max, self.timeout, self._tls_context, self.idle_timeout
+                    )
         return self._async
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -386,11 +399,12 @@ class SMTPProvider(Provider):
         return self._executor
 
     def prepare(self, m: OutgoingMail) -> tuple[OutgoingMail, bytes]:
-        m = dataclasses.replace(m, to=mail.check_address(m.to))    # the envelope's form (IDNA domain)
+        m = dataclasses.replace(m, to=mail.check_address(m.to))  # the envelope's form (IDNA domain)
         return m, mail.build(m)
 
-    def deliver(self, prepared: list[tuple[OutgoingMail, tuple[OutgoingMail, bytes]]],
-                progress: Progress) -> list[SendResult]:
+    def deliver(
+        self, prepared: list[tuple[OutgoingMail, tuple[OutgoingMail, bytes]]], progress: Progress
+    ) -> list[SendResult]:
         ready = [(i, m, raw) for i, (_, (m, raw)) in enumerate(prepared)]
         results: list[SendResult | None] = [None] * len(ready)
         # Bounds a batch's send phase (plus one mail's SMTP timeout in flight), so a batch never
@@ -416,8 +430,7 @@ class SMTPProvider(Provider):
         for chunk in done:
             for index, result in chunk:
                 results[index] = result
-        if all(r is not None and not r.ok and not r.permanent and "cannot connect" in (r.error or "")
-               for r in results):
+        if all(r is not None and not r.ok and not r.permanent and "cannot connect" in (r.error or "") for r in results):
             # Nothing got through because the server is unreachable: one error for the whole call.
             raise TransientError(results[0].error)
         return results  # type: ignore[return-value]

@@ -12,6 +12,7 @@ connections, client CPU per mail with mail building) measured ours 112 µs, smtp
 aiosmtplib 5.1.3 257 µs on a quiet machine; on a busy one today 253–302 µs against smtplib's
 464–503 µs (aiosmtplib not installed then).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,7 +51,8 @@ def not_started(items, deadline: float, progress: Progress) -> list | None:
 
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
-        import uvloop   # installed with uvicorn[standard]; about a third less CPU per mail here
+        import uvloop  # installed with uvicorn[standard]; about a third less CPU per mail here
+
         return uvloop.new_event_loop()
     except ImportError:
         return asyncio.new_event_loop()
@@ -69,7 +71,7 @@ class Connection:
         self.auth_mechanisms: set[str] = set()
         self.broken = False
         self.idle_since = 0.0
-        self.on_close = None      # the pool's bookkeeping, called once when the connection closes
+        self.on_close = None  # the pool's bookkeeping, called once when the connection closes
 
     async def reply(self) -> tuple[int, str]:
         lines = []
@@ -131,12 +133,12 @@ class AsyncPool:
 
     def __init__(self, sizer: LaneSizer, connect, idle_timeout: float):
         self.sizer, self._connect, self.idle_timeout = sizer, connect, idle_timeout
-        self.open = 0                 # established connections, idle or in use
-        self.peak = 0                 # most open at once (for tests and logs)
-        self._held = 0                # places held by lanes
+        self.open = 0  # established connections, idle or in use
+        self.peak = 0  # most open at once (for tests and logs)
+        self._held = 0  # places held by lanes
         self._connecting = 0
-        self._idle: collections.deque[Connection] = collections.deque()   # most recently used on the right
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()    # lanes waiting for a place
+        self._idle: collections.deque[Connection] = collections.deque()  # most recently used on the right
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()  # lanes waiting for a place
         # lanes that hold a place and wait for a connection (refused at the limit, connects under way)
         self._holders: collections.deque[asyncio.Future] = collections.deque()
         self._reaper: asyncio.TimerHandle | None = None
@@ -166,8 +168,8 @@ class AsyncPool:
                 if conn is not None:
                     return conn
             elif fresh and self._idle:
-                self._idle.popleft().quit()      # room for a new one
-            else:               # refused at the limit, or connects under way: wait for a connection
+                self._idle.popleft().quit()  # room for a new one
+            else:  # refused at the limit, or connects under way: wait for a connection
                 await self._wait(self._holders, deadline)
 
     def release(self, conn: Connection | None) -> None:
@@ -229,7 +231,7 @@ class AsyncPool:
             self._wake()
             if self.sizer.settling and self._settled():
                 self.sizer.settled()
-        while self.open == 0 and self._connecting:     # the others' connects may yet get in
+        while self.open == 0 and self._connecting:  # the others' connects may yet get in
             await self._wait(self._holders, deadline)
         if self.open == 0:
             # Nothing of ours is open: the relay is down, restarting or full with others, which
@@ -237,8 +239,12 @@ class AsyncPool:
             self.sizer.ceiling.forget()
             raise refused
         if self.sizer.refused(self.open, epoch):
-            log.warning("SMTP relay refused connection %d (%s); this process keeps at most %d",
-                        self.open + 1, refused, self.sizer.limit())
+            log.warning(
+                "SMTP relay refused connection %d (%s); this process keeps at most %d",
+                self.open + 1,
+                refused,
+                self.sizer.limit(),
+            )
             self._trim()
         return None
 
@@ -319,9 +325,21 @@ class AsyncSender:
     connections raise the measured throughput (smtp_sizing.LaneSizer); a batch is split into as
     many lanes as the pool may use."""
 
-    def __init__(self, options: dict, pool_size: int, pool_max: int, timeout: float, tls_context_factory,
-                 idle_timeout: float = 30.0):
-        self.options, self.pool_size, self.pool_max, self.timeout = options, pool_size, max(pool_size, pool_max), timeout
+    def __init__(
+        self,
+        options: dict,
+        pool_size: int,
+        pool_max: int,
+        timeout: float,
+        tls_context_factory,
+        idle_timeout: float = 30.0,
+    ):
+        self.options, self.pool_size, self.pool_max, self.timeout = (
+            options,
+            pool_size,
+            max(pool_size, pool_max),
+            timeout,
+        )
         self._tls = tls_context_factory
         self.sizer = LaneSizer(pool_size, self.pool_max)
         self._pool = AsyncPool(self.sizer, self._connect, idle_timeout)
@@ -338,14 +356,17 @@ class AsyncSender:
     async def _connect(self) -> Connection:
         o = self.options
         conn = None
-        greeted = False     # refusals come before or in answer to the greeting and EHLO
+        greeted = False  # refusals come before or in answer to the greeting and EHLO
         # asyncio.timeout per step, not wait_for: wait_for runs each step as a task of its own, one
         # more turn of the event loop per step, which a busy process pays dearly in connect time.
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_connection(
-                    o["host"], o["port"], ssl=self._tls() if o["ssl"] else None,
-                    server_hostname=o["host"] if o["ssl"] else None)
+                    o["host"],
+                    o["port"],
+                    ssl=self._tls() if o["ssl"] else None,
+                    server_hostname=o["host"] if o["ssl"] else None,
+                )
             conn = Connection(reader, writer)
             async with asyncio.timeout(self.timeout):
                 code, text = await conn.reply()
@@ -398,8 +419,9 @@ class AsyncSender:
             if code == 334:
                 code, text = await conn.command(base64.b64encode(password.encode()).decode())
         else:
-            raise PermanentError(f"SMTP server {self.options['host']} offers no AUTH PLAIN/LOGIN here "
-                                 "(check SMTP_URL, e.g. ?starttls=1)")
+            raise PermanentError(
+                f"SMTP server {self.options['host']} offers no AUTH PLAIN/LOGIN here (check SMTP_URL, e.g. ?starttls=1)"
+            )
         if code != 235:
             raise ReplyError(code, text)
 
@@ -433,7 +455,7 @@ class AsyncSender:
                 raise ReplyError(code, text)
             return
         if len(codes) == 3 and codes[2] == 354:
-            conn.close()      # DATA accepted after a failed envelope: only closing aborts it
+            conn.close()  # DATA accepted after a failed envelope: only closing aborts it
         else:
             code, _ = await conn.command("RSET")
         failed = next((r for r in replies if r[0] not in (250, 251, 354)), replies[-1])
@@ -472,21 +494,20 @@ class AsyncSender:
                         if exc.code == 421 and conn is not None:
                             conn.close()
                         break
-                    except (TransientError, PermanentError) as exc:   # (re)connect failed
+                    except (TransientError, PermanentError) as exc:  # (re)connect failed
                         if isinstance(exc, PermanentError):
                             raise
                         for index2, _, _ in items[pos:]:
                             out.append((index2, SendResult(ok=False, error=str(exc))))
                         return out
-                    except (OSError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError,
-                            ssl.SSLError) as exc:
+                    except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
                         # dropped idle connection: reopen once (a re-send carries the same Message-ID)
                         if conn is not None:
                             conn.close()
                         conn = None
                         if attempt == 2:
                             out.append((index, SendResult(ok=False, error=f"SMTP connection lost: {exc!r}")))
-                    except Exception as exc:   # a bug or an odd reply: this mail retries later, the lane goes on
+                    except Exception as exc:  # a bug or an odd reply: this mail retries later, the lane goes on
                         log.exception("unexpected error sending %s", m.idempotency_key)
                         if conn is not None:
                             conn.close()

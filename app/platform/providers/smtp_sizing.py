@@ -29,6 +29,7 @@ A stock Postfix accepts 50 connections per client (smtpd_client_connection_count
 default floor (8 per process, 16 for the Procfile's two workers) fits under it, a relay next door
 never needs more, and growth towards a far one stops at the first refusal.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,30 +42,30 @@ from app.platform.providers.base import TransientError
 
 log = logging.getLogger("app.platform.providers.smtp_sizing")
 
-WINDOW_MIN_SECONDS = 0.05   # a judgement covers at least this long, WINDOW_MIN_MAILS mails and one mail
-WINDOW_MIN_MAILS = 8        # per connection allowed
-GAIN_PER_DOUBLING = 0.2     # a step up is kept when throughput rose this much per doubling of connections,
-MIN_GAIN = 0.05             # and at least this much
-CLEAR_GAIN = 3.0            # a gain below this many times the one needed is confirmed by one more window
-MAX_LOSS = 0.05             # a step down is kept when throughput fell less than this
-STEADY = 0.8                # a step starts from two windows within this ratio of each other (one window
-                            # is enough when the relay is far)
-FAR_ROUND_TRIP = 0.01       # the relay is far when even the quickest mail of a window took this long (three
-EVEN = 0.5                  # times this while the process is busy) and at least EVEN of the mean: the
-                            # relay's round trip, not this host's CPU, sets the rate. A process starved of
-                            # the CPU or the GIL also makes every mail slow, but unevenly.
-CPU_BUSY = 0.8              # the process used this share of a core (the GIL's limit is one): busy
-FAR_STEP = 4.0              # the step up from one far window; from two in a row CPU_TARGET / the event
-MAX_STEP = 32.0             # loop's CPU share, up to MAX_STEP (an overshoot the judgement refines); from
-CPU_TARGET = 2.0            # a relay that is not far MIN_STEP, and none while the process is busy
+WINDOW_MIN_SECONDS = 0.05  # a judgement covers at least this long, WINDOW_MIN_MAILS mails and one mail
+WINDOW_MIN_MAILS = 8  # per connection allowed
+GAIN_PER_DOUBLING = 0.2  # a step up is kept when throughput rose this much per doubling of connections,
+MIN_GAIN = 0.05  # and at least this much
+CLEAR_GAIN = 3.0  # a gain below this many times the one needed is confirmed by one more window
+MAX_LOSS = 0.05  # a step down is kept when throughput fell less than this
+STEADY = 0.8  # a step starts from two windows within this ratio of each other (one window
+# is enough when the relay is far)
+FAR_ROUND_TRIP = 0.01  # the relay is far when even the quickest mail of a window took this long (three
+EVEN = 0.5  # times this while the process is busy) and at least EVEN of the mean: the
+# relay's round trip, not this host's CPU, sets the rate. A process starved of
+# the CPU or the GIL also makes every mail slow, but unevenly.
+CPU_BUSY = 0.8  # the process used this share of a core (the GIL's limit is one): busy
+FAR_STEP = 4.0  # the step up from one far window; from two in a row CPU_TARGET / the event
+MAX_STEP = 32.0  # loop's CPU share, up to MAX_STEP (an overshoot the judgement refines); from
+CPU_TARGET = 2.0  # a relay that is not far MIN_STEP, and none while the process is busy
 MIN_STEP = 2.0
 DOWN_STEP = 0.85
-HOLD_MIN_SECONDS = 1.0      # after a step that did not pay, the next waits this long, twice as long after
-HOLD_MAX_SECONDS = 300.0    # each further one, up to this
+HOLD_MIN_SECONDS = 1.0  # after a step that did not pay, the next waits this long, twice as long after
+HOLD_MAX_SECONDS = 300.0  # each further one, up to this
 REPROBE_AFTER_SECONDS = 300.0
-CONNECT_BURST = 8           # connections being opened at once per process, or half of those open if more,
-SMALL_LIMITS = 64           # or as many as are open past this: bounds the refusals learning a limit costs
-                            # (Postfix allows 50 per client, Exchange 20) and still fills a big step fast
+CONNECT_BURST = 8  # connections being opened at once per process, or half of those open if more,
+SMALL_LIMITS = 64  # or as many as are open past this: bounds the refusals learning a limit costs
+# (Postfix allows 50 per client, Exchange 20) and still fills a big step fast
 
 _LIMIT_WORDS = re.compile(r"too many|connection limit|concurrent|maximum number", re.IGNORECASE)
 
@@ -86,15 +87,15 @@ class RelayCeiling:
         self._clock = clock
         self._value: int | None = None
         self._since = 0.0
-        self.epoch = 0          # bumped by every decrease; attempts carry the epoch they began in
-        self.refusals = 0       # refused connection attempts seen (for tests and logs)
+        self.epoch = 0  # bumped by every decrease; attempts carry the epoch they began in
+        self.refusals = 0  # refused connection attempts seen (for tests and logs)
 
     def current(self) -> int | None:
         """None: no limit seen. After REPROBE_AFTER_SECONDS without a refusal it rises by a tenth
         (at least one), and again after each further period."""
         if self._value is not None:
             now = self._clock()
-            if now - self._since >= REPROBE_AFTER_SECONDS:   # the limit may have been lifted: one step
+            if now - self._since >= REPROBE_AFTER_SECONDS:  # the limit may have been lifted: one step
                 self._value += max(1, self._value // 10)
                 self._since = now
         return self._value
@@ -126,33 +127,40 @@ class RelayCeiling:
 
 @dataclass
 class _Trial:
-    kind: str                   # up | confirm (one more window after a marginal up) | refine | down
-    before: int                 # the limit before the step ...
-    before_rate: float          # ... and the throughput it gave
-    far: bool = False           # the relay was far before the step
-    level: int = 0              # confirm: the step's limit ...
-    rate: float = 0.0           # ... and its throughput
+    kind: str  # up | confirm (one more window after a marginal up) | refine | down
+    before: int  # the limit before the step ...
+    before_rate: float  # ... and the throughput it gave
+    far: bool = False  # the relay was far before the step
+    level: int = 0  # confirm: the step's limit ...
+    rate: float = 0.0  # ... and its throughput
 
 
 class LaneSizer:
     """The async pool's connection limit, judged on measured throughput. Not thread-safe: every call
     comes from the pool's event loop thread."""
 
-    def __init__(self, floor: int, cap: int, ceiling: RelayCeiling | None = None, clock=time.monotonic,
-                 cpu=time.process_time, loop_cpu=time.thread_time):
+    def __init__(
+        self,
+        floor: int,
+        cap: int,
+        ceiling: RelayCeiling | None = None,
+        clock=time.monotonic,
+        cpu=time.process_time,
+        loop_cpu=time.thread_time,
+    ):
         self.floor, self.cap = max(1, floor), max(1, floor, cap)
         self.ceiling = ceiling or RelayCeiling(clock)
         self.level = self.floor
-        self.latency = 0.0          # seconds per mail transaction, EWMA (informational)
-        self.steps: list[tuple[int, int, bool]] = []   # recent judgements (from, to, kept), for logs and tests
+        self.latency = 0.0  # seconds per mail transaction, EWMA (informational)
+        self.steps: list[tuple[int, int, bool]] = []  # recent judgements (from, to, kept), for logs and tests
         self._clock, self._cpu, self._loop_cpu = clock, cpu, loop_cpu
         self._trial: _Trial | None = None
         self._next = "up"
         self._hold, self._hold_until = HOLD_MIN_SECONDS, 0.0
-        self._rates: list[float] = []   # saturated windows at the current limit since it last changed
-        self._far_before = False    # the previous window found the relay far
-        self._could_grow = True     # the previous window allowed a step up
-        self._settling = False      # after a change, the window starts once the connections are open
+        self._rates: list[float] = []  # saturated windows at the current limit since it last changed
+        self._far_before = False  # the previous window found the relay far
+        self._could_grow = True  # the previous window allowed a step up
+        self._settling = False  # after a change, the window starts once the connections are open
         self._start: float | None = None
         self._begin()
         self._start = None
@@ -240,8 +248,17 @@ class LaneSizer:
         self._start, self._cpu0, self._loop0, self._waited = self._clock(), self._cpu(), self._loop_cpu(), False
         self._mails, self._busy, self._seconds, self._quickest = 0, 0, 0.0, math.inf
 
-    def _judge(self, rate: float, loop_share: float, cpu_busy: bool, far: bool, slow: bool, saturated: bool,
-               limit: int, now: float) -> bool:
+    def _judge(
+        self,
+        rate: float,
+        loop_share: float,
+        cpu_busy: bool,
+        far: bool,
+        slow: bool,
+        saturated: bool,
+        limit: int,
+        now: float,
+    ) -> bool:
         """One window: `rate` mails/s at `limit`; `loop_share` of a core used by the event loop's
         thread; `cpu_busy`: the whole process near one core (the loop shares the GIL with the
         threads that render and claim); `far`: the relay's round trip sets the rate; `slow`: every
@@ -249,8 +266,16 @@ class LaneSizer:
         first mails may be uneven); `saturated`: lanes waited for a connection, so the connections
         (not the amount of work) set the rate."""
         trial = self._trial
-        log.debug("window: limit %d, %.0f mails/s, loop CPU %.2f, busy %s, far %s, saturated %s, trial %s",
-                  limit, rate, loop_share, cpu_busy, far, saturated, trial)
+        log.debug(
+            "window: limit %d, %.0f mails/s, loop CPU %.2f, busy %s, far %s, saturated %s, trial %s",
+            limit,
+            rate,
+            loop_share,
+            cpu_busy,
+            far,
+            saturated,
+            trial,
+        )
         if trial is None:
             if not saturated:
                 return False
@@ -265,12 +290,13 @@ class LaneSizer:
         if trial.kind == "up":
             if limit <= trial.before:
                 self._trial = None
-                return False        # a refusal cut the step short: the ceiling decided instead
+                return False  # a refusal cut the step short: the ceiling decided instead
             need = max(MIN_GAIN, GAIN_PER_DOUBLING * math.log2(limit / trial.before))
             if rate >= trial.before_rate * (1 + CLEAR_GAIN * need) and trial.far and slow:
                 # Clearly paid: keep it and, unless it paid little, go on from this window at once.
-                return self._kept(trial.before, trial.before_rate, limit, rate) \
-                    or (self._trial is None and self._probe(rate, loop_share, cpu_busy, far, limit))
+                return self._kept(trial.before, trial.before_rate, limit, rate) or (
+                    self._trial is None and self._probe(rate, loop_share, cpu_busy, far, limit)
+                )
             if rate < trial.before_rate * (1 + need):
                 if not saturated:
                     return False
@@ -291,10 +317,10 @@ class LaneSizer:
             self.level, self._settling = trial.before, True
             return True
         if not saturated:
-            return False            # too little work to tell: judge on a later window
+            return False  # too little work to tell: judge on a later window
         if trial.kind == "confirm":
             need = max(MIN_GAIN, GAIN_PER_DOUBLING * math.log2(trial.level / trial.before))
-            if trial.far:           # this window was at the new limit too
+            if trial.far:  # this window was at the new limit too
                 if min(trial.rate, rate) >= trial.before_rate * (1 + need):
                     return self._kept(trial.before, trial.before_rate, trial.level, min(trial.rate, rate))
                 return self._undo(trial.before, trial.level, "down", now)
@@ -308,9 +334,9 @@ class LaneSizer:
         self._trial, self._rates = None, [rate]
         self.steps = (self.steps + [(trial.before, limit, True)])[-32:]
         if trial.kind == "refine":
-            self._next = "up"       # the knee lies above: the next step up will tell (or hold back)
+            self._next = "up"  # the knee lies above: the next step up will tell (or hold back)
         else:
-            self._next = "down"     # fewer did as well: try fewer still
+            self._next = "down"  # fewer did as well: try fewer still
         return False
 
     def _probe(self, rate: float, loop_share: float, cpu_busy: bool, far: bool, limit: int) -> bool:
@@ -328,7 +354,7 @@ class LaneSizer:
             return self._try("up", min(cap, math.ceil(limit * step)), rate, far)
         if limit > self.floor:
             return self._try("down", max(self.floor, int(limit * DOWN_STEP)), rate, far)
-        self._next = "up"           # at the floor with the CPU busy: nothing to try now
+        self._next = "up"  # at the floor with the CPU busy: nothing to try now
         return False
 
     def _kept(self, before: int, before_rate: float, limit: int, rate: float) -> bool:

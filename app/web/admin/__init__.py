@@ -3,9 +3,11 @@
 and the emergency stop for all outgoing mail (audited).
 
 Modules: session (sign-in cookie + server-side session), throttle (failed sign-ins), stats (the
-figures, cached), charts (matplotlib SVG), newsletters and suppressions (the tables), sending (the emergency stop), render
-(templates in app/templates/admin, admin.css), views (the endpoints; `routes` below maps them).
+figures, cached), charts (matplotlib SVG), newsletters and suppressions (the tables), sending (the
+emergency stop), render (templates in app/web/templates/admin, admin.css), views (the endpoints;
+`routes` below maps them).
 """
+
 from __future__ import annotations
 
 from starlette.routing import Route

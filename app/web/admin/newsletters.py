@@ -4,6 +4,7 @@ One page is PAGE_SIZE newsletters and two statements: the page, then the outbox 
 those newsletters by status (email_log_once's index on newsletter_id). Counting a very large
 newsletter's rows costs a scan of its index entries, which is why a page is small.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ class Row:
     created_at: object
     send_requested_at: object
     completed_at: object
-    counts: dict          # email_log status -> rows
+    counts: dict  # email_log status -> rows
 
     @property
     def total(self) -> int:
@@ -46,13 +47,16 @@ def page(number: int, size: int = PAGE_SIZE) -> tuple[list[Row], bool]:
     """Newsletters of page `number` (1-based) and whether a next page exists."""
     found = db.query(
         "SELECT id, subject, status, created_at, send_requested_at, completed_at FROM newsletters "
-        "ORDER BY id DESC LIMIT %s OFFSET %s", (size + 1, (number - 1) * size))
+        "ORDER BY id DESC LIMIT %s OFFSET %s",
+        (size + 1, (number - 1) * size),
+    )
     has_next = len(found) > size
     found = found[:size]
     counts: dict[int, dict] = {row[0]: {} for row in found}
     if counts:
         for newsletter_id, status, n in db.query(
-                "SELECT newsletter_id, status, count(*) FROM email_log WHERE newsletter_id = ANY(%s) "
-                "GROUP BY 1, 2", (list(counts),)):
+            "SELECT newsletter_id, status, count(*) FROM email_log WHERE newsletter_id = ANY(%s) GROUP BY 1, 2",
+            (list(counts),),
+        ):
             counts[newsletter_id][status] = n
     return [Row(*row, counts[row[0]]) for row in found], has_next

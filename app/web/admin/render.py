@@ -1,9 +1,10 @@
 """Rendering for the operator pages: the subscriber pages' Jinja2 environment and security headers,
 admin/ templates, the admin stylesheet, and the figures as text (chart descriptions, number formats)."""
+
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -12,10 +13,13 @@ from app.web.admin import stats
 from app.web.admin.session import AdminSession
 from app.web.pages import common, csrf
 
-CSRF_PURPOSE = "admin"             # forms of a signed-in session, bound to the session's token
+CSRF_PURPOSE = "admin"  # forms of a signed-in session, bound to the session's token
 LOGIN_CSRF_PURPOSE = "admin-login"  # the sign-in form, bound to the csrf cookie's nonce
-NAV = (("dashboard", "/admin", "Dashboard"), ("newsletters", "/admin/newsletters", "Newsletters"),
-       ("suppressions", "/admin/suppressions", "Suppressions"))
+NAV = (
+    ("dashboard", "/admin", "Dashboard"),
+    ("newsletters", "/admin/newsletters", "Newsletters"),
+    ("suppressions", "/admin/suppressions", "Suppressions"),
+)
 
 
 def _css_url() -> str:
@@ -29,11 +33,24 @@ def _css_url() -> str:
 CSS_URL = _css_url()
 
 
-def page(request: Request, name: str, context: dict, current: AdminSession | None = None,
-         status_code: int = 200, headers: dict | None = None) -> Response:
-    full = {"css_url": CSS_URL, "nav": NAV, "current": current, "section": None, "notice": None,
-            "csrf_token": csrf.token(current.id, current.token, CSRF_PURPOSE) if current else None,
-            "mail_stop": getattr(request.state, "mail_stop", None) if current else None, **context}
+def page(
+    request: Request,
+    name: str,
+    context: dict,
+    current: AdminSession | None = None,
+    status_code: int = 200,
+    headers: dict | None = None,
+) -> Response:
+    full = {
+        "css_url": CSS_URL,
+        "nav": NAV,
+        "current": current,
+        "section": None,
+        "notice": None,
+        "csrf_token": csrf.token(current.id, current.token, CSRF_PURPOSE) if current else None,
+        "mail_stop": getattr(request.state, "mail_stop", None) if current else None,
+        **context,
+    }
     response = common.templates.TemplateResponse(request, f"admin/{name}", full, status_code=status_code)
     response.headers.update(common.SECURITY_HEADERS)
     if headers:
@@ -41,8 +58,14 @@ def page(request: Request, name: str, context: dict, current: AdminSession | Non
     return response
 
 
-def error(request: Request, status_code: int, title: str, message: str, current: AdminSession | None = None,
-          headers: dict | None = None) -> Response:
+def error(
+    request: Request,
+    status_code: int,
+    title: str,
+    message: str,
+    current: AdminSession | None = None,
+    headers: dict | None = None,
+) -> Response:
     return page(request, "error.html", {"title": title, "message": message}, current, status_code, headers)
 
 
@@ -57,6 +80,7 @@ def csrf_ok(current: AdminSession, submitted) -> bool:
 
 
 # -- figures as text -------------------------------------------------------------------------------
+
 
 def number(value) -> str:
     return "—" if value is None else f"{value:,}"
@@ -77,11 +101,11 @@ def duration(seconds: float | None) -> str:
 
 
 def when(value: datetime | None) -> str:
-    return "—" if value is None else value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def hour_label(value: datetime) -> str:
-    return value.astimezone(timezone.utc).strftime("%a %d %b %H:00")
+    return value.astimezone(UTC).strftime("%a %d %b %H:00")
 
 
 def describe(name: str, d: stats.Dashboard) -> str:
@@ -92,16 +116,22 @@ def describe(name: str, d: stats.Dashboard) -> str:
     if name == "sent":
         per_hour = d.sent_per_hour()
         busiest = max(range(len(per_hour)), key=per_hour.__getitem__)
-        text = (f"Mails sent per hour, {label}: {number(sum(d.sent['digest']))} digests and "
-                f"{number(sum(d.sent['newsletter']))} newsletter mails.")
+        text = (
+            f"Mails sent per hour, {label}: {number(sum(d.sent['digest']))} digests and "
+            f"{number(sum(d.sent['newsletter']))} newsletter mails."
+        )
         if per_hour[busiest]:
             text += f" Busiest hour {hour_label(d.window.hours[busiest])} UTC with {number(per_hour[busiest])}."
         return text
     if name == "rates":
-        return (f"Open and click rates, {label}: {percent(d.rate('open'))} of the mails sent were opened and "
-                f"{percent(d.rate('click'))} clicked (human traffic only).")
+        return (
+            f"Open and click rates, {label}: {percent(d.rate('open'))} of the mails sent were opened and "
+            f"{percent(d.rate('click'))} clicked (human traffic only)."
+        )
     if name == "bounces":
-        return f"Bounces and complaints per hour, {label}: {number(sum(d.bounces))} bounces, " \
-               f"{number(sum(d.complaints))} complaints."
+        return (
+            f"Bounces and complaints per hour, {label}: {number(sum(d.bounces))} bounces, "
+            f"{number(sum(d.complaints))} complaints."
+        )
     p50, p95 = d.lateness_total
     return f"Digest lateness per hour, {label}: p50 {duration(p50)}, p95 {duration(p95)} over the window."

@@ -14,6 +14,7 @@ itself came over plain http (`make run` on http://127.0.0.1:8000, the test clien
 a browser on http:// therefore never gets a usable cookie: serve /admin over https (behind a proxy,
 list it in FORWARDED_ALLOW_IPS so uvicorn sees the original scheme).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,7 +39,7 @@ class AdminSession:
     id: int
     key_id: int
     key_name: str
-    token: str      # the random session token (the CSRF tokens of its forms are bound to it)
+    token: str  # the random session token (the CSRF tokens of its forms are bound to it)
 
 
 def _signer() -> itsdangerous.TimestampSigner:
@@ -68,9 +69,11 @@ def start(key_id: int, ip: str | None, user_agent: str | None) -> str:
     token = secrets.token_urlsafe(32)
     with db.raw_cursor() as cur:
         cur.execute("DELETE FROM admin_sessions WHERE expires_at < now() - interval '7 days'")
-        cur.execute("INSERT INTO admin_sessions (token_hash, api_key_id, expires_at, ip, user_agent) "
-                    "VALUES (%s, %s, now() + make_interval(secs => %s), %s, %s)",
-                    (_hash(token), key_id, lifetime_seconds(), ip, _printable(user_agent)))
+        cur.execute(
+            "INSERT INTO admin_sessions (token_hash, api_key_id, expires_at, ip, user_agent) "
+            "VALUES (%s, %s, now() + make_interval(secs => %s), %s, %s)",
+            (_hash(token), key_id, lifetime_seconds(), ip, _printable(user_agent)),
+        )
     return _signer().sign(token).decode()
 
 
@@ -102,10 +105,16 @@ def end(session_id: int) -> None:
 
 
 def set_cookie(response: Response, request: Request, value: str) -> None:
-    response.set_cookie(COOKIE, value, max_age=lifetime_seconds(), path=COOKIE_PATH, httponly=True,
-                        samesite="strict", secure=cookie_secure(request))
+    response.set_cookie(
+        COOKIE,
+        value,
+        max_age=lifetime_seconds(),
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=cookie_secure(request),
+    )
 
 
 def clear_cookie(response: Response, request: Request) -> None:
-    response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict",
-                           secure=cookie_secure(request))
+    response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict", secure=cookie_secure(request))

@@ -13,6 +13,7 @@ transaction with its audit row (admin_audit: which API key, when, from where, wh
 the suppression's reason, source and age, and the operator's note) and resets that address's
 soft-bounce count, so a deferral right after does not suppress it again at once.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ from app.platform.addresses import canonical
 
 PAGE_SIZE = 50
 MAX_PAGE = 200
-MAX_SEARCH_CHARS = 254       # the longest address there can be
+MAX_SEARCH_CHARS = 254  # the longest address there can be
 MAX_NOTE_CHARS = 500
 STATEMENT_TIMEOUT = "5s"
 ACTION_REMOVE = "suppression.remove"
@@ -73,44 +74,60 @@ def search_forms(text: str) -> list[str]:
 def search(text: str, page: int, size: int = PAGE_SIZE) -> tuple[list[Suppression], bool]:
     """Matching suppressions of page `page` (1-based), newest first, and whether a next page exists."""
     where, params = "", []
-    if text:   # LIKE's default escape character is the backslash _like_pattern uses
+    if text:  # LIKE's default escape character is the backslash _like_pattern uses
         where, params = "WHERE email LIKE ANY(%s)", [[_like_pattern(form) for form in search_forms(text)]]
     with db.raw_cursor() as cur:
         cur.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
-        cur.execute(f"SELECT id, email, reason, source, created_at FROM suppressions {where} "
-                    "ORDER BY id DESC LIMIT %s OFFSET %s", [*params, size + 1, (page - 1) * size])
+        cur.execute(
+            f"SELECT id, email, reason, source, created_at FROM suppressions {where} "
+            "ORDER BY id DESC LIMIT %s OFFSET %s",
+            [*params, size + 1, (page - 1) * size],
+        )
         rows = cur.fetchall()
     return [Suppression(*row) for row in rows[:size]], len(rows) > size
 
 
 def get(suppression_id: int) -> Suppression | None:
-    rows = db.query("SELECT id, email, reason, source, created_at FROM suppressions WHERE id = %s",
-                    (suppression_id,))
+    rows = db.query("SELECT id, email, reason, source, created_at FROM suppressions WHERE id = %s", (suppression_id,))
     return Suppression(*rows[0]) if rows else None
 
 
-def remove(suppression_id: int, key_id: int, key_name: str, ip: str | None, note: str,
-           session_id: int | None = None) -> Suppression | None:
+def remove(
+    suppression_id: int, key_id: int, key_name: str, ip: str | None, note: str, session_id: int | None = None
+) -> Suppression | None:
     """Delete the row, reset the address's soft-bounce count and write the audit row, all or
     nothing. None when there is no such row (already removed)."""
     with db.raw_cursor() as cur:
-        cur.execute("DELETE FROM suppressions WHERE id = %s RETURNING id, email, reason, source, created_at",
-                    (suppression_id,))
+        cur.execute(
+            "DELETE FROM suppressions WHERE id = %s RETURNING id, email, reason, source, created_at", (suppression_id,)
+        )
         row = cur.fetchone()
         if row is None:
             return None
         removed = Suppression(*row)
-        cur.execute("UPDATE subscribers SET soft_bounce_count = 0 WHERE canonical_email = %s AND soft_bounce_count > 0",
-                    (removed.email,))
-        detail = {"suppression_id": removed.id, "reason": removed.reason, "source": removed.source,
-                  "suppressed_at": removed.created_at.isoformat(), "note": note, "session_id": session_id}
-        cur.execute("INSERT INTO admin_audit (api_key_id, api_key_name, action, target, detail, ip) "
-                    "VALUES (%s, %s, %s, %s, %s, %s)",
-                    (key_id, key_name, ACTION_REMOVE, removed.email, json.dumps(detail), ip))
+        cur.execute(
+            "UPDATE subscribers SET soft_bounce_count = 0 WHERE canonical_email = %s AND soft_bounce_count > 0",
+            (removed.email,),
+        )
+        detail = {
+            "suppression_id": removed.id,
+            "reason": removed.reason,
+            "source": removed.source,
+            "suppressed_at": removed.created_at.isoformat(),
+            "note": note,
+            "session_id": session_id,
+        }
+        cur.execute(
+            "INSERT INTO admin_audit (api_key_id, api_key_name, action, target, detail, ip) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            (key_id, key_name, ACTION_REMOVE, removed.email, json.dumps(detail), ip),
+        )
     return removed
 
 
 def recent_audit(limit: int = 10) -> list[tuple]:
     """The latest audited changes: (at, key name, key id, action, target, detail)."""
-    return db.query("SELECT at, api_key_name, api_key_id, action, target, detail FROM admin_audit "
-                    "ORDER BY id DESC LIMIT %s", (limit,))
+    return db.query(
+        "SELECT at, api_key_name, api_key_id, action, target, detail FROM admin_audit ORDER BY id DESC LIMIT %s",
+        (limit,),
+    )

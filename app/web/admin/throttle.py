@@ -10,6 +10,7 @@ counts on its own (bounded, under a lock), so an outage never turns the limit of
 256-bit random, so this is not what stops guessing: it keeps a scripted attacker from hammering
 the sign-in (and the key lookups behind it).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -16,6 +16,7 @@ and changes nothing. Every POST carries a CSRF token (403 without a valid one, n
 the sign-in form's is bound to the csrf cookie, the others to the session. Bad query parameters
 answer 400 naming the parameter.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,21 +28,22 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.platform import apikeys, mail_stop
+from app.platform.validation import plain_int
 from app.web.admin import charts, newsletters, render, sending, session, stats, suppressions, throttle
 from app.web.pages import common, csrf
-from app.platform.validation import plain_int
 from tracking.machines import client_ip
 
 log = logging.getLogger("app.web.admin")
 
 FAILED_LOGIN_DELAY_SECONDS = 1.0
 MAX_KEY_CHARS = 300
-NOTICES = {"removed": "The address was removed from the suppression list. "
-                      "The change is recorded in the audit log below.",
-           "already-removed": "That address was no longer on the suppression list: nothing changed.",
-           "stopped": "All outgoing mail is stopped. Every sender stops within a second; nothing is lost.",
-           "resumed": "Sending resumed: due digests go out at the next scheduler tick, newsletters continue "
-                      "where they stopped."}
+NOTICES = {
+    "removed": "The address was removed from the suppression list. The change is recorded in the audit log below.",
+    "already-removed": "That address was no longer on the suppression list: nothing changed.",
+    "stopped": "All outgoing mail is stopped. Every sender stops within a second; nothing is lost.",
+    "resumed": "Sending resumed: due digests go out at the next scheduler tick, newsletters continue "
+    "where they stopped.",
+}
 
 
 def _client(request: Request) -> str | None:
@@ -50,6 +52,7 @@ def _client(request: Request) -> str | None:
 
 def signed_in(endpoint):
     """Endpoint decorator: called as (request, current session); signed out → sign-in form."""
+
     @functools.wraps(endpoint)
     async def handler(request: Request) -> Response:
         token = session.token_from_cookie(request)
@@ -59,8 +62,9 @@ def signed_in(endpoint):
                 return Response(status_code=401, headers=common.SECURITY_HEADERS)
             return render.redirect("/admin/login")
         if not request.url.path.startswith("/admin/charts/"):
-            request.state.mail_stop = await run_in_threadpool(mail_stop.state)   # the banner
+            request.state.mail_stop = await run_in_threadpool(mail_stop.state)  # the banner
         return await endpoint(request, current)
+
     return handler
 
 
@@ -88,11 +92,12 @@ def _bad_param(request: Request, current, exc: BadParam) -> Response:
 
 # -- sign-in ---------------------------------------------------------------------------------------
 
-def _login_page(request: Request, error: str | None = None, status_code: int = 200,
-                headers: dict | None = None) -> Response:
+
+def _login_page(
+    request: Request, error: str | None = None, status_code: int = 200, headers: dict | None = None
+) -> Response:
     token, fresh = csrf.issue(request, 0, render.LOGIN_CSRF_PURPOSE)
-    response = render.page(request, "login.html", {"error": error, "login_csrf": token}, None, status_code,
-                           headers)
+    response = render.page(request, "login.html", {"error": error, "login_csrf": token}, None, status_code, headers)
     csrf.set_cookie(response, fresh)
     return response
 
@@ -110,24 +115,31 @@ async def login_submit(request: Request) -> Response:
     except (common.FormTooLarge, common.BadForm):
         return _login_page(request, "That request could not be read.", 400)
     if not csrf.valid(request, 0, common.text(form, csrf.FIELD), render.LOGIN_CSRF_PURPOSE):
-        return render.error(request, 403, "Please try again",
-                            "This sign-in form expired or was sent from somewhere else. Open it again and retry.")
+        return render.error(
+            request,
+            403,
+            "Please try again",
+            "This sign-in form expired or was sent from somewhere else. Open it again and retry.",
+        )
     client = _client(request)
-    wait = await run_in_threadpool(throttle.admit, client)   # counted before the key is looked at
+    wait = await run_in_threadpool(throttle.admit, client)  # counted before the key is looked at
     if wait:
         minutes = max(1, round(wait / 60))
-        return _login_page(request, f"Too many failed sign-ins from your address. Try again in about "
-                                    f"{minutes} minute{'s' if minutes != 1 else ''}.", 429,
-                           {"Retry-After": str(wait)})
+        return _login_page(
+            request,
+            f"Too many failed sign-ins from your address. Try again in about "
+            f"{minutes} minute{'s' if minutes != 1 else ''}.",
+            429,
+            {"Retry-After": str(wait)},
+        )
     key = (common.text(form, "api_key") or "").strip()
     principal = None
     if key and len(key) <= MAX_KEY_CHARS:
         principal = await run_in_threadpool(apikeys.cache.lookup, key)
     if principal is None or principal.scope != "admin":
         log.warning("failed /admin sign-in from %s", client)
-        await asyncio.sleep(FAILED_LOGIN_DELAY_SECONDS)   # slows a scripted guesser; holds no thread
-        return _login_page(request, "That is not a valid admin API key (unknown, revoked, or not of scope admin).",
-                           401)
+        await asyncio.sleep(FAILED_LOGIN_DELAY_SECONDS)  # slows a scripted guesser; holds no thread
+        return _login_page(request, "That is not a valid admin API key (unknown, revoked, or not of scope admin).", 401)
     await run_in_threadpool(throttle.succeeded, client)
     cookie = await run_in_threadpool(session.start, principal.key_id, client, request.headers.get("user-agent"))
     log.info("/admin sign-in with API key %s (%s) from %s", principal.key_id, principal.name, client)
@@ -143,8 +155,13 @@ async def logout(request: Request, current) -> Response:
     except (common.FormTooLarge, common.BadForm):
         return render.error(request, 400, "Bad request", "That request could not be read.", current)
     if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
-        return render.error(request, 403, "Please try again",
-                            "This form expired or was sent from somewhere else, so you are still signed in.", current)
+        return render.error(
+            request,
+            403,
+            "Please try again",
+            "This form expired or was sent from somewhere else, so you are still signed in.",
+            current,
+        )
     await run_in_threadpool(session.end, current.id)
     response = render.redirect("/admin/login")
     session.clear_cookie(response, request)
@@ -152,6 +169,7 @@ async def logout(request: Request, current) -> Response:
 
 
 # -- dashboard -------------------------------------------------------------------------------------
+
 
 @signed_in
 async def dashboard(request: Request, current) -> Response:
@@ -161,12 +179,21 @@ async def dashboard(request: Request, current) -> Response:
         return _bad_param(request, current, exc)
     data = await run_in_threadpool(stats.cache.get, range_name)
     latest, _ = await run_in_threadpool(newsletters.page, 1, 5)
-    return render.page(request, "dashboard.html", {
-        "section": "dashboard", "d": data, "range_name": range_name, "ranges": stats.RANGE_LABELS,
-        "charts": [(name, charts.TITLES[name], render.describe(name, data)) for name in charts.CHARTS],
-        "newsletters": latest, "fmt": render,
-        "notice": NOTICES.get(request.query_params.get("notice", "")),
-    }, current)
+    return render.page(
+        request,
+        "dashboard.html",
+        {
+            "section": "dashboard",
+            "d": data,
+            "range_name": range_name,
+            "ranges": stats.RANGE_LABELS,
+            "charts": [(name, charts.TITLES[name], render.describe(name, data)) for name in charts.CHARTS],
+            "newsletters": latest,
+            "fmt": render,
+            "notice": NOTICES.get(request.query_params.get("notice", "")),
+        },
+        current,
+    )
 
 
 @signed_in
@@ -180,13 +207,17 @@ async def chart(request: Request, current) -> Response:
         return Response(str(exc), status_code=400, media_type="text/plain", headers=common.SECURITY_HEADERS)
     data = await run_in_threadpool(stats.cache.get, range_name)
     body = await run_in_threadpool(charts.svg, name, data)
-    return Response(body, media_type="image/svg+xml", headers={
-        **common.SECURITY_HEADERS,
-        "Cache-Control": "private, no-store",
-        # Opened directly, the SVG may use its own <style>, nothing else.
-        "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'self'",
-        "X-Frame-Options": "SAMEORIGIN",
-    })
+    return Response(
+        body,
+        media_type="image/svg+xml",
+        headers={
+            **common.SECURITY_HEADERS,
+            "Cache-Control": "private, no-store",
+            # Opened directly, the SVG may use its own <style>, nothing else.
+            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'self'",
+            "X-Frame-Options": "SAMEORIGIN",
+        },
+    )
 
 
 @signed_in
@@ -196,12 +227,22 @@ async def newsletter_list(request: Request, current) -> Response:
     except BadParam as exc:
         return _bad_param(request, current, exc)
     rows, has_next = await run_in_threadpool(newsletters.page, number)
-    return render.page(request, "newsletters.html", {
-        "section": "newsletters", "rows": rows, "page_number": number, "has_next": has_next, "fmt": render,
-    }, current)
+    return render.page(
+        request,
+        "newsletters.html",
+        {
+            "section": "newsletters",
+            "rows": rows,
+            "page_number": number,
+            "has_next": has_next,
+            "fmt": render,
+        },
+        current,
+    )
 
 
 # -- suppressions ----------------------------------------------------------------------------------
+
 
 @signed_in
 async def suppression_list(request: Request, current) -> Response:
@@ -211,21 +252,46 @@ async def suppression_list(request: Request, current) -> Response:
     except BadParam as exc:
         return _bad_param(request, current, exc)
     except suppressions.BadInput as exc:
-        return render.page(request, "suppressions.html", {
-            "section": "suppressions", "rows": [], "query": "", "page_number": 1, "has_next": False,
-            "search_error": f"Search: {exc.message}.", "audit": [], "fmt": render}, current, 400)
+        return render.page(
+            request,
+            "suppressions.html",
+            {
+                "section": "suppressions",
+                "rows": [],
+                "query": "",
+                "page_number": 1,
+                "has_next": False,
+                "search_error": f"Search: {exc.message}.",
+                "audit": [],
+                "fmt": render,
+            },
+            current,
+            400,
+        )
     rows, has_next = await run_in_threadpool(suppressions.search, query, number)
     audit = await run_in_threadpool(suppressions.recent_audit)
     notice = NOTICES.get(request.query_params.get("notice", ""))
-    return render.page(request, "suppressions.html", {
-        "section": "suppressions", "rows": rows, "query": query, "page_number": number, "has_next": has_next,
-        "search_error": None, "audit": audit, "notice": notice, "fmt": render,
-    }, current)
+    return render.page(
+        request,
+        "suppressions.html",
+        {
+            "section": "suppressions",
+            "rows": rows,
+            "query": query,
+            "page_number": number,
+            "has_next": has_next,
+            "search_error": None,
+            "audit": audit,
+            "notice": notice,
+            "fmt": render,
+        },
+        current,
+    )
 
 
 def _suppression_id(request: Request) -> int | None:
     raw = request.path_params["id"]
-    return raw if 0 < raw < 2 ** 63 else None
+    return raw if 0 < raw < 2**63 else None
 
 
 @signed_in
@@ -234,8 +300,12 @@ async def suppression_confirm(request: Request, current) -> Response:
     row = await run_in_threadpool(suppressions.get, sid) if sid else None
     if row is None:
         return render.redirect("/admin/suppressions?notice=already-removed")
-    return render.page(request, "suppression_remove.html", {"section": "suppressions", "row": row,
-                                                            "error": None, "note": "", "fmt": render}, current)
+    return render.page(
+        request,
+        "suppression_remove.html",
+        {"section": "suppressions", "row": row, "error": None, "note": "", "fmt": render},
+        current,
+    )
 
 
 @signed_in
@@ -246,9 +316,14 @@ async def suppression_remove(request: Request, current) -> Response:
         return render.error(request, 400, "Bad request", "That request could not be read.", current)
     if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
         log.info("suppression removal refused: bad CSRF token (session %s)", current.id)
-        return render.error(request, 403, "Please try again",
-                            "This form expired or was sent from somewhere else, so nothing changed. "
-                            "Open the suppression list again and retry.", current)
+        return render.error(
+            request,
+            403,
+            "Please try again",
+            "This form expired or was sent from somewhere else, so nothing changed. "
+            "Open the suppression list again and retry.",
+            current,
+        )
     sid = _suppression_id(request)
     row = await run_in_threadpool(suppressions.get, sid) if sid else None
     if row is None:
@@ -256,11 +331,22 @@ async def suppression_remove(request: Request, current) -> Response:
     try:
         note = suppressions.clean_text(common.text(form, "note"), "note", suppressions.MAX_NOTE_CHARS)
     except suppressions.BadInput as exc:
-        return render.page(request, "suppression_remove.html", {
-            "section": "suppressions", "row": row, "error": f"Note: {exc.message}.",
-            "note": (common.text(form, "note") or "")[:suppressions.MAX_NOTE_CHARS], "fmt": render}, current, 422)
-    removed = await run_in_threadpool(suppressions.remove, sid, current.key_id, current.key_name, _client(request),
-                                      note, current.id)
+        return render.page(
+            request,
+            "suppression_remove.html",
+            {
+                "section": "suppressions",
+                "row": row,
+                "error": f"Note: {exc.message}.",
+                "note": (common.text(form, "note") or "")[: suppressions.MAX_NOTE_CHARS],
+                "fmt": render,
+            },
+            current,
+            422,
+        )
+    removed = await run_in_threadpool(
+        suppressions.remove, sid, current.key_id, current.key_name, _client(request), note, current.id
+    )
     if removed is None:
         return render.redirect("/admin/suppressions?notice=already-removed")
     log.info("suppression %s removed by API key %s (%s)", sid, current.key_id, current.key_name)
@@ -269,6 +355,7 @@ async def suppression_remove(request: Request, current) -> Response:
 
 # -- the emergency stop ----------------------------------------------------------------------------
 
+
 @signed_in
 async def sending_stop(request: Request, current) -> Response:
     form = await _checked_form(request, current)
@@ -276,12 +363,18 @@ async def sending_stop(request: Request, current) -> Response:
         return form
     reason = (common.text(form, "reason") or "").strip()
     if not reason or len(reason) > sending.MAX_REASON_CHARS or not reason.isprintable():
-        return render.error(request, 422, "A reason is needed",
-                            f"Say in one line (at most {sending.MAX_REASON_CHARS} characters) why all mail is "
-                            "stopped: the next operator reads it on the dashboard. Nothing changed.", current)
+        return render.error(
+            request,
+            422,
+            "A reason is needed",
+            f"Say in one line (at most {sending.MAX_REASON_CHARS} characters) why all mail is "
+            "stopped: the next operator reads it on the dashboard. Nothing changed.",
+            current,
+        )
     await run_in_threadpool(sending.stop, current.key_id, current.key_name, _client(request), reason, current.id)
-    log.warning("all outgoing mail stopped from /admin by API key %s (%s): %s", current.key_id, current.key_name,
-                reason)
+    log.warning(
+        "all outgoing mail stopped from /admin by API key %s (%s): %s", current.key_id, current.key_name, reason
+    )
     return render.redirect("/admin?notice=stopped")
 
 
@@ -302,6 +395,11 @@ async def _checked_form(request: Request, current):
     except (common.FormTooLarge, common.BadForm):
         return render.error(request, 400, "Bad request", "That request could not be read.", current)
     if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
-        return render.error(request, 403, "Please try again",
-                            "This form expired or was sent from somewhere else, so nothing changed.", current)
+        return render.error(
+            request,
+            403,
+            "Please try again",
+            "This form expired or was sent from somewhere else, so nothing changed.",
+            current,
+        )
     return form

@@ -1,5 +1,6 @@
 """Admin API for the category registry (app/categories.py): PUT (create or replace), GET, DELETE
 one category; GET the list."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -10,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.subscribers import categories
 from app.platform.http import ApiError, FastJSONResponse, read_put_body, require_key, validation_error
+from app.subscribers import categories
 
-BODY_LIMIT = 16 * 1024   # the largest valid body (label, description, verb at 12 bytes a character) fits
+BODY_LIMIT = 16 * 1024  # the largest valid body (label, description, verb at 12 bytes a character) fits
 
 
 def _key(request: Request) -> str:
@@ -65,14 +66,20 @@ routes = [
 ]
 
 _err = {"$ref": "#/components/responses/Error"}
-_key_param = [{"name": "key", "in": "path", "required": True,
-               "schema": {"type": "string", "pattern": categories.KEY_PATTERN, "maxLength": 100}}]
+_key_param = [
+    {
+        "name": "key",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": categories.KEY_PATTERN, "maxLength": 100},
+    }
+]
 _one = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Category"}}}}
-
 
 
 class Category(BaseModel):
     """What GET returns (and PUT answers with), declared for the document."""
+
     key: str
     label: str
     description: str
@@ -82,30 +89,65 @@ class Category(BaseModel):
 
 OPENAPI_MODELS = [categories.CategoryInput, Category]
 OPENAPI_PATHS = {
-    "/v1/categories": {"get": {
-        "summary": "Every registered category", "security": [{"bearer": []}],
-        "responses": {"200": {"description": "the registry", "content": {"application/json": {"schema": {
-            "type": "object", "required": ["categories"], "properties": {"categories": {
-                "type": "array", "items": {"$ref": "#/components/schemas/Category"}}}}}}},
-            "401": _err, "403": _err},
-    }},
+    "/v1/categories": {
+        "get": {
+            "summary": "Every registered category",
+            "security": [{"bearer": []}],
+            "responses": {
+                "200": {
+                    "description": "the registry",
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["categories"],
+                                "properties": {
+                                    "categories": {"type": "array", "items": {"$ref": "#/components/schemas/Category"}}
+                                },
+                            }
+                        }
+                    },
+                },
+                "401": _err,
+                "403": _err,
+            },
+        }
+    },
     "/v1/categories/{key}": {
         "put": {
             "summary": "Register or replace a category: its label, description, verb and delivery",
-            "security": [{"bearer": []}], "parameters": _key_param,
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/CategoryInput"}}}},
-            "responses": {"200": {"description": "replaced", **_one}, "201": {"description": "created", **_one},
-                          "400": _err, "401": _err, "403": _err, "413": _err, "422": _err},
+            "security": [{"bearer": []}],
+            "parameters": _key_param,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CategoryInput"}}},
+            },
+            "responses": {
+                "200": {"description": "replaced", **_one},
+                "201": {"description": "created", **_one},
+                "400": _err,
+                "401": _err,
+                "403": _err,
+                "413": _err,
+                "422": _err,
+            },
         },
         "get": {
-            "summary": "Read a category", "security": [{"bearer": []}], "parameters": _key_param,
-            "responses": {"200": {"description": "the category", **_one}, "401": _err, "403": _err, "404": _err,
-                          "422": _err},
+            "summary": "Read a category",
+            "security": [{"bearer": []}],
+            "parameters": _key_param,
+            "responses": {
+                "200": {"description": "the category", **_one},
+                "401": _err,
+                "403": _err,
+                "404": _err,
+                "422": _err,
+            },
         },
         "delete": {
             "summary": "Forget a category (digests and pages fall back to its humanised key)",
-            "security": [{"bearer": []}], "parameters": _key_param,
+            "security": [{"bearer": []}],
+            "parameters": _key_param,
             "responses": {"204": {"description": "deleted"}, "401": _err, "403": _err, "404": _err, "422": _err},
         },
     },

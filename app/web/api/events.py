@@ -1,4 +1,5 @@
 """POST /v1/events: one event or a batch of up to 1000, all-or-nothing, 202 only once committed."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,9 +8,9 @@ import logging
 from starlette.requests import Request
 from starlette.routing import Route
 
-from digest import ingest
 from app.platform import metrics
 from app.platform.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
+from digest import ingest
 
 log = logging.getLogger("app.web.api.events")
 
@@ -26,8 +27,12 @@ async def post_events(request: Request):
         result = await asyncio.wrap_future(ingest.submit(rows))
     except Exception as exc:
         log.error("events from %s not stored: %s", principal.name, exc)
-        raise ApiError(503, "unavailable", "events could not be stored; nothing was committed, retry later",
-                       headers={"Retry-After": "5"}) from None
+        raise ApiError(
+            503,
+            "unavailable",
+            "events could not be stored; nothing was committed, retry later",
+            headers={"Retry-After": "5"},
+        ) from None
     metrics.EVENTS.labels("accepted").inc(result.accepted)
     metrics.EVENTS.labels("duplicate").inc(result.duplicates)
     return FastJSONResponse({"accepted": result.accepted, "duplicates": result.duplicates}, status_code=202)
@@ -41,12 +46,31 @@ OPENAPI_PATHS = {
         "post": {
             "summary": "Ingest one event or a batch of up to 1000 (all-or-nothing)",
             "security": [{"bearer": []}],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {"oneOf": [
-                {"$ref": "#/components/schemas/Event"}, {"$ref": "#/components/schemas/EventBatch"}]}}}},
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "oneOf": [
+                                {"$ref": "#/components/schemas/Event"},
+                                {"$ref": "#/components/schemas/EventBatch"},
+                            ]
+                        }
+                    }
+                },
+            },
             "responses": {
-                "202": {"description": "committed", "content": {"application/json": {"schema": {
-                    "type": "object", "properties": {"accepted": {"type": "integer"},
-                                                     "duplicates": {"type": "integer"}}}}}},
+                "202": {
+                    "description": "committed",
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"accepted": {"type": "integer"}, "duplicates": {"type": "integer"}},
+                            }
+                        }
+                    },
+                },
                 "400": {"$ref": "#/components/responses/Error"},
                 "401": {"$ref": "#/components/responses/Error"},
                 "413": {"$ref": "#/components/responses/Error"},

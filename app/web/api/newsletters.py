@@ -1,5 +1,6 @@
 """Admin API for newsletters: create, send to an audience, pause/resume/cancel, retry failed rows,
 and status with delivery counts and engagement. All endpoints need an admin-scope key."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -10,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 
-from app.platform.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
 from app.newsletter import rows, service, template, test_send
+from app.platform.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
 from app.platform.validation import plain_int
 
 # Body limits are derived from the documented maxLength/maxItems, so every schema-valid request fits
@@ -20,8 +21,10 @@ from app.platform.validation import plain_int
 # do), plus room for keys, punctuation and whitespace.
 _JSON_BYTES_PER_CHAR = 12
 _USER_ID_MAX = 200
-CREATE_BODY_LIMIT = _JSON_BYTES_PER_CHAR * (
-    template.MAX_SUBJECT + template.MAX_HTML + template.MAX_TEXT + template.MAX_FROM) + 64 * 1024   # ~9.5 MB
+CREATE_BODY_LIMIT = (
+    _JSON_BYTES_PER_CHAR * (template.MAX_SUBJECT + template.MAX_HTML + template.MAX_TEXT + template.MAX_FROM)
+    + 64 * 1024
+)  # ~9.5 MB
 TEST_BODY_LIMIT = test_send.MAX_ADDRESSES * (_JSON_BYTES_PER_CHAR * 254 + 8) + 64 * 1024
 SEND_BODY_LIMIT = service.MAX_AUDIENCE_USER_IDS * (_JSON_BYTES_PER_CHAR * _USER_ID_MAX + 8) + 64 * 1024  # ~24 MB
 
@@ -30,7 +33,7 @@ def _id(request: Request) -> int:
     # Matched as a string (not {newsletter_id:int}), so "/v1/newsletters/abc" gets the API's JSON 404
     # rather than the router's plain-text one.
     newsletter_id = plain_int(request.path_params["newsletter_id"], 19)
-    if newsletter_id is None or not 0 < newsletter_id < 2 ** 63:
+    if newsletter_id is None or not 0 < newsletter_id < 2**63:
         raise ApiError(404, "not_found", "no newsletter with that id")
     return newsletter_id
 
@@ -81,8 +84,10 @@ async def send_newsletter(request: Request):
         raise validation_error(errors)
     status = await _call(service.request_send, newsletter_id, audience)
     unknown, unknown_count = await run_in_threadpool(service.unknown_user_ids, audience)
-    return FastJSONResponse({"id": newsletter_id, "status": status, "unknown_user_ids": unknown,
-                             "unknown_user_ids_count": unknown_count}, status_code=202)
+    return FastJSONResponse(
+        {"id": newsletter_id, "status": status, "unknown_user_ids": unknown, "unknown_user_ids_count": unknown_count},
+        status_code=202,
+    )
 
 
 async def test_newsletter(request: Request):
@@ -99,8 +104,9 @@ async def test_newsletter(request: Request):
     except test_send.Stopped as exc:
         raise ApiError(409, "sending_stopped", str(exc)) from None
     except test_send.ProviderUnavailable as exc:
-        raise ApiError(503, "provider_unavailable", f"the mail provider refused the test send; nothing was "
-                                                    f"sent: {exc}") from None
+        raise ApiError(
+            503, "provider_unavailable", f"the mail provider refused the test send; nothing was sent: {exc}"
+        ) from None
     return FastJSONResponse({"id": newsletter_id, "results": results})
 
 
@@ -125,8 +131,7 @@ async def cancel_newsletter(request: Request):
 async def retry_failed(request: Request):
     await require_key(request, "admin")
     newsletter_id = _id(request)
-    return FastJSONResponse({"id": newsletter_id, **await _call(service.retry_failed, newsletter_id)},
-                            status_code=202)
+    return FastJSONResponse({"id": newsletter_id, **await _call(service.retry_failed, newsletter_id)}, status_code=202)
 
 
 routes = [
@@ -142,25 +147,46 @@ routes = [
 
 _err = {"$ref": "#/components/responses/Error"}
 _all_errors = ("400", "401", "403", "404", "409", "413", "422")
-_id_param = [{"name": "newsletter_id", "in": "path", "required": True,
-              "schema": {"type": "integer", "minimum": 1, "maximum": 2 ** 63 - 1}}]
+_id_param = [
+    {
+        "name": "newsletter_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    }
+]
 STATUSES = tuple(rows.NewsletterStatus)
 _status = {"type": "string", "enum": list(STATUSES)}
 
 
 def _state(description: str, **extra) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": {
-        "type": "object", "required": ["id", "status", *extra],
-        "properties": {"id": {"type": "integer"}, "status": _status, **extra}}}}}
+    return {
+        "description": description,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["id", "status", *extra],
+                    "properties": {"id": {"type": "integer"}, "status": _status, **extra},
+                }
+            }
+        },
+    }
 
 
 def _errors(*codes: str) -> dict:
-    return {code: _err for code in codes}
+    return dict.fromkeys(codes, _err)
 
 
 def _action(summary: str, code: str, response: dict) -> dict:
-    return {"post": {"summary": summary, "security": [{"bearer": []}], "parameters": _id_param,
-                     "responses": {code: response, **_errors("401", "403", "404", "409")}}}
+    return {
+        "post": {
+            "summary": summary,
+            "security": [{"bearer": []}],
+            "parameters": _id_param,
+            "responses": {code: response, **_errors("401", "403", "404", "409")},
+        }
+    }
 
 
 _count = {"type": "integer", "minimum": 0}
@@ -179,11 +205,12 @@ class AudienceSummary(BaseModel):
     count: Count | None = None
 
 
-RowCounts = create_model("RowCounts", **{k: (Count, ...) for k in (*service.ROW_STATUSES, "total")})
+RowCounts = create_model("RowCounts", **dict.fromkeys((*service.ROW_STATUSES, "total"), (Count, ...)))
 
 
 class NewsletterSummary(BaseModel):
     """One item of GET /v1/newsletters."""
+
     id: int
     subject: str
     status: Literal[STATUSES]
@@ -196,12 +223,14 @@ class NewsletterSummary(BaseModel):
 
 class NewsletterPage(BaseModel):
     """GET /v1/newsletters: newest first; pass `next_before` as `before` for the next page (null: last page)."""
+
     newsletters: list[NewsletterSummary]
     next_before: int | None
 
 
 class NewsletterStatus(BaseModel):
     """GET /v1/newsletters/{id} (service.status), declared for the document."""
+
     id: int
     subject: str
     sender: str | None = Field(alias="from")
@@ -219,8 +248,9 @@ class NewsletterStatus(BaseModel):
 
 
 class TestResult(BaseModel):
-    email: str = Field(description="the address's canonical form (README \"Address identity\"); the mail went "
-                                   "to the address as given")
+    email: str = Field(
+        description='the address\'s canonical form (README "Address identity"); the mail went to the address as given'
+    )
     status: Literal["sent", "failed", "suppressed"]
     error: str | None = None
 
@@ -228,73 +258,141 @@ class TestResult(BaseModel):
 class TestSendAnswer(BaseModel):
     """POST /v1/newsletters/{id}/test: one result per address (spellings of one address are one), in the
     order given."""
+
     id: int
     results: list[TestResult]
 
 
-OPENAPI_MODELS = [service.NewsletterInput, service.NewsletterAudience, NewsletterStatus, NewsletterPage,
-                  test_send.TestSendInput, TestSendAnswer]
+OPENAPI_MODELS = [
+    service.NewsletterInput,
+    service.NewsletterAudience,
+    NewsletterStatus,
+    NewsletterPage,
+    test_send.TestSendInput,
+    TestSendAnswer,
+]
 _list_params = [
-    {"name": "limit", "in": "query", "required": False,
-     "schema": {"type": "integer", "minimum": 1, "maximum": service.LIST_MAX, "default": 20}},
-    {"name": "before", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1,
-                                                                     "maximum": 2 ** 63 - 1}},
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": service.LIST_MAX, "default": 20},
+    },
+    {
+        "name": "before",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    },
     {"name": "status", "in": "query", "required": False, "schema": _status},
 ]
 OPENAPI_PATHS = {
-    "/v1/newsletters": {"post": {
-        "summary": "Create a newsletter (draft)", "security": [{"bearer": []}],
-        "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/NewsletterInput"}}}},
-        "responses": {"201": {"description": "created", "content": {"application/json": {"schema": {
-                          "type": "object", "required": ["id", "status"],
-                          "properties": {"id": {"type": "integer"}, "status": _status}}}}},
-                      **_errors("400", "401", "403", "413", "422")},
-    }, "get": {
-        "summary": "List newsletters, newest first, with status and row counts (keyset pages)",
-        "security": [{"bearer": []}], "parameters": _list_params,
-        "responses": {"200": {"description": "one page", "content": {"application/json": {
-                          "schema": {"$ref": "#/components/schemas/NewsletterPage"}}}},
-                      **_errors("401", "403", "422")},
-    }},
-    "/v1/newsletters/{newsletter_id}": {"get": {
-        "summary": "Status, per-row counts (total, pending, sending, sent, failed, suppressed, cancelled), "
-                   "opens/clicks (human vs machine), bounces, unsubscribes",
-        "security": [{"bearer": []}], "parameters": _id_param,
-        "responses": {"200": {"description": "status", "content": {"application/json": {
-                          "schema": {"$ref": "#/components/schemas/NewsletterStatus"}}}},
-                      **_errors("401", "403", "404")},
-    }},
-    "/v1/newsletters/{newsletter_id}/send": {"post": {
-        "summary": "Start sending to an audience (idempotent for the same audience)",
-        "security": [{"bearer": []}], "parameters": _id_param,
-        "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/NewsletterAudience"}}}},
-        "responses": {"202": _state(
-            "send requested; user_ids that are no subscriber get no mail and are listed (the first "
-            f"{service.UNKNOWN_SHOWN}, sorted) and counted",
-            unknown_user_ids={"type": "array", "items": {"type": "string"}, "maxItems": service.UNKNOWN_SHOWN},
-            unknown_user_ids_count=_count), **_errors(*_all_errors)},
-    }},
-    "/v1/newsletters/{newsletter_id}/test": {"post": {
-        "summary": "Send the newsletter now to a few addresses, in any status (drafts too): no outbox row, no "
-                   "tracking, subject prefixed [Test]; suppressed addresses are refused",
-        "security": [{"bearer": []}], "parameters": _id_param,
-        "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/TestSendInput"}}}},
-        "responses": {"200": {"description": "handed to the provider (per address: sent, failed, suppressed)",
-                              "content": {"application/json": {
-                                  "schema": {"$ref": "#/components/schemas/TestSendAnswer"}}}},
-                      "503": _err, **_errors("400", "401", "403", "404", "409", "413", "422")},
-    }},
-    "/v1/newsletters/{newsletter_id}/pause": _action("Stop sending within a second, between two mails; recipients "
-                                                     "claimed but not sent go back to pending", "200",
-                                                     _state("paused (or already paused)")),
-    "/v1/newsletters/{newsletter_id}/resume": _action("Continue where the send stopped", "200",
-                                                      _state("sending (or already queued/sending)")),
+    "/v1/newsletters": {
+        "post": {
+            "summary": "Create a newsletter (draft)",
+            "security": [{"bearer": []}],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewsletterInput"}}},
+            },
+            "responses": {
+                "201": {
+                    "description": "created",
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["id", "status"],
+                                "properties": {"id": {"type": "integer"}, "status": _status},
+                            }
+                        }
+                    },
+                },
+                **_errors("400", "401", "403", "413", "422"),
+            },
+        },
+        "get": {
+            "summary": "List newsletters, newest first, with status and row counts (keyset pages)",
+            "security": [{"bearer": []}],
+            "parameters": _list_params,
+            "responses": {
+                "200": {
+                    "description": "one page",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewsletterPage"}}},
+                },
+                **_errors("401", "403", "422"),
+            },
+        },
+    },
+    "/v1/newsletters/{newsletter_id}": {
+        "get": {
+            "summary": "Status, per-row counts (total, pending, sending, sent, failed, suppressed, cancelled), "
+            "opens/clicks (human vs machine), bounces, unsubscribes",
+            "security": [{"bearer": []}],
+            "parameters": _id_param,
+            "responses": {
+                "200": {
+                    "description": "status",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewsletterStatus"}}},
+                },
+                **_errors("401", "403", "404"),
+            },
+        }
+    },
+    "/v1/newsletters/{newsletter_id}/send": {
+        "post": {
+            "summary": "Start sending to an audience (idempotent for the same audience)",
+            "security": [{"bearer": []}],
+            "parameters": _id_param,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewsletterAudience"}}},
+            },
+            "responses": {
+                "202": _state(
+                    "send requested; user_ids that are no subscriber get no mail and are listed (the first "
+                    f"{service.UNKNOWN_SHOWN}, sorted) and counted",
+                    unknown_user_ids={"type": "array", "items": {"type": "string"}, "maxItems": service.UNKNOWN_SHOWN},
+                    unknown_user_ids_count=_count,
+                ),
+                **_errors(*_all_errors),
+            },
+        }
+    },
+    "/v1/newsletters/{newsletter_id}/test": {
+        "post": {
+            "summary": "Send the newsletter now to a few addresses, in any status (drafts too): no outbox row, no "
+            "tracking, subject prefixed [Test]; suppressed addresses are refused",
+            "security": [{"bearer": []}],
+            "parameters": _id_param,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TestSendInput"}}},
+            },
+            "responses": {
+                "200": {
+                    "description": "handed to the provider (per address: sent, failed, suppressed)",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TestSendAnswer"}}},
+                },
+                "503": _err,
+                **_errors("400", "401", "403", "404", "409", "413", "422"),
+            },
+        }
+    },
+    "/v1/newsletters/{newsletter_id}/pause": _action(
+        "Stop sending within a second, between two mails; recipients claimed but not sent go back to pending",
+        "200",
+        _state("paused (or already paused)"),
+    ),
+    "/v1/newsletters/{newsletter_id}/resume": _action(
+        "Continue where the send stopped", "200", _state("sending (or already queued/sending)")
+    ),
     "/v1/newsletters/{newsletter_id}/cancel": _action(
-        "Cancel within a second, between two mails: recipients not yet sent are never sent", "200",
-        _state("cancelled", cancelled_rows=_count)),
+        "Cancel within a second, between two mails: recipients not yet sent are never sent",
+        "200",
+        _state("cancelled", cancelled_rows=_count),
+    ),
     "/v1/newsletters/{newsletter_id}/retry-failed": _action(
-        "Put failed rows back to pending", "202", _state("failed rows requeued", requeued=_count)),
+        "Put failed rows back to pending", "202", _state("failed rows requeued", requeued=_count)
+    ),
 }

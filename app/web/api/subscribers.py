@@ -1,4 +1,5 @@
 """Admin API for subscribers: PUT (create or replace), GET, DELETE (right to erasure)."""
+
 from __future__ import annotations
 
 from pydantic import TypeAdapter
@@ -7,10 +8,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.subscribers import records as subscribers
 from app.platform.http import ApiError, FastJSONResponse, read_put_body, require_key, validation_error
 from app.platform.validation import Text, check
-
+from app.subscribers import records as subscribers
 
 # What Postgres text can hold (no U+0000), declared once for the check and the OpenAPI document.
 _USER_ID = TypeAdapter(Text(200, min_length=1))
@@ -64,21 +64,32 @@ OPENAPI_PATHS = {
     "/v1/subscribers/{user_id}": {
         "put": {
             "summary": "Create or replace a subscriber",
-            "security": [{"bearer": []}], "parameters": _user_param,
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/SubscriberInput"}}}},
-            "responses": {"200": {"description": "replaced"}, "201": {"description": "created"},
-                          "400": _err, "401": _err, "403": _err, "422": _err},
+            "security": [{"bearer": []}],
+            "parameters": _user_param,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SubscriberInput"}}},
+            },
+            "responses": {
+                "200": {"description": "replaced"},
+                "201": {"description": "created"},
+                "400": _err,
+                "401": _err,
+                "403": _err,
+                "422": _err,
+            },
         },
         "get": {
-            "summary": "Read a subscriber", "security": [{"bearer": []}], "parameters": _user_param,
-            "responses": {"200": {"description": "the subscriber"}, "401": _err, "403": _err, "404": _err,
-                          "422": _err},
+            "summary": "Read a subscriber",
+            "security": [{"bearer": []}],
+            "parameters": _user_param,
+            "responses": {"200": {"description": "the subscriber"}, "401": _err, "403": _err, "404": _err, "422": _err},
         },
         "delete": {
             "summary": "Erase a subscriber (right to erasure): their events, runs, outbox rows, webhook events and "
-                       "digest links are deleted, click/open history anonymised, the address suppressed",
-            "security": [{"bearer": []}], "parameters": _user_param,
+            "digest links are deleted, click/open history anonymised, the address suppressed",
+            "security": [{"bearer": []}],
+            "parameters": _user_param,
             "responses": {"204": {"description": "erased"}, "401": _err, "403": _err, "404": _err, "422": _err},
         },
     }

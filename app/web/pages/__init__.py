@@ -3,6 +3,7 @@
 Routes: GET/POST /preferences/{token}, GET/POST /u/{token}, GET /v/{token} (a sent digest in the
 browser), and /static for their stylesheet.
 """
+
 from __future__ import annotations
 
 from starlette.routing import Mount, Route

@@ -1,4 +1,5 @@
 """Shared plumbing of the subscriber pages: templates, headers, bounded form reading, token lookup."""
+
 from __future__ import annotations
 
 import functools
@@ -62,8 +63,9 @@ SECURITY_HEADERS = {
 
 
 def render(request: Request, name: str, context: dict, status_code: int = 200) -> Response:
-    response = templates.TemplateResponse(request, f"pages/{name}", {"css_url": CSS_URL, **context},
-                                          status_code=status_code)
+    response = templates.TemplateResponse(
+        request, f"pages/{name}", {"css_url": CSS_URL, **context}, status_code=status_code
+    )
     response.headers.update(SECURITY_HEADERS)
     return response
 
@@ -84,13 +86,18 @@ def back_to(page_url: str, notice: str) -> Response:
 
 
 def error_page(request: Request, status_code: int, title: str, message: str, back_url: str | None = None) -> Response:
-    return render(request, "error.html", {"title": title, "message": message, "back_url": back_url},
-                  status_code=status_code)
+    return render(
+        request, "error.html", {"title": title, "message": message, "back_url": back_url}, status_code=status_code
+    )
 
 
 def not_found(request: Request) -> Response:
-    return error_page(request, 404, "Link not found",
-                      "This link is invalid or no longer works. Use the link in your most recent email.")
+    return error_page(
+        request,
+        404,
+        "Link not found",
+        "This link is invalid or no longer works. Use the link in your most recent email.",
+    )
 
 
 async def subscriber_for(purpose: str, token: str) -> tuple[dict, tokens.TokenClaims] | None:
@@ -108,6 +115,7 @@ async def subscriber_for(purpose: str, token: str) -> tuple[dict, tokens.TokenCl
 def token_page(purpose: str):
     """Endpoint decorator: the endpoint is called as (request, token, subscriber, claims); a bad,
     revoked or unknown token gets the 404 page."""
+
     def decorate(endpoint):
         @functools.wraps(endpoint)
         async def handler(request: Request) -> Response:
@@ -116,7 +124,9 @@ def token_page(purpose: str):
             if found is None:
                 return not_found(request)
             return await endpoint(request, token, *found)
+
         return handler
+
     return decorate
 
 
@@ -160,8 +170,7 @@ async def read_form(request: Request) -> FormData:
         return {"type": "http.request", "body": body, "more_body": False}
 
     try:
-        form = await Request(scope, replay).form(max_files=10, max_fields=MAX_FORM_FIELDS,
-                                                 max_part_size=MAX_FORM_BYTES)
+        form = await Request(scope, replay).form(max_files=10, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FORM_BYTES)
     except HTTPException as exc:  # starlette turns multipart errors into 400s
         raise BadForm(str(exc.detail)) from None
     for _key, value in form.multi_items():

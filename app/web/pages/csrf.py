@@ -11,6 +11,7 @@ The RFC 8058 one-click POST never goes through here: mail clients send it withou
 `purpose` keeps forms of different areas apart: the operator dashboard (app/admin) signs with its own
 purposes, so no token minted on a subscriber page is ever valid there, and the other way round.
 """
+
 from __future__ import annotations
 
 import base64
@@ -43,8 +44,9 @@ def matches(subscriber_id: int, nonce: str | None, submitted, purpose: str = "cs
     """Constant-time check of a submitted token against every current and fallback key."""
     if nonce is None or not isinstance(submitted, str) or not submitted or len(submitted) > 100:
         return False
-    return any(hmac.compare_digest(_sign(key, subscriber_id, nonce, purpose), submitted)
-               for key in config.get().secret_keys)
+    return any(
+        hmac.compare_digest(_sign(key, subscriber_id, nonce, purpose), submitted) for key in config.get().secret_keys
+    )
 
 
 def cookie_nonce(request: Request) -> str | None:
@@ -66,7 +68,11 @@ def set_cookie(response: Response, nonce: str | None) -> None:
     if nonce is None:
         return
     response.set_cookie(
-        COOKIE, nonce, httponly=True, samesite="strict", path="/",
+        COOKIE,
+        nonce,
+        httponly=True,
+        samesite="strict",
+        path="/",
         secure=config.get().base_url.startswith("https://"),
     )
 

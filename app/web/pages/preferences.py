@@ -6,10 +6,11 @@ Success answers 303 back to the page with a notice (POST/redirect/GET); invalid 
 with the page, the submitted values and field errors, and nothing is saved; a missing or wrong
 CSRF token answers 403 and nothing is saved.
 """
+
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from urllib.parse import quote
 
@@ -17,10 +18,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.subscribers import records as subscribers
 from app.platform import timezones
-from app.web.pages import common, csrf, schedule, store
 from app.platform.validation import plain_int
+from app.subscribers import records as subscribers
+from app.web.pages import common, csrf, schedule, store
 
 log = logging.getLogger("app.web.pages.preferences")
 
@@ -32,16 +33,23 @@ NOTICES = {
     "resubscribed": "You are subscribed again.",
 }
 FIELD_LABELS = {
-    "digest_cadence": "How often", "digest_hour": "Time of day", "digest_weekday": "Weekday",
-    "timezone": "Time zone", "category_opt_outs": "Topics", "pause_days": "Pause",
+    "digest_cadence": "How often",
+    "digest_hour": "Time of day",
+    "digest_weekday": "Weekday",
+    "timezone": "Time zone",
+    "category_opt_outs": "Topics",
+    "pause_days": "Pause",
 }
 CADENCE_CHOICES = (
     ("immediately", "As it happens", "An email soon after something happens (a few an hour at most)."),
     ("hourly", "Hourly digest", "One email an hour when there is something new."),
     ("daily", "Daily digest", "One email a day with everything new."),
     ("weekly", "Weekly digest", "One email a week, on the weekday you choose."),
-    ("off", "No digests", "No notification emails at all, not even urgent ones. You may still get occasional "
-                          "newsletters."),
+    (
+        "off",
+        "No digests",
+        "No notification emails at all, not even urgent ones. You may still get occasional newsletters.",
+    ),
 )
 
 
@@ -67,7 +75,7 @@ def _form_values(subscriber: dict) -> dict:
 
 def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> dict:
     paused_until = subscriber["paused_until"]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     paused_label = None
     if paused_until is not None and paused_until > now:
         local = paused_until.astimezone(timezones.load(subscriber["timezone"]))
@@ -79,9 +87,10 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
         "errors": errors,
         "error_list": [(field, FIELD_LABELS.get(field, field), message) for field, message in errors.items()],
         # After a save, the notice says when the saved schedule sends next.
-        "notice": "Your preferences are saved. " + schedule.next_digest(subscriber, now,
-                                                                         schedule.pending_run_at(subscriber))
-        if notice == "saved" else NOTICES.get(notice or ""),
+        "notice": "Your preferences are saved. "
+        + schedule.next_digest(subscriber, now, schedule.pending_run_at(subscriber))
+        if notice == "saved"
+        else NOTICES.get(notice or ""),
         "cadences": CADENCE_CHOICES,
         "hours": [(h, f"{h:02d}:00") for h in range(24)],
         "weekdays": [(i, d.capitalize()) for i, d in enumerate(subscribers.WEEKDAYS)],
@@ -104,8 +113,18 @@ async def preferences_page(request: Request, token: str, subscriber: dict, _clai
 
 # The suggestion list shows canonical "Area/City" zones (plus UTC); legacy aliases such as
 # "US/Eastern" or "Etc/GMT+5" still validate when typed, they are just not suggested.
-_AREAS = ("Africa/", "America/", "Antarctica/", "Arctic/", "Asia/", "Atlantic/", "Australia/", "Europe/",
-          "Indian/", "Pacific/")
+_AREAS = (
+    "Africa/",
+    "America/",
+    "Antarctica/",
+    "Arctic/",
+    "Asia/",
+    "Atlantic/",
+    "Australia/",
+    "Europe/",
+    "Indian/",
+    "Pacific/",
+)
 
 
 @lru_cache(maxsize=1)
@@ -123,7 +142,7 @@ def _fold(name: str) -> str:
 
 
 def canonical_timezone(typed: str) -> str:
-    """"europe/lisbon" or "America/New York" -> the IANA spelling; anything else is returned as
+    """ "europe/lisbon" or "America/New York" -> the IANA spelling; anything else is returned as
     typed, for validation to reject (and the page to show back)."""
     if timezones.valid(typed):
         return typed
@@ -164,7 +183,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         if days is None or not 1 <= days <= MAX_PAUSE_DAYS:
             errors["pause_days"] = f"must be a whole number of days from 1 to {MAX_PAUSE_DAYS}, or empty"
         else:
-            values["paused_until"] = datetime.now(timezone.utc) + timedelta(days=days)
+            values["paused_until"] = datetime.now(UTC) + timedelta(days=days)
 
     # Digests turned off here come back on the same cadence from a digest's unsubscribe page.
     if values.get("digest_cadence") == "off" and subscriber["digest_cadence"] != "off":
@@ -177,7 +196,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     if common.text(posted, "newsletters_shown"):
         newsletters = common.text(posted, "newsletters") is not None
         if newsletters != (subscriber["newsletters_unsubscribed_at"] is None):
-            values["newsletters_unsubscribed_at"] = None if newsletters else datetime.now(timezone.utc)
+            values["newsletters_unsubscribed_at"] = None if newsletters else datetime.now(UTC)
 
     sticky = {
         "digest_cadence": raw.get("digest_cadence", subscriber["digest_cadence"]),
@@ -198,17 +217,22 @@ async def preferences_submit(request: Request, token: str, subscriber: dict, cla
     try:
         posted = await common.read_form(request)
     except common.FormTooLarge:
-        return common.error_page(request, 413, "Form too large", "That form was too large to process.",
-                                 _page_url(token))
+        return common.error_page(
+            request, 413, "Form too large", "That form was too large to process.", _page_url(token)
+        )
     except common.BadForm:
         return common.error_page(request, 400, "Bad request", "That form could not be read.", _page_url(token))
 
     if not csrf.valid(request, subscriber["id"], common.text(posted, csrf.FIELD)):
         log.info("preferences POST for subscriber %s rejected: bad CSRF token", subscriber["id"])
         return common.error_page(
-            request, 403, "Please try again",
+            request,
+            403,
+            "Please try again",
             "This form expired or was sent from somewhere else, so nothing was saved. "
-            "Open the page again and resubmit.", _page_url(token))
+            "Open the page again and resubmit.",
+            _page_url(token),
+        )
 
     action = common.text(posted, "action") or "save"
     if action not in ACTIONS:

@@ -5,6 +5,7 @@ The time is when the subscriber's run is planned for, in their own zone: the run
 plus the subscriber's stable stagger (within DIGEST_STAGGER_SECONDS; an hour at most for hourly), as
 the planner will make it. Cadences without slots (next_slot refuses them) are described instead.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -20,8 +21,11 @@ def when(moment: datetime, tz_name: str) -> str:
 
 def pending_run_at(subscriber: dict) -> datetime | None:
     """When the subscriber's waiting digest run (of their cadence, so not a send-now one) is due."""
-    return db.query("SELECT min(scheduled_for) FROM digest_runs WHERE subscriber_id = %s AND cadence = %s "
-                    "AND status IN ('pending', 'processing')", (subscriber["id"], subscriber["digest_cadence"]))[0][0]
+    return db.query(
+        "SELECT min(scheduled_for) FROM digest_runs WHERE subscriber_id = %s AND cadence = %s "
+        "AND status IN ('pending', 'processing')",
+        (subscriber["id"], subscriber["digest_cadence"]),
+    )[0][0]
 
 
 def _planned(subscriber: dict, start: datetime) -> datetime:

@@ -3,19 +3,34 @@
 Unsubscribe/resubscribe/resume writes are keyed on (id, token_version), so a token revoked between
 page load and submit changes nothing there; preference saves go through subscribers.update().
 """
+
 from __future__ import annotations
 
-from app.subscribers import categories as category_registry
 from app.platform import db
-from app.subscribers import streams, records as subscribers
+from app.subscribers import categories as category_registry
+from app.subscribers import records as subscribers
+from app.subscribers import streams
 from digest import runs as digest_runs
 
 # How many topic checkboxes the preference centre shows at most; opt-outs are always shown.
 MAX_SHOWN_CATEGORIES = subscribers.MAX_CATEGORIES
 
-_COLUMNS = ("id", "user_id", "email", "name", "timezone", "digest_cadence", "digest_hour", "digest_weekday",
-            "category_opt_outs", "paused_until", "unsubscribed_at", "token_version", "newsletters_unsubscribed_at",
-            "digest_cadence_before_off")
+_COLUMNS = (
+    "id",
+    "user_id",
+    "email",
+    "name",
+    "timezone",
+    "digest_cadence",
+    "digest_hour",
+    "digest_weekday",
+    "category_opt_outs",
+    "paused_until",
+    "unsubscribed_at",
+    "token_version",
+    "newsletters_unsubscribed_at",
+    "digest_cadence_before_off",
+)
 
 
 def load(subscriber_id: int) -> dict | None:
@@ -56,8 +71,10 @@ def topics(keys: list[str]) -> list[dict]:
     """Each category key with the label and description it is shown with, ordered by label."""
     registry = category_registry.registry()
     shown = [category_registry.lookup(key, registry) for key in keys]
-    return [{"key": c.key, "label": c.label, "description": c.description}
-            for c in sorted(shown, key=lambda c: (c.label.casefold(), c.key))]
+    return [
+        {"key": c.key, "label": c.label, "description": c.description}
+        for c in sorted(shown, key=lambda c: (c.label.casefold(), c.key))
+    ]
 
 
 def save_preferences(subscriber_id: int, values: dict) -> None:
@@ -66,8 +83,10 @@ def save_preferences(subscriber_id: int, values: dict) -> None:
 
 
 def set_paused_until(subscriber_id: int, token_version: int, until) -> None:
-    db.query("UPDATE subscribers SET paused_until = %s, updated_at = now() WHERE id = %s AND token_version = %s",
-             (until, subscriber_id, token_version))
+    db.query(
+        "UPDATE subscribers SET paused_until = %s, updated_at = now() WHERE id = %s AND token_version = %s",
+        (until, subscriber_id, token_version),
+    )
 
 
 def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
@@ -86,7 +105,9 @@ def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bo
         # COALESCE keeps the first unsubscribe time when a client repeats the one-click POST.
         cur = db.database.execute_sql(
             "UPDATE subscribers SET unsubscribed_at = COALESCE(unsubscribed_at, now()), updated_at = now() "
-            "WHERE id = %s AND token_version = %s", (subscriber_id, token_version))
+            "WHERE id = %s AND token_version = %s",
+            (subscriber_id, token_version),
+        )
         if cur.rowcount == 0:
             return False
         # Claims check unsubscribed_at anyway; cancelling queued runs now also keeps the operator's
@@ -105,30 +126,42 @@ def resubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bo
         return _update(_DIGESTS_ON_SQL, (subscriber_id, token_version))
     if target.kind == streams.NEWSLETTERS:
         return _update(_NEWSLETTERS_ON_SQL, (subscriber_id, token_version))
-    return _update("UPDATE subscribers SET unsubscribed_at = NULL, updated_at = now() "
-                   "WHERE id = %s AND token_version = %s RETURNING id", (subscriber_id, token_version))
+    return _update(
+        "UPDATE subscribers SET unsubscribed_at = NULL, updated_at = now() "
+        "WHERE id = %s AND token_version = %s RETURNING id",
+        (subscriber_id, token_version),
+    )
 
 
-_OPT_OUT_SQL = ("UPDATE subscribers SET category_opt_outs = ARRAY(SELECT DISTINCT c FROM "
-                "unnest(array_append(category_opt_outs, %s)) c ORDER BY c), updated_at = now() "
-                "WHERE id = %s AND token_version = %s RETURNING id")
-_OPT_IN_SQL = ("UPDATE subscribers SET category_opt_outs = array_remove(category_opt_outs, %s), updated_at = now() "
-               "WHERE id = %s AND token_version = %s RETURNING id")
+_OPT_OUT_SQL = (
+    "UPDATE subscribers SET category_opt_outs = ARRAY(SELECT DISTINCT c FROM "
+    "unnest(array_append(category_opt_outs, %s)) c ORDER BY c), updated_at = now() "
+    "WHERE id = %s AND token_version = %s RETURNING id"
+)
+_OPT_IN_SQL = (
+    "UPDATE subscribers SET category_opt_outs = array_remove(category_opt_outs, %s), updated_at = now() "
+    "WHERE id = %s AND token_version = %s RETURNING id"
+)
 # A repeated stop keeps the cadence recorded by the first one.
 _DIGESTS_OFF_SQL = (
     "UPDATE subscribers SET digest_cadence_before_off = CASE WHEN digest_cadence <> 'off' THEN digest_cadence "
     "ELSE digest_cadence_before_off END, digest_cadence = 'off', updated_at = now() "
-    "WHERE id = %s AND token_version = %s RETURNING id")
+    "WHERE id = %s AND token_version = %s RETURNING id"
+)
 _DIGESTS_ON_SQL = (
     "UPDATE subscribers SET digest_cadence = CASE WHEN digest_cadence = 'off' "
     "THEN COALESCE(digest_cadence_before_off, 'daily') ELSE digest_cadence END, "
     "digest_cadence_before_off = NULL, updated_at = now() "
-    "WHERE id = %s AND token_version = %s RETURNING id")
+    "WHERE id = %s AND token_version = %s RETURNING id"
+)
 _NEWSLETTERS_OFF_SQL = (
     "UPDATE subscribers SET newsletters_unsubscribed_at = COALESCE(newsletters_unsubscribed_at, now()), "
-    "updated_at = now() WHERE id = %s AND token_version = %s RETURNING id")
-_NEWSLETTERS_ON_SQL = ("UPDATE subscribers SET newsletters_unsubscribed_at = NULL, updated_at = now() "
-                       "WHERE id = %s AND token_version = %s RETURNING id")
+    "updated_at = now() WHERE id = %s AND token_version = %s RETURNING id"
+)
+_NEWSLETTERS_ON_SQL = (
+    "UPDATE subscribers SET newsletters_unsubscribed_at = NULL, updated_at = now() "
+    "WHERE id = %s AND token_version = %s RETURNING id"
+)
 
 
 def _update(sql: str, params: tuple) -> bool:

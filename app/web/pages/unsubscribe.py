@@ -16,6 +16,7 @@ The token scope says what the link stops (app/streams.py): a digest's link the d
 newsletter's the newsletter stream, "category:X" one topic, no scope everything. The page says
 which, and always offers "everything" too.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.subscribers import streams
 from app.platform import tokens
+from app.subscribers import streams
 from app.web.pages import common, csrf, store
 
 log = logging.getLogger("app.web.pages.unsubscribe")
@@ -53,14 +54,20 @@ def _state(subscriber: dict, claims: tokens.TokenClaims) -> dict:
 
 @common.token_page("unsubscribe")
 async def unsubscribe_page(request: Request, token: str, subscriber: dict, claims) -> Response:
-    return common.form_page(request, "unsubscribe.html", {
-        "subscriber": subscriber,
-        **_state(subscriber, claims),
-        "action_url": _page_url(token),
-        "preferences_url": tokens.preferences_path(subscriber["id"], subscriber["token_version"]),
-        "notice": request.query_params.get("notice") if request.query_params.get("notice") in
-        ("unsubscribed", "resubscribed") else None,
-    }, subscriber["id"])
+    return common.form_page(
+        request,
+        "unsubscribe.html",
+        {
+            "subscriber": subscriber,
+            **_state(subscriber, claims),
+            "action_url": _page_url(token),
+            "preferences_url": tokens.preferences_path(subscriber["id"], subscriber["token_version"]),
+            "notice": request.query_params.get("notice")
+            if request.query_params.get("notice") in ("unsubscribed", "resubscribed")
+            else None,
+        },
+        subscriber["id"],
+    )
 
 
 @common.token_page("unsubscribe")
@@ -80,9 +87,11 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
         await run_in_threadpool(store.unsubscribe, sid, version, scope)
         log.info("subscriber %s unsubscribed by one-click POST (scope=%s)", sid, scope)
         target = streams.target(scope)
-        return common.render(request, "unsubscribed_oneclick.html",
-                             {"category": target.category, "what": streams.label(target),
-                              "email": subscriber["email"]})
+        return common.render(
+            request,
+            "unsubscribed_oneclick.html",
+            {"category": target.category, "what": streams.label(target), "email": subscriber["email"]},
+        )
 
     if action in ("unsubscribe", "unsubscribe_all"):
         scope = scope if action == "unsubscribe" else None
@@ -94,9 +103,13 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
         if not csrf.valid(request, sid, common.text(posted, csrf.FIELD)):
             log.info("resubscribe for subscriber %s rejected: bad CSRF token", sid)
             return common.error_page(
-                request, 403, "Please try again",
+                request,
+                403,
+                "Please try again",
                 "This form expired or was sent from somewhere else, so nothing changed. "
-                "Open the page again and resubmit.", _page_url(token))
+                "Open the page again and resubmit.",
+                _page_url(token),
+            )
         await run_in_threadpool(store.resubscribe, sid, version, scope)
         log.info("subscriber %s resubscribed (scope=%s)", sid, scope)
         notice = "resubscribed"

@@ -7,6 +7,7 @@ events retention already dropped gets a 410 page that says so. The copy itself i
 digest/hosted.py: direct links, no open pixel. Its CSP allows the mail's inline styles and https
 images and nothing else (no script at all).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,10 @@ log = logging.getLogger("app.web.pages.view")
 
 HEADERS = {
     **common.SECURITY_HEADERS,
-    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; img-src https: data:; "
-                                "form-action 'none'; frame-ancestors 'none'; base-uri 'none'"),
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src https: data:; "
+        "form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+    ),
 }
 _BODY_START = re.compile(r"<body\b[^>]*>", re.IGNORECASE)
 _NOTE_STYLE = "margin:0;padding:8px 16px;font:12px/18px sans-serif;color:#52606d;text-align:center"
@@ -44,12 +47,18 @@ async def view_page(request: Request) -> Response:
     sent = schedule.when(result.sent_at, subscriber["timezone"])
     if isinstance(result, hosted.Gone):
         days = config.get().retention_days
-        kept = f"We keep what digests show for {days} days, and this one is older" if days else \
-            "What it showed is no longer stored"
+        kept = (
+            f"We keep what digests show for {days} days, and this one is older"
+            if days
+            else "What it showed is no longer stored"
+        )
         return common.error_page(
-            request, 410, "This digest is no longer available",
+            request,
+            410,
+            "This digest is no longer available",
             f"This digest was sent on {sent}. {kept}, so it cannot be shown any more. "
-            "Your newer digests are in your inbox.")
+            "Your newer digests are in your inbox.",
+        )
     note = f'<p style="{_NOTE_STYLE}">This digest was sent on {sent}.</p>'
     html = _BODY_START.sub(lambda m: m.group(0) + note, result.html, count=1)
     return HTMLResponse(html, headers=HEADERS)
