@@ -10,9 +10,11 @@ import pytest
 
 from app.platform import apikeys, db
 from tests import factories
-from tests.test_browser_pages import (
+from tests.test_browser_pages import (  # noqa: F401 - browser, live_server and pytestmark are used by pytest
     UNLABELLED_CONTROLS_JS,
-    pytestmark,  # noqa: F401
+    browser,
+    live_server,
+    pytestmark,
     shot,
 )
 
