@@ -200,3 +200,38 @@ def test_no_imports_hidden_in_functions_except_the_measured_ones():
             if (rel, module) not in LAZY_ALLOWED:
                 hidden.add((rel, module))
     assert not hidden, sorted(hidden)
+
+
+def _listed_paths(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w/.])((?:app|digest|tracking|actors)/(?:[a-z_]+/)*(?:[a-z_]+\.py)?)", text))
+
+
+def test_docs_layout_lists_every_module_and_nothing_that_is_not_there():
+    text = (ROOT / "docs" / "layout.md").read_text()
+    listed = {p for p in _listed_paths(text) if p.endswith(".py")}
+    missing = sorted(
+        str(p.relative_to(ROOT))
+        for p in MODULES.values()
+        if p.name not in ("__init__.py", "__main__.py") and str(p.relative_to(ROOT)) not in listed
+    )
+    assert not missing, f"docs/layout.md does not list {missing}"
+    gone = sorted(p for p in _listed_paths(text) if not (ROOT / p).exists())
+    assert not gone, f"docs/layout.md lists what is not in the tree: {gone}"
+
+
+def test_readme_where_things_are_names_every_package_and_only_real_paths():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Where things are", 1)[1].split("\n## ", 1)[0]
+    listed = _listed_paths(section)
+    gone = sorted(p for p in listed if not (ROOT / p).exists())
+    assert not gone, f"README 'Where things are' names what is not in the tree: {gone}"
+    packages = {str(p.parent.relative_to(ROOT)) + "/" for p in MODULES.values() if p.name == "__init__.py"}
+    sub_packages_listed_in_docs = {
+        "app/",
+        "app/web/api/",
+        "app/web/pages/",
+        "app/web/admin/",
+        "app/platform/providers/",
+    }
+    unnamed = sorted(packages - listed - sub_packages_listed_in_docs)
+    assert not unnamed, f"README 'Where things are' does not name the packages {unnamed}"
