@@ -7,6 +7,13 @@ The PgBouncer pass (`make test`, scripts/dev/pgbouncer.py) points TEST_DATABASE_
 transaction-pooling PgBouncer and TEST_DIRECT_DATABASE_URL at Postgres itself: migrations use the
 direct one (what MIGRATION_DATABASE_URL is for in production), and tests marked `direct_db` (they
 tell connections apart by backend pid) are skipped in that pass, with their reason.
+
+Under pytest-xdist (`-n N`) each worker gwK gets its own database and Redis db, derived from the
+base URLs: database `<name>_gwK` (notify_test_gw0, notify_test_gw1, ...), a copy made with CREATE
+DATABASE ... TEMPLATE of `<name>_template`, which the first worker migrates (the others find it up
+to date); Redis db `<base> - K` (15, 14, 13, ... for the default db 15: TEST_REDIS_URL's db must be
+at least N - 1). Each worker has its own Prometheus directory too. Tests that cannot share the
+machine run in one xdist group (`serial` below).
 """
 
 from __future__ import annotations
@@ -16,17 +23,46 @@ import os
 import shutil
 import tempfile
 import time
+from urllib.parse import urlsplit, urlunsplit
+
+# "gw0", "gw1", ... in a pytest-xdist worker (set before this file is imported); "" otherwise.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def worker_database_url(url: str, suffix: str) -> str:
+    """The same server, database `<name>_<suffix>`."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}_{suffix}"))
+
+
+def worker_redis_url(url: str, worker: str) -> str:
+    """Redis db `<base> - K` for worker gwK: counting down keeps clear of db 0, the development default."""
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    number = base - int(worker.removeprefix("gw"))
+    if number < 0:
+        raise RuntimeError(f"TEST_REDIS_URL db {base} leaves no Redis db for xdist worker {worker}: use a higher db")
+    return urlunsplit(parts._replace(path=f"/{number}"))
+
 
 os.environ["APP_ENV"] = "test"
-os.environ["DATABASE_URL"] = os.environ.get("TEST_DATABASE_URL", "postgresql://localhost/notify_test")
-os.environ["REDIS_URL"] = os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/15")
+BASE_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://localhost/notify_test")
+BASE_DIRECT_DATABASE_URL = os.environ.get("TEST_DIRECT_DATABASE_URL") or BASE_DATABASE_URL
+BASE_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/15")
+if WORKER:
+    os.environ["DATABASE_URL"] = worker_database_url(BASE_DATABASE_URL, WORKER)
+    DIRECT_DATABASE_URL = worker_database_url(BASE_DIRECT_DATABASE_URL, WORKER)
+    os.environ["REDIS_URL"] = worker_redis_url(BASE_REDIS_URL, WORKER)
+else:
+    os.environ["DATABASE_URL"] = BASE_DATABASE_URL
+    DIRECT_DATABASE_URL = BASE_DIRECT_DATABASE_URL
+    os.environ["REDIS_URL"] = BASE_REDIS_URL
 THROUGH_PGBOUNCER = os.environ.get("TEST_THROUGH_PGBOUNCER") == "1"
-DIRECT_DATABASE_URL = os.environ.get("TEST_DIRECT_DATABASE_URL") or os.environ["DATABASE_URL"]
 os.environ.setdefault("API_KEY_CACHE_SECONDS", "0")
 os.environ.setdefault("MAIL_PROVIDER", "file")
 # Prometheus values of this run (app/metrics.py): its own directory, not the checkout's .var/metrics,
-# removed when the run ends.
-if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+# removed when the run ends. An xdist worker inherits the controller's environment, so it makes its own.
+if WORKER or "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="notify-test-metrics-")
     atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
 
@@ -52,9 +88,36 @@ def direct_database_url() -> str:
 
 @pytest.fixture(scope="session")
 def schema(database_url):
-    migrate.migrate(DIRECT_DATABASE_URL)  # as MIGRATION_DATABASE_URL would in production
+    if WORKER:
+        _copy_template()
+    else:
+        migrate.migrate(DIRECT_DATABASE_URL)  # as MIGRATION_DATABASE_URL would in production
     db.init(database_url)
     yield
+
+
+# Serialises the xdist workers' template step (advisory locks are per database: taken in `postgres`).
+_TEMPLATE_LOCK = 0x6E74_7470
+
+
+def _copy_template() -> None:
+    """This worker's database, a fresh copy of the migrated template. The lock keeps every other
+    session off the template while it is copied (CREATE DATABASE refuses a template in use), and
+    lets one worker migrate it while the others wait and then find nothing pending."""
+    template = worker_database_url(BASE_DIRECT_DATABASE_URL, "template")
+    mine = db.database_name(DIRECT_DATABASE_URL)
+    admin = db.connect_raw(DIRECT_DATABASE_URL.rsplit("/", 1)[0] + "/postgres", autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))
+            try:
+                migrate.migrate(template)
+                cur.execute(f'DROP DATABASE IF EXISTS "{mine}" WITH (FORCE)')
+                cur.execute(f'CREATE DATABASE "{mine}" TEMPLATE "{db.database_name(template)}"')
+            finally:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (_TEMPLATE_LOCK,))
+    finally:
+        admin.close()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -136,7 +136,8 @@ def key_lookups_held(database_url):
     def waiting() -> int:
         with watcher.cursor() as cur:
             cur.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s"
+                " AND datname = current_database()",
                 ("%FROM api_keys WHERE key_hash%",),
             )
             return cur.fetchone()[0]

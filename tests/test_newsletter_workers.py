@@ -163,7 +163,7 @@ def test_outbox_builder_killed_midway_is_redelivered_and_rerun_without_duplicate
             lambda: (
                 db.query(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE 'INSERT INTO email_log%%'"
+                    "AND query LIKE 'INSERT INTO email_log%%' AND datname = current_database()"
                 )[0][0]
                 == 1
             ),

@@ -127,7 +127,10 @@ def test_runs_whose_release_hit_the_outage_are_released_as_soon_as_postgres_retu
 
         def build_waiting():
             with holder.cursor() as cur:
-                cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'digest_events'::regclass")
+                cur.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'digest_events'::regclass"
+                    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
                 return cur.fetchone()[0] > 0
 
         wait_for(build_waiting, 60, "the build to wait for the locked table")

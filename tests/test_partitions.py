@@ -126,7 +126,7 @@ def test_concurrent_inserts_of_one_key_into_two_partitions_store_it_once(first_c
         wait_for(
             lambda: db.query(
                 "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE 'INSERT INTO digest_events%%'"
+                "AND query LIKE 'INSERT INTO digest_events%%' AND datname = current_database()"
             ),
             10,
             "the second insert to wait",
