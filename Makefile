@@ -50,10 +50,16 @@ browser:
 pgbouncer:
 	@sh scripts/dev/apt-install.sh pgbouncer /usr/sbin/pgbouncer "the PgBouncer pass of make test is skipped"
 
+# pytest-xdist workers for the suite (TEST_WORKERS=0: one process). Each worker has its own
+# database and Redis db, derived from TEST_DATABASE_URL / TEST_REDIS_URL (tests/conftest.py).
+# More workers than cores: many tests wait on processes and sockets (docs/testing.md measures it).
+TEST_WORKERS ?= 3
+XDIST = -n $(TEST_WORKERS) --dist worksteal
+
 # The integration tests (the slow ones too: real worker and scheduler processes) through a private
 # PgBouncer in transaction pooling mode on a free port (PGBOUNCER_PORT to choose one): scripts/dev/pgbouncer.py.
 PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
-	$(BIN)/python -m pytest -m "not browser and not pure" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not browser and not pure" $(PYTEST_ARGS)
 
 # The checks that read the source: lint and format (pyproject.toml [tool.ruff]).
 lint: install
@@ -62,7 +68,7 @@ lint: install
 
 # Everything, then the integration tests once more through PgBouncer.
 test: install lint services browser pgbouncer
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 	$(PGBOUNCER_PASS)
 
 test-pgbouncer: install services pgbouncer
@@ -70,7 +76,7 @@ test-pgbouncer: install services pgbouncer
 
 # Everything but the slow (killed processes, timeouts) and browser tests: the inner loop.
 test-fast: install services
-	$(BIN)/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow and not browser" $(PYTEST_ARGS)
 
 # The pure tests (grouping, ranking, rendering, codes, templates) with Postgres and Redis unreachable.
 test-pure: install
