@@ -12,8 +12,8 @@ Under pytest-xdist (`-n N`) each worker gwK gets its own database and Redis db, 
 base URLs: database `<name>_gwK` (notify_test_gw0, notify_test_gw1, ...), a copy made with CREATE
 DATABASE ... TEMPLATE of `<name>_template`, which the first worker migrates (the others find it up
 to date); Redis db `<base> - K` (15, 14, 13, ... for the default db 15: TEST_REDIS_URL's db must be
-at least N - 1). Each worker has its own Prometheus directory too. Tests that cannot share the
-machine run in one xdist group (`serial` below).
+at least N - 1). Each worker has its own Prometheus directory and mail folder (MAIL_FILE_DIR) too.
+docs/testing.md says more.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ os.environ.setdefault("MAIL_PROVIDER", "file")
 if WORKER or "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="notify-test-metrics-")
     atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
+# The file provider names a mail after its idempotency key, and every worker's ids start at 1: two
+# workers writing the same name into one folder would race on its .tmp file.
+if WORKER:
+    os.environ["MAIL_FILE_DIR"] = tempfile.mkdtemp(prefix=f"notify-test-mail-{WORKER}-")
+    atexit.register(shutil.rmtree, os.environ["MAIL_FILE_DIR"], True)
 
 import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402
