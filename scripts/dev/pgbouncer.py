@@ -53,7 +53,7 @@ def free_port() -> int:
 def config_text(port: int, upstream_host: str, upstream_port: int, pool_size: int, users_file: str) -> str:
     return f"""\
 [databases]
-; every database name is forwarded to the same Postgres (tests create scratch databases)
+; every database name is forwarded to the same Postgres (each xdist worker has its own; tests create scratch ones)
 * = host={upstream_host} port={upstream_port}
 
 [pgbouncer]
