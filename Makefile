@@ -54,7 +54,9 @@ pgbouncer:
 # database and Redis db, derived from TEST_DATABASE_URL / TEST_REDIS_URL (tests/conftest.py).
 # More workers than cores: many tests wait on processes and sockets (docs/testing.md measures it).
 TEST_WORKERS ?= 3
-XDIST = -n $(TEST_WORKERS) --dist worksteal
+# One test at a time per worker, the slow ones first (tests/conftest.py orders them): the drills start
+# early instead of ending the run alone.
+XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 
 # The integration tests (the slow ones too: real worker and scheduler processes) through a private
 # PgBouncer in transaction pooling mode on a free port (PGBOUNCER_PORT to choose one): scripts/dev/pgbouncer.py.

@@ -139,6 +139,10 @@ def _copy_template() -> None:
 
 
 def pytest_collection_modifyitems(config, items):
+    if WORKER:
+        # The longest tests first (a stable sort keeps the order within each group): started last, a
+        # drill would be the run's tail, with every other worker idle (docs/testing.md).
+        items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("browser")))
     if not THROUGH_PGBOUNCER:
         return
     for item in items:
