@@ -19,6 +19,7 @@ docs/testing.md says more.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import tempfile
@@ -70,6 +71,12 @@ if WORKER or "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
 if WORKER:
     os.environ["MAIL_FILE_DIR"] = tempfile.mkdtemp(prefix=f"notify-test-mail-{WORKER}-")
     atexit.register(shutil.rmtree, os.environ["MAIL_FILE_DIR"], True)
+
+# Where the xdist workers of this run find the locks that let an `alone` test have the machine to
+# itself: made by the controller (workers inherit its environment), removed when it ends.
+if not WORKER and "NOTIFY_TEST_LOCK_DIR" not in os.environ:
+    os.environ["NOTIFY_TEST_LOCK_DIR"] = tempfile.mkdtemp(prefix="notify-test-locks-")
+    atexit.register(shutil.rmtree, os.environ["NOTIFY_TEST_LOCK_DIR"], True)
 
 import pytest  # noqa: E402
 import redis as redis_lib  # noqa: E402
@@ -201,6 +208,38 @@ class _Emptier:
 
 
 _emptier: _Emptier | None = None
+
+
+_locks: tuple[int, int] | None = None
+
+
+@pytest.fixture(autouse=True)
+def machine_to_itself(request):
+    """Under xdist, a test marked `alone` runs while no other test does; the others share the machine.
+    Readers-writer with a turnstile (flock): every test passes the turnstile before taking the shared
+    lock, and an `alone` test holds the turnstile while it waits for and holds the exclusive one, so
+    the other workers stop at the turnstile after their current test instead of starving it."""
+    if not WORKER:
+        yield
+        return
+    global _locks
+    if _locks is None:
+        folder = os.environ["NOTIFY_TEST_LOCK_DIR"]
+        _locks = tuple(os.open(os.path.join(folder, name), os.O_CREAT | os.O_RDWR) for name in ("turnstile", "machine"))
+    turnstile, machine = _locks
+    alone = request.node.get_closest_marker("alone") is not None
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    finally:
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        fcntl.flock(machine, fcntl.LOCK_UN)
+        if alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

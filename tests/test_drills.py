@@ -14,6 +14,7 @@ from scripts import drill
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone("a worker killed every 5 s must make progress in between: other tests' CPU starves it"),
     pytest.mark.skipif(
         not (shutil.which("redis-server") and glob.glob("/usr/lib/postgresql/*/bin/initdb")),
         reason="the drills start their own postgres and redis-server (apt-get install postgresql redis-server)",

@@ -279,6 +279,7 @@ class LoopbackRelay:
         return json.loads(next(line for line in out.splitlines() if line.startswith("stats "))[6:])
 
 
+@pytest.mark.alone("the pool sizer judges on throughput: other tests' CPU would look like a slow relay")
 @pytest.mark.parametrize("use_async", [True, False], ids=["async", "threads"])
 def test_a_fast_local_relay_keeps_the_pool_small(use_async):
     """A relay next door at the default settings, four sending threads (send chains) of 1,000-mail
