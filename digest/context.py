@@ -1,5 +1,5 @@
 """The template context of one digest. Values are plain strings: chevron HTML-escapes {{tags}}, so
-hostile actor names or titles are harmless in the HTML part; URLs are http(s) only (app/urls.py,
+hostile actor names or titles are harmless in the HTML part; URLs are http(s) only (app/platform/urls.py,
 digest/details.py).
 
 Per shown entity (`groups`): title, url/has_url, lines (one per category: summary, when, label,

@@ -1,4 +1,4 @@
-"""How many SMTP connections a worker process holds (app/providers/smtp_sizing.py and the pools in
+"""How many SMTP connections a worker process holds (app/platform/providers/smtp_sizing.py and the pools in
 smtp_async.py / smtp.py): grown only while it raises throughput, stopped where the relay refuses and
 kept there, idle ones closed. The policy first, against a model of a relay (no sockets, a fake
 clock), then the pools against real local SMTP servers, one of them capping connections per client

@@ -9,8 +9,8 @@ Chains never multiply otherwise, and each ends when the work runs out, so growth
 as chains are added the CPU fills up, the idle share drops below its threshold, and no chain forks
 any more. "Waiting for the provider" includes the SMTP client's own work on its event-loop thread,
 so a loopback relay at 0 ms grows a few chains too, until the CPU is busy. scripts/bench/knobs.py
-(20,000 mails, best of 2, 2 cores): the defaults were within 2 % of the best setting tried at both
-0 ms and 50 ms relay delay, fixed 4 and fixed 8 chains included.
+compares the defaults with fixed chain counts and hand-tuned settings (BENCHMARKS.md, "defaults vs
+hand-tuned").
 
 Both signals are read cheaply: the chain's own provider time (measured around the provider call)
 and the host's idle CPU share from /proc/stat (sampled at most once per GROW_INTERVAL_SECONDS per

@@ -10,7 +10,7 @@ batch and the worker died before committing `sent`: the reclaimer re-sends that 
 same keys).
 
 Controls (pause, cancel, the emergency stop) hold within a second: the provider reports every
-result as it arrives and starts no mail once asked to stop (app/providers/base.py `Progress`). At
+result as it arrives and starts no mail once asked to stop (app/platform/providers/base.py `Progress`). At
 least every FLUSH_EVERY mails or SEND_CHECK_SECONDS, the chain writes the outcomes so far and
 reads the newsletter's status and the emergency stop; when it may not go on, the rows claimed but
 not started go back to `pending` (or `cancelled`) with their attempt refunded. The same rhythm
