@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.newsletter import growth, kick, ratelimit, rows, store, template
-from app.platform import config, db, mail, metrics, shutdown, tokens
+from app.platform import config, db, host, mail, metrics, shutdown, tokens
 from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.platform.providers import get_provider
 from app.platform.providers.base import (
@@ -130,7 +130,7 @@ def send_batch(
         if (
             reenqueue
             and not stats["grew"]
-            and growth.wants_more(stats["provider_seconds"], time.monotonic() - started, growth.host_idle.share())
+            and growth.wants_more(stats["provider_seconds"], time.monotonic() - started, host.host_idle.share())
         ):
             stats["grew"] = growth.grow(
                 newsletter_id, settings.newsletter_send_chains, settings.newsletter_send_chains_max
