@@ -1,5 +1,5 @@
 """The template context of one digest. Values are plain strings: chevron HTML-escapes {{tags}}, so
-hostile actor names or titles are harmless in the HTML part; URLs are http(s) only (app/urls.py,
+hostile actor names or titles are harmless in the HTML part; URLs are http(s) only (app/platform/urls.py,
 digest/details.py).
 
 Per shown entity (`groups`): title, url/has_url, lines (one per category: summary, when, label,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import lru_cache
+from typing import Any
 
 from app.platform import config, timezones
 from app.subscribers.categories import Category, humanise, lookup
@@ -41,7 +42,7 @@ def entity_title(group: Group) -> str:
 
 
 def group_item(group: Group, digest: Digest, categories: dict[str, Category], now: datetime, tz) -> dict:
-    lines = []
+    lines: list[dict[str, Any]] = []
     for line in group.ranked_lines():
         category = lookup(line.category, categories)
         keys = line.actor_keys()

@@ -1,7 +1,7 @@
 """Template compile + render.
 
 Templates are files an operator can replace (DIGEST_TEMPLATE_DIR, default digest/templates):
-  digest.html   Mustache; an HTML fragment goes inside the mail layout (app/layout.py: brand
+  digest.html   Mustache; an HTML fragment goes inside the mail layout (app/platform/layout.py: brand
                 header, card, colours from settings), a full document (<html>) is used as it is;
                 its <style> is inlined by premailer ONCE per template version
   digest.txt    Mustache; the plain-text part (use {{{triple}}} tags: no HTML escaping)

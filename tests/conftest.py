@@ -61,7 +61,7 @@ else:
 THROUGH_PGBOUNCER = os.environ.get("TEST_THROUGH_PGBOUNCER") == "1"
 os.environ.setdefault("API_KEY_CACHE_SECONDS", "0")
 os.environ.setdefault("MAIL_PROVIDER", "file")
-# Prometheus values of this run (app/metrics.py): its own directory, not the checkout's .var/metrics,
+# Prometheus values of this run (app/platform/metrics.py): its own directory, not the checkout's .var/metrics,
 # removed when the run ends. An xdist worker inherits the controller's environment, so it makes its own.
 if WORKER or "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="notify-test-metrics-")

@@ -12,7 +12,7 @@ MAIL_POSTAL_ADDRESS. A part that has the link but not the address (as literal te
 address alone. The HTML footer goes before the last top-level </body>, else at the end.
 
 Layout: an HTML body that is a fragment (no <html>, <body> or doctype) is wrapped in the mail
-layout (app/layout.py: brand header, card, colours from settings) before premailer; a full document
+layout (app/platform/layout.py: brand header, card, colours from settings) before premailer; a full document
 is sent as written. The derived text part comes from the body as written, without the layout.
 
 `{{name}}` of a subscriber without a name shows NAME_FALLBACK ("there"): the variable tags are
@@ -364,7 +364,7 @@ def template_pattern(forbidden: str = "") -> str:
 
 
 # A subject is one header line: no control character and no line break, Unicode's included
-# (app/validation.py LINE_BREAK_OR_CONTROL); build() refuses a subject that holds one.
+# (app/platform/validation.py LINE_BREAK_OR_CONTROL); build() refuses a subject that holds one.
 SUBJECT_FORBIDDEN = "".join(map(chr, [*range(1, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]))
 SUBJECT_PATTERN = template_pattern(SUBJECT_FORBIDDEN)
 BODY_PATTERN = template_pattern()

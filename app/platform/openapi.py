@@ -47,7 +47,8 @@ def free_form_values(schema: dict) -> None:
 
 
 def build(modules) -> dict:
-    paths, models = {}, [Error]
+    paths: dict[str, dict] = {}
+    models: list[type[BaseModel]] = [Error]
     for module in modules:
         for path, ops in getattr(module, "OPENAPI_PATHS", {}).items():
             paths.setdefault(path, {}).update(ops)
