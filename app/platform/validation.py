@@ -1,5 +1,5 @@
 """Request bodies declared once, as pydantic models: the same declaration validates the request and
-becomes its schema in /openapi.json (app/openapi.py).
+becomes its schema in /openapi.json (app/platform/openapi.py).
 
 Why pydantic (scripts/bench/validation.py, a 1000-event batch, µs per event from the parsed body
 to rows): pydantic 2.5, the hand-written checks it replaced 2.4, msgspec 0.5 (parsing included).
