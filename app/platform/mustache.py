@@ -1,28 +1,43 @@
-"""Render chevron's token list through generated Python code instead of chevron's interpreter.
+"""The one Mustache implementation, for digests and newsletters: chevron's tokenizer (the grammar),
+and the token list compiled into one Python function per template instead of chevron's interpreter.
 
-chevron re-walks its token list with a scope search per tag and string concatenation; for a digest
-of 20 events that is ~0.3 ms of the ~1 ms CPU budget a digest has at 1000 digests/s on 2 cores.
-Compiling the SAME tokens (chevron.tokenizer, so the template syntax is chevron's) into one Python
-function once per template version renders ~3x faster (tests check the output equals chevron's).
+chevron re-walks its token list with a scope search per tag and string concatenation; compiling the
+SAME tokens into straight-line Python once per template version renders several times faster
+(scripts/bench/render.py measures it, BENCHMARKS.md has the figures), which matters on the digest
+hot path, and tests check the output equals chevron's.
 
 Supported: variables ({{x}}, escaped like chevron: & " < >), {{{x}}} / {{&x}}, sections over lists,
-dicts and truthy values, inverted sections, comments, dotted names, {{.}}. Not supported (refused
-at compile time with TemplateError): partials and delimiter changes. Names resolve in dict scopes
-only — never attributes, so {{title}} inside a section over a string cannot become str.title
-(a chevron pitfall). tests/test_digest_render.py checks the output equals chevron's.
-
-Kept because `scripts/bench/render.py` measures it well ahead of the library: 49 µs per digest
-(subject + HTML + text, 20 events) against 313 µs with chevron.render on the same cached tokens
-and 558 µs from the template text, on a busy 2-core machine (20/195/256 µs when quiet).
+dicts and truthy values, inverted sections, comments, delimiter changes, dotted names, {{.}}. Not
+supported (refused at compile time with MustacheError): partials (no file system access from a
+template). Names resolve in dict scopes only — never attributes, so {{title}} inside a section over
+a string cannot become str.title (a chevron pitfall).
 """
 
 from __future__ import annotations
+
+import chevron
+from chevron.tokenizer import ChevronError
 
 _MISSING = object()
 
 
 class MustacheError(ValueError):
     pass
+
+
+def tokenize(source: str) -> tuple:
+    """The template's (kind, value) tokens; MustacheError says what is malformed."""
+    try:
+        return tuple(chevron.tokenizer.tokenize(source))
+    except ChevronError as exc:
+        raise MustacheError(str(exc)) from None
+    except (IndexError, ValueError):  # chevron's tokenizer on e.g. an empty tag "{{}}"
+        raise MustacheError("empty or malformed tag") from None
+
+
+def tags(tokens) -> list:
+    """Every token but the literal text: what must survive a rewrite of the text (CSS inlining)."""
+    return [value for kind, value in tokens if kind != "literal"]
 
 
 def _escape(text: str) -> str:
@@ -125,7 +140,7 @@ def _codegen(tokens) -> str:
             if value:
                 pending.append(value)
             continue
-        if kind == "comment":
+        if kind in ("comment", "set delimiter"):  # the tokenizer has applied a delimiter change
             continue
         flush()
         if kind in ("variable", "no escape"):
@@ -166,7 +181,7 @@ def _codegen(tokens) -> str:
             else:
                 depth -= 1
         else:
-            raise MustacheError(f"mustache {kind} tags are not supported in digest templates")
+            raise MustacheError(f"mustache {kind} tags are not supported")
     flush()
     if stack:
         raise MustacheError(f"section {{{{#{stack[-1][0]}}}}} is never closed")
@@ -175,6 +190,8 @@ def _codegen(tokens) -> str:
 
 
 class Template:
+    """A token list compiled once; `render(context)` is the text for one context (thread-safe)."""
+
     def __init__(self, tokens):
         self.source = _codegen(list(tokens))
         namespace = {
@@ -187,5 +204,5 @@ class Template:
         }
         # The source is generated from tag names and repr()'d literals only: names are passed as
         # repr() strings too, so no template text becomes code.
-        exec(compile(self.source, "<digest template>", "exec"), namespace)
+        exec(compile(self.source, "<mustache template>", "exec"), namespace)
         self.render = namespace["render"]
