@@ -17,7 +17,7 @@ log = logging.getLogger("app.web.api.events")
 
 
 async def post_events(request: Request):
-    principal = request.state.principal
+    principal = request.state.principal  # the key the route checked (scope "events", declared below)
     body = await read_json(request)
     rows, errors = ingest.validate_body(body, principal.name)
     if errors:
