@@ -1,7 +1,7 @@
 """Template compile + render.
 
 Templates are files an operator can replace (DIGEST_TEMPLATE_DIR, default digest/templates):
-  digest.html   Mustache; an HTML fragment goes inside the mail layout (app/platform/layout.py: brand
+  digest.html   Mustache; an HTML fragment goes inside the mail layout (app/platform/mail_layout.py: brand
                 header, card, colours from settings), a full document (<html>) is used as it is;
                 its <style> is inlined by premailer ONCE per template version (app/platform/css_inline.py)
   digest.txt    Mustache; the plain-text part (use {{{triple}}} tags: no HTML escaping)
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from app.platform import config, layout, mail, mustache
+from app.platform import config, mail, mail_layout, mustache
 from app.platform.css_inline import inline_css
 
 log = logging.getLogger("digest.render")
@@ -56,12 +56,12 @@ def template_dir() -> Path:
     return Path(configured) if configured else DEFAULT_DIR
 
 
-def compile_source(source: str, html: bool, brand: layout.Brand | None = None) -> tuple:
+def compile_source(source: str, html: bool, brand: mail_layout.Brand | None = None) -> tuple:
     """Source -> cached token tuple. For HTML, the layout around a fragment, then premailer;
     refuse a result that lost tags."""
     if html:
-        if layout.is_fragment(source):
-            source = layout.wrap(source, brand)
+        if mail_layout.is_fragment(source):
+            source = mail_layout.wrap(source, brand)
         inlined = inline_css(source, strip_important=False)
         if mustache.tags(mustache.tokenize(inlined)) != mustache.tags(mustache.tokenize(source)):
             raise TemplateError(
@@ -81,7 +81,7 @@ class TemplateSet:
         self._checked_at = 0.0
         self._lock = threading.Lock()
 
-    def _version(self, name: str, brand: layout.Brand) -> tuple:
+    def _version(self, name: str, brand: mail_layout.Brand) -> tuple:
         path = self.directory / name
         try:
             st = path.stat()
@@ -96,7 +96,7 @@ class TemplateSet:
         if compiled is not None and compiled.settings is settings and now - self._checked_at < STAT_EVERY_SECONDS:
             return compiled
         with self._lock:
-            brand = layout.Brand.from_settings(settings)
+            brand = mail_layout.Brand.from_settings(settings)
             version = self._version(name, brand)
             compiled = self._compiled.get(name)
             if compiled is None or compiled.version != version:

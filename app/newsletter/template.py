@@ -13,7 +13,7 @@ MAIL_POSTAL_ADDRESS. A part that has the link but not the address (as literal te
 address alone. The HTML footer goes before the last top-level </body>, else at the end.
 
 Layout: an HTML body that is a fragment (no <html>, <body> or doctype) is wrapped in the mail
-layout (app/platform/layout.py: brand header, card, colours from settings) before premailer; a full document
+layout (app/platform/mail_layout.py: brand header, card, colours from settings) before premailer; a full document
 is sent as written. The derived text part comes from the body as written, without the layout.
 
 `{{name}}` of a subscriber without a name shows NAME_FALLBACK ("there"): the variable tags are
@@ -29,7 +29,7 @@ import re
 import threading
 from dataclasses import dataclass
 
-from app.platform import config, layout, mail, mustache
+from app.platform import config, mail, mail_layout, mustache
 from app.platform.css_inline import inline_css as _inline_css
 
 log = logging.getLogger("app.newsletter.template")
@@ -214,15 +214,15 @@ class Compiled:
         html: str,
         text: str | None,
         postal_address: str | None = None,
-        brand: layout.Brand | None = None,
+        brand: mail_layout.Brand | None = None,
         name_fallback: str | None = None,
     ):
         settings = config.get()
         if postal_address is None:
             postal_address = settings.mail_postal_address
         self.name_fallback = settings.name_fallback if name_fallback is None else name_fallback
-        self.wrapped = brand is not None and layout.is_fragment(html)
-        body = layout.wrap(html, brand) if self.wrapped else html
+        self.wrapped = brand is not None and mail_layout.is_fragment(html)
+        body = mail_layout.wrap(html, brand) if self.wrapped else html
         self.subject_tokens = _name_fallback(_unescaped(tokenize(subject)))
         self.html_tokens = _name_fallback(with_footer(tokenize(inline_css(body)), postal_address, html=True))
         self.text_tokens = _name_fallback(
@@ -253,7 +253,7 @@ def compiled_for(newsletter_id: int, subject: str, html: str, text: str | None) 
     costs milliseconds to seconds), so a reused id (a restored or test database) never renders
     another newsletter's template."""
     settings = config.get()
-    postal_address, brand = settings.mail_postal_address, layout.Brand.from_settings(settings)
+    postal_address, brand = settings.mail_postal_address, mail_layout.Brand.from_settings(settings)
     key = (newsletter_id, hash((subject, html, text, postal_address, brand, settings.name_fallback)))
     found = _cache.get(key)
     if found is not None:
