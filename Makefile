@@ -55,10 +55,11 @@ pgbouncer:
 PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
 	$(BIN)/python -m pytest -m "not browser and not pure" $(PYTEST_ARGS)
 
-# The checks that read the source: lint and format (pyproject.toml [tool.ruff]).
+# The checks that read the source: lint, format and types (pyproject.toml [tool.ruff], [tool.mypy]).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Everything, then the integration tests once more through PgBouncer.
 test: install lint services browser pgbouncer

@@ -27,7 +27,7 @@ class GracefulStop(Middleware):
         stop = signal.getsignal(signal.SIGTERM)
         if not callable(stop) or getattr(stop, "graceful", False):
             return
-        stopping = []
+        stopping: list[int] = []
 
         def once(signum, frame):
             if stopping:
@@ -36,7 +36,7 @@ class GracefulStop(Middleware):
             stopping.append(signum)
             stop(signum, frame)
 
-        once.graceful = True
+        once.graceful = True  # type: ignore[attr-defined]  # marks our handler: installed once
         signal.signal(signal.SIGTERM, once)
 
     def before_worker_shutdown(self, broker, worker):

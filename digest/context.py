@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import lru_cache
+from typing import Any
 
 from app.platform import config, timezones
 from app.subscribers.categories import Category, humanise, lookup
@@ -41,7 +42,7 @@ def entity_title(group: Group) -> str:
 
 
 def group_item(group: Group, digest: Digest, categories: dict[str, Category], now: datetime, tz) -> dict:
-    lines = []
+    lines: list[dict[str, Any]] = []
     for line in group.ranked_lines():
         category = lookup(line.category, categories)
         keys = line.actor_keys()

@@ -102,7 +102,7 @@ def resolve(cur, digests: list[Digest]) -> None:
 def _older(cur, entities: list, actors: list) -> None:
     """The older events, only for what is still missing and only those keys. Most of these rows do
     not exist (a producer that never sends avatars): events are sorted only where a row came back."""
-    wanted = set()
+    wanted: set[str] = set()
     for g, _ in entities:
         wanted.update(KEYS[c] for c in ((TITLE if g.title is None else ()) + (URL if not g.url else ())))
     if actors:

@@ -24,6 +24,7 @@ import logging
 import random
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from app.newsletter import growth, kick, ratelimit, rows, store, template
 from app.platform import config, db, mail, metrics, shutdown, tokens
@@ -66,7 +67,7 @@ def send_batch(
     With reenqueue=False (tests, benchmark baseline) the chain is not continued."""
     settings = config.get()
     # retry_in: the delay (seconds) the chain continues after; None when it does not continue.
-    stats = {
+    stats: dict[str, Any] = {
         "claimed": 0,
         "sent": 0,
         "failed": 0,

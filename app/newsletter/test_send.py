@@ -65,7 +65,7 @@ def validate(body) -> tuple[list[str] | None, list[dict]]:
     request, errors = check(TestSendInput, body)
     if request is None:
         return None, errors
-    first = {}
+    first: dict[str, str] = {}
     for address in request.to:
         first.setdefault(canonical(address), address)
     return list(first.values()), []

@@ -50,6 +50,7 @@ import contextlib
 import logging
 import threading
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 import peewee
@@ -231,7 +232,7 @@ def raw_cursor():
         yield cur
 
 
-def query(sql: str, params=None) -> list[tuple]:
+def query(sql: str, params=None) -> list[Any]:
     """One statement on a pooled connection (autocommit); returns rows if any."""
     pool = _pool()
     with pool.connection_context():

@@ -55,7 +55,8 @@ class GroupCommitWriter:
         self._wait, self._max_items = wait_ms / 1000, max_items
         self._retries, self._backoff_base = retries, backoff_base
         self._queue: queue.Queue = queue.Queue()
-        self._conn, self._conn_url = None, None
+        self._conn = None
+        self._conn_url: str | None = None
         self.retried = 0  # deadlocks/serialization failures seen (observability, tests)
         self._thread = threading.Thread(target=self._run, name=f"{name}-writer", daemon=True)
         self._thread.start()

@@ -126,8 +126,8 @@ class Lease:
                         "lease %s: could not release (it expires within %.0f s): %s", self.name, self.seconds, exc
                     )
 
-    def __enter__(self):
+    def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()

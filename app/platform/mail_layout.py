@@ -41,7 +41,7 @@ class Brand:
     background: str
 
     @classmethod
-    def from_settings(cls, settings=None) -> Brand:
+    def from_settings(cls, settings: config.Settings | None = None) -> Brand:
         settings = settings or config.get()
         return cls(settings.brand_name, settings.brand_logo_url, settings.brand_color, settings.brand_background)
 

@@ -241,7 +241,7 @@ def setup() -> None:
     """At a process's start-up: the directory exists, and live gauges of dead processes are gone, as
     are their files that cannot be read."""
     DIRECTORY.mkdir(parents=True, exist_ok=True)
-    files = {}
+    files: dict[int, list[str]] = {}
     for name in os.listdir(DIRECTORY):
         if m := _PID_FILE.search(name):
             files.setdefault(int(m.group(1)), []).append(str(DIRECTORY / name))

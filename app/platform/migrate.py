@@ -245,7 +245,7 @@ def _apply_autocommit(conn, m: Migration, pid: int) -> None:
 
 
 def _run_python_step(conn, m: Migration, pid: int) -> None:
-    module, _, function = m.python_step.partition(":")
+    module, _, function = (m.python_step or "").partition(":")
     _same_session(conn, pid)
     conn.autocommit = True
     getattr(importlib.import_module(module), function)(conn)

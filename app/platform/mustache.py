@@ -15,6 +15,9 @@ a string cannot become str.title (a chevron pitfall).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import chevron
 from chevron.tokenizer import ChevronError
 
@@ -125,7 +128,9 @@ def _codegen(tokens) -> str:
         " S = [ctx]",
         " top = ctx if type(ctx) is dict else {}",
     ]
-    depth, stack, pending, counter = 1, [], [], [0]
+    depth, counter = 1, [0]
+    stack: list[tuple[str, str]] = []
+    pending: list[str] = []
 
     def emit(line):
         lines.append(" " * depth + line)
@@ -194,7 +199,7 @@ class Template:
 
     def __init__(self, tokens):
         self.source = _codegen(list(tokens))
-        namespace = {
+        namespace: dict[str, Any] = {
             "_value": _value,
             "_lookup_simple": _lookup_simple,
             "_escaped": _escaped,
@@ -205,4 +210,4 @@ class Template:
         # The source is generated from tag names and repr()'d literals only: names are passed as
         # repr() strings too, so no template text becomes code.
         exec(compile(self.source, "<mustache template>", "exec"), namespace)
-        self.render = namespace["render"]
+        self.render: Callable[[dict], str] = namespace["render"]

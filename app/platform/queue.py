@@ -18,11 +18,12 @@ with `--queues transactional digest` if a big newsletter must never share thread
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
+from dramatiq.middleware import AgeLimit, Callbacks, Middleware, Pipelines, Retries, ShutdownNotifications, TimeLimit
 
 from app.platform import config
 
@@ -40,7 +41,9 @@ _lock = threading.Lock()
 _broker: RedisBroker | None = None
 
 
-def make_broker(url: str | None = None, namespace: str = "dramatiq", extra_middleware=()) -> RedisBroker:
+def make_broker(
+    url: str | None = None, namespace: str = "dramatiq", extra_middleware: Sequence[Middleware] = ()
+) -> RedisBroker:
     middleware = [
         AgeLimit(),
         TimeLimit(),
@@ -72,11 +75,14 @@ def broker() -> RedisBroker:
         with _lock:
             if _broker is None:
                 _set(make_broker())
+    assert _broker is not None  # set above, never unset but by _set
     return _broker
 
 
-def send(target: Target, *args, delay_ms: int | None = None) -> None:
-    message = dramatiq.Message(queue_name=target.queue, actor_name=target.actor, args=args, kwargs={}, options={})
+def send(target: Target, *args: Any, delay_ms: int | None = None) -> None:
+    message: dramatiq.Message[None] = dramatiq.Message(
+        queue_name=target.queue, actor_name=target.actor, args=args, kwargs={}, options={}
+    )
     broker().enqueue(message, delay=int(delay_ms) if delay_ms else None)
 
 

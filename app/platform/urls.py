@@ -19,7 +19,7 @@ RULE = "must be an absolute http(s) URL (at most 2000 characters, no spaces or q
 _URL = re.compile(PATTERN)
 
 
-def http_url(value) -> str:
+def http_url(value: object) -> str:
     """The URL (stripped) if it is an absolute http(s) URL we may render, else "" (javascript:,
     data:, relative paths, protocol-relative //host, no host, non-strings, over MAX_URL characters)."""
     if not isinstance(value, str) or len(value) > MAX_URL:

@@ -15,7 +15,7 @@ reports for it), `index` for an item of a batch, and messages in the API's own w
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
@@ -94,7 +94,7 @@ def documented(extra: dict | Callable[[dict], None], check: Callable[[Any], Any]
     return Field(json_schema_extra=extra), AfterValidator(check)
 
 
-def _message(error: dict) -> str:
+def _message(error: Mapping[str, Any]) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
     simple = {
         "missing": "is required",
@@ -114,7 +114,7 @@ def _message(error: dict) -> str:
     if kind == "string_too_short":
         return "must not be empty"
     if kind == "string_pattern_mismatch":
-        return _PATTERN_MESSAGES.get(ctx.get("pattern"), "is not in the documented format")
+        return _PATTERN_MESSAGES.get(str(ctx.get("pattern")), "is not in the documented format")
     if kind == "too_long":
         return f"must have at most {ctx['max_length']} items"
     if kind == "too_short":

@@ -38,6 +38,7 @@ import logging
 import operator
 import re
 import time
+from typing import cast
 
 import httpx
 import orjson
@@ -120,8 +121,10 @@ class SendGridProvider(Provider):
             try:
                 self._send_group(mails, payload, indexes, results, rounds)
                 for i in indexes:
-                    progress.add(i, results[i])
-                accepted = accepted or any(results[i] is not None and results[i].ok for i in indexes)
+                    sent = results[i]
+                    if sent is not None:  # _send_group gives every index of the group a result
+                        progress.add(i, sent)
+                        accepted = accepted or sent.ok
             except Rejected as exc:
                 if len(mails) == 1:
                     raise
@@ -137,8 +140,8 @@ class SendGridProvider(Provider):
                 for i in range(len(mails)):
                     if results[i] is None:
                         results[i] = SendResult(ok=False, error=f"sendgrid: {exc}", permanent=permanent)
-                return results
-        return results  # type: ignore[return-value]
+                return cast(list[SendResult], results)  # every index has its result now
+        return cast(list[SendResult], results)
 
     def _send_group(self, mails, payload: dict, indexes: list[int], results: list, rounds: list) -> None:
         """POST one request. When SendGrid refuses it because of some recipients (a 400 naming

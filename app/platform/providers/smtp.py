@@ -34,6 +34,7 @@ import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 from urllib.parse import parse_qs, unquote, urlparse
 
 from app.platform import config, mail
@@ -244,7 +245,7 @@ class SMTPProvider(Provider):
         self.idle_timeout = settings.smtp_idle_timeout_seconds
         self._latency = 0.05  # seconds per mail on one connection; measured as batches go
         self.use_async = config.get().smtp_async if use_async is None else use_async
-        self._async = None
+        self._async: AsyncSender | None = None
         self._threaded = ThreadedPool(self.pool_size, self._connect, self.idle_timeout)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
@@ -259,7 +260,7 @@ class SMTPProvider(Provider):
 
     def _connect(self) -> smtplib.SMTP:
         o = self.options
-        conn = None
+        conn: smtplib.SMTP | None = None
         greeted = False  # refusals come before or in answer to the greeting and EHLO
         failed = f"cannot connect to SMTP {o['host']}:{o['port']}"
         try:
@@ -287,8 +288,8 @@ class SMTPProvider(Provider):
             if isinstance(exc, smtplib.SMTPNotSupportedError):  # e.g. AUTH only offered after STARTTLS
                 raise PermanentError(f"SMTP server {o['host']}: {exc} (check SMTP_URL, e.g. ?starttls=1)") from exc
             if isinstance(exc, smtplib.SMTPConnectError):  # the greeting was not a 220
-                text = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc)
-                error = RelayRefused if refuses_connections(exc.smtp_code, text) else TransientError
+                reply = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc)
+                error = RelayRefused if refuses_connections(exc.smtp_code, reply) else TransientError
                 raise error(f"{failed}: {exc}") from exc
             if not greeted and isinstance(exc, (ConnectionError, smtplib.SMTPServerDisconnected)):
                 raise RelayRefused(f"{failed}: {exc!r}") from exc  # refused, reset or closed at the greeting
@@ -432,8 +433,8 @@ class SMTPProvider(Provider):
                 results[index] = result
         if all(r is not None and not r.ok and not r.permanent and "cannot connect" in (r.error or "") for r in results):
             # Nothing got through because the server is unreachable: one error for the whole call.
-            raise TransientError(results[0].error)
-        return results  # type: ignore[return-value]
+            raise TransientError(cast(SendResult, results[0]).error)
+        return cast(list[SendResult], results)  # every index has its result now
 
     def close(self) -> None:
         self._threaded.close()

@@ -36,6 +36,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.platform.providers.base import TransientError
@@ -83,7 +84,7 @@ def refuses_connections(code: int, text: str) -> bool:
 class RelayCeiling:
     """The most connections the relay accepted from this process, learned from its refusals."""
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._value: int | None = None
         self._since = 0.0
@@ -139,15 +140,21 @@ class LaneSizer:
     """The async pool's connection limit, judged on measured throughput. Not thread-safe: every call
     comes from the pool's event loop thread."""
 
+    _mails: int
+    _busy: int
+    _seconds: float
+    _quickest: float
+    _waited: bool
+
     def __init__(
         self,
         floor: int,
         cap: int,
         ceiling: RelayCeiling | None = None,
-        clock=time.monotonic,
-        cpu=time.process_time,
-        loop_cpu=time.thread_time,
-    ):
+        clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.process_time,
+        loop_cpu: Callable[[], float] = time.thread_time,
+    ) -> None:
         self.floor, self.cap = max(1, floor), max(1, floor, cap)
         self.ceiling = ceiling or RelayCeiling(clock)
         self.level = self.floor
@@ -189,8 +196,7 @@ class LaneSizer:
             if not settled:
                 return False
             self.settled()
-        if self._start is None:
-            self._begin()
+        start = self._begin() if self._start is None else self._start
         self._mails += 1
         self._busy += busy
         self._seconds += seconds
@@ -200,7 +206,7 @@ class LaneSizer:
         if self._mails < max(WINDOW_MIN_MAILS, limit):
             return False
         now = self._clock()
-        elapsed = now - self._start
+        elapsed = now - start
         if elapsed < WINDOW_MIN_SECONDS:
             return False
         # Mails per second by Little's law: connections in use / seconds a mail holds one. Counting
@@ -244,9 +250,11 @@ class LaneSizer:
         return True
 
     # -- the decision -------------------------------------------------------------------------
-    def _begin(self) -> None:
+    def _begin(self) -> float:
+        """A new window, from now; returns its start."""
         self._start, self._cpu0, self._loop0, self._waited = self._clock(), self._cpu(), self._loop_cpu(), False
         self._mails, self._busy, self._seconds, self._quickest = 0, 0, 0.0, math.inf
+        return self._start
 
     def _judge(
         self,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+from typing import Any
 
 from app.web.admin.stats import KINDS, Dashboard
 
@@ -37,7 +38,7 @@ COLOURS = {
     "p50": "#1d4ed8",
     "p95": "#b42318",
 }
-_RC = {
+_RC: dict[Any, Any] = {  # matplotlib types its keys as a Literal of every rc name
     "svg.fonttype": "none",
     "svg.hashsalt": "notify-admin",
     "font.size": 10,
