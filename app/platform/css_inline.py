@@ -16,7 +16,7 @@ def inline_css(html: str, *, strip_important: bool) -> str:
     template keeps them). premailer's errors propagate: the caller decides what a failure means."""
     import premailer  # measured 248 ms to import (cssutils); only template compiles need it
 
-    return premailer.Premailer(
+    inlined: str = premailer.Premailer(
         html,
         keep_style_tags=False,
         remove_classes=False,
@@ -26,3 +26,4 @@ def inline_css(html: str, *, strip_important: bool) -> str:
         allow_network=False,
         disable_link_rewrites=True,  # links are Mustache tags; nothing is relative to a base URL
     ).transform()
+    return inlined

@@ -15,20 +15,22 @@ a string cannot become str.title (a chevron pitfall).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import chevron
 from chevron.tokenizer import ChevronError
 
 _MISSING = object()
+Token = tuple[str, str]  # (kind, value): chevron's token
+Scopes = list[Any]  # the context and the section values around a tag, innermost last
 
 
 class MustacheError(ValueError):
     pass
 
 
-def tokenize(source: str) -> tuple:
+def tokenize(source: str) -> tuple[Token, ...]:
     """The template's (kind, value) tokens; MustacheError says what is malformed."""
     try:
         return tuple(chevron.tokenizer.tokenize(source))
@@ -38,7 +40,7 @@ def tokenize(source: str) -> tuple:
         raise MustacheError("empty or malformed tag") from None
 
 
-def tags(tokens) -> list:
+def tags(tokens: Iterable[Token]) -> list[str]:
     """Every token but the literal text: what must survive a rewrite of the text (CSS inlining)."""
     return [value for kind, value in tokens if kind != "literal"]
 
@@ -55,7 +57,7 @@ def _escape(text: str) -> str:
     return text
 
 
-def _lookup(name: str, scopes: list):
+def _lookup(name: str, scopes: Scopes) -> Any:
     if name == ".":
         return scopes[-1]
     first, _, rest = name.partition(".")
@@ -74,13 +76,13 @@ def _lookup(name: str, scopes: list):
     return value
 
 
-def _text(value) -> str:
+def _text(value: Any) -> str:
     if value is _MISSING or value is None:
         return ""
     return value if isinstance(value, str) else str(value)
 
 
-def _lookup_simple(name: str, scopes: list):
+def _lookup_simple(name: str, scopes: Scopes) -> Any:
     """Innermost dict scope that has `name` (the common case: no dots)."""
     for i in range(len(scopes) - 1, -1, -1):
         scope = scopes[i]
@@ -91,7 +93,7 @@ def _lookup_simple(name: str, scopes: list):
     return None
 
 
-def _value(name: str, scopes: list):
+def _value(name: str, scopes: Scopes) -> Any:
     """None when missing (renders as "" and counts as false in sections)."""
     if name == "." or "." in name:
         value = _lookup(name, scopes)
@@ -99,26 +101,27 @@ def _value(name: str, scopes: list):
     return _lookup_simple(name, scopes)
 
 
-def _escaped(value) -> str:
+def _escaped(value: Any) -> str:
     return _escape(value if type(value) is str else _text(value))
 
 
-def _raw(value) -> str:
+def _raw(value: Any) -> str:
     return value if type(value) is str else _text(value)
 
 
-def _nearest_dict(scopes: list) -> dict:
+def _nearest_dict(scopes: Scopes) -> dict[str, Any]:
     for i in range(len(scopes) - 1, -1, -1):
-        if type(scopes[i]) is dict:
-            return scopes[i]
+        scope = scopes[i]
+        if type(scope) is dict:
+            return scope
     return {}
 
 
-def _as_items(value):
+def _as_items(value: Any) -> list[Any] | tuple[Any, ...]:
     return value if isinstance(value, (list, tuple)) else (value,)
 
 
-def _codegen(tokens) -> str:
+def _codegen(tokens: list[Token]) -> str:
     """Python source of `render(ctx)` for a token list: one straight-line function, loops for sections."""
     # `top` is the innermost scope: most names resolve there, without a function call.
     lines = [
@@ -132,10 +135,10 @@ def _codegen(tokens) -> str:
     stack: list[tuple[str, str]] = []
     pending: list[str] = []
 
-    def emit(line):
+    def emit(line: str) -> None:
         lines.append(" " * depth + line)
 
-    def flush():
+    def flush() -> None:
         if pending:
             emit(f"a({''.join(pending)!r})")
             pending.clear()
@@ -197,7 +200,7 @@ def _codegen(tokens) -> str:
 class Template:
     """A token list compiled once; `render(context)` is the text for one context (thread-safe)."""
 
-    def __init__(self, tokens):
+    def __init__(self, tokens: Iterable[Token]) -> None:
         self.source = _codegen(list(tokens))
         namespace: dict[str, Any] = {
             "_value": _value,
@@ -210,4 +213,4 @@ class Template:
         # The source is generated from tag names and repr()'d literals only: names are passed as
         # repr() strings too, so no template text becomes code.
         exec(compile(self.source, "<mustache template>", "exec"), namespace)
-        self.render: Callable[[dict], str] = namespace["render"]
+        self.render: Callable[[dict[str, Any]], str] = namespace["render"]

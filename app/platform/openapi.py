@@ -10,12 +10,13 @@ that validate the requests are the schemas in the document.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from app.platform.http import FastJSONResponse, require_key
@@ -50,9 +51,11 @@ JSON_VALUE = {
     ]
 }
 _ERROR = {"$ref": "#/components/responses/Error"}
+JSON = dict[str, Any]  # a part of the document
+Endpoint = Callable[..., Any]  # a request endpoint, or an ASGI app (the tracking routes)
 
 
-def free_form_values(schema: dict) -> None:
+def free_form_values(schema: JSON) -> None:
     """json_schema_extra for a `dict[str, Any] | None` field: its values are JsonValue."""
     for option in schema.get("anyOf", [schema]):
         if option.get("type") == "object":
@@ -93,7 +96,9 @@ class ApiRoute(Route):
     path_types: dict[str, Any]
 
 
-def api_route(path: str, endpoint, *, path_params: Mapping[str, Any] | None = None, **operations: Operation) -> Route:
+def api_route(
+    path: str, endpoint: Endpoint, *, path_params: Mapping[str, Any] | None = None, **operations: Operation
+) -> Route:
     """`api_route("/v1/things/{key}", endpoint, path_params={"key": KeyType}, get=Operation(...), ...)`.
     One endpoint serves every method given, so a 405 names them all in its Allow header; the
     endpoint reads the checked key's principal from `request.state.principal`."""
@@ -110,9 +115,11 @@ def api_route(path: str, endpoint, *, path_params: Mapping[str, Any] | None = No
     return route
 
 
-def _requiring(endpoint, scopes: dict[str, str]):
+def _requiring(
+    endpoint: Callable[[Request], Awaitable[Response]], scopes: dict[str, str]
+) -> Callable[[Request], Awaitable[Response]]:
     @functools.wraps(endpoint)
-    async def authenticated(request: Request):
+    async def authenticated(request: Request) -> Response:
         scope = scopes.get("GET" if request.method == "HEAD" else request.method)
         if scope is not None:
             request.state.principal = await require_key(request, scope)
@@ -121,20 +128,20 @@ def _requiring(endpoint, scopes: dict[str, str]):
     return authenticated
 
 
-def _schema(annotation: Any) -> dict:
+def _schema(annotation: Any) -> JSON:
     adapter = annotation if isinstance(annotation, TypeAdapter) else TypeAdapter(annotation)
     return adapter.json_schema()
 
 
-def _ref(model: type[BaseModel]) -> dict:
+def _ref(model: type[BaseModel]) -> JSON:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
-def _json(schema: dict) -> dict:
+def _json(schema: JSON) -> JSON:
     return {"application/json": {"schema": schema}}
 
 
-def _query_parameters(model: type[BaseModel]) -> list[dict]:
+def _query_parameters(model: type[BaseModel]) -> list[JSON]:
     properties = model.model_json_schema(mode="validation")["properties"]
     out = []
     for name, info in model.model_fields.items():
@@ -154,7 +161,7 @@ def _query_parameters(model: type[BaseModel]) -> list[dict]:
     return out
 
 
-def _operation(op: Operation, path_parameters: list[dict]) -> dict:
+def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
     doc: dict[str, Any] = {"summary": op.summary}
     if op.scope or op.bearer:
         doc["security"] = [{"bearer": []}]
@@ -188,8 +195,8 @@ def operations(routes: Iterable[BaseRoute]) -> dict[str, dict[str, Operation]]:
     return out
 
 
-def build(routes: Iterable[BaseRoute]) -> dict:
-    paths: dict[str, dict] = {}
+def build(routes: Iterable[BaseRoute]) -> JSON:
+    paths: dict[str, JSON] = {}
     models: list[type[BaseModel]] = [Error]
     for route in routes:
         if not isinstance(route, ApiRoute):
@@ -213,8 +220,8 @@ def build(routes: Iterable[BaseRoute]) -> dict:
     }
 
 
-def endpoint(document: dict):
-    async def openapi_json(request: Request):
+def endpoint(document: JSON) -> Callable[[Request], Awaitable[Response]]:
+    async def openapi_json(request: Request) -> Response:
         return FastJSONResponse(document)
 
     return openapi_json
