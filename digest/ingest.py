@@ -1,7 +1,7 @@
 """Event ingestion: validation of POST /v1/events bodies and a group-commit writer.
 
 A 202 means the events are committed. To pay one Postgres round trip for many requests instead of
-one each, requests hand their validated rows to a group-commit writer (app/groupcommit.py), which
+one each, requests hand their validated rows to a group-commit writer (app/platform/groupcommit.py), which
 gathers whatever is waiting (up to INGEST_GROUP_MAX_EVENTS, waiting at most INGEST_GROUP_WAIT_MS
 for more), inserts it in one transaction and only then resolves every request's future.
 """

@@ -12,7 +12,7 @@ Failure isolation: every outcome is per run.
   - a broken digest template retries the whole batch the same way.
 Only digest/runs.py writes digest_runs; the transitions are listed there.
 
-The emergency stop (app/mail_stop.py) holds within a second: no run is claimed while it is engaged,
+The emergency stop (app/platform/mail_stop.py) holds within a second: no run is claimed while it is engaged,
 and a batch at the provider checks it at least every SEND_CHECK_SECONDS and stops between two
 mails; the runs not started go back to `pending` with no attempt counted.
 

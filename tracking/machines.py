@@ -83,7 +83,7 @@ def _scanner_agent(user_agent: str) -> bool:
 
 def client_ip(forwarded_for: str | None, peer: str | None) -> str | None:
     """The client address as Postgres inet accepts it, or None. Which X-Forwarded-For hop is
-    believed is decided by FORWARDED_ALLOW_IPS (app/forwarded.py), never by the client."""
+    believed is decided by FORWARDED_ALLOW_IPS (app/platform/forwarded.py), never by the client."""
     candidate = forwarded.client_host(forwarded_for, peer)
     if not candidate:
         return None

@@ -53,7 +53,7 @@ STAGE_COLUMNS = (
 )
 # The delivery time of this recipient's copy of the mail decides the "too soon to be a human" rule.
 # A click or open by an erased subscriber (buffered while they were erased, or an old mail clicked
-# later) is kept only as an anonymous count: no subscriber id, IP or user agent (app/subscribers.py).
+# later) is kept only as an anonymous count: no subscriber id, IP or user agent (app/subscribers/records.py).
 INSERT_FROM_STAGE = """
 INSERT INTO email_link_history (kind, link_id, mail_kind, mail_id, subscriber_id, ip, user_agent,
                                 is_machine, machine_reason, occurred_at)

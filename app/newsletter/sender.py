@@ -10,7 +10,7 @@ batch and the worker died before committing `sent`: the reclaimer re-sends that 
 same keys).
 
 Controls (pause, cancel, the emergency stop) hold within a second: the provider reports every
-result as it arrives and starts no mail once asked to stop (app/providers/base.py `Progress`). At
+result as it arrives and starts no mail once asked to stop (app/platform/providers/base.py `Progress`). At
 least every FLUSH_EVERY mails or SEND_CHECK_SECONDS, the chain writes the outcomes so far and
 reads the newsletter's status and the emergency stop; when it may not go on, the rows claimed but
 not started go back to `pending` (or `cancelled`) with their attempt refunded. The same rhythm
@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.newsletter import growth, kick, ratelimit, rows, store, template
-from app.platform import config, db, mail, metrics, shutdown, tokens
+from app.platform import config, db, host, mail, metrics, shutdown, tokens
 from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.platform.providers import get_provider
 from app.platform.providers.base import (
@@ -130,7 +130,7 @@ def send_batch(
         if (
             reenqueue
             and not stats["grew"]
-            and growth.wants_more(stats["provider_seconds"], time.monotonic() - started, growth.host_idle.share())
+            and growth.wants_more(stats["provider_seconds"], time.monotonic() - started, host.host_idle.share())
         ):
             stats["grew"] = growth.grow(
                 newsletter_id, settings.newsletter_send_chains, settings.newsletter_send_chains_max

@@ -173,7 +173,7 @@ def request_send(newsletter_id: int, audience: dict) -> str:
 
 def _same_audience(stored: dict | None, requested: dict) -> bool:
     """Whether a repeated send request names the stored audience: the same, or the same less
-    user_ids erased since (an erasure removes its user_id from every audience, app/subscribers.py)."""
+    user_ids erased since (an erasure removes its user_id from every audience, app/subscribers/records.py)."""
     if stored == requested:
         return True
     stored = stored or {}

@@ -353,7 +353,7 @@ def template_pattern(forbidden: str = "") -> str:
 
 
 # A subject is one header line: no control character and no line break, Unicode's included
-# (app/validation.py LINE_BREAK_OR_CONTROL); build() refuses a subject that holds one.
+# (app/platform/validation.py LINE_BREAK_OR_CONTROL); build() refuses a subject that holds one.
 SUBJECT_FORBIDDEN = "".join(map(chr, [*range(1, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]))
 SUBJECT_PATTERN = template_pattern(SUBJECT_FORBIDDEN)
 BODY_PATTERN = template_pattern()

@@ -2,7 +2,7 @@
 
 Postgres refuses CONCURRENTLY on a partitioned table, and a plain CREATE INDEX there builds every
 partition's index under a SHARE lock that stops all writes until the last one is done. So the
-migration runner (app/migrate.py) turns such a statement, in a `-- migrate: no-transaction` file,
+migration runner (app/platform/migrate.py) turns such a statement, in a `-- migrate: no-transaction` file,
 into these steps:
 
   1. CREATE INDEX name ON ONLY parent ...        the parent's index alone: catalog only, INVALID
@@ -20,7 +20,7 @@ migration again: the parent's index is found by its name, a partition's by the n
 it. A partition that is itself partitioned gets the same treatment one level down.
 
 Partitions created while the parent's index exists get theirs from Postgres itself, valid or not
-yet: ATTACH PARTITION (how app/partitions.py adds months) and CREATE TABLE ... PARTITION OF both
+yet: ATTACH PARTITION (how app/platform/partitions.py adds months) and CREATE TABLE ... PARTITION OF both
 build or adopt a matching index on the new partition. A partition whose DETACH CONCURRENTLY is
 pending is left out: Postgres neither counts it for validity nor lets an index attach to it.
 """

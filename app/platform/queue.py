@@ -7,9 +7,9 @@ domains ← actors) and this module knows no message; tests/test_queue.py checks
 actor on its queue. Messages are hints — the rows
 in Postgres are the truth — so every enqueue is safe to repeat and safe to lose.
 
-Queues, highest priority first (each worker process consumes all of them; run a dedicated worker
-with `--queues transactional digest` if a big newsletter must never share threads with digests):
-  transactional  one-off mail a user is waiting for
+Queues (each worker process consumes all of them; run a dedicated worker with `--queues digest
+webhooks` if a big newsletter must never share threads with digests; actors/newsletter.py says how
+newsletter messages yield to digests within one worker):
   digest         build_and_send_digest, send_now
   newsletter     outbox creation and send batches
   webhooks       applying stored SendGrid events
@@ -27,7 +27,7 @@ from dramatiq.middleware import AgeLimit, Callbacks, Middleware, Pipelines, Retr
 
 from app.platform import config
 
-QUEUES = ("transactional", "digest", "newsletter", "webhooks")
+QUEUES = ("digest", "newsletter", "webhooks")
 
 
 class Target(NamedTuple):

@@ -1,12 +1,11 @@
 """Request bodies declared once, as pydantic models: the same declaration validates the request and
 becomes its schema in /openapi.json (app/platform/openapi.py).
 
-Why pydantic (scripts/bench/validation.py, a 1000-event batch, µs per event from the parsed body
-to rows): pydantic 2.5, the hand-written checks it replaced 2.4, msgspec 0.5 (parsing included).
-msgspec is faster but stops at the first problem and names it only inside a message string; the
+Why pydantic (scripts/bench/validation.py compares it per event with the hand-written checks it
+replaced and with msgspec; BENCHMARKS.md, "event validation"): about as fast as the hand-written
+checks. msgspec is faster but stops at the first problem and names it only inside a message string; the
 API promises `422 {errors: [{index, field, message}]}` for every problem, which pydantic reports
-structurally. End to end (scripts/bench/ingest.py, same sitting, alternating) the difference is
-inside the noise: 6.5k vs 6.6k single events/s, 20-39k vs 24-45k batched events/s.
+structurally. End to end (scripts/bench/ingest.py) the difference is inside the noise.
 
 Errors are translated to the API's contract: one entry per field (the first problem pydantic
 reports for it), `index` for an item of a batch, and messages in the API's own words.

@@ -165,7 +165,7 @@ def get(user_id: str) -> dict | None:
 
 
 def _with_canonical_email(values: dict) -> dict:
-    """The one place a subscriber's address gets its identity (app/addresses.py `canonical`)."""
+    """The one place a subscriber's address gets its identity (app/platform/addresses.py `canonical`)."""
     return {**values, "canonical_email": canonical(values["email"])} if "email" in values else values
 
 

@@ -1,5 +1,5 @@
 """Operations endpoints. GET /healthz: 200 when Postgres and Redis both answer, 503 naming the one
-that does not. GET /metrics: Prometheus exposition (app/metrics.py) for an admin API key or
+that does not. GET /metrics: Prometheus exposition (app/platform/metrics.py) for an admin API key or
 METRICS_TOKEN, as a Bearer token — on the web app, and alone on the metrics exporter
 (`python -m app metrics-exporter`) of hosts that run workers but no web process."""
 

@@ -70,8 +70,8 @@ HTML_SLOTS = re.compile(r'("[^"<>]*"|>[^<>]*<)')
 class SendGridProvider(Provider):
     name = "sendgrid"
     max_batch = MAX_PERSONALIZATIONS
-    # 500 recipients per API call: as fast as 1,000 (7,750/s either way, scripts/bench/newsletter.py)
-    # with a fifth less worker memory at peak (150 MB instead of 188), and still few calls and 429s.
+    # 500 recipients per API call: as fast as 1,000 in scripts/bench/newsletter.py, with less worker
+    # memory at peak, and still few calls and 429s.
     preferred_batch = MAX_PERSONALIZATIONS // 2
 
     def __init__(

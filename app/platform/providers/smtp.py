@@ -8,9 +8,9 @@ A batch is spread over the worker process's pool of connections sending in paral
 connection stays open for the next batch, until it has been idle SMTP_IDLE_TIMEOUT_SECONDS. With a
 50 ms round trip per message a single connection caps at 20 mails/s, so throughput comes from
 several connections, not from one. By default all connections are driven by one asyncio event loop
-thread (app/providers/smtp_async.py: ~70 us less CPU per mail than a thread per connection at
+thread (app/platform/providers/smtp_async.py: ~70 us less CPU per mail than a thread per connection at
 50 ms), SMTP_POOL_SIZE of them and more, up to SMTP_POOL_MAX, only while more raise the measured
-throughput (app/providers/smtp_sizing.py); SMTP_ASYNC=0 uses smtplib with a thread per connection,
+throughput (app/platform/providers/smtp_sizing.py); SMTP_ASYNC=0 uses smtplib with a thread per connection,
 as many as the measured latency calls for up to SMTP_POOL_SIZE (one, inline, for a fast local
 relay). Both use PIPELINING (RFC 2920) when the server offers it: two round trips per mail instead
 of four, and both stop below a connection limit the relay enforces (a 421 at the greeting, a
@@ -222,8 +222,8 @@ class SMTPProvider(Provider):
     name = "smtp"
     max_batch = 1000
     # 1,000 rows per claim: fewer claims, marks and per-batch set-up, and at a slow relay more mails
-    # in flight per send chain. Measured against 100/250/500 (scripts/bench/knobs.py, 50,000 mails):
-    # 4,632 vs 3,924 mails/s at 0 ms, 4,223 vs 3,391 at 50 ms; worker peak RSS 107 MB instead of 77.
+    # in flight per send chain; faster than 100/250/500 at both relay delays in scripts/bench/knobs.py,
+    # for a larger worker peak RSS.
     # The cost: a worker killed mid-batch leaves up to this many rows for the reclaimer, and the ones
     # the relay had accepted go again (same Message-ID, so receivers can drop the copy).
     preferred_batch = 1000

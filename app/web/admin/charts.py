@@ -7,9 +7,8 @@ Only the object-oriented API (Figure, never pyplot: no global figure state), ren
 time under a lock because matplotlib's settings are process-wide. Output is deterministic for the
 same figures (fixed hash salt, no date stamp), cached with the figures they were drawn from.
 
-matplotlib is imported on the first chart only: the import costs about 0.65 s and 59 MB per process
-(measured on this machine), which every web process would otherwise pay for a page operators open
-now and then.
+matplotlib is imported on the first chart only: its import is slow and large (python -X importtime,
+RSS), which every web process would otherwise pay for a page operators open now and then.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Admin API for the category registry (app/categories.py): PUT (create or replace), GET, DELETE
+"""Admin API for the category registry (app/subscribers/categories.py): PUT (create or replace), GET, DELETE
 one category; GET the list."""
 
 from __future__ import annotations
