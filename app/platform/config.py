@@ -175,7 +175,7 @@ class Settings:
     dkim_domain: str = setting("", "DKIM signing domain (with DKIM_SELECTOR and DKIM_PRIVATE_KEY)")
     dkim_selector: str = setting("", "DKIM selector")
     dkim_private_key: str = setting("", "PEM key, or a path to one")
-    # -- brand (the mail layout around digests and newsletter bodies: app/platform/layout.py)
+    # -- brand (the mail layout around digests and newsletter bodies: app/platform/mail_layout.py)
     brand_name: str = setting(
         "Notify",
         "the name at the top of every digest and wrapped newsletter (and the logo's "

@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.routing import Route
 
 from app.platform import config
 from app.platform.http import ApiError, FastJSONResponse, read_body
+from app.platform.openapi import Operation, api_route
 from tracking import signature, webhook_store
 
 log = logging.getLogger("app.web.webhooks")
@@ -92,29 +93,19 @@ async def sendgrid(request: Request):
     return FastJSONResponse({"stored": result.stored, "duplicates": result.duplicates})
 
 
-routes = [Route("/webhooks/sendgrid", sendgrid, methods=["POST"])]
+class WebhookStored(BaseModel):
+    stored: int
+    duplicates: int
 
-OPENAPI_PATHS = {
-    "/webhooks/sendgrid": {
-        "post": {
-            "summary": "SendGrid Event Webhook (signed); 200 only once the batch is committed",
-            "responses": {
-                "200": {
-                    "description": "committed",
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "properties": {"stored": {"type": "integer"}, "duplicates": {"type": "integer"}},
-                            }
-                        }
-                    },
-                },
-                "400": {"$ref": "#/components/responses/Error"},
-                "403": {"$ref": "#/components/responses/Error"},
-                "413": {"$ref": "#/components/responses/Error"},
-                "503": {"$ref": "#/components/responses/Error"},
-            },
-        }
-    }
-}
+
+routes = [
+    api_route(
+        "/webhooks/sendgrid",
+        sendgrid,
+        post=Operation(
+            "SendGrid Event Webhook (signed); 200 only once the batch is committed",
+            {200: ("committed", WebhookStored)},
+            errors=(400, 403, 413, 503),
+        ),
+    )
+]

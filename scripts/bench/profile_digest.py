@@ -91,7 +91,7 @@ AREAS = [
     ("SMTP client + socket", ("providers/smtp", "asyncio", "selectors", "socket", "ssl")),
     ("MIME building (email package, app/platform/mail.py)", ("email/", "app/platform/mail.py", "dkim")),
     ("tracking: links and codes", ("tracking/",)),
-    ("render (digest templates)", ("digest/render.py", "digest/mustache.py", "digest/context.py")),
+    ("render (digest templates)", ("digest/render.py", "app/platform/mustache.py", "digest/context.py")),
     ("load + group", ("digest/load.py", "digest/group.py", "orjson", "json/")),
     ("claim / build / send / record glue", ("digest/",)),
     ("threads, queues, locks", ("threading", "concurrent/", "queue.py")),

@@ -6,7 +6,7 @@ mails differ per recipient only in small places (name, unsubscribe/preferences U
 codes, the open pixel), so the batch is factored into ONE shared body plus per-personalization
 `substitutions`:
   - the HTML is split into constant markup and "slots" (attribute values "…" and text nodes >…<);
-    every mail rendered from the same template has the same constants (chevron escapes `"<>` in
+    every mail rendered from the same template has the same constants (Mustache escapes `"<>` in
     values, so a value can never change the markup structure);
   - slots that differ between recipients become tags ([[nl:h12]]) in the shared body, and each
     personalization substitutes its own value; the plain-text part is factored the same way by line;
