@@ -226,6 +226,7 @@ def _in_threads(*jobs):
     assert not errors, errors
 
 
+@pytest.mark.alone("the pools' sizers judge on throughput: other tests' CPU would look like a slow relay")
 def test_two_worker_processes_share_a_postfix_cap_of_50_without_a_storm_of_refusals():
     """Two pools with the default settings (two worker processes) against a relay that answers 421
     to a 51st connection from this host, 50 ms per mail: every mail goes exactly once; the pools
