@@ -137,7 +137,7 @@ def test_registered_labels_and_verbs_name_the_lines_and_the_subject(sink):
         factories.events("u1", 1, entity_id=f"other-{i}")
     digest_send.process([factories.digest_run(sid)])
     msg = sink.messages()[0]
-    assert msg["Subject"] == "Actor a5, Actor a4 and 4 others followed Launch notes — and 8 more updates"
+    assert msg["Subject"] == "Actor a5, Actor a4 and 4 others followed Launch notes — and 10 more updates"
     text = parts(msg)[1]
     block = text.split("* Launch notes\n")[1].split("\n\n")[0]
     assert [line.split(" (")[0] for line in block.splitlines()] == [

@@ -15,9 +15,11 @@ Layout: an HTML body that is a fragment (no <html>, <body> or doctype) is wrappe
 layout (app/layout.py: brand header, card, colours from settings) before premailer; a full document
 is sent as written. The derived text part comes from the body as written, without the layout.
 
-`{{name}}` of a subscriber without a name shows NAME_FALLBACK ("there"): the variable tags are
-pointed at a `display_name` value at compile time, while `{{#name}}` / `{{^name}}` sections still
-test the real name.
+`{{greeting}}` is the one greeting of every mail, digests' included (app/platform/greeting.py):
+"Hi Ana," or, without a name, "Hi,". `{{name}}` of a subscriber without a name shows NAME_FALLBACK
+(empty unless set: "News for {{name}}" would read "News for there"; write
+`{{#name}}for {{name}}{{/name}}`): the variable tags are pointed at a `display_name` value at
+compile time, while `{{#name}}` / `{{^name}}` sections still test the real name.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ from dataclasses import dataclass
 import chevron
 from chevron.tokenizer import ChevronError
 
-from app.platform import config, layout, mail
+from app.platform import config, greeting, layout, mail
 
 log = logging.getLogger("app.newsletter.template")
 
-VARIABLES = ("name", "email", "user_id", "unsubscribe_url", "preferences_url")
+VARIABLES = ("name", "greeting", "email", "user_id", "unsubscribe_url", "preferences_url")
 MAX_SUBJECT = 500
 MAX_HTML = 512 * 1024
 MAX_TEXT = 256 * 1024
@@ -244,7 +246,12 @@ class Compiled:
 
     def render(self, context: dict) -> Rendered:
         if DISPLAY_NAME not in context:
-            context = {**context, DISPLAY_NAME: context.get("name") or self.name_fallback}
+            name = context.get("name")
+            context = {
+                **context,
+                DISPLAY_NAME: name or self.name_fallback,
+                "greeting": greeting.greeting(name, self.name_fallback),
+            }
         subject = chevron.render(self.subject_tokens, context, partials_path=None)
         return Rendered(
             # One line whatever the variables hold (a user_id may hold a control character).
