@@ -10,7 +10,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from app.newsletter import service as newsletters
-from app.platform import apikeys, db
+from app.platform import apikeys, config, db
 from app.subscribers import categories
 from app.subscribers import records as subscribers
 from digest import ingest
@@ -35,7 +35,15 @@ ACTORS = [
     ("gus", "Gus"),
     ("demo-ivy", "Ivy"),
 ]
-AVATAR_URL = "https://api.dicebear.com/9.x/initials/png?seed={}"  # a picture beside each actor's name
+
+
+# A picture beside each actor's name, served by the web app itself (app/web/static/avatar-*.svg):
+# `make run` reaches nothing on the internet, and the demo digest shows its pictures offline.
+def avatar_url(actor: str) -> str:
+    return f"{config.get().base_url}/static/avatar-{actor.lower()}.svg"
+
+
+# Links in the demo point at a reserved name (RFC 6761 `.test`): nothing ever resolves them.
 POSTS = [
     ("post-1", "Launch notes"),
     ("post-2", "Roadmap for Q3"),
@@ -109,7 +117,7 @@ def load() -> dict:
             done.add((actor_id, kind, post))
             # Only a post's first event carries its title and link, as a "created" event would:
             # the digest keeps them although later events say nothing.
-            payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
+            payload = {"actor_avatar_url": avatar_url(actor)}
             if post not in titled:
                 titled.add(post)
                 payload |= {"entity_title": title, "entity_url": f"https://example.test/posts/{post}"}
@@ -129,7 +137,7 @@ def load() -> dict:
                 )
             )
     for user_id, producer_id, kind, (actor_id, actor), high in URGENT:
-        payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
+        payload = {"actor_avatar_url": avatar_url(actor)}
         rows.append(
             (
                 "demo",

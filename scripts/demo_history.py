@@ -166,7 +166,7 @@ def load(now: datetime | None = None, seed: int = 11) -> dict:
                 for row in _values(
                     cur,
                     "INSERT INTO email_links (mail_kind, mail_id, url, url_hash) VALUES %s RETURNING id",
-                    [(k, m, "https://example.com/demo", psycopg2.Binary(b"demo-history-link")) for k, m in links],
+                    [(k, m, "https://example.test/demo", psycopg2.Binary(b"demo-history-link")) for k, m in links],
                     fetch=True,
                 )
             ],
