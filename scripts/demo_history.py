@@ -198,7 +198,8 @@ def load(now: datetime | None = None, seed: int = 11) -> dict:
             "INSERT INTO suppressions (email, reason, source, created_at) VALUES %s ON CONFLICT DO NOTHING",
             [
                 (address, reason, f"sendgrid:{'bounce' if reason == 'block' else reason}", at)
-                for address, (reason, at) in suppressed.items()
+                # in time order, as they would have arrived: the list shows the newest first by id
+                for address, (reason, at) in sorted(suppressed.items(), key=lambda item: item[1][1])
             ],
         )
     return {"mails": len(mails), "opens_clicks": len(hits), "bounces_complaints": len(events)}

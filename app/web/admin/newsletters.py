@@ -9,11 +9,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.platform import db
+import chevron
+
+from app.platform import db, greeting
 
 PAGE_SIZE = 20
 MAX_PAGE = 500
 DONE_STATES = ("sent", "failed", "suppressed", "cancelled")
+# Whom the table shows a subject template for: "What's new, {{name}}" reads "What's new, Ana Lima".
+SAMPLE_NAME = "Ana Lima"
+SAMPLE = {
+    "name": SAMPLE_NAME,
+    "greeting": greeting.greeting(SAMPLE_NAME),
+    "email": "ana@example.com",
+    "user_id": "sample-user",
+    "unsubscribe_url": "",
+    "preferences_url": "",
+}
+
+
+def sample_subject(subject: str) -> str:
+    """The subject as the sample reader gets it; as written if it does not render (it was checked on
+    create, so only a template from before a grammar change could fail)."""
+    try:
+        return " ".join(chevron.render(subject, SAMPLE).split())
+    except Exception:
+        return subject
 
 
 @dataclass(frozen=True)
@@ -25,6 +46,12 @@ class Row:
     send_requested_at: object
     completed_at: object
     counts: dict  # email_log status -> rows
+
+    sample_name = SAMPLE_NAME  # a plain class attribute, not a field
+
+    @property
+    def sample_subject(self) -> str:
+        return sample_subject(self.subject)
 
     @property
     def total(self) -> int:
