@@ -107,10 +107,8 @@ def _date_axis(ax, matplotlib, data: Dashboard) -> None:
 
 
 def _counts(ax) -> None:
-    """A count axis: whole-number ticks only (no "0.5 bounces")."""
-    from matplotlib.ticker import MaxNLocator  # lazy with matplotlib
-
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    """A count axis: whole-number ticks only (no "0.5 bounces"); the default locator is a MaxNLocator."""
+    ax.yaxis.get_major_locator().set_params(integer=True)
 
 
 def _sent(ax, data, hours, width) -> bool:
