@@ -153,7 +153,9 @@ def _page(title: str, body: str) -> HTMLResponse:
 
 _FIT_FRAME = (
     "<script>for (const f of document.querySelectorAll('iframe.mail')) {"
-    "const fit = () => { f.style.height = f.contentDocument.documentElement.scrollHeight + 'px'; };"
+    # measured at height 0, so the frame's own height never counts as the mail's
+    "const fit = () => { f.style.height = '0px';"
+    "f.style.height = f.contentDocument.documentElement.scrollHeight + 'px'; };"
     "f.addEventListener('load', fit); addEventListener('resize', fit);"
     "if (f.contentDocument && f.contentDocument.readyState === 'complete') fit(); }</script>"
 )
