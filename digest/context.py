@@ -116,7 +116,7 @@ def build(
         postal_address = settings.mail_postal_address
     tz = timezones.load(timezone)
     items = [group_item(g, digest, categories, now, tz) for g in digest.groups]
-    lead = wording.lead(digest.total_events, last_digest_at, now, tz)
+    lead = wording.lead(digest.total_events, last_digest_at, now, tz, cadence)
     if items:
         top, told = headline(digest, items, categories)
         subject_line = wording.subject(top, digest.total_events - told)

@@ -184,8 +184,11 @@ def since(previous: datetime, now: datetime, zone: tzinfo) -> str:
     return f"since {_day_month(local, now_local, long=True)}"
 
 
-def lead(total_events: int, previous: datetime | None, now: datetime, zone: tzinfo) -> str:
-    """ "12 updates since Tuesday." / "Your first digest: 12 updates." (no previous digest)."""
+def lead(total_events: int, previous: datetime | None, now: datetime, zone: tzinfo, cadence: str = "daily") -> str:
+    """ "12 updates since Tuesday." / "Your first digest: 12 updates." (no previous digest; a mail
+    sent as things happen is no digest: "12 updates.")."""
+    if previous is None and cadence == "immediately":
+        return f"{updates(total_events)}."
     if previous is None:
         return f"Your first digest: {updates(total_events)}."
     return f"{updates(total_events)} {since(previous, now, zone)}."

@@ -376,6 +376,7 @@ def test_cadences_have_the_names_a_person_uses():
         postal_address="",
     )
     assert now_ctx["heading"] == "Hi, here is what's new" and "instant" not in str(now_ctx)
+    assert now_ctx["lead"] == "1 update." and "digest" not in now_ctx["lead"]
     assert now_ctx["reason"] == "You get this email because you have an account with notifications turned on."
     assert wording.reason("weekly").startswith("You get this weekly digest because")
     assert wording.cadence_name("immediately") == "as it happens" and wording.cadence_name("hourly") == "hourly digest"
