@@ -47,7 +47,7 @@ def test_pages_stylesheets_and_mail_templates_load_nothing_from_elsewhere():
         *(ROOT / "app/web/templates").rglob("*.html"),
         *(ROOT / "app/web/static").iterdir(),
         *(ROOT / "digest/templates").iterdir(),
-        ROOT / "app/platform/layout.py",
+        ROOT / "app/platform/mail_layout.py",
     ]
     outside = [
         (str(path.relative_to(ROOT)), url)
