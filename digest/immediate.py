@@ -31,7 +31,8 @@ import logging
 from datetime import datetime
 
 from app.platform import config, db
-from app.subscribers import categories
+from app.subscribers import categories, mailable
+from app.subscribers.streams import DIGESTS
 from digest import runs
 
 log = logging.getLogger("digest.immediate")
@@ -47,9 +48,7 @@ WITH due AS (
 ), subs AS (
     SELECT s.id, s.user_id, s.digest_cadence, s.category_opt_outs
     FROM due JOIN subscribers s ON s.id = due.subscriber_id
-    WHERE s.digest_cadence <> 'off' AND s.unsubscribed_at IS NULL
-      AND (s.paused_until IS NULL OR s.paused_until <= %(now)s)
-      AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE x.email = s.canonical_email)
+    WHERE {mailable.may_mail(DIGESTS, "s", "%(now)s")}
 ), eligible AS (
     SELECT subs.id FROM subs
     WHERE EXISTS (SELECT 1 FROM digest_events e

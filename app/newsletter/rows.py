@@ -36,6 +36,8 @@ from __future__ import annotations
 import enum
 
 from app.platform.mail_stop import NOT_ENGAGED
+from app.subscribers import mailable
+from app.subscribers.streams import NEWSLETTERS
 
 
 class NewsletterStatus(enum.StrEnum):
@@ -119,25 +121,19 @@ RETURNING n.id
 """
 
 # -- email_log ---------------------------------------------------------------------------------
-_ROW_VALUES = """
-    SELECT %(nl)s, s.id, s.email,
-           CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL
-                     OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'pending' END,
-           CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed'
-                WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters'
-                WHEN sup.id IS NOT NULL THEN 'suppressed: ' || sup.reason END
-    FROM subscribers s
-    LEFT JOIN suppressions sup ON sup.email = s.canonical_email
+_ROW_VALUES = f"""
+    SELECT %(nl)s, o.id, o.email, CASE WHEN o.refusal IS NULL THEN 'pending' ELSE 'suppressed' END, o.refusal
+    FROM (SELECT s.id, s.email, s.user_id, {mailable.refusal(NEWSLETTERS)} AS refusal FROM subscribers s) o
 """
 INSERT_RANGE = (
     "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
     + _ROW_VALUES
-    + "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
+    + "WHERE o.id > %(lo)s AND o.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 INSERT_USER_IDS = (
     "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
     + _ROW_VALUES
-    + "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
+    + "WHERE o.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 
 # One statement = one transaction: pick due rows of a newsletter that is `sending` while mail may go
@@ -164,15 +160,14 @@ WITH picked AS (
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE email_log e SET
-    status = CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL
-                       OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'sending' END,
-    error = CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed before send'
-                 WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters before send'
-                 WHEN sup.id IS NOT NULL THEN 'suppressed before send: ' || sup.reason ELSE e.error END,
+    status = CASE WHEN s.refusal IS NULL THEN 'sending' ELSE 'suppressed' END,
+    error = coalesce(s.refusal, e.error),
     attempts = e.attempts + 1,
     claimed_at = now(),
     email = s.email
-FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = s.canonical_email
+FROM picked p, (SELECT s.*, """
+    + mailable.refusal(NEWSLETTERS, when=" before send")
+    + """ AS refusal FROM subscribers s) s
 WHERE e.id = p.id AND s.id = e.subscriber_id
 RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
 """
