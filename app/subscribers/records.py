@@ -9,6 +9,7 @@ from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJso
 from app.platform import db, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
 from app.platform.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
+from app.subscribers import suppressions
 
 CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -195,6 +196,28 @@ def update(subscriber_id: int, values: dict) -> None:
     db.query(f"UPDATE subscribers SET {sets}, updated_at = now() WHERE id = %s", [*values.values(), subscriber_id])
 
 
+# -- soft bounces (tracking/webhook_apply.py, the dashboard's suppression removal) -------------------
+# By the subscriber the event names when it is theirs, else every subscriber with the address.
+def _one_or_by_address(subscriber_id: int | None, address: str) -> tuple[str, tuple]:
+    return ("id = %s", (subscriber_id,)) if subscriber_id else ("canonical_email = %s", (address,))
+
+
+def count_soft_bounce(cur, subscriber_id: int | None, address: str) -> int:
+    """One more soft bounce; returns the highest count now (0: no such subscriber)."""
+    where, params = _one_or_by_address(subscriber_id, address)
+    cur.execute(
+        f"UPDATE subscribers SET soft_bounce_count = soft_bounce_count + 1 WHERE {where} RETURNING soft_bounce_count",
+        params,
+    )
+    return max((row[0] for row in cur.fetchall()), default=0)
+
+
+def reset_soft_bounces(cur, subscriber_id: int | None, address: str) -> None:
+    """A delivery (or an operator's removal of the suppression) starts the count again."""
+    where, params = _one_or_by_address(subscriber_id, address)
+    cur.execute(f"UPDATE subscribers SET soft_bounce_count = 0 WHERE {where} AND soft_bounce_count > 0", params)
+
+
 # Right to erasure, in one transaction. What is deleted, anonymised and kept is listed in the
 # README (API, DELETE). Kept: the address in `suppressions` (reason 'erased'), the minimum needed to
 # never mail it again (honouring the objection needs the address: GDPR art. 17(3)(b), 21(3));
@@ -214,10 +237,7 @@ ERASE_FROM_AUDIENCES = (
     "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s"
 )
 ERASE_STEPS = (
-    # Keep any earlier reason in `source` (bounce, spamreport...: not personal, useful to support).
-    "INSERT INTO suppressions (email, reason, source) VALUES (%(address)s, 'erased', 'erasure') "
-    "ON CONFLICT (email) DO UPDATE SET reason = 'erased', "
-    "source = 'erasure, was ' || suppressions.reason WHERE suppressions.reason <> 'erased'",
+    suppressions.KEEP_ERASED,
     # A digest is one person's mail: its links (URLs from their events), opens and counters go.
     # Deleting the links cascades to their click history and legacy codes.
     "DELETE FROM email_links WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
