@@ -86,6 +86,30 @@ SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
 """
 
 
+# -- digest_send_now: this module is its one writer ------------------------------------------------
+# Ingest and planning mark subscribers; a pass (plan below) consumes the marks. DO UPDATE, not DO
+# NOTHING: a row a pass holds (FOR UPDATE) may be about to be deleted by it, its snapshot older
+# than what the marker saw; updating waits for that pass and then inserts the row again, so the
+# next pass looks at it. The subscribers join: only ids that exist (an erasure may have come first).
+_MARK_SQL = """
+INSERT INTO digest_send_now (subscriber_id)
+SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id
+ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since
+"""
+
+
+def mark(cur, subscriber_ids: list[int]) -> int:
+    """Mark these subscribers for the next pass, in the caller's transaction; returns rows written."""
+    cur.execute(_MARK_SQL, (sorted(subscriber_ids),))
+    return cur.rowcount
+
+
+def mark_from(rows: str) -> str:
+    """SQL for a CTE of a planning statement: mark the subscribers whose ids `rows` (a CTE with an
+    `id` column) returns."""
+    return f"INSERT INTO digest_send_now (subscriber_id) SELECT id FROM {rows} ORDER BY id ON CONFLICT DO NOTHING"
+
+
 def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:
     """One pass over digest_send_now. Returns (runs created, ids of those due now).
     `sending_now`: the caller sends the due ones itself (they are marked enqueued, so the checker

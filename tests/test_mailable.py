@@ -38,6 +38,7 @@ RULE_PARTS = re.compile(
 )
 NOT_A_SENDING_DECISION = {
     "app/subscribers/mailable.py": "the definition itself",
+    "app/subscribers/suppressions.py": "the list's owner: rewrites rows (merging spellings)",
     "app/web/admin/suppressions.py": "the dashboard's suppression list",
     "app/subscribers/rekey.py": "rewrites stored addresses (migration 0601)",
     # Prefilters, matching the partial index of migration 0005: who could have a digest at all.

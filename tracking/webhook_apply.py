@@ -50,9 +50,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-import psycopg2
-import psycopg2.extras
-
 from app.platform import config, db, metrics, queue
 from app.platform.addresses import canonical
 from app.subscribers import records, suppressions
@@ -234,7 +231,7 @@ def _apply_rows(cur, ids: list[int]) -> int:
     if rows:
         cur.execute(
             "UPDATE webhook_events SET processed_at = now(), error = (%s::jsonb ->> id::text) WHERE id = ANY(%s)",
-            (psycopg2.extras.Json({str(k): v for k, v in errors.items()}), [r[0] for r in rows]),
+            (db.json({str(k): v for k, v in errors.items()}), [r[0] for r in rows]),
         )
         _key_unkeyed(cur, [(row_id, address) for row_id, _, address, _, key in rows if address and not key])
         _forget_erased(cur, [r[0] for r in rows])

@@ -120,20 +120,30 @@ WHERE n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
 RETURNING n.id
 """
 
+# Erasure (app/subscribers/records.py erase, a step of it): a newsletter's audience lists user_ids
+# (jsonb {"kind": "user_ids", "user_ids": [...]}, app/newsletter/service.py). Run last, so the
+# newsletter rows it changes stay locked for the shortest time (a pause or cancel of one waits for
+# it; the outbox's inserts do not: a non-key update).
+ERASE_FROM_AUDIENCES = (
+    "UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
+    "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s"
+)
+
 # -- email_log ---------------------------------------------------------------------------------
+_REFUSAL = mailable.refusal(NEWSLETTERS)
 _ROW_VALUES = f"""
-    SELECT %(nl)s, o.id, o.email, CASE WHEN o.refusal IS NULL THEN 'pending' ELSE 'suppressed' END, o.refusal
-    FROM (SELECT s.id, s.email, s.user_id, {mailable.refusal(NEWSLETTERS)} AS refusal FROM subscribers s) o
+    SELECT %(nl)s, s.id, s.email, CASE WHEN {_REFUSAL} IS NULL THEN 'pending' ELSE 'suppressed' END, {_REFUSAL}
+    FROM subscribers s
 """
 INSERT_RANGE = (
     "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
     + _ROW_VALUES
-    + "WHERE o.id > %(lo)s AND o.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
+    + "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 INSERT_USER_IDS = (
     "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
     + _ROW_VALUES
-    + "WHERE o.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
+    + "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 
 # One statement = one transaction: pick due rows of a newsletter that is `sending` while mail may go
@@ -145,6 +155,7 @@ INSERT_USER_IDS = (
 # (thousands of dead entries at the front of the pending index would slow every claim of a big
 # send). A loop ends only when a claim from 0 finds nothing, so rows left behind (locked by a
 # peer, backoff now due) are never missed.
+_REFUSAL_AT_SEND = mailable.refusal(NEWSLETTERS, when=" before send")
 CLAIM = (
     """
 WITH picked AS (
@@ -160,14 +171,16 @@ WITH picked AS (
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE email_log e SET
-    status = CASE WHEN s.refusal IS NULL THEN 'sending' ELSE 'suppressed' END,
-    error = coalesce(s.refusal, e.error),
+    status = CASE WHEN """
+    + _REFUSAL_AT_SEND
+    + """ IS NULL THEN 'sending' ELSE 'suppressed' END,
+    error = coalesce("""
+    + _REFUSAL_AT_SEND
+    + """, e.error),
     attempts = e.attempts + 1,
     claimed_at = now(),
     email = s.email
-FROM picked p, (SELECT s.*, """
-    + mailable.refusal(NEWSLETTERS, when=" before send")
-    + """ AS refusal FROM subscribers s) s
+FROM picked p, subscribers s
 WHERE e.id = p.id AND s.id = e.subscriber_id
 RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
 """

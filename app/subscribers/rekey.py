@@ -22,10 +22,6 @@ from __future__ import annotations
 import logging
 import time
 
-import psycopg2
-import psycopg2.errors
-import psycopg2.extras
-
 from app.platform import config, db
 from app.platform.addresses import canonical
 from app.subscribers import suppressions
@@ -45,7 +41,7 @@ def _batch(conn, work):
             with db.transaction(conn) as cur:
                 cur.execute("SET LOCAL lock_timeout = %s", (settings.migration_lock_timeout,))
                 return work(cur)
-        except (psycopg2.errors.LockNotAvailable, psycopg2.errors.UniqueViolation) as exc:
+        except (db.LockNotAvailable, db.UniqueViolation) as exc:
             # UniqueViolation: a suppression for the canonical form was added meanwhile; the
             # retry sees it and merges into it.
             delay = min(0.2 * 2**attempt, 10.0)
@@ -73,9 +69,7 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
         rows = cur.fetchall()
         stale = [(i, email, key) for i, email, stored in rows if (key := canonical(email)) != stored]
         if stale:
-            psycopg2.extras.execute_values(
-                cur, write, stale, template="(%s::bigint, %s::text, %s::text)", page_size=len(stale)
-            )
+            db.execute_values(cur, write, stale, template="(%s::bigint, %s::text, %s::text)", page_size=len(stale))
         return (rows[-1][0] if rows else None), cur.rowcount if stale else 0
 
     while True:

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app.newsletter import rows as newsletter_rows
 from app.platform.http import ApiError, FastJSONResponse, read_put_body, require_key, validation_error
 from app.platform.validation import Text, check
 from app.subscribers import records as subscribers
@@ -41,7 +42,8 @@ async def get_subscriber(request: Request):
 
 async def delete_subscriber(request: Request):
     await require_key(request, "admin")
-    if not await run_in_threadpool(subscribers.erase, _user_id(request)):
+    erased = await run_in_threadpool(subscribers.erase, _user_id(request), (newsletter_rows.ERASE_FROM_AUDIENCES,))
+    if not erased:
         raise ApiError(404, "not_found", "no subscriber with that user_id")
     return Response(status_code=204)
 

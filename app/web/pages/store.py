@@ -83,89 +83,29 @@ def save_preferences(subscriber_id: int, values: dict) -> None:
 
 
 def set_paused_until(subscriber_id: int, token_version: int, until) -> None:
-    db.query(
-        "UPDATE subscribers SET paused_until = %s, updated_at = now() WHERE id = %s AND token_version = %s",
-        (until, subscriber_id, token_version),
-    )
+    subscribers.set_paused_until(subscriber_id, token_version, until)
 
 
 def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
-    """Idempotent; stops what the token scope names (app/subscribers/streams.py). Returns whether the row
-    matched (False = token revoked meanwhile)."""
+    """Idempotent; stops what the token scope names (app/subscribers/streams.py). Returns whether
+    the row matched (False = token revoked meanwhile)."""
     target = streams.target(scope)
-    if target.kind == streams.CATEGORY:
-        return _update(_OPT_OUT_SQL, (target.category, subscriber_id, token_version))
-    if target.kind == streams.DIGESTS:
-        # The schedule trigger (migration 0004) cancels the pending runs; claims skip any other
-        # ("cadence changed").
-        return _update(_DIGESTS_OFF_SQL, (subscriber_id, token_version))
-    if target.kind == streams.NEWSLETTERS:
-        return _update(_NEWSLETTERS_OFF_SQL, (subscriber_id, token_version))
-    with db.database.connection_context(), db.database.atomic():
-        # COALESCE keeps the first unsubscribe time when a client repeats the one-click POST.
-        cur = db.database.execute_sql(
-            "UPDATE subscribers SET unsubscribed_at = COALESCE(unsubscribed_at, now()), updated_at = now() "
-            "WHERE id = %s AND token_version = %s",
-            (subscriber_id, token_version),
-        )
-        if cur.rowcount == 0:
+    with db.raw_cursor() as cur:
+        if not subscribers.stop(cur, subscriber_id, token_version, target):
             return False
-        # Claims check unsubscribed_at anyway; cancelling queued runs now also keeps the operator's
-        # view honest (a run will not show as pending for someone who left).
-        digest_runs.cancel_pending(db.database.cursor(), subscriber_id, "unsubscribed")
+        if target.kind == streams.EVERYTHING:
+            # Claims check unsubscribed_at anyway; cancelling queued runs now also keeps the
+            # operator's view honest (a run will not show as pending for someone who left). A
+            # stopped digest stream needs nothing here: the schedule trigger (migration 0004)
+            # cancels the pending runs, and claims skip any other ("cadence changed").
+            digest_runs.cancel_pending(cur, subscriber_id, "unsubscribed")
         return True
 
 
 def resubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
-    """Undoes unsubscribe() for the same scope. Digests come back on the cadence they had before
-    the digest stream was stopped (daily if it was never recorded)."""
-    target = streams.target(scope)
-    if target.kind == streams.CATEGORY:
-        return _update(_OPT_IN_SQL, (target.category, subscriber_id, token_version))
-    if target.kind == streams.DIGESTS:
-        return _update(_DIGESTS_ON_SQL, (subscriber_id, token_version))
-    if target.kind == streams.NEWSLETTERS:
-        return _update(_NEWSLETTERS_ON_SQL, (subscriber_id, token_version))
-    return _update(
-        "UPDATE subscribers SET unsubscribed_at = NULL, updated_at = now() "
-        "WHERE id = %s AND token_version = %s RETURNING id",
-        (subscriber_id, token_version),
-    )
-
-
-_OPT_OUT_SQL = (
-    "UPDATE subscribers SET category_opt_outs = ARRAY(SELECT DISTINCT c FROM "
-    "unnest(array_append(category_opt_outs, %s)) c ORDER BY c), updated_at = now() "
-    "WHERE id = %s AND token_version = %s RETURNING id"
-)
-_OPT_IN_SQL = (
-    "UPDATE subscribers SET category_opt_outs = array_remove(category_opt_outs, %s), updated_at = now() "
-    "WHERE id = %s AND token_version = %s RETURNING id"
-)
-# A repeated stop keeps the cadence recorded by the first one.
-_DIGESTS_OFF_SQL = (
-    "UPDATE subscribers SET digest_cadence_before_off = CASE WHEN digest_cadence <> 'off' THEN digest_cadence "
-    "ELSE digest_cadence_before_off END, digest_cadence = 'off', updated_at = now() "
-    "WHERE id = %s AND token_version = %s RETURNING id"
-)
-_DIGESTS_ON_SQL = (
-    "UPDATE subscribers SET digest_cadence = CASE WHEN digest_cadence = 'off' "
-    "THEN COALESCE(digest_cadence_before_off, 'daily') ELSE digest_cadence END, "
-    "digest_cadence_before_off = NULL, updated_at = now() "
-    "WHERE id = %s AND token_version = %s RETURNING id"
-)
-_NEWSLETTERS_OFF_SQL = (
-    "UPDATE subscribers SET newsletters_unsubscribed_at = COALESCE(newsletters_unsubscribed_at, now()), "
-    "updated_at = now() WHERE id = %s AND token_version = %s RETURNING id"
-)
-_NEWSLETTERS_ON_SQL = (
-    "UPDATE subscribers SET newsletters_unsubscribed_at = NULL, updated_at = now() "
-    "WHERE id = %s AND token_version = %s RETURNING id"
-)
-
-
-def _update(sql: str, params: tuple) -> bool:
-    return bool(db.query(sql, params))
+    """Undoes unsubscribe() for the same scope (subscribers.restart)."""
+    with db.raw_cursor() as cur:
+        return subscribers.restart(cur, subscriber_id, token_version, streams.target(scope))
 
 
 def is_stopped(subscriber: dict, target: streams.Target) -> bool:
