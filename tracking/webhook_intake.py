@@ -25,7 +25,7 @@ from app.platform import config, db, http
 from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
 from tracking import webhook_apply
 
-log = logging.getLogger("tracking.webhook_store")
+log = logging.getLogger("tracking.webhook_intake")
 
 MAX_ID_LENGTH = 200
 MAX_EVENT_LENGTH = 100

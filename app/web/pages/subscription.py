@@ -1,7 +1,9 @@
-"""Database reads and writes behind the subscriber pages (sync; endpoints call them in a thread).
+"""The subscriber behind a page: loaded, the topics shown, their stops and restarts (sync;
+endpoints call them in a thread).
 
-Unsubscribe/resubscribe/resume writes are keyed on (id, token_version), so a token revoked between
-page load and submit changes nothing there; preference saves go through subscribers.update().
+The writes are app/subscribers/records.py's (the one writer of `subscribers`): unsubscribe,
+resubscribe and resume are keyed on (id, token_version), so a token revoked between page load and
+submit changes nothing there; preference saves go through subscribers.update().
 """
 
 from __future__ import annotations
