@@ -98,10 +98,10 @@ ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since
 """
 
 
-def mark(cur, subscriber_ids: list[int]) -> int:
+def mark(cur: db.Cursor, subscriber_ids: list[int]) -> int:
     """Mark these subscribers for the next pass, in the caller's transaction; returns rows written."""
     cur.execute(_MARK_SQL, (sorted(subscriber_ids),))
-    return cur.rowcount
+    return int(cur.rowcount)
 
 
 def mark_from(rows: str) -> str:

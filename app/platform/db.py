@@ -52,7 +52,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlparse
 
 import peewee
@@ -77,6 +77,9 @@ UNAVAILABLE = (
     peewee.InterfaceError,
     MaxConnectionsExceeded,
 )
+
+# A cursor, as the modules above annotate one (the driver ships no types: this is Any to mypy).
+Cursor: TypeAlias = psycopg2.extensions.cursor
 
 # The errors callers catch, named here so that no module above the platform imports psycopg2.
 Error = psycopg2.Error

@@ -10,6 +10,10 @@ replaces), an operator's removal, and the canonical-form backfill (app/subscribe
 
 from __future__ import annotations
 
+from typing import Any
+
+from app.platform import db
+
 COLUMNS = "id, email, reason, source, created_at"
 
 # Erasure keeps the address, and any earlier reason in `source` (bounce, spamreport...: not
@@ -21,7 +25,7 @@ KEEP_ERASED = (
 )
 
 
-def suppress(cur, address: str, reason: str, source: str) -> None:
+def suppress(cur: db.Cursor, address: str, reason: str, source: str) -> None:
     """Suppress the canonical `address`; an address already suppressed keeps its first reason."""
     if address:
         cur.execute(
@@ -30,13 +34,14 @@ def suppress(cur, address: str, reason: str, source: str) -> None:
         )
 
 
-def remove(cur, suppression_id: int) -> tuple | None:
+def remove(cur: db.Cursor, suppression_id: int) -> tuple[Any, ...] | None:
     """Delete one row; returns it (COLUMNS), None when it was already gone."""
     cur.execute(f"DELETE FROM suppressions WHERE id = %s RETURNING {COLUMNS}", (suppression_id,))
-    return cur.fetchone()
+    row: tuple[Any, ...] | None = cur.fetchone()
+    return row
 
 
-def merge_into_canonical(cur, row_id: int, key: str) -> int:
+def merge_into_canonical(cur: db.Cursor, row_id: int, key: str) -> int:
     """Rewrite one suppression to its canonical `key`, merging it with the row that holds `key`
     already (app/subscribers/rekey.py): the earliest row is kept, 'erased' wins over any reason,
     the merged rows' reasons and sources are appended to its source. 1 if it changed, else 0."""
