@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
+from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema, create_model
 
 from app.platform import db, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
@@ -132,6 +132,38 @@ def validate(data, partial: bool = False) -> tuple[dict, list[dict]]:
     return values, errors
 
 
+REQUIRED = frozenset(name for name, info in SubscriberInput.model_fields.items() if info.is_required())
+
+
+def _patch_field(name: str, info):
+    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    if name in REQUIRED:
+        return annotation, None
+    return annotation | None, Field(None, description=f"null: back to {info.default!r}")
+
+
+# For the OpenAPI document: every field optional, null allowed where PUT has a default.
+SubscriberPatch = create_model(
+    "SubscriberPatch",
+    __base__=Body,
+    __doc__="PATCH /v1/subscribers/{user_id}: a JSON merge patch (RFC 7396) of SubscriberInput.",
+    **{name: _patch_field(name, info) for name, info in SubscriberInput.model_fields.items()},
+)
+
+
+def validate_merge_patch(data) -> tuple[dict, list[dict]]:
+    """A JSON merge patch (RFC 7396) of a subscriber: the fields named, checked as PUT checks them;
+    null clears an optional field back to what PUT fills in when it is omitted, and is refused for a
+    required one (the preference pages' partial check, plus what null means)."""
+    if not isinstance(data, dict):
+        return {}, [{"field": "body", "message": "must be a JSON object (a merge patch)"}]
+    cleared = {name: DEFAULTS[name] for name, value in data.items() if value is None and name in DEFAULTS}
+    required = [name for name, value in data.items() if value is None and name in REQUIRED]
+    values, errors = validate({k: v for k, v in data.items() if k not in cleared and k not in required}, partial=True)
+    errors += [{"field": name, "message": "is required and cannot be null"} for name in required]
+    return {**values, **cleared}, errors
+
+
 COLUMNS = (
     "id",
     "user_id",
@@ -184,6 +216,19 @@ def upsert(user_id: str, values: dict) -> tuple[dict, bool]:
             params,
         ).fetchone()
     return _as_dict(row[:-1]), row[-1]
+
+
+def patch(user_id: str, values: dict) -> dict | None:
+    """Change only the named fields, in one UPDATE of those columns (never read-modify-write, so
+    two patches of different fields at once both land). None if there is no such subscriber. A
+    changed schedule cancels pending runs (see upsert)."""
+    values = _with_canonical_email(values)
+    sets = "".join(f"{c} = %s, " for c in values)
+    rows = db.query(
+        f"UPDATE subscribers SET {sets}updated_at = now() WHERE user_id = %s RETURNING {', '.join(COLUMNS)}",
+        [*values.values(), user_id],
+    )
+    return _as_dict(rows[0]) if rows else None
 
 
 def update(subscriber_id: int, values: dict) -> None:
