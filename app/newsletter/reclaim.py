@@ -35,7 +35,9 @@ def reclaim_stale() -> dict:
     kicked_outbox, kicked_chains = [], []
     stalled_outboxes = store.run(
         "SELECT n.id FROM newsletters n WHERE n.status IN ('queued', 'sending', 'paused') "
-        "AND n.outbox_completed_at IS NULL AND n.send_requested_at < now() - make_interval(secs => %s) "
+        "AND n.outbox_completed_at IS NULL "
+        # a scheduled send started at send_at: its outbox message was sent then, not at the request
+        "AND greatest(n.send_requested_at, n.send_at) < now() - make_interval(secs => %s) "
         "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = %s || n.id AND l.expires_at >= now())",
         (OUTBOX_GRACE_SECONDS, outbox.LEASE_PREFIX),
     )
@@ -49,7 +51,8 @@ def reclaim_stale() -> dict:
     sending = store.run(
         "SELECT n.id FROM newsletters n WHERE n.status = 'sending' AND EXISTS ("
         " SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status = 'pending'"
-        " AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))"
+        " AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())"
+        " AND (e.not_before IS NULL OR e.not_before <= now()))"
     )
     for (newsletter_id,) in sending:
         try:

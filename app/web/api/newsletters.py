@@ -79,10 +79,11 @@ async def send_newsletter(request: Request):
     await require_key(request, "admin")
     newsletter_id = _id(request)
     body = await read_json(request, limit=SEND_BODY_LIMIT)
-    audience, errors = service.validate_audience(body)
-    if errors or audience is None:
+    send, errors = service.validate_send(body)
+    if errors or send is None:
         raise validation_error(errors)
-    status = await _call(service.request_send, newsletter_id, audience)
+    audience = send["audience"]
+    status = await _call(service.request_send, newsletter_id, audience, send["send_at"], send["local_time"])
     unknown, unknown_count = await run_in_threadpool(service.unknown_user_ids, audience)
     return FastJSONResponse(
         {"id": newsletter_id, "status": status, "unknown_user_ids": unknown, "unknown_user_ids_count": unknown_count},
@@ -218,6 +219,8 @@ class NewsletterSummary(BaseModel):
     audience: AudienceSummary | None
     created_at: datetime
     send_requested_at: datetime | None
+    send_at: datetime | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
+    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
     completed_at: datetime | None
     counts: RowCounts
 
@@ -239,6 +242,8 @@ class NewsletterStatus(BaseModel):
     audience: AudienceSummary | None
     created_at: datetime
     send_requested_at: datetime | None
+    send_at: datetime | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
+    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
     outbox_completed_at: datetime | None
     completed_at: datetime | None
     counts: RowCounts
@@ -342,7 +347,8 @@ OPENAPI_PATHS = {
     },
     "/v1/newsletters/{newsletter_id}/send": {
         "post": {
-            "summary": "Start sending to an audience (idempotent for the same audience)",
+            "summary": "Start sending to an audience (idempotent for the same audience), now or at send_at; "
+            "with local_time, each recipient at that time of day in their own time zone",
             "security": [{"bearer": []}],
             "parameters": _id_param,
             "requestBody": {
@@ -351,7 +357,8 @@ OPENAPI_PATHS = {
             },
             "responses": {
                 "202": _state(
-                    "send requested; user_ids that are no subscriber get no mail and are listed (the first "
+                    "send requested (status queued, or scheduled with a send_at); user_ids that are no subscriber "
+                    "get no mail and are listed (the first "
                     f"{service.UNKNOWN_SHOWN}, sorted) and counted",
                     unknown_user_ids={"type": "array", "items": {"type": "string"}, "maxItems": service.UNKNOWN_SHOWN},
                     unknown_user_ids_count=_count,
