@@ -366,6 +366,7 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + delay)
                 kick.continue_chain(newsletter_id, delay_ms=int(delay * 1000))
             return f"{pending} row(s) waiting; next due in {delay:.1f}s", delay
+        kick.clear_alive(newsletter_id)
         return f"{pending} row(s) not due for {IDLE_RECHECK_MAX:.0f}s or more; the scheduler tick re-kicks", None
     if store.run(rows.DONE, {"nl": newsletter_id}):
         log.info("newsletter %s done", newsletter_id)
