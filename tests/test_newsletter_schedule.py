@@ -17,6 +17,7 @@ from app.platform import db
 from tests import factories
 from tests.conftest import auth
 from tests.newsletter_support import counts, drain, newsletter_status
+from tests.test_admin_routes import admin  # noqa: F401 (a fixture)
 
 
 def utc(*args) -> datetime:
@@ -295,3 +296,21 @@ def test_the_schedule_is_in_the_openapi_document(client):
     props = doc["components"]["schemas"]["NewsletterAudience"]["properties"]
     assert {"send_at", "local_time"} <= set(props)
     assert "scheduled" in doc["components"]["schemas"]["NewsletterStatus"]["properties"]["status"]["enum"]
+
+
+# ---------------------------------------------------------------- the dashboard
+
+
+def test_the_dashboard_and_the_newsletter_list_show_the_schedule(admin):
+    nl = factories.newsletter_row(
+        subject="Spring",
+        status="scheduled",
+        send_at=utc(2999, 3, 29, 8),
+        local_time=time(9),
+        audience='{"kind": "all"}',
+    )
+    for path in ("/admin/newsletters", "/admin"):
+        page = admin.get(path).text
+        assert f"<td>{nl}</td>" in page
+        assert '<span class="status status-scheduled">scheduled</span>' in page
+        assert "starts 2999-03-29 08:00 UTC" in page and "at 09:00 recipient's local time" in page
