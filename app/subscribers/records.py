@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema, create_model
+import orjson
+from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
 
 from app.platform import db, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
@@ -135,20 +136,30 @@ def validate(data, partial: bool = False) -> tuple[dict, list[dict]]:
 REQUIRED = frozenset(name for name, info in SubscriberInput.model_fields.items() if info.is_required())
 
 
-def _patch_field(name: str, info):
-    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
-    if name in REQUIRED:
-        return annotation, None
-    return annotation | None, Field(None, description=f"null: back to {info.default!r}")
+def _merge_patch_schema(schema: dict) -> None:
+    """SubscriberInput's fields, none required, null allowed where PUT has a default (and meaning
+    that default): the document of what validate_merge_patch accepts."""
+    full = SubscriberInput.model_json_schema(mode="validation")
+    properties = {}
+    for name, prop in full["properties"].items():
+        prop = {k: v for k, v in prop.items() if k not in ("default", "title")}
+        if name in REQUIRED:
+            properties[name] = {**prop, "description": prop.get("description", name) + "; never null"}
+            continue
+        cleared = f"null: back to {orjson.dumps(DEFAULTS[name]).decode()}"
+        description = prop.pop("description", None)
+        options = prop["anyOf"] if {"type": "null"} in prop.get("anyOf", []) else [prop, {"type": "null"}]
+        properties[name] = {"anyOf": options, "description": f"{description}; {cleared}" if description else cleared}
+    schema["properties"] = properties
+    schema.pop("required", None)
 
 
-# For the OpenAPI document: every field optional, null allowed where PUT has a default.
-SubscriberPatch = create_model(
-    "SubscriberPatch",
-    __base__=Body,
-    __doc__="PATCH /v1/subscribers/{user_id}: a JSON merge patch (RFC 7396) of SubscriberInput.",
-    **{name: _patch_field(name, info) for name, info in SubscriberInput.model_fields.items()},
-)
+class SubscriberPatch(Body):
+    """PATCH /v1/subscribers/{user_id}: a JSON merge patch (RFC 7396) of SubscriberInput. Declared for
+    the OpenAPI document only (its schema is SubscriberInput's, made optional and nullable);
+    validate_merge_patch checks a patch."""
+
+    model_config = {**Body.model_config, "json_schema_extra": _merge_patch_schema}
 
 
 def validate_merge_patch(data) -> tuple[dict, list[dict]]:
