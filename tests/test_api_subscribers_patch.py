@@ -200,7 +200,8 @@ def test_two_patches_of_different_fields_at_once_both_land(client, admin_key, an
             wait_for(
                 lambda: db.query(
                     "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE subscribers%%'"
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                    "AND query LIKE 'UPDATE subscribers%%'"
                 )[0][0],
                 what="the patch to wait for the row lock",
             )

@@ -136,8 +136,9 @@ RETURNING n.id
 
 # -- email_log ---------------------------------------------------------------------------------
 # not_before: the moment the subscriber's zone reaches the newsletter's local_time, computed per zone
-# by app/newsletter/schedule.py (zoneinfo, as digest slots) and passed as two arrays; NULL (due at
-# once) without a local_time. NO_LOCAL_TIME: the parameters for that.
+# by app/newsletter/schedule.py (zoneinfo, as digest slots) and passed as two arrays (a zone not in
+# them, written around the API's check: as UTC); NULL (due at once) without a local_time.
+# NO_LOCAL_TIME: the parameters for that.
 NO_LOCAL_TIME = {"zones": [], "due": [], "default_due": None}
 _ROW_VALUES = """
     SELECT %(nl)s, s.id, s.email, coalesce(z.due, %(default_due)s::timestamptz),
