@@ -175,6 +175,16 @@ def test_each_recipients_not_before_is_local_time_in_their_zone_across_dst(redis
     assert all(start <= due < start + timedelta(hours=24) for due in got.values())
 
 
+def test_a_zone_written_around_the_api_gets_utc(redis_client):
+    sid = factories.subscriber("u1")
+    db.query("UPDATE subscribers SET timezone = 'Mars/Olympus_Mons' WHERE id = %s", (sid,))
+    nl = factories.newsletter()
+    service.request_send(nl, {"kind": "all"}, local_time=time(9))
+    db.query("UPDATE newsletters SET send_requested_at = %s WHERE id = %s", (utc(2026, 5, 1, 10), nl))
+    outbox.create_outbox(nl)
+    assert db.query("SELECT not_before FROM email_log") == [(utc(2026, 5, 2, 9),)]
+
+
 def test_next_local_handles_offsets_off_the_hour():
     start = utc(2026, 3, 28, 23, 45)
     assert schedule.next_local(start, "Asia/Kathmandu", time(9)) == utc(2026, 3, 29, 3, 15)  # +05:45
