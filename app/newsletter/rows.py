@@ -139,7 +139,7 @@ RETURNING n.id
 # by app/newsletter/schedule.py (zoneinfo, as digest slots) and passed as two arrays (a zone not in
 # them, written around the API's check: as UTC); NULL (due at once) without a local_time.
 # NO_LOCAL_TIME: the parameters for that.
-NO_LOCAL_TIME = {"zones": [], "due": [], "default_due": None}
+NO_LOCAL_TIME: dict[str, list[object] | None] = {"zones": [], "due": [], "default_due": None}
 _ROW_VALUES = """
     SELECT %(nl)s, s.id, s.email, coalesce(z.due, %(default_due)s::timestamptz),
            CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL

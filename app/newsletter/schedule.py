@@ -36,7 +36,7 @@ def next_local(start: datetime, zone: str, at: time) -> datetime:
         day += timedelta(days=1)
 
 
-def due_times(start: datetime, at: time | None) -> dict:
+def due_times(start: datetime, at: time | None) -> dict[str, object]:
     """Parameters for the outbox's INSERT statements: each zone's not_before for a newsletter
     started at `start` (empty when it has no local_time: every row is due at once)."""
     if at is None:
@@ -49,7 +49,7 @@ def due_times(start: datetime, at: time | None) -> dict:
     }
 
 
-def start_due() -> dict:
+def start_due() -> dict[str, list[int]]:
     """Scheduler hook: `scheduled` newsletters whose send_at has come start (scheduled -> queued,
     one statement) and get their outbox built. Safe to run twice: a newsletter is started once;
     should the message be lost, the reclaimer re-kicks the outbox of a queued newsletter."""
