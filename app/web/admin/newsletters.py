@@ -45,6 +45,8 @@ class Row:
     created_at: object
     send_requested_at: object
     completed_at: object
+    send_at: object  # a scheduled newsletter's start
+    local_time: object  # each recipient's wall-clock time, in their own zone
     counts: dict  # email_log status -> rows
 
     sample_name = SAMPLE_NAME  # a plain class attribute, not a field
@@ -73,7 +75,7 @@ class Row:
 def page(number: int, size: int = PAGE_SIZE) -> tuple[list[Row], bool]:
     """Newsletters of page `number` (1-based) and whether a next page exists."""
     found = db.query(
-        "SELECT id, subject, status, created_at, send_requested_at, completed_at FROM newsletters "
+        "SELECT id, subject, status, created_at, send_requested_at, completed_at, send_at, local_time FROM newsletters "
         "ORDER BY id DESC LIMIT %s OFFSET %s",
         (size + 1, (number - 1) * size),
     )
