@@ -30,6 +30,7 @@ from app.newsletter.schedule import start_due as start_scheduled_newsletters
 from app.platform import config, db, lease, observability, retention
 from digest import immediate as digest_immediate
 from digest import plan as digest_plan
+from digest import seen
 from tracking.webhook_apply import requeue_unprocessed
 
 log = logging.getLogger("app.cli.scheduler")
@@ -79,6 +80,7 @@ def _hooks() -> dict:
         "newsletter_reclaim": reclaim_stale,
         "webhook_requeue": requeue_unprocessed,
         "partitions": retention.maintain,
+        "feed_state_prune": seen.prune_expired,
     }
 
 

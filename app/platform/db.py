@@ -404,4 +404,6 @@ ALL_TABLES = [
     "retention_drops",
     "digest_send_now",
     "mail_stop",
+    "feed_state",
+    "feed_state_all",
 ]

@@ -23,6 +23,7 @@ ROUTE_MODULES = (
     "app.web.api.subscribers",
     "app.web.api.newsletters",
     "app.web.api.categories",
+    "app.web.api.feed",
     "app.web.pages",
     "app.web.admin",
     "app.web.webhooks",
