@@ -16,10 +16,10 @@ from app.platform.providers.base import OutgoingMail
 from app.subscribers import categories, streams
 from digest import context as digest_context
 from digest import details as digest_details
-from digest import group as digest_group
 from digest import load as digest_load
 from digest import render as digest_render
 from digest import runs as run_rows
+from digest import seen
 from digest.claim import ClaimedRun
 from tracking.links import LinkRewriter, rewrite_many_with_clicks
 
@@ -50,9 +50,14 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
                 urgent_categories=categories.send_now_keys(registry),
             )
         )
+    marks = seen.load(cur, [r.subscriber_id for r in runs])  # what was seen in the app is left out
     for run in runs:
         evs = events.get(run.subscriber_id) or []
-        run.digest = digest_group.build(evs, settings.digest_max_items, recipient=run.user_id) if evs else None
+        run.digest = (
+            seen.build_digest(evs, marks.get(run.subscriber_id), settings.digest_max_items, run.user_id)
+            if evs
+            else None
+        )
     digest_details.resolve(cur, [r.digest for r in runs if r.digest and not r.digest.empty])
     now = datetime.now(UTC)
     rendered, errors = [], []
@@ -156,7 +161,7 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
             raise LookupError(f"no subscriber with user_id {user_id!r}")
         sid, _email, name, cadence, token_version, tz, last_digest_at = row
         events = digest_load.load_unsent(cur, [sid], settings.digest_event_page, settings.digest_max_events)[sid]
-        digest = digest_group.build(events, settings.digest_max_items, recipient=user_id)
+        digest = seen.build_digest(events, seen.load(cur, [sid]).get(sid), settings.digest_max_items, user_id)
         if digest.empty:
             return None
         digest_details.resolve(cur, [digest])

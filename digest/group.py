@@ -129,6 +129,7 @@ class Digest:
     total_events: int  # events shown or summarised (not the recipient's own)
     event_ids: list[int]  # every loaded event, own ones included: all get marked
     own_events: int = 0  # the recipient's own activity: handled, never shown
+    seen_events: int = 0  # seen in the app before the digest was built: handled, never shown (digest/seen.py)
     # actor key -> their events here (whose avatar: digest/details.py)
     actor_events: dict = field(default_factory=dict)
     avatars: dict = field(default_factory=dict)  # actor key -> avatar URL (digest/details.py)

@@ -16,6 +16,8 @@ so two passes never take the same row):
     is created, due now — or, when IMMEDIATE_MAX_PER_HOUR send-now mails went out in the last
     hour, an hour after the oldest of those (a sliding hour). Events arriving meanwhile wait and go
     in that mail (or in the subscriber's next digest if it comes first): the overflow rolls over;
+  * with UNSEEN_GRACE_SECONDS, the run is due that much later, so what the subscriber sees in the
+    app meanwhile is left out of it (digest/seen.py), and a run left with nothing is skipped;
   * the row is consumed, except while a send-now run of the subscriber is `processing`: that run
     may have loaded its events before this row's events committed, so the row stays for the pass
     after it.
@@ -64,7 +66,7 @@ WITH due AS (
     -- The rate limit: the newest IMMEDIATE_MAX_PER_HOUR sent send-now runs (a backward scan of the
     -- unique key, which orders them by when they were due); full, the next is allowed an hour
     -- after the oldest of them was sent.
-    SELECT eligible.id, greatest(%(now)s::timestamptz, (
+    SELECT eligible.id, greatest(%(now)s::timestamptz + make_interval(secs => %(grace)s), (
                SELECT min(l.completed_at) + interval '1 hour'
                FROM (SELECT p.completed_at FROM digest_runs p
                      WHERE p.subscriber_id = eligible.id AND p.cadence = 'immediately' AND p.status = 'sent'
@@ -119,6 +121,7 @@ def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:
         "now": now,
         "limit": max(1, settings.digest_plan_batch),
         "max_per_hour": max(0, settings.immediate_max_per_hour),
+        "grace": max(0, settings.unseen_grace_seconds),
         "urgent_categories": categories.send_now_keys(categories.registry()),
         "enqueued_at": now if sending_now else None,
     }

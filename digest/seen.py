@@ -20,7 +20,8 @@ from pydantic import Field
 
 from app.platform import config, db
 from app.platform.validation import NOT_BLANK, Body, Text, check, documented
-from digest.group import Event
+from digest.group import Digest, Event
+from digest.group import build as build_groups
 from digest.ingest import _parse_time as parse_time
 
 SEEN, READ = "seen", "read"
@@ -145,6 +146,20 @@ def unseen(events: list[Event], marks: Marks | None) -> list[Event]:
     return out
 
 
+def as_of(marks: Marks | None, when: datetime) -> Marks | None:
+    """The marks as they stood at `when`, as far as they tell: a mark whose time is after `when` was
+    made later (its earlier value is not kept), so it is left out. Exact for a hosted copy unless
+    the entity was marked again after the send (digest/hosted.py)."""
+    if marks is None:
+        return None
+    out = Marks(
+        marks.seen_all if marks.seen_all is not None and marks.seen_all <= when else None,
+        marks.read_all if marks.read_all is not None and marks.read_all <= when else None,
+    )
+    out.entities = {k: v for k, v in marks.entities.items() if v[0] <= when}
+    return out
+
+
 def prune(cur, retention_days: int) -> int:
     """Retention of the state (a scheduler hook): rows untouched for `retention_days` (0: keep
     everything). Returns the rows deleted."""
@@ -216,3 +231,15 @@ def prune_expired() -> int:
     """The scheduler's hook: prune() with RETENTION_DAYS."""
     with db.raw_cursor() as cur:
         return prune(cur, config.get().retention_days)
+
+
+# -- digests of only what was not seen -------------------------------------------------------------
+def build_digest(events: list[Event], marks: Marks | None, max_items: int, recipient: str | None) -> Digest:
+    """The digest of the events not seen: seen ones are neither shown nor counted, but they stay in
+    `event_ids`, so the run marks them handled and no later digest shows them."""
+    shown = unseen(events, marks)
+    digest = build_groups(shown, max_items, recipient=recipient)
+    if len(shown) < len(events):
+        digest.event_ids = [ev.id for ev in events]
+        digest.seen_events = len(events) - len(shown)
+    return digest

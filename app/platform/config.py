@@ -228,6 +228,13 @@ class Settings:
         "categories) per subscriber in any hour; more waits for the next "
         "allowed one (0 = no limit)",
     )
+    unseen_grace_seconds: int = setting(
+        0,
+        'how long a send-now mail (cadence `immediately`, priority high, "send now" '
+        "categories) waits before it is built: what the subscriber saw in the app "
+        "meanwhile (the feed's seen/read marks) is left out, and a mail left with "
+        "nothing unseen is not sent. 0 sends at once",
+    )
     immediate_recheck_seconds: int = setting(
         3600,
         "how often every `immediately` subscriber is looked at anyway (events left behind by a pause or a resubscribe)",
