@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from app.platform import config, db
 from app.platform.validation import NOT_BLANK, Body, Text, check, documented
@@ -181,12 +181,15 @@ class EntityRef(Body):
 class MarkInput(Body):
     """`entities` (1-1000) or `"all": true`; `read_at` is when it was seen or read (default now)."""
 
+    # Exactly one of the two (validate_mark checks it; the schema says it).
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["entities"]}, {"required": ["all"]}]})
+
     entities: Annotated[
-        list[EntityRef] | None, Field(min_length=1, max_length=MAX_ENTITIES, description="the entities to mark")
+        list[EntityRef], Field(min_length=1, max_length=MAX_ENTITIES, description="the entities to mark")
     ] = None
-    all: Annotated[bool | None, Field(description="true: everything up to read_at (one row)")] = None
+    all: Annotated[Literal[True], Field(description="true: everything up to read_at (one row)")] = None
     read_at: Annotated[
-        str | None,
+        str,
         *documented({"format": "date-time", "description": "RFC 3339 with offset; default: now"}, parse_time),
     ] = None
 
@@ -198,8 +201,6 @@ def validate_mark(body) -> tuple[MarkInput | None, list[dict]]:
     value, errors = check(MarkInput, body, batch_key="entities")
     if errors:
         return None, errors
-    if value.all is not None and value.all is not True:
-        return None, [{"field": "all", "message": 'must be true (or absent, with "entities")'}]
     if (value.entities is None) == (value.all is None):
         field_name = "all" if value.all else "entities"
         return None, [{"field": field_name, "message": 'give either "entities" or "all": true, not both or neither'}]

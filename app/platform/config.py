@@ -235,6 +235,25 @@ class Settings:
         "meanwhile (the feed's seen/read marks) is left out, and a mail left with "
         "nothing unseen is not sent. 0 sends at once",
     )
+    feed_token_seconds: int = setting(
+        3600,
+        "how long a feed token (POST /v1/subscribers/{user_id}/feed-token) is valid; "
+        "`ttl_seconds` in the request may ask for less",
+    )
+    feed_allowed_origins: tuple = setting(
+        (),
+        "origins (comma separated, e.g. `https://app.example.com`) whose pages may call "
+        "/v1/feed* from the browser (CORS); empty: none",
+    )
+    feed_stream_max_connections: int = setting(
+        200, "open GET /v1/feed/stream connections per web process; more are refused with 503"
+    )
+    feed_stream_poll_seconds: float = setting(
+        2.0, "how often an open feed stream looks for new items and count changes"
+    )
+    feed_stream_heartbeat_seconds: float = setting(
+        15.0, "a comment line this often on a quiet feed stream, so proxies keep it open"
+    )
     immediate_recheck_seconds: int = setting(
         3600,
         "how often every `immediately` subscriber is looked at anyway (events left behind by a pause or a resubscribe)",

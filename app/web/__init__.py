@@ -24,6 +24,7 @@ ROUTE_MODULES = (
     "app.web.api.newsletters",
     "app.web.api.categories",
     "app.web.api.feed",
+    "app.web.api.feed_browser",
     "app.web.pages",
     "app.web.admin",
     "app.web.webhooks",

@@ -1,0 +1,292 @@
+"""The feed in the browser: a short-lived feed token per subscriber, and the routes a front end calls
+with it — GET /v1/feed, POST /v1/feed/seen|read, GET /v1/feed/stream (Server-Sent Events) — with
+CORS for FEED_ALLOWED_ORIGINS only.
+
+A feed token (app/platform/tokens.py, purpose "feed") names one subscriber and an expiry, under the
+service's signing key; it is checked against the subscriber's token_version on every request, so
+bumping it revokes every token. It is not an API key: no other route accepts it, and these routes
+accept nothing else.
+
+The stream: one message (`event: feed`) whenever the subscriber's counts or newest activity change,
+with the items newer than the last one the client saw (`id:` is the newest event id; a client
+reconnecting with Last-Event-ID gets what it missed at once), a comment line as a heartbeat, and
+at most FEED_STREAM_MAX_CONNECTIONS open streams per process (503 beyond). Each open stream
+looks at its subscriber's head every FEED_STREAM_POLL_SECONDS (one indexed statement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+import orjson
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from app.platform import config, shutdown, tokens
+from app.platform.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
+from app.web.api.feed import FEED_RESPONSE, feed_query, user_id_param
+from digest import feed, seen
+
+_ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID"
+
+
+def cors_headers(request: Request) -> dict:
+    origin = request.headers.get("origin")
+    if not origin:
+        return {}
+    if origin in config.get().feed_allowed_origins:
+        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+    return {"Vary": "Origin"}
+
+
+def with_cors(endpoint):
+    """CORS headers on every answer of a feed route, errors included (so the page can read a 401),
+    and the preflight (OPTIONS) answered here: 204 for an allowed origin, 403 otherwise."""
+
+    @functools.wraps(endpoint)
+    async def wrapped(request: Request):
+        cors = cors_headers(request)
+        if request.method == "OPTIONS":
+            if "Access-Control-Allow-Origin" not in cors:
+                return Response(status_code=403, headers=cors)
+            return Response(
+                status_code=204,
+                headers={
+                    **cors,
+                    "Access-Control-Allow-Methods": "GET, POST",
+                    "Access-Control-Allow-Headers": _ALLOW_HEADERS,
+                    "Access-Control-Max-Age": "600",
+                },
+            )
+        try:
+            response = await endpoint(request)
+        except ApiError as exc:
+            exc.headers = {**(exc.headers or {}), **cors}
+            raise
+        response.headers.update(cors)
+        return response
+
+    return wrapped
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+async def feed_subscriber(request: Request) -> feed.Subscriber:
+    """The subscriber a request's feed token names; 401 for anything else."""
+    kind, _, token = request.headers.get("authorization", "").partition(" ")
+    if kind.lower() != "bearer" or not token.strip():
+        raise _unauthorized("missing feed token: send 'Authorization: Bearer <feed token>'")
+    claims = tokens.verify_feed(token.strip(), time.time())
+    if claims is None:
+        raise _unauthorized("invalid or expired feed token")
+    subscriber = await run_in_threadpool(feed.find, None, claims.subscriber_id)
+    if subscriber is None or subscriber.token_version != claims.token_version:
+        raise _unauthorized("invalid or expired feed token")
+    return subscriber
+
+
+# -- minting (server side, admin key) --------------------------------------------------------------
+async def post_feed_token(request: Request):
+    await require_key(request, "admin")
+    user_id = user_id_param(request)
+    settings = config.get()
+    ttl = settings.feed_token_seconds
+    if "ttl_seconds" in request.query_params:
+        asked = request.query_params["ttl_seconds"]
+        if not (asked.isascii() and asked.isdigit() and len(asked) <= 18 and int(asked) >= 1):
+            raise validation_error([{"field": "ttl_seconds", "message": "must be a whole number of seconds, >= 1"}])
+        ttl = min(ttl, int(asked))  # asking for more gets FEED_TOKEN_SECONDS
+    subscriber = await run_in_threadpool(feed.find, user_id)
+    if subscriber is None:
+        raise ApiError(404, "not_found", "no subscriber with that user_id")
+    expires_at = int(time.time()) + ttl
+    token = tokens.feed_token(subscriber.id, subscriber.token_version, expires_at)
+    return FastJSONResponse({"token": token, "expires_at": expires_at}, status_code=201)
+
+
+# -- the front end's routes (feed token) -----------------------------------------------------------
+@with_cors
+async def get_own_feed(request: Request):
+    subscriber = await feed_subscriber(request)
+    query = feed_query(request)
+    return FastJSONResponse(await run_in_threadpool(lambda: feed.page(subscriber, **query)))
+
+
+async def _mark_own(request: Request, kind: str) -> Response:
+    subscriber = await feed_subscriber(request)
+    mark, errors = seen.validate_mark(await read_json(request))
+    if errors:
+        raise validation_error(errors)
+    if not await run_in_threadpool(seen.mark_user, None, kind, mark, subscriber.id):
+        raise _unauthorized("invalid or expired feed token")  # erased meanwhile
+    return Response(status_code=202)
+
+
+@with_cors
+async def post_own_seen(request: Request):
+    return await _mark_own(request, seen.SEEN)
+
+
+@with_cors
+async def post_own_read(request: Request):
+    return await _mark_own(request, seen.READ)
+
+
+class Slots:
+    """Open streams of this process (the event loop's thread only: no lock needed)."""
+
+    def __init__(self):
+        self.open = 0
+
+    def take(self, limit: int) -> bool:
+        if self.open >= limit:
+            return False
+        self.open += 1
+        return True
+
+    def give(self) -> None:
+        self.open -= 1
+
+
+slots = Slots()
+
+
+class _Stream(StreamingResponse):
+    """Gives its slot back however the response ends (finished, client gone, cancelled), even when
+    the body never started."""
+
+    def __init__(self, content, release, **kwargs):
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _message(head: feed.Head, items: list[dict], retry_ms: int | None = None) -> bytes:
+    data = {"unseen_count": head.unseen_count, "unread_count": head.unread_count, "items": items}
+    first = f"retry: {retry_ms}\n" if retry_ms else ""
+    return f"{first}id: {head.newest_event_id}\nevent: feed\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+
+async def _new_items(subscriber: feed.Subscriber, after_id: int) -> list[dict]:
+    page = await run_in_threadpool(lambda: feed.page(subscriber, limit=feed.MAX_LIMIT))
+    return [item for item in page["items"] if item["latest_event_id"] > after_id]
+
+
+async def stream_messages(subscriber: feed.Subscriber, last_event_id: int | None):
+    settings = config.get()
+    poll, heartbeat = max(0.01, settings.feed_stream_poll_seconds), settings.feed_stream_heartbeat_seconds
+    head = await run_in_threadpool(feed.head, subscriber)
+    # Reconnecting: what happened since the client's last message, at once. Otherwise the counts
+    # (the page reads the items with GET /v1/feed).
+    missed = [] if last_event_id is None else await _new_items(subscriber, last_event_id)
+    yield _message(head, missed, retry_ms=3000)
+    quiet_since = time.monotonic()
+    while not shutdown.requested.is_set():
+        await asyncio.sleep(poll)
+        now_head = await run_in_threadpool(feed.head, subscriber)
+        if now_head != head:
+            new = (
+                await _new_items(subscriber, head.newest_event_id)
+                if now_head.newest_event_id > head.newest_event_id
+                else []
+            )
+            head = now_head
+            yield _message(head, new)
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= heartbeat:
+            yield b": heartbeat\n\n"
+            quiet_since = time.monotonic()
+
+
+@with_cors
+async def get_own_stream(request: Request):
+    subscriber = await feed_subscriber(request)
+    raw = request.headers.get("last-event-id", "").strip()
+    last = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else None
+    if not slots.take(max(0, config.get().feed_stream_max_connections)):
+        raise ApiError(503, "busy", "too many open feed streams here; retry later", headers={"Retry-After": "5"})
+    return _Stream(
+        stream_messages(subscriber, last),
+        slots.give,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+routes = [
+    Route("/v1/subscribers/{user_id:str}/feed-token", post_feed_token, methods=["POST"]),
+    Route("/v1/feed", get_own_feed, methods=["GET", "OPTIONS"]),
+    Route("/v1/feed/seen", post_own_seen, methods=["POST", "OPTIONS"]),
+    Route("/v1/feed/read", post_own_read, methods=["POST", "OPTIONS"]),
+    Route("/v1/feed/stream", get_own_stream, methods=["GET", "OPTIONS"]),
+]
+
+_err = {"$ref": "#/components/responses/Error"}
+_feed_token = [{"bearer": []}]  # a feed token, not an API key
+
+
+def _own_mark_doc(kind: str) -> dict:
+    return {
+        "post": {
+            "summary": f"Mark entities (or everything) {kind} in the feed token's own feed",
+            "security": _feed_token,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/MarkInput"}}},
+            },
+            "responses": {"202": {"description": "committed"}, "400": _err, "401": _err, "413": _err, "422": _err},
+        }
+    }
+
+
+OPENAPI_PATHS = {
+    "/v1/subscribers/{user_id}/feed-token": {
+        "post": {
+            "summary": "Mint a short-lived feed token for a subscriber's front end",
+            "security": [{"bearer": []}],
+            "parameters": [
+                {"name": "user_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                {
+                    "name": "ttl_seconds",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 10**17},
+                    "description": "at most FEED_TOKEN_SECONDS (more gets that)",
+                },
+            ],
+            "responses": {
+                "201": {"description": "{token, expires_at (Unix seconds)}"},
+                "401": _err,
+                "403": _err,
+                "404": _err,
+                "422": _err,
+            },
+        }
+    },
+    "/v1/feed": {
+        "get": {
+            "summary": "The feed token's own feed (as GET /v1/subscribers/{user_id}/feed)",
+            "security": _feed_token,
+            "responses": {"200": FEED_RESPONSE, "401": _err, "422": _err},
+        }
+    },
+    "/v1/feed/seen": _own_mark_doc("seen"),
+    "/v1/feed/read": _own_mark_doc("read"),
+    "/v1/feed/stream": {
+        "get": {
+            "summary": "Server-Sent Events: count changes and new items of the feed token's own feed",
+            "security": _feed_token,
+            "responses": {"200": {"description": "text/event-stream"}, "401": _err, "503": _err},
+        }
+    },
+}
