@@ -61,6 +61,7 @@ def steps() -> list[Step]:
         Step("render", bench("render.py")),
         Step("validation", bench("validation.py")),
         Step("tokens", bench("tokens.py")),
+        Step("feed", bench("feed.py"), ["--noise", "20000", "--requests", "50"]),
         Step("migrations", bench("migrations.py"), ["--hold", "2", "--repeat", "1"]),
         Step(
             "partition-migration",
