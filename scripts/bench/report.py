@@ -62,6 +62,7 @@ def steps() -> list[Step]:
         Step("validation", bench("validation.py")),
         Step("tokens", bench("tokens.py")),
         Step("feed", bench("feed.py"), ["--noise", "20000", "--requests", "50"]),
+        Step("digest-seen", bench("digest_seen.py"), ["--subscribers", "1000", "--rounds", "2"]),
         Step("migrations", bench("migrations.py"), ["--hold", "2", "--repeat", "1"]),
         Step(
             "partition-migration",
