@@ -224,3 +224,15 @@ def test_open_streams_are_bounded_per_process(live_server, two, fast_stream, set
 def test_the_stream_needs_a_feed_token(live_server, admin_key):
     r = httpx.get(f"{live_server}/v1/feed/stream", headers=auth(admin_key), timeout=10)
     assert r.status_code == 401 and feed_browser.slots.open == 0
+
+
+def test_the_stream_ends_when_the_token_is_revoked(live_server, two, fast_stream):
+    stream = Stream(live_server, two)
+    try:
+        stream.next()
+        db.query("UPDATE subscribers SET token_version = token_version + 1 WHERE user_id = 'u1'")
+        with pytest.raises(AssertionError, match="stream ended"):
+            stream.next()
+    finally:
+        stream.close()
+    wait_for(lambda: feed_browser.slots.open == 0, 20, "the ended stream's slot")

@@ -11,7 +11,9 @@ The stream: one message (`event: feed`) whenever the subscriber's counts or newe
 with the items newer than the last one the client saw (`id:` is the newest event id; a client
 reconnecting with Last-Event-ID gets what it missed at once), a comment line as a heartbeat, and
 at most FEED_STREAM_MAX_CONNECTIONS open streams per process (503 beyond). Each open stream
-looks at its subscriber's head every FEED_STREAM_POLL_SECONDS (one indexed statement).
+looks every FEED_STREAM_POLL_SECONDS at what can change the feed (one statement of index probes,
+digest/feed.py `fingerprint`) and recomputes the counts only when that moved; it ends when the
+subscriber is erased or their token_version moves.
 """
 
 from __future__ import annotations
@@ -184,8 +186,12 @@ async def _new_items(subscriber: feed.Subscriber, after_id: int) -> list[dict]:
 
 
 async def stream_messages(subscriber: feed.Subscriber, last_event_id: int | None):
+    """The stream's messages. Each poll is one cheap statement (feed.fingerprint); the counts are
+    recomputed only when it changed. The stream ends when the subscriber is erased or their token
+    version moves (the token is revoked)."""
     settings = config.get()
     poll, heartbeat = max(0.01, settings.feed_stream_poll_seconds), settings.feed_stream_heartbeat_seconds
+    seen_print = await run_in_threadpool(feed.fingerprint, subscriber)
     head = await run_in_threadpool(feed.head, subscriber)
     # Reconnecting: what happened since the client's last message, at once. Otherwise the counts
     # (the page reads the items with GET /v1/feed).
@@ -194,17 +200,20 @@ async def stream_messages(subscriber: feed.Subscriber, last_event_id: int | None
     quiet_since = time.monotonic()
     while not shutdown.requested.is_set():
         await asyncio.sleep(poll)
-        now_head = await run_in_threadpool(feed.head, subscriber)
-        if now_head != head:
-            new = (
-                await _new_items(subscriber, head.newest_event_id)
-                if now_head.newest_event_id > head.newest_event_id
-                else []
-            )
-            head = now_head
-            yield _message(head, new)
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= heartbeat:
+        now_print = await run_in_threadpool(feed.fingerprint, subscriber)
+        if now_print is None or now_print[-1] != subscriber.token_version:
+            return  # erased, or every token revoked
+        if now_print != seen_print:
+            seen_print = now_print
+            now_head = await run_in_threadpool(feed.head, subscriber)
+            if now_head != head:
+                grew = now_head.newest_event_id > head.newest_event_id
+                new = await _new_items(subscriber, head.newest_event_id) if grew else []
+                head = now_head
+                yield _message(head, new)
+                quiet_since = time.monotonic()
+                continue
+        if time.monotonic() - quiet_since >= heartbeat:
             yield b": heartbeat\n\n"
             quiet_since = time.monotonic()
 
