@@ -153,7 +153,7 @@ def page(
     items = []
     for entity_type, entity_id, latest_at, latest_id, seen_until, read_until in entities:
         group = groups.get((entity_type, entity_id))
-        if group is None:  # its events went between the two statements (erasure, retention)
+        if group is None or digest is None:  # its events went between the two statements (erasure, retention)
             continue
         item = digest_context.group_item(group, digest, registry, now, tz)
         item["latest_at"] = latest_at.astimezone(UTC).isoformat()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from pydantic import ConfigDict, Field
 
@@ -184,14 +184,15 @@ class MarkInput(Body):
     # Exactly one of the two (validate_mark checks it; the schema says it).
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["entities"]}, {"required": ["all"]}]})
 
+    # Absent by default but never null: the schema must not offer null (hence the ignores).
     entities: Annotated[
         list[EntityRef], Field(min_length=1, max_length=MAX_ENTITIES, description="the entities to mark")
-    ] = None
-    all: Annotated[Literal[True], Field(description="true: everything up to read_at (one row)")] = None
+    ] = None  # type: ignore[assignment]
+    all: Annotated[Literal[True], Field(description="true: everything up to read_at (one row)")] = None  # type: ignore[assignment]
     read_at: Annotated[
         str,
         *documented({"format": "date-time", "description": "RFC 3339 with offset; default: now"}, parse_time),
-    ] = None
+    ] = None  # type: ignore[assignment]  # a datetime once validated (parse_time)
 
 
 def validate_mark(body) -> tuple[MarkInput | None, list[dict]]:
@@ -223,7 +224,7 @@ def mark_user(user_id: str | None, kind: str, request: MarkInput, subscriber_id:
             cur.execute("SELECT now()")
             at = cur.fetchone()[0]
         else:
-            at = request.read_at
+            at = cast(datetime, request.read_at)  # parse_time made it one
         mark(cur, row[0], kind, at, entities)
     return True
 

@@ -112,6 +112,7 @@ def feed_token(subscriber_id: int, token_version: int, expires_at: int) -> str:
 def verify_feed(token: str, now: float) -> TokenClaims | None:
     """The claims of an unexpired feed token, or None. The caller still checks token_version."""
     claims = verify("feed", token)
-    if claims is None or not (claims.scope or "").startswith("exp:") or not _is_id(claims.scope[4:]):
+    scope = claims.scope or "" if claims else ""
+    if claims is None or not scope.startswith("exp:") or not _is_id(scope[4:]):
         return None
-    return claims if int(claims.scope[4:]) > now else None
+    return claims if int(scope[4:]) > now else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -30,7 +32,7 @@ async def _mark(request: Request, kind: str) -> Response:
     await require_key(request, "events")
     user_id = user_id_param(request)
     mark, errors = seen.validate_mark(await read_json(request))
-    if errors:
+    if errors or mark is None:
         raise validation_error(errors)
     if not await run_in_threadpool(seen.mark_user, user_id, kind, mark):
         raise ApiError(404, "not_found", "no subscriber with that user_id")
@@ -47,7 +49,8 @@ async def post_read(request: Request):
 
 def feed_query(request: Request) -> dict:
     """`limit`, `unread`, `before` of a feed request; 422 naming each bad one."""
-    params, errors, out = request.query_params, [], {}
+    params, errors = request.query_params, []
+    out: dict[str, Any] = {}
     unknown = sorted(set(params) - {"limit", "unread", "before"})
     errors += [field_error(name, "unknown query parameter") for name in unknown]
     if "limit" in params:

@@ -123,7 +123,7 @@ async def get_own_feed(request: Request):
 async def _mark_own(request: Request, kind: str) -> Response:
     subscriber = await feed_subscriber(request)
     mark, errors = seen.validate_mark(await read_json(request))
-    if errors:
+    if errors or mark is None:
         raise validation_error(errors)
     if not await run_in_threadpool(seen.mark_user, None, kind, mark, subscriber.id):
         raise _unauthorized("invalid or expired feed token")  # erased meanwhile
@@ -242,7 +242,7 @@ routes = [
 ]
 
 _err = {"$ref": "#/components/responses/Error"}
-_feed_token = [{"bearer": []}]  # a feed token, not an API key
+_feed_token: list[dict] = [{"bearer": []}]  # a feed token, not an API key
 
 
 def _own_mark_doc(kind: str) -> dict:
