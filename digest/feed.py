@@ -185,18 +185,21 @@ def head(subscriber: Subscriber) -> Head:
 
 # What can change a feed, cheaply (index probes, no aggregation): the newest unsent event (new
 # events arrive unsent; digest_events_unsent_idx), the marks, the subscriber row (opt-outs, token
-# version). A stream recomputes the head only when this changed.
-_FINGERPRINT_SQL = """
-SELECT (SELECT max(e.id) FROM digest_events e WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL),
+# version). Streams recompute the head only when this changed; one statement for all of a process's
+# open streams.
+_FINGERPRINTS_SQL = """
+SELECT s.id,
+       (SELECT max(e.id) FROM digest_events e WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL),
        (SELECT max(f.updated_at) FROM feed_state f WHERE f.subscriber_id = s.id),
        (SELECT a.updated_at FROM feed_state_all a WHERE a.subscriber_id = s.id),
        s.updated_at, s.token_version
-FROM subscribers s WHERE s.id = %s
+FROM subscribers s WHERE s.id = ANY (%s)
 """
 
 
-def fingerprint(subscriber: Subscriber) -> tuple | None:
-    """Changes whenever the feed may have (None: the subscriber is gone). Its last field is the
-    subscriber's token_version."""
-    rows = db.query(_FINGERPRINT_SQL, (subscriber.id,))
-    return rows[0] if rows else None
+def fingerprints(subscriber_ids: list[int]) -> dict[int, tuple]:
+    """{subscriber id: what changes whenever their feed may have}; a subscriber who is gone is
+    missing. Each value's last field is the subscriber's token_version."""
+    if not subscriber_ids:
+        return {}
+    return {row[0]: tuple(row[1:]) for row in db.query(_FINGERPRINTS_SQL, (list(subscriber_ids),))}

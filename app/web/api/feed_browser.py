@@ -11,15 +11,17 @@ The stream: one message (`event: feed`) whenever the subscriber's counts or newe
 with the items newer than the last one the client saw (`id:` is the newest event id; a client
 reconnecting with Last-Event-ID gets what it missed at once), a comment line as a heartbeat, and
 at most FEED_STREAM_MAX_CONNECTIONS open streams per process (503 beyond). Each open stream
-looks every FEED_STREAM_POLL_SECONDS at what can change the feed (one statement of index probes,
-digest/feed.py `fingerprint`) and recomputes the counts only when that moved; it ends when the
-subscriber is erased or their token_version moves.
+is woken by one poller per process (Watcher): every FEED_STREAM_POLL_SECONDS one statement reads what
+can change each open stream's feed (digest/feed.py `fingerprints`: index probes), and a stream
+recomputes its counts only when that moved. A stream ends when its subscriber is erased or their
+token_version moves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 
 import orjson
@@ -32,6 +34,8 @@ from app.platform import config, shutdown, tokens
 from app.platform.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
 from app.web.api.feed import FEED_RESPONSE, feed_query, user_id_param
 from digest import feed, seen
+
+log = logging.getLogger("app.web.api.feed_browser")
 
 _ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID"
 
@@ -185,26 +189,79 @@ async def _new_items(subscriber: feed.Subscriber, after_id: int) -> list[dict]:
     return [item for item in page["items"] if item["latest_event_id"] > after_id]
 
 
+class Watch:
+    """One open stream's view of its subscriber: the last fingerprint seen, and a flag the watcher
+    raises when it moved."""
+
+    def __init__(self, subscriber_id: int, fingerprint: tuple | None):
+        self.subscriber_id = subscriber_id
+        self.fingerprint = fingerprint
+        self.changed = asyncio.Event()
+
+
+class Watcher:
+    """One poller per process (per event loop) for every open stream: every FEED_STREAM_POLL_SECONDS
+    one statement reads the fingerprints of all their subscribers (digest/feed.py), and the streams
+    whose fingerprint moved are woken. It runs while streams are open."""
+
+    def __init__(self):
+        self.watches: set[Watch] = set()
+        self.task: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, watch: Watch) -> None:
+        self.watches.add(watch)
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done() or self.loop is not loop:
+            self.loop, self.task = loop, loop.create_task(self._run())
+
+    def remove(self, watch: Watch) -> None:
+        self.watches.discard(watch)
+
+    async def _run(self) -> None:
+        while self.watches and not shutdown.requested.is_set():
+            await asyncio.sleep(max(0.01, config.get().feed_stream_poll_seconds))
+            watches = list(self.watches)
+            try:
+                prints = await run_in_threadpool(feed.fingerprints, sorted({w.subscriber_id for w in watches}))
+            except Exception:
+                log.warning("feed streams: fingerprints not read; trying again", exc_info=True)
+                continue
+            for w in watches:
+                now = prints.get(w.subscriber_id)
+                if now != w.fingerprint:
+                    w.fingerprint = now
+                    w.changed.set()
+
+
+watcher = Watcher()
+
+
 async def stream_messages(subscriber: feed.Subscriber, last_event_id: int | None):
-    """The stream's messages. Each poll is one cheap statement (feed.fingerprint); the counts are
-    recomputed only when it changed. The stream ends when the subscriber is erased or their token
-    version moves (the token is revoked)."""
-    settings = config.get()
-    poll, heartbeat = max(0.01, settings.feed_stream_poll_seconds), settings.feed_stream_heartbeat_seconds
-    seen_print = await run_in_threadpool(feed.fingerprint, subscriber)
-    head = await run_in_threadpool(feed.head, subscriber)
-    # Reconnecting: what happened since the client's last message, at once. Otherwise the counts
-    # (the page reads the items with GET /v1/feed).
-    missed = [] if last_event_id is None else await _new_items(subscriber, last_event_id)
-    yield _message(head, missed, retry_ms=3000)
-    quiet_since = time.monotonic()
-    while not shutdown.requested.is_set():
-        await asyncio.sleep(poll)
-        now_print = await run_in_threadpool(feed.fingerprint, subscriber)
-        if now_print is None or now_print[-1] != subscriber.token_version:
-            return  # erased, or every token revoked
-        if now_print != seen_print:
-            seen_print = now_print
+    """The stream's messages: the counts are recomputed only when the watcher saw the subscriber's
+    fingerprint move. The stream ends when the subscriber is erased or their token version moves
+    (the token is revoked)."""
+    heartbeat = max(0.01, config.get().feed_stream_heartbeat_seconds)
+    prints = await run_in_threadpool(feed.fingerprints, [subscriber.id])
+    watch = Watch(subscriber.id, prints.get(subscriber.id))
+    watcher.add(watch)
+    try:
+        head = await run_in_threadpool(feed.head, subscriber)
+        # Reconnecting: what happened since the client's last message, at once. Otherwise the
+        # counts (the page reads the items with GET /v1/feed).
+        missed = [] if last_event_id is None else await _new_items(subscriber, last_event_id)
+        yield _message(head, missed, retry_ms=3000)
+        quiet_since = time.monotonic()
+        while not shutdown.requested.is_set():
+            try:
+                await asyncio.wait_for(watch.changed.wait(), max(0.0, quiet_since + heartbeat - time.monotonic()))
+            except TimeoutError:
+                yield b": heartbeat\n\n"
+                quiet_since = time.monotonic()
+                continue
+            watch.changed.clear()
+            if watch.fingerprint is None or watch.fingerprint[-1] != subscriber.token_version:
+                return  # erased, or every token revoked
             now_head = await run_in_threadpool(feed.head, subscriber)
             if now_head != head:
                 grew = now_head.newest_event_id > head.newest_event_id
@@ -212,10 +269,8 @@ async def stream_messages(subscriber: feed.Subscriber, last_event_id: int | None
                 head = now_head
                 yield _message(head, new)
                 quiet_since = time.monotonic()
-                continue
-        if time.monotonic() - quiet_since >= heartbeat:
-            yield b": heartbeat\n\n"
-            quiet_since = time.monotonic()
+    finally:
+        watcher.remove(watch)
 
 
 @with_cors
