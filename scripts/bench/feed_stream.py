@@ -7,7 +7,8 @@ measured in the same run.
 
 One uvicorn web process (FEED_STREAM_POLL_SECONDS=--poll). --streams subscribers, each with
 --events events over 20 posts, each with one open stream (its own feed token). Figures:
-  idle CPU     web process + Postgres (for this database), % of one core, over --seconds
+  idle CPU     web process CPU + Postgres statement time in this database (pg_stat_database
+               active_time: other databases on a shared machine left out), % of one core
   delivery     from one INSERT of an event for every subscriber to each stream's message: p50, p99
 Baseline: the same clients polling GET /v1/feed?limit=20 every --poll seconds (idle CPU only; its
 delivery is the same poll interval). Its own database (notify_bench_feed_stream).
@@ -104,14 +105,22 @@ def start_web() -> subprocess.Popen:
     raise SystemExit("the web process did not start")
 
 
+def active_ms(pg) -> float:
+    """Time this database's backends spent running statements so far (pg_stat_database): unlike
+    the server's CPU, it leaves out every other database on a shared machine."""
+    with pg.cursor() as cur:
+        cur.execute("SELECT pg_stat_clear_snapshot()")
+        cur.execute("SELECT active_time FROM pg_stat_database WHERE datname = current_database()")
+        return float(cur.fetchone()[0])
+
+
 def idle_cpu(web: subprocess.Popen, pg, seconds: float) -> tuple[float, float]:
-    """(web %, Postgres %) of one core over `seconds`."""
-    before = shared.group_cpu(web.pid)
-    pg.start()
-    time.sleep(seconds)
+    """(web process CPU, Postgres statement time for this database), % of one core over `seconds`."""
+    before, pg_before = shared.group_cpu(web.pid), active_ms(pg)
+    window = seconds + 1.5  # backends report their statistics at most once a second
+    time.sleep(window)
     web_s = shared.cpu_delta(before, shared.group_cpu(web.pid))
-    pg_s = pg.stop()["seconds"]
-    return web_s / seconds * 100, pg_s / seconds * 100
+    return web_s / window * 100, (active_ms(pg) - pg_before) / 1e3 / window * 100
 
 
 async def open_streams(client: httpx.AsyncClient, subs, ready: list, got: dict):
@@ -187,7 +196,7 @@ def main() -> None:
     web = start_web()
     pg_conn = psycopg2.connect(ARGS.database_url)
     pg_conn.autocommit = True
-    pg = shared.PostgresCPU(pg_conn, pg_conn.info.dbname)
+    pg = pg_conn
     try:
         ours = asyncio.run(streams_phase(web, pg, subs))
         naive = asyncio.run(polling_phase(web, pg, subs))
