@@ -21,8 +21,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from app.platform import db, timezones
+from app.platform.validation import Body
 from app.subscribers import categories
 from digest import context as digest_context
 from digest import details as digest_details
@@ -30,6 +34,8 @@ from digest import group as digest_group
 
 MAX_LIMIT = 100
 DEFAULT_LIMIT = 20
+# "<newest activity, Unix microseconds>-<event id>": every string of this shape is a cursor.
+CURSOR_PATTERN = "^[0-9]{1,17}-[0-9]{1,18}$"
 
 # %(sid)s names the subscriber; the opt-outs and own activity are the subscriber row's.
 _ENTITIES_SQL = """
@@ -73,12 +79,20 @@ WHERE s.id = %(sid)s AND NOT (e.category = ANY (s.category_opt_outs))
 """
 
 
+class FeedQuery(Body):
+    """GET /v1/subscribers/{user_id}/feed and GET /v1/feed: the query (documented from here; checked
+    by the route, which names every bad parameter)."""
+
+    model_config = {**Body.model_config, "strict": False}  # query values arrive as text
+    limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description="items per page")] = DEFAULT_LIMIT
+    unread: Annotated[Literal["true", "false"] | None, Field(description="true: unread items only")] = None
+    before: Annotated[str | None, Field(pattern=CURSOR_PATTERN, description="the previous page's `next_before`")] = None
+
+
 class BadCursor(ValueError):
     """A `before` cursor this module did not make."""
 
 
-# "<newest activity, Unix microseconds>-<event id>": every string of this shape is a cursor.
-CURSOR_PATTERN = "^[0-9]{1,17}-[0-9]{1,18}$"
 _CURSOR = re.compile(CURSOR_PATTERN)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

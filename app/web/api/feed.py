@@ -8,9 +8,9 @@ from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from app.platform.http import ApiError, FastJSONResponse, field_error, read_json, require_key, validation_error
+from app.platform.http import ApiError, FastJSONResponse, field_error, read_json, validation_error
+from app.platform.openapi import Operation, api_route
 from app.platform.validation import Text, check, plain_int
 from digest import feed, seen
 
@@ -29,7 +29,6 @@ def _accepted() -> Response:
 
 
 async def _mark(request: Request, kind: str) -> Response:
-    await require_key(request, "events")
     user_id = user_id_param(request)
     mark, errors = seen.validate_mark(await read_json(request))
     if errors or mark is None:
@@ -73,7 +72,6 @@ def feed_query(request: Request) -> dict:
 
 
 async def get_feed(request: Request):
-    await require_key(request, "admin")
     user_id, query = user_id_param(request), feed_query(request)
     subscriber = await run_in_threadpool(feed.find, user_id)
     if subscriber is None:
@@ -81,75 +79,48 @@ async def get_feed(request: Request):
     return FastJSONResponse(await run_in_threadpool(lambda: feed.page(subscriber, **query)))
 
 
+_PATH = {"user_id": _USER_ID}
+_MARK_ERRORS = (400, 404, 413, 422)
+FEED_ANSWER = (
+    "one item per entity, newest activity first, worded as the digest words it: "
+    "{unseen_count, unread_count, items, next_before}"
+)
+
 routes = [
-    Route("/v1/subscribers/{user_id:str}/feed", get_feed, methods=["GET"]),
-    Route("/v1/subscribers/{user_id:str}/seen", post_seen, methods=["POST"]),
-    Route("/v1/subscribers/{user_id:str}/read", post_read, methods=["POST"]),
+    api_route(
+        "/v1/subscribers/{user_id:str}/feed",
+        get_feed,
+        path_params=_PATH,
+        get=Operation(
+            "A subscriber's in-app feed",
+            {200: FEED_ANSWER},
+            errors=(404, 422),
+            query=feed.FeedQuery,
+            scope="admin",
+        ),
+    ),
+    api_route(
+        "/v1/subscribers/{user_id:str}/seen",
+        post_seen,
+        path_params=_PATH,
+        post=Operation(
+            "Mark entities (or everything) seen for a subscriber",
+            {202: "committed"},
+            errors=_MARK_ERRORS,
+            body=seen.MarkInput,
+            scope="events",
+        ),
+    ),
+    api_route(
+        "/v1/subscribers/{user_id:str}/read",
+        post_read,
+        path_params=_PATH,
+        post=Operation(
+            "Mark entities (or everything) read (and so seen) for a subscriber",
+            {202: "committed"},
+            errors=_MARK_ERRORS,
+            body=seen.MarkInput,
+            scope="events",
+        ),
+    ),
 ]
-
-_err = {"$ref": "#/components/responses/Error"}
-_user_param = [{"name": "user_id", "in": "path", "required": True, "schema": _USER_ID.json_schema()}]
-
-
-def _mark_doc(kind: str) -> dict:
-    return {
-        "post": {
-            "summary": f"Mark entities (or everything) {kind} for a subscriber",
-            "security": [{"bearer": []}],
-            "parameters": _user_param,
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/MarkInput"}}},
-            },
-            "responses": {
-                "202": {"description": "committed"},
-                "400": _err,
-                "401": _err,
-                "403": _err,
-                "404": _err,
-                "413": _err,
-                "422": _err,
-            },
-        }
-    }
-
-
-OPENAPI_MODELS = [seen.MarkInput]
-_feed_params = [
-    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": feed.MAX_LIMIT}},
-    {"name": "unread", "in": "query", "schema": {"type": "string", "enum": ["true", "false"]}},
-    {
-        "name": "before",
-        "in": "query",
-        "schema": {"type": "string", "pattern": feed.CURSOR_PATTERN},
-        "description": "next_before of the previous page",
-    },
-]
-FEED_RESPONSE = {
-    "description": "one item per entity, newest activity first, worded as the digest words it",
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "unseen_count": {"type": "integer"},
-                    "unread_count": {"type": "integer"},
-                    "items": {"type": "array", "items": {"type": "object"}},
-                    "next_before": {"type": ["string", "null"]},
-                },
-            }
-        }
-    },
-}
-OPENAPI_PATHS = {
-    "/v1/subscribers/{user_id}/feed": {
-        "get": {
-            "summary": "A subscriber's in-app feed",
-            "security": [{"bearer": []}],
-            "parameters": _user_param + _feed_params,
-            "responses": {"200": FEED_RESPONSE, "401": _err, "403": _err, "404": _err, "422": _err},
-        }
-    },
-    "/v1/subscribers/{user_id}/seen": _mark_doc("seen"),
-    "/v1/subscribers/{user_id}/read": _mark_doc("read"),
-}

@@ -23,16 +23,19 @@ import asyncio
 import functools
 import logging
 import time
+from typing import Annotated
 
 import orjson
+from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 from app.platform import config, shutdown, tokens
-from app.platform.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
-from app.web.api.feed import FEED_RESPONSE, feed_query, user_id_param
+from app.platform.http import ApiError, FastJSONResponse, read_json, validation_error
+from app.platform.openapi import Operation, api_route
+from app.platform.validation import Body
+from app.web.api.feed import _USER_ID, FEED_ANSWER, feed_query, user_id_param
 from digest import feed, seen
 
 log = logging.getLogger("app.web.api.feed_browser")
@@ -51,14 +54,14 @@ def cors_headers(request: Request) -> dict:
 
 def with_cors(endpoint):
     """CORS headers on every answer of a feed route, errors included (so the page can read a 401),
-    and the preflight (OPTIONS) answered here: 204 for an allowed origin, 403 otherwise."""
+    and the preflight (OPTIONS) answered here: 204, with the CORS headers for an allowed origin only."""
 
     @functools.wraps(endpoint)
     async def wrapped(request: Request):
         cors = cors_headers(request)
         if request.method == "OPTIONS":
             if "Access-Control-Allow-Origin" not in cors:
-                return Response(status_code=403, headers=cors)
+                return Response(status_code=204, headers=cors)  # no CORS headers: the browser refuses
             return Response(
                 status_code=204,
                 headers={
@@ -99,7 +102,6 @@ async def feed_subscriber(request: Request) -> feed.Subscriber:
 
 # -- minting (server side, admin key) --------------------------------------------------------------
 async def post_feed_token(request: Request):
-    await require_key(request, "admin")
     user_id = user_id_param(request)
     settings = config.get()
     ttl = settings.feed_token_seconds
@@ -288,69 +290,82 @@ async def get_own_stream(request: Request):
     )
 
 
+class FeedTokenQuery(Body):
+    """POST /v1/subscribers/{user_id}/feed-token: the query (documented from here)."""
+
+    model_config = {**Body.model_config, "strict": False}  # query values arrive as text
+    ttl_seconds: Annotated[
+        int | None, Field(ge=1, le=10**17, description="at most FEED_TOKEN_SECONDS (more gets that)")
+    ] = None
+
+
+# The preflight: 204 with the CORS headers for an allowed origin, 204 without them for any other
+# (which the browser then refuses).
+_PREFLIGHT = Operation("CORS preflight (FEED_ALLOWED_ORIGINS)", {204: "the CORS headers, for an allowed origin"})
+_TOKEN_ONLY = "With `Authorization: Bearer <feed token>`: an API key is refused (401)."
+
 routes = [
-    Route("/v1/subscribers/{user_id:str}/feed-token", post_feed_token, methods=["POST"]),
-    Route("/v1/feed", get_own_feed, methods=["GET", "OPTIONS"]),
-    Route("/v1/feed/seen", post_own_seen, methods=["POST", "OPTIONS"]),
-    Route("/v1/feed/read", post_own_read, methods=["POST", "OPTIONS"]),
-    Route("/v1/feed/stream", get_own_stream, methods=["GET", "OPTIONS"]),
+    api_route(
+        "/v1/subscribers/{user_id:str}/feed-token",
+        post_feed_token,
+        path_params={"user_id": _USER_ID},
+        post=Operation(
+            "Mint a short-lived feed token for a subscriber's front end: {token, expires_at}",
+            {201: "the token and its expiry (Unix seconds)"},
+            errors=(404, 422),
+            query=FeedTokenQuery,
+            scope="admin",
+        ),
+    ),
+    api_route(
+        "/v1/feed",
+        get_own_feed,
+        get=Operation(
+            "The feed token's own feed (as GET /v1/subscribers/{user_id}/feed)",
+            {200: FEED_ANSWER},
+            errors=(422,),
+            query=feed.FeedQuery,
+            bearer=True,
+            description=_TOKEN_ONLY,
+        ),
+        options=_PREFLIGHT,
+    ),
+    api_route(
+        "/v1/feed/seen",
+        post_own_seen,
+        post=Operation(
+            "Mark entities (or everything) seen in the feed token's own feed",
+            {202: "committed"},
+            errors=(400, 413, 422),
+            body=seen.MarkInput,
+            bearer=True,
+            description=_TOKEN_ONLY,
+        ),
+        options=_PREFLIGHT,
+    ),
+    api_route(
+        "/v1/feed/read",
+        post_own_read,
+        post=Operation(
+            "Mark entities (or everything) read in the feed token's own feed",
+            {202: "committed"},
+            errors=(400, 413, 422),
+            body=seen.MarkInput,
+            bearer=True,
+            description=_TOKEN_ONLY,
+        ),
+        options=_PREFLIGHT,
+    ),
+    api_route(
+        "/v1/feed/stream",
+        get_own_stream,
+        get=Operation(
+            "Server-Sent Events (text/event-stream): count changes and new items of the feed token's own feed",
+            {200: "the stream"},
+            errors=(503,),
+            bearer=True,
+            description=_TOKEN_ONLY,
+        ),
+        options=_PREFLIGHT,
+    ),
 ]
-
-_err = {"$ref": "#/components/responses/Error"}
-_feed_token: list[dict] = [{"bearer": []}]  # a feed token, not an API key
-
-
-def _own_mark_doc(kind: str) -> dict:
-    return {
-        "post": {
-            "summary": f"Mark entities (or everything) {kind} in the feed token's own feed",
-            "security": _feed_token,
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/MarkInput"}}},
-            },
-            "responses": {"202": {"description": "committed"}, "400": _err, "401": _err, "413": _err, "422": _err},
-        }
-    }
-
-
-OPENAPI_PATHS = {
-    "/v1/subscribers/{user_id}/feed-token": {
-        "post": {
-            "summary": "Mint a short-lived feed token for a subscriber's front end",
-            "security": [{"bearer": []}],
-            "parameters": [
-                {"name": "user_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                {
-                    "name": "ttl_seconds",
-                    "in": "query",
-                    "schema": {"type": "integer", "minimum": 1, "maximum": 10**17},
-                    "description": "at most FEED_TOKEN_SECONDS (more gets that)",
-                },
-            ],
-            "responses": {
-                "201": {"description": "{token, expires_at (Unix seconds)}"},
-                "401": _err,
-                "403": _err,
-                "404": _err,
-                "422": _err,
-            },
-        }
-    },
-    "/v1/feed": {
-        "get": {
-            "summary": "The feed token's own feed (as GET /v1/subscribers/{user_id}/feed)",
-            "security": _feed_token,
-            "responses": {"200": FEED_RESPONSE, "401": _err, "422": _err},
-        }
-    },
-    "/v1/feed/seen": _own_mark_doc("seen"),
-    "/v1/feed/read": _own_mark_doc("read"),
-    "/v1/feed/stream": {
-        "get": {
-            "summary": "Server-Sent Events: count changes and new items of the feed token's own feed",
-            "security": _feed_token,
-            "responses": {"200": {"description": "text/event-stream"}, "401": _err, "503": _err},
-        }
-    },
-}
