@@ -18,6 +18,8 @@ OWNERS = {
     "digest_runs": "digest/runs.py",
     "newsletters": "app/newsletter/rows.py",
     "email_log": "app/newsletter/rows.py",
+    "feed_state": "digest/seen.py",
+    "feed_state_all": "digest/seen.py",
 }
 
 # Statements whose table is a variable: each is allowed here by name, and writes none of OWNERS'
