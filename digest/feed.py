@@ -71,7 +71,7 @@ LEFT JOIN LATERAL (
 """
 
 _EVENTS_SQL = """
-SELECT e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at
+SELECT e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at, e.high_priority
 FROM subscribers s
 JOIN digest_events e ON e.user_id = s.user_id
 JOIN unnest(%(types)s::text[], %(ids)s::text[]) AS k(t, i) ON e.entity_type = k.t AND e.entity_id = k.i

@@ -99,7 +99,8 @@ def seed(cur, events: int, entities: int, noise: int) -> int:
 
 # -- the naive baseline ------------------------------------------------------------------------
 _NAIVE_SQL = """
-SELECT e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at, e.payload
+SELECT e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at, e.high_priority,
+       e.payload
 FROM digest_events e JOIN subscribers s ON s.user_id = e.user_id
 WHERE s.id = %s AND NOT (e.category = ANY (s.category_opt_outs)) AND e.actor_id IS DISTINCT FROM s.user_id
 """
@@ -110,8 +111,8 @@ def naive_page(sid: int, limit: int = 20) -> dict:
         cur.execute(_NAIVE_SQL, (sid,))
         rows = cur.fetchall()
         marks = seen.load(cur, [sid]).get(sid) or seen.Marks()
-    events = [digest_group.Event._make(r[:7]) for r in rows]
-    payloads = {r[0]: r[7] for r in rows}
+    events = [digest_group.Event._make(r[:8]) for r in rows]
+    payloads = {r[0]: r[8] for r in rows}
     groups, _, _ = digest_group.group_events(events, USER)
     groups.sort(key=lambda g: (g.latest_at, g.latest_event_id), reverse=True)
     unseen = sum(1 for g in groups if (marks.seen_until(g.key) or datetime.min.replace(tzinfo=UTC)) < g.latest_at)
