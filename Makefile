@@ -35,9 +35,12 @@ demo: migrate
 	$(BIN)/python -m scripts.demo_data
 
 # Everything: services, schema, demo data, then web + worker + scheduler + mail viewer via honcho.
+# The settings and the demo keys go to .env (git-ignored), which every later command reads
+# (`.venv/bin/notify …` in the next terminal) and honcho hands to each process.
 run: export MAIL_PROVIDER ?= smtp
 run: export SMTP_URL ?= smtp://127.0.0.1:1025
 run: demo
+	$(BIN)/python -m scripts.dev.env_file APP_ENV DATABASE_URL REDIS_URL MAIL_PROVIDER SMTP_URL MAIL_POSTAL_ADDRESS
 	$(BIN)/python -m app digest-now --all
 	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  dashboard: http://127.0.0.1:$${DEV_PORT:-8000}/admin  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail"
 	$(BIN)/honcho -f Procfile.dev start

@@ -1,7 +1,11 @@
 """Every setting is declared once, here: name, type, default and meaning in one field of Settings.
 The environment variable is the field name in upper case; `load()` reads and type-checks each one,
-and the README's configuration table is generated from the same declarations
-(`python -m app settings --markdown`; tests/test_config.py checks they agree)."""
+and the configuration table in docs/configuration.md is generated from the same declarations
+(`python -m app settings --markdown`; tests/test_config.py checks they agree).
+
+A `.env` file (ENV_FILE; `make run` writes one) is read first: each of its variables that the
+environment does not set is set from it, so every command of a checkout (the CLI, the processes)
+sees the same development settings, and the environment always wins."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from urllib.parse import urlsplit
+
+import dotenv
 
 
 class ConfigError(RuntimeError):
@@ -40,8 +46,14 @@ class Settings:
         "without a SECRET_KEY of 32+ characters other than the built-in one, "
         "without SENDGRID_WEBHOOK_PUBLIC_KEY or the opt-out, and without "
         "MAIL_POSTAL_ADDRESS. `make run`/`demo`/"
-        "`migrate`/`bench` and `Procfile.dev` set `development`; run "
-        "`python -m app …` by hand with `APP_ENV=development` locally",
+        "`migrate`/`bench` and `Procfile.dev` set `development`, and `make run` writes it "
+        "to `.env`, so `notify …` in the next terminal runs in development too",
+    )
+    env_file: str = setting(
+        ".env",
+        "a file of `NAME=value` lines read before anything else (python-dotenv; relative to the "
+        "working directory): a variable the environment sets wins over the file. `make run` writes "
+        "the development settings and the demo API keys there (git-ignored); empty: no file",
     )
     database_url: str = setting("postgresql://localhost/notify", "Postgres; created if missing by `migrate`")
     migration_database_url: str = setting(
@@ -385,7 +397,17 @@ _SPECIAL = {
 }
 
 
+def load_env_file() -> str | None:
+    """Set the variables of ENV_FILE that the environment does not set; the file's path if read."""
+    path = os.environ.get("ENV_FILE", Settings.env_file)
+    if not path or not os.path.isfile(path):
+        return None
+    dotenv.load_dotenv(path, override=False)
+    return path
+
+
 def load() -> Settings:
+    load_env_file()
     values = {}
     for f in fields(Settings):
         raw = os.environ.get(env_name(f.name))
@@ -440,7 +462,7 @@ def check_brand(settings: Settings) -> None:
 
 
 def markdown_table() -> str:
-    """The README's configuration table, from the declarations."""
+    """The configuration table of docs/configuration.md, from the declarations."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for f in fields(Settings):
         shown = f.metadata.get("shown")
@@ -467,7 +489,7 @@ def get() -> Settings:
 
 
 def reload() -> Settings:
-    """Re-read the environment (tests and the CLI after changing os.environ)."""
+    """Re-read the environment and ENV_FILE (tests and the CLI after changing os.environ)."""
     global _settings
     _settings = load()
     return _settings
@@ -490,3 +512,6 @@ def override(**changes) -> Settings:
 def restore(previous: Settings) -> None:
     global _settings
     _settings = previous
+
+
+load_env_file()  # at import, before any module reads os.environ (LOG_LEVEL, PROMETHEUS_MULTIPROC_DIR)
