@@ -164,6 +164,11 @@ class Settings:
     mail_from: str = setting("Notify <notify@localhost>", "default sender: exactly one mailbox")
     smtp_url: str = setting("smtp://localhost:1025", "`smtp://user:pass@host:port`, `?starttls=1`, or `smtps://`")
     mail_file_dir: str = setting("mail-out", "where the `file` provider writes .eml files")
+    mail_viewer_url: str = setting(
+        "http://127.0.0.1:8025/dev/mail",
+        "where the page at `/` links the development mail viewer (`scripts/dev/mailviewer.py`; "
+        "its port is MAIL_VIEWER_PORT); shown in development only",
+    )
     unsubscribe_mailto: str = setting("", "adds a mailto: target to List-Unsubscribe")
     mail_postal_address: str = setting(
         "",
