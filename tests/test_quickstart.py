@@ -47,7 +47,7 @@ def test_quick_start_is_short_and_first():
     headings = re.findall(r"^## (.+)$", text, re.M)
     assert headings[0] == "Quick start", headings
     section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
-    assert len(section.splitlines()) <= 70
+    assert len(section.splitlines()) <= 65
     assert len(text.splitlines()) <= 250
     marks = [mark for mark, _ in quickstart_blocks()]
     assert marks.count("skip") == 1 and "make run" in quickstart_blocks()[marks.index("skip")][1]
