@@ -32,7 +32,7 @@ ALLOW_UNSIGNED_WEBHOOK = "i-understand-anyone-can-post-events"
 
 
 def setting(default, doc: str, *, shown: str | None = None):
-    """A field of Settings: its default, what it means, and how the README shows the default."""
+    """A field of Settings: its default, what it means, and how docs/configuration.md shows the default."""
     return field(default=default, metadata={"doc": doc, "shown": shown})
 
 
@@ -61,7 +61,7 @@ class Settings:
         "Postgres for `migrate` alone. Behind PgBouncer in transaction "
         "pooling mode, point it at Postgres itself (or a session-mode pool): "
         "the migrator needs one session for its advisory lock and for "
-        '`lock_timeout` around CREATE INDEX CONCURRENTLY (README "Running '
+        '`lock_timeout` around CREATE INDEX CONCURRENTLY (docs/operations.md "Running '
         'behind PgBouncer")',
         shown="DATABASE_URL",
     )
@@ -99,7 +99,7 @@ class Settings:
         "under the checkout); created at start-up, read by `GET /metrics` "
         "(web, or `python -m app metrics-exporter` on a worker-only host). "
         "One directory per deployment and host: empty it when the deployment starts "
-        'from scratch (README "Metrics")',
+        'from scratch (docs/observability.md "Metrics")',
     )
     metrics_token: str = setting(
         "",
@@ -155,7 +155,7 @@ class Settings:
         90,
         "digest_events, webhook_events and email_link_history are partitioned by "
         "month; a month goes whole (dropped, not DELETEd) once its newest row is older "
-        "than this, digest events never included in a digest counted first (README "
+        "than this, digest events never included in a digest counted first (docs/operations.md "
         '"Retention"). 0 keeps everything; otherwise at least 7 (a weekly digest '
         "must see its week)",
     )
@@ -227,7 +227,7 @@ class Settings:
     digest_max_items: int = setting(50, 'entities shown per digest ("and N more")')
     digest_stagger_seconds: int = setting(3600, "spread of a slot's sends (stable per subscriber)")
     digest_processing_timeout_seconds: int = setting(
-        300, 'a batch\'s worker is presumed dead after this (README "Failure handling": how it was chosen)'
+        300, 'a batch\'s worker is presumed dead after this (docs/operations.md "Failure handling": how it was chosen)'
     )
     digest_max_attempts: int = setting(5, "attempts before a run is `failed`")
     scheduler_interval_seconds: float = setting(30.0, "scheduler tick")
