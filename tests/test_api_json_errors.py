@@ -148,3 +148,20 @@ def test_swagger_ui_copy_renders_openapi_3_1():
 
     version = re.search(r"swagger-ui-(\d+)\.", str(swagger_ui_bundle.swagger_ui_path)).group(1)
     assert int(version) >= 5
+
+
+def test_an_unexpected_error_is_json_under_the_api_and_plain_elsewhere():
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from app.web import create_app
+
+    def boom(request):
+        raise ZeroDivisionError("boom")
+
+    app = create_app()
+    app.router.routes[:0] = [Route("/v1/boom", boom), Route("/boom", boom)]
+    with TestClient(app, raise_server_exceptions=False) as c:
+        _assert_api_error(c.get("/v1/boom"), 500, "internal_error")
+        plain = c.get("/boom")
+        assert plain.status_code == 500 and plain.headers["content-type"].startswith("text/plain")

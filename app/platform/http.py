@@ -75,14 +75,23 @@ async def http_exception_handler(request: Request, exc: HTTPException) -> Respon
     return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
 
 
+async def server_error_handler(request: Request, exc: Exception) -> Response:
+    """An unexpected error (Starlette's ServerErrorMiddleware logs it and re-raises it for the server
+    and Sentry): under /v1 and /webhooks the answer is still JSON in the error shape."""
+    if is_api_path(request.url.path):
+        return ApiError(500, "internal_error", "an unexpected error on our side; it was logged").response()
+    return PlainTextResponse("Internal Server Error", status_code=500)
+
+
 def exception_handlers() -> dict:
     """Every Starlette app's (the web app, the metrics exporter): ApiError as its JSON body, the
-    router's 404/405 as JSON under /v1 and /webhooks, Postgres unavailable as 503, a client that
-    disconnected mid-request as one INFO line."""
+    router's 404/405 and an unexpected 500 as JSON under /v1 and /webhooks, Postgres unavailable
+    as 503, a client that disconnected mid-request as one INFO line."""
     handlers = {
         ApiError: api_error_handler,
         HTTPException: http_exception_handler,
         ClientDisconnect: client_disconnected_handler,
+        Exception: server_error_handler,
     }
     handlers.update(dict.fromkeys(db.UNAVAILABLE, database_unavailable_handler))
     return handlers
