@@ -78,13 +78,15 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.fixture
-def instance(tmp_path, redis_client):
-    """web + worker + mail sink/viewer as real processes; yields their URLs and the mail folder."""
+class _Exited(RuntimeError):
+    """A process ended while starting: most likely a port taken between the probe and the bind."""
+
+
+def _launch(logs: Path) -> tuple[dict, dict]:
     settings = config.get()
     web_port, sink_port, viewer_port = _free_port(), _free_port(), _free_port()
-    mail_dir = tmp_path / "mail"
     web, viewer = f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{viewer_port}"
+    mail_dir = logs / "mail"
     env = {
         **os.environ,
         "APP_ENV": "test",
@@ -103,23 +105,44 @@ def instance(tmp_path, redis_client):
         "web": ["-m", "uvicorn", "app.web:app", "--host", "127.0.0.1", "--port", str(web_port), "--no-access-log"],
         "worker": ["-m", "dramatiq", "actors", "--processes", "1", "--threads", "2"],
     }
+    logs.mkdir(parents=True)
     procs = {}
-    try:
-        for name, args in commands.items():
-            log = (tmp_path / f"{name}.log").open("wb")
+    for name, args in commands.items():
+        with (logs / f"{name}.log").open("wb") as log:
             procs[name] = subprocess.Popen(
                 [sys.executable, *args], cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
             )
-        for name, url in (("web", f"{web}/healthz"), ("viewer", f"{viewer}/dev/mail")):
-            wait_for(
-                lambda name=name, url=url: procs[name].poll() is None and _answers(url),
-                timeout=60,
-                what=f"{name} to answer (log: {tmp_path / (name + '.log')})",
+    return procs, {"web": web, "viewer": viewer, "mail_dir": mail_dir, "env": env, "logs": logs}
+
+
+def _ready(procs: dict, info: dict) -> bool:
+    for name, proc in procs.items():
+        if proc.poll() is not None:
+            raise _Exited(
+                f"{name} exited with {proc.returncode}: {(info['logs'] / (name + '.log')).read_text()[-2000:]}"
             )
-        yield {"web": web, "viewer": viewer, "mail_dir": mail_dir, "env": env, "logs": tmp_path}
-    finally:
-        for proc in procs.values():
-            _stop(proc)
+    return _answers(f"{info['web']}/healthz") and _answers(f"{info['viewer']}/dev/mail")
+
+
+@pytest.fixture
+def instance(tmp_path, redis_client):
+    """web + worker + mail sink/viewer as real processes; yields their URLs, environment and logs."""
+    for attempt in range(3):
+        procs, info = _launch(tmp_path / f"instance-{attempt}")
+        try:
+            wait_for(lambda: _ready(procs, info), timeout=60, what=f"web and viewer to answer (logs: {info['logs']})")
+        except BaseException as exc:
+            for proc in procs.values():
+                _stop(proc)
+            if isinstance(exc, _Exited) and attempt < 2:
+                continue  # new ports
+            raise
+        try:
+            yield info
+        finally:
+            for proc in procs.values():
+                _stop(proc)
+        return
 
 
 def _terminal(tmp_path: Path, instance: dict) -> tuple[Path, dict]:
