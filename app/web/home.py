@@ -30,11 +30,9 @@ DOCS_HEADERS = {
 
 def home(request: Request):
     settings = config.get()
-    development = settings.env in config.DEVELOPMENT_ENVS
+    viewer = settings.mail_viewer_url if settings.is_development else ""  # the viewer is a development tool
     response = common.templates.TemplateResponse(
-        request,
-        "home/index.html",
-        {"css_url": common.CSS_URL, "mail_viewer_url": settings.mail_viewer_url if development else ""},
+        request, "home/index.html", {"css_url": common.CSS_URL, "mail_viewer_url": viewer}
     )
     response.headers.update(DOCS_HEADERS)
     return response
