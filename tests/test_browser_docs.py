@@ -42,3 +42,15 @@ def test_home_page_links_lead_somewhere(live_server, page):
     page.goto(f"{live_server}/")
     page.get_by_role("link", name="Operator dashboard").click()
     assert page.url.startswith(f"{live_server}/admin")
+
+
+def test_home_page_fits_a_phone(live_server, browser):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, locale="en-US")
+    try:
+        phone = context.new_page()
+        phone.goto(f"{live_server}/")
+        overflow = phone.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0
+        shot(phone, "home-390")
+    finally:
+        context.close()
