@@ -9,8 +9,11 @@ import re
 from urllib.parse import urljoin
 
 import pytest
-from starlette.routing import Match
+import swagger_ui_bundle
+from starlette.routing import Match, Route
+from starlette.testclient import TestClient
 
+from app.web import create_app
 from tests.raw_http import exchange
 
 UNKNOWN_PATHS = [
@@ -144,18 +147,11 @@ def test_docs_page_and_every_asset_come_from_the_app(client):
 
 def test_swagger_ui_copy_renders_openapi_3_1():
     """Swagger UI reads OpenAPI 3.1 documents from 5.0 on (the 4.x copy of swagger-ui-bundle does not)."""
-    import swagger_ui_bundle
-
     version = re.search(r"swagger-ui-(\d+)\.", str(swagger_ui_bundle.swagger_ui_path)).group(1)
     assert int(version) >= 5
 
 
 def test_an_unexpected_error_is_json_under_the_api_and_plain_elsewhere():
-    from starlette.routing import Route
-    from starlette.testclient import TestClient
-
-    from app.web import create_app
-
     def boom(request):
         raise ZeroDivisionError("boom")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from dotenv import dotenv_values
 
 from app.platform import config
 from scripts import demo_data
@@ -167,8 +168,6 @@ def _terminal(tmp_path: Path, instance: dict) -> tuple[Path, dict]:
 
 
 def _patch_implemented(instance: dict, checkout: Path) -> bool:
-    from dotenv import dotenv_values
-
     key = dotenv_values(checkout / ".env")["NOTIFY_ADMIN_KEY"]
     response = httpx.patch(
         f"{instance['web']}/v1/subscribers/probe",
