@@ -43,6 +43,7 @@ run: demo
 	$(BIN)/python -m scripts.dev.env_file APP_ENV DATABASE_URL REDIS_URL MAIL_PROVIDER SMTP_URL MAIL_POSTAL_ADDRESS
 	$(BIN)/python -m app digest-now --all
 	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  dashboard: http://127.0.0.1:$${DEV_PORT:-8000}/admin  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail"
+	@echo "API reference: http://127.0.0.1:$${DEV_PORT:-8000}/docs  keys and settings: .env (another terminal: . ./.env; .venv/bin/notify --help)"
 	$(BIN)/honcho -f Procfile.dev start
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.
