@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: run test lint test-fast test-pure test-pgbouncer install services migrate demo bench drill clean browser pgbouncer
 
-# Unset APP_ENV means production (app/config.py): the local targets say development explicitly,
+# Unset APP_ENV means production (app/platform/config.py): the local targets say development explicitly,
 # and reach their prerequisites too (run -> demo -> migrate). Tests set APP_ENV=test themselves.
 run demo migrate bench: export APP_ENV ?= development
 # Production refuses to start without the sender's postal address; the demo mails show this one.
@@ -59,10 +59,11 @@ pgbouncer:
 PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
 	$(BIN)/python -m pytest -m "not browser and not pure" $(PYTEST_ARGS)
 
-# The checks that read the source: lint and format (pyproject.toml [tool.ruff]).
+# The checks that read the source: lint, format and types (pyproject.toml [tool.ruff], [tool.mypy]).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Everything, then the integration tests once more through PgBouncer.
 test: install lint services browser pgbouncer

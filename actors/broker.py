@@ -1,5 +1,5 @@
-"""Worker set-up: Sentry first, then the broker (app/queue.py, with the worker-only GracefulStop
-middleware), then — in actors/__init__ — the actors, which bind to it. Queues: app/queue.py."""
+"""Worker set-up: Sentry first, then the broker (app/platform/queue.py, with the worker-only GracefulStop
+middleware), then — in actors/__init__ — the actors, which bind to it. Queues: app/platform/queue.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class GracefulStop(Middleware):
         stop = signal.getsignal(signal.SIGTERM)
         if not callable(stop) or getattr(stop, "graceful", False):
             return
-        stopping = []
+        stopping: list[int] = []
 
         def once(signum, frame):
             if stopping:
@@ -36,7 +36,7 @@ class GracefulStop(Middleware):
             stopping.append(signum)
             stop(signum, frame)
 
-        once.graceful = True
+        once.graceful = True  # type: ignore[attr-defined]  # marks our handler: installed once
         signal.signal(signal.SIGTERM, once)
 
     def before_worker_shutdown(self, broker, worker):
@@ -45,7 +45,7 @@ class GracefulStop(Middleware):
 
 class Metrics(Middleware):
     """Each worker process (Dramatiq forks them) clears the live gauges of processes that are gone
-    when it starts, and its own when it stops (app/metrics.py, multiprocess mode)."""
+    when it starts, and its own when it stops (app/platform/metrics.py, multiprocess mode)."""
 
     def after_process_boot(self, broker):
         metrics.setup()
@@ -68,7 +68,7 @@ class IdlePoll(Middleware):
     """An idle Dramatiq consumer backs off up to worker_timeout (1 s by default) between looks at
     its queue: the first digest batch of an hour and a send-now mail waited up to a second on
     workers that had nothing to do. Set before the worker adds its consumers; WORKER_IDLE_POLL_MS
-    (app/config.py says what the polling costs)."""
+    (app/platform/config.py says what the polling costs)."""
 
     def before_worker_boot(self, broker, worker):
         worker.worker_timeout = max(10, config.get().worker_idle_poll_ms)

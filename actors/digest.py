@@ -59,7 +59,7 @@ def build_and_send_digest(run_ids: list[int] | None = None) -> None:
     digest_send.process(run_ids=run_ids)
 
 
-# A hint sent after an ingest commit that asked for it (app/ingest.py): one send-now pass, then
+# A hint sent after an ingest commit that asked for it (digest/ingest.py): one send-now pass, then
 # the runs it made due now are sent here. Losing it only delays them to the scheduler's next tick.
 @dramatiq.actor(
     actor_name=messages.SEND_NOW.actor,

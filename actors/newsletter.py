@@ -1,16 +1,16 @@
 """Newsletter actors (queue "newsletter"). Thin: the work is in app.newsletter.
 
 Queues and priorities (names from actors/broker.py):
-  transactional, digest  mail a person is waiting for or expects at their hour. Digest actors run
-                         at default priority; these actors at NEWSLETTER_PRIORITY (a larger number
-                         = lower priority in Dramatiq), so when a worker holds messages from both
-                         queues the digest goes first.
+  digest                 mail a person expects at their hour. Digest actors run at default
+                         priority; these actors at NEWSLETTER_PRIORITY (a larger number = lower
+                         priority in Dramatiq), so when a worker holds messages from both queues
+                         the digest goes first.
   newsletter             create_outbox and send_batch below. A send_batch message works for at
                          most a few seconds (sender.BUDGET_SECONDS) and re-enqueues itself, so a
                          million-recipient newsletter never holds a thread for long: it is a few
                          "send chains" (NEWSLETTER_SEND_CHAINS) cycling through the queue.
   For hard isolation run a dedicated worker: `dramatiq actors --queues newsletter` beside
-  `dramatiq actors --queues transactional digest webhooks`.
+  `dramatiq actors --queues digest webhooks`.
 
 Messages are hints: the newsletter and email_log rows are the truth, every actor is idempotent,
 and reclaim_stale (scheduler tick) re-kicks work whose messages were lost (a flushed Redis).

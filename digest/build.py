@@ -97,6 +97,8 @@ CADENCE_WORDS = {"immediately": "instant"}
 
 
 def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
+    if run.digest is None:
+        raise ValueError(f"run {run.id}: loaded and grouped before its context is built")
     return digest_context.build(
         run.digest,
         categories=registry,

@@ -1,6 +1,6 @@
-"""The template context of one digest. Values are plain strings: chevron HTML-escapes {{tags}}, so
-hostile actor names or titles are harmless in the HTML part; URLs are http(s) only (app/urls.py,
-digest/details.py).
+"""The template context of one digest. Values are plain strings: Mustache (app/platform/mustache.py)
+HTML-escapes {{tags}}, so hostile actor names or titles are harmless in the HTML part; URLs are
+http(s) only (app/platform/urls.py, digest/details.py).
 
 Per shown entity (`groups`): title, url/has_url, lines (one per category: summary, when, label,
 count, avatar_url/has_avatar), summary (the lines joined), count, count_label. Per digest: subject
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import lru_cache
+from typing import Any
 
 from app.platform import config, timezones
 from app.subscribers.categories import Category, humanise, lookup
@@ -41,7 +42,7 @@ def entity_title(group: Group) -> str:
 
 
 def group_item(group: Group, digest: Digest, categories: dict[str, Category], now: datetime, tz) -> dict:
-    lines = []
+    lines: list[dict[str, Any]] = []
     for line in group.ranked_lines():
         category = lookup(line.category, categories)
         keys = line.actor_keys()
@@ -59,8 +60,8 @@ def group_item(group: Group, digest: Digest, categories: dict[str, Category], no
             }
         )
     url = group.url or ""
-    # Sections test booleans, never the strings: inside {{#url}} chevron would resolve {{title}}
-    # against the str (str.title) instead of the item.
+    # Sections test booleans, never the strings: inside {{#url}} a renderer that resolves attributes
+    # (chevron, which the tests compare against) would resolve {{title}} against the str (str.title).
     return {
         "title": entity_title(group),
         "url": url,

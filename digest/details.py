@@ -1,11 +1,11 @@
 """Titles, links and avatars: per field, the newest event of the digest that carries a usable value.
 
-The fields (documented on the Event model, app/ingest.py; stored in `payload`):
+The fields (documented on the Event model, digest/ingest.py; stored in `payload`):
   entity title   `entity_title` (or `title`, as earlier producers sent it)
   entity link    `entity_url`   (or `url`)
   actor avatar   `actor_avatar_url`, per actor
 Within one event the documented key wins over the older one. A URL counts only if it is an
-absolute http(s) URL (app/urls.py): anything else is dropped, never rendered, so an older event's
+absolute http(s) URL (app/platform/urls.py): anything else is dropped, never rendered, so an older event's
 good link is used instead. Titles fall back to the entity's type and id ("Post p9").
 
 Cost: payloads are read only for the shown entities and their lines' leading actors, and only the
@@ -102,7 +102,7 @@ def resolve(cur, digests: list[Digest]) -> None:
 def _older(cur, entities: list, actors: list) -> None:
     """The older events, only for what is still missing and only those keys. Most of these rows do
     not exist (a producer that never sends avatars): events are sorted only where a row came back."""
-    wanted = set()
+    wanted: set[str] = set()
     for g, _ in entities:
         wanted.update(KEYS[c] for c in ((TITLE if g.title is None else ()) + (URL if not g.url else ())))
     if actors:

@@ -18,9 +18,12 @@ Pure functions over plain tuples so they are cheap and testable without a databa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from operator import attrgetter
 from typing import NamedTuple
+
+# A line's or group's latest_at before its first event: older than any event.
+NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 class Event(NamedTuple):
@@ -48,7 +51,7 @@ class Line:
         self.category = category
         self.count = 0
         self.score = 0  # distinct actors + events without an actor
-        self.latest_at: datetime | None = None
+        self.latest_at = NEVER  # until its first event
         self.latest_event_id = 0
         self.actors: dict = {}  # actor key -> (last seen, display name)
         self._keys: list[str] | None = None
@@ -73,7 +76,7 @@ class Group:
         self.key = key  # (entity_type, entity_id)
         self.count = 0
         self.score = 0  # the sum of its lines' scores
-        self.latest_at: datetime | None = None
+        self.latest_at = NEVER  # until its first event
         self.latest_event_id = 0
         self.lines: dict[str, Line] = {}
         self.events: list[Event] = []  # for its title and link (digest/details.py)
@@ -143,13 +146,13 @@ def group_events(events, recipient: str | None = None) -> tuple[list[Group], dic
             g = groups[key] = Group(key)
         g.count += 1
         g.events.append(ev)
-        if g.latest_at is None or when > g.latest_at or (when == g.latest_at and ev.id > g.latest_event_id):
+        if when > g.latest_at or (when == g.latest_at and ev.id > g.latest_event_id):
             g.latest_at, g.latest_event_id = when, ev.id
         line = g.lines.get(ev.category)
         if line is None:
             line = g.lines[ev.category] = Line(ev.category)
         line.count += 1
-        if line.latest_at is None or when > line.latest_at or (when == line.latest_at and ev.id > line.latest_event_id):
+        if when > line.latest_at or (when == line.latest_at and ev.id > line.latest_event_id):
             line.latest_at, line.latest_event_id = when, ev.id
         actor_key = actor_id or ev.actor_name
         if actor_key:

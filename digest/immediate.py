@@ -1,7 +1,7 @@
 """Send-now runs: the `immediately` cadence, and events that cannot wait for a digest.
 
 Who is looked at: `digest_send_now` holds the subscribers who may have something to send now.
-Ingest adds a row in the same transaction as the events (app/ingest.py) when an event is urgent —
+Ingest adds a row in the same transaction as the events (digest/ingest.py) when an event is urgent —
 `"priority": "high"`, or its category's delivery is `immediate` — or its subscriber chose
 `immediately`; the planner adds every `immediately` subscriber once an hour (digest/plan.py), which
 picks up events left behind by a pause, a resubscribe or an opt-in. Postgres holds the fact; the

@@ -1,7 +1,7 @@
 """Event ingestion: validation of POST /v1/events bodies and a group-commit writer.
 
 A 202 means the events are committed. To pay one Postgres round trip for many requests instead of
-one each, requests hand their validated rows to a group-commit writer (app/groupcommit.py), which
+one each, requests hand their validated rows to a group-commit writer (app/platform/groupcommit.py), which
 gathers whatever is waiting (up to INGEST_GROUP_MAX_EVENTS, waiting at most INGEST_GROUP_WAIT_MS
 for more), inserts it in one transaction and only then resolves every request's future.
 """
@@ -12,7 +12,7 @@ import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import orjson
 import psycopg2.extras
@@ -114,7 +114,7 @@ class Event(Body):
     ] = None
 
     def row(self, source: str) -> tuple:
-        payload = self.payload or "{}"
+        payload = cast(str, self.payload) or "{}"  # made JSON text by _payload_json
         if self.entity_title is not None or self.entity_url is not None or self.actor_avatar_url is not None:
             payload = _with_display_fields(
                 payload, {k: v for k in DISPLAY_FIELDS if (v := getattr(self, k)) is not None}

@@ -176,7 +176,7 @@ def plan(now: datetime) -> int:
         )
         if handed < batch:
             break
-    cols = {k: [] for k in ("tz", "cadence", "hour", "weekday", "period", "slot", "slot_no")}
+    cols: dict[str, list] = {k: [] for k in ("tz", "cadence", "hour", "weekday", "period", "slot", "slot_no")}
     for tz_name, cadence, hour, weekday in db.query(_COMBOS_SQL, {"now": now}):
         period, slot = next_slot(now, tz_name, cadence, hour, weekday)
         slot_no = slot_number(cadence, period, slot, tz_name)

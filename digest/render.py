@@ -1,15 +1,15 @@
 """Template compile + render.
 
 Templates are files an operator can replace (DIGEST_TEMPLATE_DIR, default digest/templates):
-  digest.html   Mustache; an HTML fragment goes inside the mail layout (app/layout.py: brand
+  digest.html   Mustache; an HTML fragment goes inside the mail layout (app/platform/mail_layout.py: brand
                 header, card, colours from settings), a full document (<html>) is used as it is;
-                its <style> is inlined by premailer ONCE per template version
+                its <style> is inlined by premailer ONCE per template version (app/platform/css_inline.py)
   digest.txt    Mustache; the plain-text part (use {{{triple}}} tags: no HTML escaping)
   subject.txt   Mustache; one line
 
 A "version" is (path, mtime, size, brand settings): editing a file recompiles it on the next render (checked at most
-once a second), otherwise renders reuse the cached chevron token list, compiled once more into a
-closure tree (digest/mustache.py) that renders several times faster than chevron's interpreter.
+once a second), otherwise renders reuse the cached token list, compiled once into Python
+(app/platform/mustache.py, the Mustache implementation newsletters use too).
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import chevron
-
-from app.platform import config, layout, mail
-from digest import mustache
+from app.platform import config, mail, mail_layout, mustache
+from app.platform.css_inline import inline_css
 
 log = logging.getLogger("digest.render")
 
@@ -58,40 +56,20 @@ def template_dir() -> Path:
     return Path(configured) if configured else DEFAULT_DIR
 
 
-def inline_css(html: str) -> str:
-    """premailer over the Mustache source. Tags survive because attributes are written
-    href="{{url}}" (no inner spaces, which premailer would turn into %20) and no base_url is set."""
-    import premailer  # measured 248 ms to import (cssutils); only template compiles need it
-
-    return premailer.Premailer(
-        html,
-        keep_style_tags=False,
-        remove_classes=False,
-        strip_important=False,
-        disable_validation=True,
-        cssutils_logging_level=logging.CRITICAL,
-        allow_network=False,
-    ).transform()
-
-
-def _tags(source: str) -> list[str]:
-    return [value for kind, value in chevron.tokenizer.tokenize(source) if kind != "literal"]
-
-
-def compile_source(source: str, html: bool, brand: layout.Brand | None = None) -> tuple:
+def compile_source(source: str, html: bool, brand: mail_layout.Brand | None = None) -> tuple:
     """Source -> cached token tuple. For HTML, the layout around a fragment, then premailer;
     refuse a result that lost tags."""
     if html:
-        if layout.is_fragment(source):
-            source = layout.wrap(source, brand)
-        inlined = inline_css(source)
-        if _tags(inlined) != _tags(source):
+        if mail_layout.is_fragment(source):
+            source = mail_layout.wrap(source, brand)
+        inlined = inline_css(source, strip_important=False)
+        if mustache.tags(mustache.tokenize(inlined)) != mustache.tags(mustache.tokenize(source)):
             raise TemplateError(
                 "premailer changed the Mustache tags of the HTML template; write attributes "
                 'as href="{{url}}" and keep section tags outside <table> rows'
             )
         source = inlined
-    return tuple(chevron.tokenizer.tokenize(source))
+    return mustache.tokenize(source)
 
 
 class TemplateSet:
@@ -103,7 +81,7 @@ class TemplateSet:
         self._checked_at = 0.0
         self._lock = threading.Lock()
 
-    def _version(self, name: str, brand: layout.Brand) -> tuple:
+    def _version(self, name: str, brand: mail_layout.Brand) -> tuple:
         path = self.directory / name
         try:
             st = path.stat()
@@ -118,7 +96,7 @@ class TemplateSet:
         if compiled is not None and compiled.settings is settings and now - self._checked_at < STAT_EVERY_SECONDS:
             return compiled
         with self._lock:
-            brand = layout.Brand.from_settings(settings)
+            brand = mail_layout.Brand.from_settings(settings)
             version = self._version(name, brand)
             compiled = self._compiled.get(name)
             if compiled is None or compiled.version != version:

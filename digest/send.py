@@ -12,7 +12,7 @@ Failure isolation: every outcome is per run.
   - a broken digest template retries the whole batch the same way.
 Only digest/runs.py writes digest_runs; the transitions are listed there.
 
-The emergency stop (app/mail_stop.py) holds within a second: no run is claimed while it is engaged,
+The emergency stop (app/platform/mail_stop.py) holds within a second: no run is claimed while it is engaged,
 and a batch at the provider checks it at least every SEND_CHECK_SECONDS and stops between two
 mails; the runs not started go back to `pending` with no attempt counted.
 
@@ -27,15 +27,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import psycopg2
 
 from app.platform import config, db, mail_stop, metrics
 from app.platform.providers import get_provider
-from app.platform.providers.base import PermanentError, Progress, Provider, ProviderError, SendResult
+from app.platform.providers.base import OutgoingMail, PermanentError, Progress, Provider, ProviderError, SendResult
 from digest import runs as run_rows
 from digest.build import build_digests
 from digest.claim import ClaimedRun, claim
+from digest.group import Digest
 
 log = logging.getLogger("digest.send")
 
@@ -74,7 +76,7 @@ def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome) -> None:
     for start in range(0, len(ready), step):
         chunk = ready[start : start + step]
         try:
-            results = provider.send_batch([r.mail for r in chunk], progress)
+            results = provider.send_batch([cast(OutgoingMail, r.mail) for r in chunk], progress)  # built: has one
         except ProviderError as exc:  # the whole call: every run of it shares the outcome
             log.warning("provider %s failed for %d digest(s): %s", provider.name, len(chunk), exc)
             permanent = isinstance(exc, PermanentError)
@@ -83,7 +85,7 @@ def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome) -> None:
             if result.stopped:
                 outcome.released.append(run.id)
             elif result.ok:
-                outcome.sent.append((run.id, run.digest.event_ids, result.message_id))
+                outcome.sent.append((run.id, cast(Digest, run.digest).event_ids, result.message_id))
             elif result.permanent:
                 outcome.failed.append((run.id, result.error or "permanent provider error"))
             else:

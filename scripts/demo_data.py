@@ -66,7 +66,7 @@ URGENT = [
 
 
 # A newsletter whose body is an HTML fragment: it goes out inside the mail layout (brand header,
-# card, BRAND_* colours; app/layout.py), with the standard footer added (no {{unsubscribe_url}}).
+# card, BRAND_* colours; app/platform/mail_layout.py), with the standard footer added (no {{unsubscribe_url}}).
 NEWSLETTER_SUBJECT = "What's new at Notify, {{name}}"
 NEWSLETTER_HTML = """<h1>Hello {{name}}, here is what's new</h1>
 <p>You can now stop newsletters and keep your digest, or the other way round: every mail's

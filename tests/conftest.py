@@ -26,7 +26,7 @@ THROUGH_PGBOUNCER = os.environ.get("TEST_THROUGH_PGBOUNCER") == "1"
 DIRECT_DATABASE_URL = os.environ.get("TEST_DIRECT_DATABASE_URL") or os.environ["DATABASE_URL"]
 os.environ.setdefault("API_KEY_CACHE_SECONDS", "0")
 os.environ.setdefault("MAIL_PROVIDER", "file")
-# Prometheus values of this run (app/metrics.py): its own directory, not the checkout's .var/metrics,
+# Prometheus values of this run (app/platform/metrics.py): its own directory, not the checkout's .var/metrics,
 # removed when the run ends.
 if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="notify-test-metrics-")

@@ -164,5 +164,5 @@ def outbox_row(
 
 
 def suppression(email: str, reason: str = "bounce", **columns) -> int:
-    """A suppressed address (stored as given: the app stores them in canonical form, app/addresses.py)."""
+    """A suppressed address (stored as given: the app stores them in canonical form, app/platform/addresses.py)."""
     return insert("suppressions", email=email, reason=reason, **columns)

@@ -3,7 +3,7 @@ the API's own request schemas (/openapi.json, built from SubscriberInput and New
 sent to the API, and every one it accepts must build a mail through the real path: the digest
 build (digest/build.py) for a subscriber with an event, the newsletter's per-recipient render
 (app/newsletter/sender.py) for the newsletter to that subscriber, then each provider's prepare
-(SMTP and file: app/mail.py `build`; SendGrid: its own checks and request payload).
+(SMTP and file: app/platform/mail.py `build`; SendGrid: its own checks and request payload).
 
 Deterministic (derandomize) and bounded (100 pairs, a few seconds); real Postgres and Redis.
 """

@@ -1,4 +1,4 @@
-"""One address, one identity (I8, issue 25.4): the canonical form (app/addresses.py) and every path
+"""One address, one identity (I8, issue 25.4): the canonical form (app/platform/addresses.py) and every path
 that compares addresses — digest claim, send-now planning, newsletter outbox and claim, test sends,
 webhook application, admin suppressions, legacy link import — treating the case, IDNA (U-label /
 A-label) and full-width spellings of an address as one."""

@@ -1,4 +1,4 @@
-"""One address policy (app/addresses.py) from the API to the envelope, and headers as the email
+"""One address policy (app/platform/addresses.py) from the API to the envelope, and headers as the email
 package's policy writes them."""
 
 from __future__ import annotations

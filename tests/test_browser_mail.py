@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.newsletter import template
-from app.platform import layout, providers, tokens
+from app.platform import mail_layout, providers, tokens
 from app.subscribers import categories, streams
 from digest import send as digest_send
 from tests import factories
@@ -172,7 +172,7 @@ def test_digest_at_1280_and_390(live_server, browser):
 
 
 def test_newsletter_in_the_layout_at_1280_and_390(browser):
-    brand = layout.Brand("Acme Weekly", "", "#b3261e", "#f6f1ec")
+    brand = mail_layout.Brand("Acme Weekly", "", "#b3261e", "#f6f1ec")
     compiled = template.Compiled("News for {{name}}", WIDE_BODY, None, "Acme Ltd, 1 Main St, Springfield", brand)
     rendered = compiled.render(
         {

@@ -419,7 +419,7 @@ def test_digest_now_sends_an_immediately_subscribers_waiting_events(sink):
 
 def test_the_url_rule_is_the_same_in_the_schema_and_the_check():
     """Adding `priority` to the Event schema made the API fuzzer generate a URL with U+0085, which
-    `\\s` in Python refused and the documented pattern allowed (app/urls.py spells whitespace out)."""
+    `\\s` in Python refused and the documented pattern allowed (app/platform/urls.py spells whitespace out)."""
     from app.platform import urls
 
     assert "\\s" not in urls.PATTERN

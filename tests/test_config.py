@@ -1,4 +1,4 @@
-"""Settings are declared once (app/config.py); the table in docs/configuration.md is generated from them."""
+"""Settings are declared once (app/platform/config.py); the table in docs/configuration.md is generated from them."""
 
 from __future__ import annotations
 

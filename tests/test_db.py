@@ -1,4 +1,4 @@
-"""The database layer (app/db.py): one pool, one transaction helper, one kept connection per
+"""The database layer (app/platform/db.py): one pool, one transaction helper, one kept connection per
 worker thread — and connections are reused, never opened per unit of work or per message."""
 
 from __future__ import annotations

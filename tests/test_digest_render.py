@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 import chevron
 import pytest
 
+from app.platform import mustache
 from app.subscribers.categories import Category
-from digest import context, group, mustache, render
+from digest import context, group, render
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 

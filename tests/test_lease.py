@@ -1,4 +1,4 @@
-"""Leases (app/lease.py): one holder at a time, renewed while it lives, taken over once it died.
+"""Leases (app/platform/lease.py): one holder at a time, renewed while it lives, taken over once it died.
 They are rows, so they hold behind PgBouncer in transaction pooling mode (the PgBouncer pass of
 `make test` runs this module through one)."""
 

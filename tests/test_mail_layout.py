@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from app.newsletter import template
-from app.platform import config, layout
+from app.platform import config, mail_layout
 from digest import context, group, render
 from tests import factories
 from tests.newsletter_support import drain, start
@@ -20,7 +20,7 @@ CONTEXT = {
     "unsubscribe_url": "https://x.example/u/TOKEN",
     "preferences_url": "https://x.example/preferences/P",
 }
-BRAND = layout.Brand("Acme <News>", "https://cdn.example.com/logo.png?a=1&b=2", "#c0ffee", "#fff")
+BRAND = mail_layout.Brand("Acme <News>", "https://cdn.example.com/logo.png?a=1&b=2", "#c0ffee", "#fff")
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_wrap_places_regions_and_escapes_the_brand():
         "<title>T</title><style>.x { color: red; }</style><!-- layout:before --><p>pre</p>"
         "<!-- layout:card --><p>body</p><!-- layout:after --><p>foot</p>"
     )
-    html = layout.wrap(fragment, BRAND)
+    html = mail_layout.wrap(fragment, BRAND)
     assert html.index("<title>T</title>") < html.index(".x { color: red; }") < html.index("</head>")
     assert (
         html.index("<p>pre</p>")
@@ -88,7 +88,7 @@ def test_wrap_places_regions_and_escapes_the_brand():
     assert 'src="https://cdn.example.com/logo.png?a=1&amp;b=2"' in html
     assert "border-top: 4px solid #c0ffee" in html and "background: #fff;" in html
     # no logo: the name as text; unmarked text is the card
-    plain = layout.wrap("<p>only</p>", layout.Brand("Acme", "", "#123", "#fff"))
+    plain = mail_layout.wrap("<p>only</p>", mail_layout.Brand("Acme", "", "#123", "#fff"))
     assert '<span class="layout-brand">Acme</span>' in plain and "<title>Acme</title>" in plain
     assert (
         plain.index('class="layout-card"') < plain.index("<p>only</p>")
@@ -98,9 +98,9 @@ def test_wrap_places_regions_and_escapes_the_brand():
 
 @pytest.mark.pure
 def test_full_documents_are_not_fragments():
-    assert layout.is_fragment("<p>Hi {{name}}</p>")
+    assert mail_layout.is_fragment("<p>Hi {{name}}</p>")
     for doc in ("<!doctype html><p>x</p>", "<HTML><p>x</p></HTML>", "<body><p>x</p></body>", factories.HTML):
-        assert not layout.is_fragment(doc)
+        assert not mail_layout.is_fragment(doc)
 
 
 @pytest.mark.pure

@@ -1,4 +1,4 @@
-"""app/memory.py: the malloc arena cap is applied in a real process (glibc's mallopt)."""
+"""app/platform/memory.py: the malloc arena cap is applied in a real process (glibc's mallopt)."""
 
 from __future__ import annotations
 

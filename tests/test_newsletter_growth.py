@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.newsletter import growth, sender
-from app.platform import queue
+from app.platform import host, queue
 from tests import factories
 from tests.newsletter_support import counts, start
 from tests.test_digest_support import sink_as_provider
@@ -29,10 +29,10 @@ def test_the_decision(provider, elapsed, idle, expected):
 def test_host_idle_share_from_proc_stat(tmp_path):
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3 4\n")
-    idle = growth.HostIdle(str(stat), interval=0)
+    idle = host.HostIdle(str(stat), interval=0)
     stat.write_text("cpu  150 0 150 900 0 0 0 0 0 0\n")  # 100 busy + 100 idle jiffies since
     assert idle.share() == pytest.approx(0.5)
-    assert growth.HostIdle(str(tmp_path / "missing"), interval=0).share() == 1.0
+    assert host.HostIdle(str(tmp_path / "missing"), interval=0).share() == 1.0
 
 
 def test_grow_adds_one_chain_per_interval_up_to_the_cap(redis_client):

@@ -1,5 +1,5 @@
 """CREATE INDEX CONCURRENTLY on a partitioned table in a no-transaction migration
-(app/partitioned_index.py): built partition by partition while events keep arriving, and completed
+(app/platform/partitioned_index.py): built partition by partition while events keep arriving, and completed
 by a rerun wherever a run stopped."""
 
 from __future__ import annotations
@@ -407,7 +407,7 @@ def test_an_index_on_digest_events_is_built_while_events_keep_arriving(
     for index in ("digest_events_category_idx", "digest_events_producer_received_uq"):
         assert_complete(events_db, "digest_events", index)
 
-    # Months added later (app/partitions.py: created alone, then attached) get both indexes.
+    # Months added later (app/platform/partitions.py: created alone, then attached) get both indexes.
     assert add_months(events_db, days_ahead=200)
     for index in ("digest_events_category_idx", "digest_events_producer_received_uq"):
         assert_complete(events_db, "digest_events", index)

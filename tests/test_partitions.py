@@ -1,5 +1,5 @@
 """Monthly partitions of digest_events, webhook_events and email_link_history (migrations
-0520-0525, app/partitions.py), and the dedup keys that live beside them: a key is refused across
+0520-0525, app/platform/partitions.py), and the dedup keys that live beside them: a key is refused across
 partition boundaries, by concurrent writers, after a row moved partition, and freed with its row."""
 
 from __future__ import annotations

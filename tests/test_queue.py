@@ -24,6 +24,8 @@ def test_every_target_is_an_actor_on_its_queue():
         actor = broker.get_actor(target.actor)
         assert actor.queue_name == target.queue, target
         assert target.queue in queue.QUEUES
+    # ...and every queue operators are told about has work on it (no queue that nothing uses).
+    assert {target.queue for target in TARGETS} == set(queue.QUEUES)
 
 
 def test_send_puts_a_message_the_actor_can_read(redis_client):

@@ -1,4 +1,4 @@
-"""Retention (app/retention.py): months older than RETENTION_DAYS go whole, never-included digest
+"""Retention (app/platform/retention.py): months older than RETENTION_DAYS go whole, never-included digest
 events and never-applied webhook events are counted first (logged and exported), their dedup keys
 go with them, and a drop stopped anywhere resumes. Each test has its own database: dropping the
 current partitions of the shared one would break the tests after it."""

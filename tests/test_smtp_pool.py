@@ -1,4 +1,4 @@
-"""How many SMTP connections a worker process holds (app/providers/smtp_sizing.py and the pools in
+"""How many SMTP connections a worker process holds (app/platform/providers/smtp_sizing.py and the pools in
 smtp_async.py / smtp.py): grown only while it raises throughput, stopped where the relay refuses and
 kept there, idle ones closed. The policy first, against a model of a relay (no sockets, a fake
 clock), then the pools against real local SMTP servers, one of them capping connections per client
@@ -51,12 +51,21 @@ class ModelRelay:
         cap: int = 256,
         cpu_cost: float = 0.6,
         loop_cost: float = 0.3,
+        host_idle: float = 0.5,
     ):
         self.now = 0.0
         self.round_trip, self.capacity, self.demand = round_trip, capacity, demand
         self.cpu_cost, self.loop_cost = cpu_cost, loop_cost
         self.cpu = self.loop_cpu = 0.0
-        self.sizer = LaneSizer(floor, cap, clock=lambda: self.now, cpu=lambda: self.cpu, loop_cpu=lambda: self.loop_cpu)
+        self.host_idle = host_idle
+        self.sizer = LaneSizer(
+            floor,
+            cap,
+            clock=lambda: self.now,
+            cpu=lambda: self.cpu,
+            loop_cpu=lambda: self.loop_cpu,
+            host_idle=lambda: self.host_idle,
+        )
         self.ceiling = self.sizer.ceiling
         self.ceiling._clock = lambda: self.now
         self.most = 0
@@ -99,6 +108,22 @@ def test_a_relay_next_door_keeps_the_floor():
     busy = ModelRelay(round_trip=0.0002, capacity=1000, cpu_cost=0.95)  # the process is the bottleneck (GIL)
     busy.run(60)
     assert busy.most == 8 and busy.sizer.steps == []  # not even tried
+
+
+def test_a_busy_host_gives_a_relay_next_door_no_more_connections_even_when_a_step_looks_good():
+    """Other processes hold the CPU (the host has no idle share): this process's windows swing with
+    them, and a step that happens to land in a quiet moment must not pass for one that paid. Here
+    every step up would double the throughput: none is tried while the host is busy, and growth
+    starts once it has idle CPU again. Far relays are judged on their round trip, busy host or not."""
+    relay = ModelRelay(round_trip=0.0002, capacity=100_000, cpu_cost=0.3, host_idle=0.02)
+    relay.run(120)
+    assert relay.most == 8 and relay.sizer.steps == []
+    relay.host_idle = 0.5
+    relay.run(10)
+    assert relay.sizer.limit() > 8
+    far = ModelRelay(round_trip=0.05, capacity=4000, host_idle=0.0)
+    far.run(60)
+    assert 150 <= far.sizer.limit() <= 230
 
 
 def test_the_knee_is_found_when_the_client_saturates_midway():

@@ -29,7 +29,7 @@ CURRENT_VERSION = "1"
 MAX_CODE_LENGTH = 200
 # fullmatch, never match with "$": "$" also matches before a trailing newline ("%0A" in a URL).
 _B64_RE = re.compile(r"[A-Za-z0-9_-]+")
-# What a code from a previous system may look like (tracking/cli.py imports only these). Anything
+# What a code from a previous system may look like (app/cli/tracking.py imports only these). Anything
 # else cannot be in legacy_link_codes: refused without a lookup. NUL and lone surrogates could not
 # even be sent to Postgres.
 LEGACY_CODE_RE = re.compile(r"[^\s/\x00\ud800-\udfff]{1,200}")

@@ -126,7 +126,8 @@ class LinkRewriter:
         return tags
 
     def _apply(self, html: str, tags: list, subscriber_id: int | None) -> tuple[str, dict[str, str]]:
-        out, pos, clicks = [], 0, {}
+        out, pos = [], 0
+        clicks: dict[str, str] = {}
         for tag, href, url in tags:
             start = tag.start() + href.start()
             out.append(html[pos:start])

@@ -69,7 +69,6 @@ _APPLE_NET = ipaddress.ip_network("17.0.0.0/8")
 _PROXY_OPEN_RE = re.compile(r"yahoomailproxy", re.IGNORECASE)
 _ua_cache: dict[str, bool] = {}
 _ip_cache: dict[str, str | None] = {}
-_MISS = object()
 
 
 def _scanner_agent(user_agent: str) -> bool:
@@ -84,16 +83,16 @@ def _scanner_agent(user_agent: str) -> bool:
 
 def client_ip(forwarded_for: str | None, peer: str | None) -> str | None:
     """The client address as Postgres inet accepts it, or None. Which X-Forwarded-For hop is
-    believed is decided by FORWARDED_ALLOW_IPS (app/forwarded.py), never by the client."""
+    believed is decided by FORWARDED_ALLOW_IPS (app/platform/forwarded.py), never by the client."""
     candidate = forwarded.client_host(forwarded_for, peer)
     if not candidate:
         return None
-    hit = _ip_cache.get(candidate, _MISS)
-    if hit is _MISS:  # parsing costs microseconds; the same clients come back
-        hit = _inet(candidate)
-        if len(_ip_cache) > 50_000:
-            _ip_cache.clear()
-        _ip_cache[candidate] = hit
+    if candidate in _ip_cache:  # parsing costs microseconds; the same clients come back
+        return _ip_cache[candidate]
+    hit = _inet(candidate)
+    if len(_ip_cache) > 50_000:
+        _ip_cache.clear()
+    _ip_cache[candidate] = hit
     return hit
 
 

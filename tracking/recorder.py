@@ -53,7 +53,7 @@ STAGE_COLUMNS = (
 )
 # The delivery time of this recipient's copy of the mail decides the "too soon to be a human" rule.
 # A click or open by an erased subscriber (buffered while they were erased, or an old mail clicked
-# later) is kept only as an anonymous count: no subscriber id, IP or user agent (app/subscribers.py).
+# later) is kept only as an anonymous count: no subscriber id, IP or user agent (app/subscribers/records.py).
 INSERT_FROM_STAGE = """
 INSERT INTO email_link_history (kind, link_id, mail_kind, mail_id, subscriber_id, ip, user_agent,
                                 is_machine, machine_reason, occurred_at)
@@ -144,8 +144,8 @@ class HistoryRecorder:
         self._rows: list[str] = []
         self._wake = threading.Event()
         self._conn = None
-        self._pid = None
-        self._thread = None
+        self._pid: int | None = None
+        self._thread: threading.Thread | None = None
         self.dropped = 0
 
     # -- request side (event loop thread): no I/O, a lock and an append ---------------------------
@@ -169,8 +169,8 @@ class HistoryRecorder:
                 return
             # A forked child (uvicorn --workers) must not inherit the parent's buffer or connection.
             self._rows, self._conn, self._pid = [], None, os.getpid()
-            self._thread = threading.Thread(target=self._run, name="tracking-history-writer", daemon=True)
-            self._thread.start()
+            self._thread = thread = threading.Thread(target=self._run, name="tracking-history-writer", daemon=True)
+            thread.start()
 
     def _connection(self):
         if self._conn is None or self._conn.closed:

@@ -11,11 +11,15 @@ TRACKING_FLUSH_SECONDS may not be visible yet (it is still in the web process bu
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.platform import db
 
 
 def mail_stats(mail_kind: str, mail_id: int) -> dict:
-    out = {kind: {"human": 0, "machine": 0, "unique_human": 0, "machine_reasons": {}} for kind in ("opens", "clicks")}
+    out: dict[str, Any] = {
+        kind: {"human": 0, "machine": 0, "unique_human": 0, "machine_reasons": {}} for kind in ("opens", "clicks")
+    }
     key = {"open": "opens", "click": "clicks"}
     for kind, is_machine, total, unique in db.query(
         "SELECT kind, is_machine, count(*), count(DISTINCT subscriber_id) FROM email_link_history "

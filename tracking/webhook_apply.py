@@ -42,7 +42,7 @@ What each event does:
                                       trouble, not a lifetime total)
   every event with custom_args      → mail_event_counts(mail_kind, mail_id, event) + 1
 Suppressed emails are stored in canonical form. Events about an erased address (suppression reason
-'erased', app/subscribers.py) are deleted once applied.
+'erased', app/subscribers/records.py) are deleted once applied.
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ def cmd_rekey_addresses(args) -> int:
 
 
 def cmd_metrics_exporter(args) -> int:
-    # Here, not at the top: the web stack costs every other command (migrate in the release phase)
-    # ~0.16 s of start-up (app.web.health 156 ms, uvicorn 19 ms; python -X importtime).
+    # Here, not at the top: the web stack would slow the start-up of every other command (migrate in
+    # the release phase; python -X importtime shows it).
     import uvicorn
 
     from app.web import health

@@ -1,5 +1,5 @@
 """`python -m app stop-sending --reason …` and `python -m app resume-sending`: the emergency stop
-for all outgoing mail (app/mail_stop.py), from a shell."""
+for all outgoing mail (app/platform/mail_stop.py), from a shell."""
 
 from __future__ import annotations
 

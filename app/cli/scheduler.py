@@ -1,6 +1,6 @@
 """`python -m app scheduler`: the clock of the system. Safe to run twice.
 
-Leadership: a lease row (app/lease.py), renewed in the background every few seconds. Only the
+Leadership: a lease row (app/platform/lease.py), renewed in the background every few seconds. Only the
 process holding it ticks; a second scheduler stands by and takes over within one interval when the
 leader dies (at once when it stops cleanly). A row and not a session advisory lock: it works behind
 PgBouncer in transaction pooling mode. Every job is idempotent anyway (unique keys, SKIP LOCKED), so
@@ -11,7 +11,7 @@ Each tick (every SCHEDULER_INTERVAL_SECONDS):
   2. watchdog: stuck `processing` runs back to `pending` / `failed`
   3. checker: enqueue due pending runs to the digest queue, bounded by queue depth
   4. hooks of other domains, if installed: stale newsletter sends, unapplied webhook events,
-     event-table partitions ahead and retention (app/retention.py)
+     event-table partitions ahead and retention (app/platform/retention.py)
 
 """
 
@@ -43,7 +43,7 @@ def lease_seconds(interval: float) -> float:
 
 
 class Leadership:
-    """The scheduler's lease (app/lease.py, row `scheduler` in `leases`): a row rather than a
+    """The scheduler's lease (app/platform/lease.py, row `scheduler` in `leases`): a row rather than a
     session advisory lock, so leadership holds behind PgBouncer in transaction pooling mode."""
 
     def __init__(self, interval: float | None = None):

@@ -73,7 +73,7 @@ def _import_chunk(items: list[tuple], report: ImportReport) -> None:
         for url, link_id in links.ensure_links(kind, mail_id, urls).items():
             link_ids[(kind, mail_id, url)] = link_id
     emails = sorted({canonical(r) for *_, r in items if "@" in r})
-    by_email = {}
+    by_email: dict[str, int] = {}
     if emails:
         by_email = dict(
             db.query(
@@ -84,6 +84,7 @@ def _import_chunk(items: list[tuple], report: ImportReport) -> None:
         )
     values = []
     for code, url, kind, mail_id, recipient in items:
+        subscriber_id: int | None
         if recipient.isdigit():
             subscriber_id = int(recipient)
         elif recipient:

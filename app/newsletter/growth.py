@@ -9,19 +9,17 @@ Chains never multiply otherwise, and each ends when the work runs out, so growth
 as chains are added the CPU fills up, the idle share drops below its threshold, and no chain forks
 any more. "Waiting for the provider" includes the SMTP client's own work on its event-loop thread,
 so a loopback relay at 0 ms grows a few chains too, until the CPU is busy. scripts/bench/knobs.py
-(20,000 mails, best of 2, 2 cores): the defaults were within 2 % of the best setting tried at both
-0 ms and 50 ms relay delay, fixed 4 and fixed 8 chains included.
+compares the defaults with fixed chain counts and hand-tuned settings (BENCHMARKS.md, "defaults vs
+hand-tuned").
 
 Both signals are read cheaply: the chain's own provider time (measured around the provider call)
-and the host's idle CPU share from /proc/stat (sampled at most once per GROW_INTERVAL_SECONDS per
+and the host's idle CPU share (app/platform/host.py: /proc/stat, sampled at most once a second per
 process; without /proc it counts as idle, so latency alone decides).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
 import redis as redis_lib
 
@@ -72,43 +70,3 @@ def grow(newsletter_id: int, start_chains: int, max_chains: int) -> bool:
         return False
     log.info("newsletter %s: send chains mostly wait for the provider; one more (%d extra)", newsletter_id, extra)
     return True
-
-
-class HostIdle:
-    """The host's idle CPU share since the previous sample (/proc/stat), re-sampled at most once per
-    `interval`; 1.0 where /proc/stat does not exist."""
-
-    def __init__(self, path: str = "/proc/stat", interval: float = GROW_INTERVAL_SECONDS):
-        self.path, self.interval = path, interval
-        self._lock = threading.Lock()
-        first = self._read()
-        # (monotonic time, idle jiffies, total jiffies) of the previous sample
-        self._last: tuple[float, int, int] | None = (time.monotonic(), *first) if first else None
-        self._share = 1.0
-
-    def _read(self) -> tuple[int, int] | None:
-        try:
-            with open(self.path, "rb") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        # user nice system idle iowait irq softirq steal ...: idle + iowait is time nobody wanted the CPU
-        return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])
-
-    def share(self) -> float:
-        now = time.monotonic()
-        with self._lock:
-            if self._last is not None and now - self._last[0] < self.interval:
-                return self._share
-            sample = self._read()
-            if sample is None:
-                return 1.0
-            if self._last is not None:
-                idle, total = sample[0] - self._last[1], sample[1] - self._last[2]
-                if total > 0:
-                    self._share = max(0.0, min(1.0, idle / total))
-            self._last = (now, *sample)
-            return self._share
-
-
-host_idle = HostIdle()

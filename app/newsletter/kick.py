@@ -1,6 +1,6 @@
 """Enqueue helpers. Messages are hints (Postgres is the truth), so every kick is safe to repeat.
 
-Messages are addressed by actor name (app/queue.py): this module never imports the actors.
+Messages are addressed by actor name (app/platform/queue.py): this module never imports the actors.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ log = logging.getLogger("app.newsletter.outbox")
 CHUNK_IDS = 10_000  # subscriber id range per INSERT … SELECT (one short transaction each)
 CHUNK_USER_IDS = 1_000
 CANCEL_CHUNK = 10_000  # pending rows cancelled per short transaction
-# One builder per newsletter: a lease (app/lease.py), renewed while the builder lives. A builder
+# One builder per newsletter: a lease (app/platform/lease.py), renewed while the builder lives. A builder
 # that died leaves it to run out within LEASE_SECONDS; a redelivered message waits that long for it.
 LEASE_SECONDS = 10.0
 LEASE_PREFIX = "newsletter-outbox:"

@@ -14,9 +14,9 @@ Redis is only a hint here too: if it is flushed or down, sending continues unthr
 provider's next 429 re-establishes the limit.
 
 Kept over dramatiq.rate_limits: a batch takes its n recipients' tokens in one Lua call, where
-BucketRateLimiter admits one unit per acquire(); `scripts/bench/ratelimit.py` measured 6.2 µs
-against 863 µs of limiter time per recipient here (batches of 100), and the adaptive part (429
-halves the rate for every worker, gradual recovery) has no counterpart there.
+BucketRateLimiter admits one unit per acquire() (`scripts/bench/ratelimit.py` compares the limiter
+time per recipient; BENCHMARKS.md, "send-rate limiter"), and the adaptive part (429 halves the rate
+for every worker, gradual recovery) has no counterpart there.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ batch and the worker died before committing `sent`: the reclaimer re-sends that 
 same keys).
 
 Controls (pause, cancel, the emergency stop) hold within a second: the provider reports every
-result as it arrives and starts no mail once asked to stop (app/providers/base.py `Progress`). At
+result as it arrives and starts no mail once asked to stop (app/platform/providers/base.py `Progress`). At
 least every FLUSH_EVERY mails or SEND_CHECK_SECONDS, the chain writes the outcomes so far and
 reads the newsletter's status and the emergency stop; when it may not go on, the rows claimed but
 not started go back to `pending` (or `cancelled`) with their attempt refunded. The same rhythm
@@ -24,9 +24,10 @@ import logging
 import random
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from app.newsletter import growth, kick, ratelimit, rows, store, template
-from app.platform import config, db, mail, metrics, shutdown, tokens
+from app.platform import config, db, host, mail, metrics, shutdown, tokens
 from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.platform.providers import get_provider
 from app.platform.providers.base import (
@@ -66,7 +67,7 @@ def send_batch(
     With reenqueue=False (tests, benchmark baseline) the chain is not continued."""
     settings = config.get()
     # retry_in: the delay (seconds) the chain continues after; None when it does not continue.
-    stats = {
+    stats: dict[str, Any] = {
         "claimed": 0,
         "sent": 0,
         "failed": 0,
@@ -129,7 +130,7 @@ def send_batch(
         if (
             reenqueue
             and not stats["grew"]
-            and growth.wants_more(stats["provider_seconds"], time.monotonic() - started, growth.host_idle.share())
+            and growth.wants_more(stats["provider_seconds"], time.monotonic() - started, host.host_idle.share())
         ):
             stats["grew"] = growth.grow(
                 newsletter_id, settings.newsletter_send_chains, settings.newsletter_send_chains_max

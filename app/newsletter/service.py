@@ -173,10 +173,11 @@ def request_send(newsletter_id: int, audience: dict) -> str:
 
 def _same_audience(stored: dict | None, requested: dict) -> bool:
     """Whether a repeated send request names the stored audience: the same, or the same less
-    user_ids erased since (an erasure removes its user_id from every audience, app/subscribers.py)."""
+    user_ids erased since (an erasure removes its user_id from every audience, app/subscribers/records.py)."""
     if stored == requested:
         return True
-    if (stored or {}).get("kind") != "user_ids" or requested.get("kind") != "user_ids":
+    stored = stored or {}
+    if stored.get("kind") != "user_ids" or requested.get("kind") != "user_ids":
         return False
     kept, asked = set(stored.get("user_ids", [])), set(requested.get("user_ids", []))
     gone = sorted(asked - kept)

@@ -1,8 +1,9 @@
 """Newsletter templates: validated on create, compiled ONCE per newsletter, rendered per recipient.
 
-Compilation = premailer (CSS inlined once, before Mustache: it is far too slow per mail) + chevron
-tokenizing (cached token lists render about 2x faster than template strings). Templates see only
-the recipient variables below; partials are refused (no file system access from user input).
+Compilation = premailer (CSS inlined once, before Mustache: it is far too slow per mail;
+app/platform/css_inline.py) + Mustache compiled once (app/platform/mustache.py, the implementation
+digests use too). Templates see only the recipient variables below; partials are refused (no file
+system access from user input).
 
 Compliance by construction, decided once per newsletter from the tokens (never per recipient): a
 part (HTML, text, independently) whose template has no `unsubscribe_url` tag that always renders
@@ -12,7 +13,7 @@ MAIL_POSTAL_ADDRESS. A part that has the link but not the address (as literal te
 address alone. The HTML footer goes before the last top-level </body>, else at the end.
 
 Layout: an HTML body that is a fragment (no <html>, <body> or doctype) is wrapped in the mail
-layout (app/layout.py: brand header, card, colours from settings) before premailer; a full document
+layout (app/platform/mail_layout.py: brand header, card, colours from settings) before premailer; a full document
 is sent as written. The derived text part comes from the body as written, without the layout.
 
 `{{name}}` of a subscriber without a name shows NAME_FALLBACK ("there"): the variable tags are
@@ -28,10 +29,8 @@ import re
 import threading
 from dataclasses import dataclass
 
-import chevron
-from chevron.tokenizer import ChevronError
-
-from app.platform import config, layout, mail
+from app.platform import config, mail, mail_layout, mustache
+from app.platform.css_inline import inline_css as _inline_css
 
 log = logging.getLogger("app.newsletter.template")
 
@@ -43,17 +42,15 @@ MAX_FROM = 320
 
 
 def tokenize(source: str) -> list:
-    return list(chevron.tokenizer.tokenize(source))
+    return list(mustache.tokenize(source))
 
 
 def check(field: str, source: str) -> list[dict]:
     """Problems with one template as {field, message}: syntax, partials, unknown variables."""
     try:
         tokens = tokenize(source)
-    except ChevronError as exc:
+    except mustache.MustacheError as exc:
         return [{"field": field, "message": f"is not a valid Mustache template: {exc}"}]
-    except (IndexError, ValueError):  # chevron's tokenizer on e.g. an empty tag "{{}}"
-        return [{"field": field, "message": "is not a valid Mustache template: empty or malformed tag"}]
     errors = []
     for kind, key in tokens:
         if kind == "partial":
@@ -67,18 +64,8 @@ def inline_css(source: str) -> str:
     """premailer once per template; Mustache tags survive it when written without inner spaces."""
     if "<style" not in source.lower():
         return source  # nothing to inline; premailer would only reformat the document
-    import premailer  # measured 248 ms to import (cssutils); only a template with <style> needs it
-
     try:
-        return premailer.Premailer(
-            source,
-            keep_style_tags=False,
-            remove_classes=False,
-            disable_validation=True,
-            cssutils_logging_level=logging.CRITICAL,
-            allow_network=False,
-            disable_link_rewrites=True,
-        ).transform()
+        return _inline_css(source, strip_important=True)
     except Exception as exc:  # a stylesheet premailer cannot parse must not block the send
         log.warning("premailer failed (%s); sending the HTML with its <style> block as written", exc)
         return source
@@ -227,30 +214,32 @@ class Compiled:
         html: str,
         text: str | None,
         postal_address: str | None = None,
-        brand: layout.Brand | None = None,
+        brand: mail_layout.Brand | None = None,
         name_fallback: str | None = None,
     ):
         settings = config.get()
         if postal_address is None:
             postal_address = settings.mail_postal_address
         self.name_fallback = settings.name_fallback if name_fallback is None else name_fallback
-        self.wrapped = brand is not None and layout.is_fragment(html)
-        body = layout.wrap(html, brand) if self.wrapped else html
+        self.wrapped = brand is not None and mail_layout.is_fragment(html)
+        body = mail_layout.wrap(html, brand) if self.wrapped else html
         self.subject_tokens = _name_fallback(_unescaped(tokenize(subject)))
         self.html_tokens = _name_fallback(with_footer(tokenize(inline_css(body)), postal_address, html=True))
         self.text_tokens = _name_fallback(
             with_footer(_unescaped(tokenize(text if text else text_from_html(html))), postal_address, html=False)
         )
+        self._subject = mustache.Template(self.subject_tokens)
+        self._html = mustache.Template(self.html_tokens)
+        self._text = mustache.Template(self.text_tokens)
 
     def render(self, context: dict) -> Rendered:
         if DISPLAY_NAME not in context:
             context = {**context, DISPLAY_NAME: context.get("name") or self.name_fallback}
-        subject = chevron.render(self.subject_tokens, context, partials_path=None)
         return Rendered(
             # One line whatever the variables hold (a user_id may hold a control character).
-            subject=mail.one_line(subject),
-            html=chevron.render(self.html_tokens, context, partials_path=None),
-            text=chevron.render(self.text_tokens, context, partials_path=None),
+            subject=mail.one_line(self._subject.render(context)),
+            html=self._html.render(context),
+            text=self._text.render(context),
         )
 
 
@@ -264,7 +253,7 @@ def compiled_for(newsletter_id: int, subject: str, html: str, text: str | None) 
     costs milliseconds to seconds), so a reused id (a restored or test database) never renders
     another newsletter's template."""
     settings = config.get()
-    postal_address, brand = settings.mail_postal_address, layout.Brand.from_settings(settings)
+    postal_address, brand = settings.mail_postal_address, mail_layout.Brand.from_settings(settings)
     key = (newsletter_id, hash((subject, html, text, postal_address, brand, settings.name_fallback)))
     found = _cache.get(key)
     if found is not None:
@@ -364,7 +353,7 @@ def template_pattern(forbidden: str = "") -> str:
 
 
 # A subject is one header line: no control character and no line break, Unicode's included
-# (app/validation.py LINE_BREAK_OR_CONTROL); build() refuses a subject that holds one.
+# (app/platform/validation.py LINE_BREAK_OR_CONTROL); build() refuses a subject that holds one.
 SUBJECT_FORBIDDEN = "".join(map(chr, [*range(1, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]))
 SUBJECT_PATTERN = template_pattern(SUBJECT_FORBIDDEN)
 BODY_PATTERN = template_pattern()

@@ -7,7 +7,7 @@ webhook counts nothing for it, but a bounce or complaint still suppresses the ad
 mail). An address that belongs to a subscriber is rendered as that subscriber's mail (name, working
 unsubscribe and preference links); any other address gets empty variables and links that
 open the service's "this link is not valid" page. Suppressed addresses are refused: a test must not hurt reputation.
-While the emergency stop holds all mail (app/mail_stop.py), test sends are refused too.
+While the emergency stop holds all mail (app/platform/mail_stop.py), test sends are refused too.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def validate(body) -> tuple[list[str] | None, list[dict]]:
     request, errors = check(TestSendInput, body)
     if request is None:
         return None, errors
-    first = {}
+    first: dict[str, str] = {}
     for address in request.to:
         first.setdefault(canonical(address), address)
     return list(first.values()), []

@@ -79,9 +79,9 @@ class Settings:
     malloc_arenas: int = setting(
         2,
         "glibc malloc arenas per web and worker process (0: glibc's default, 8 per "
-        "core): a threaded process with fewer arenas fragments less; 2 took a "
-        "SendGrid newsletter worker's peak RSS from 168-171 to 132-146 MB at the same "
-        "speed (scripts/bench/newsletter.py, 50,000 recipients)",
+        "core): a threaded process with fewer arenas fragments less; 2 lowered a "
+        "SendGrid newsletter worker's peak RSS at the same speed "
+        "(scripts/bench/newsletter.py)",
     )
     worker_idle_poll_ms: int = setting(
         250,
@@ -129,7 +129,7 @@ class Settings:
         "a web connection that has not sent a request's complete "
         "headers this long after it opened (or after the previous "
         "response) gets 408 and is closed: a client trickling header "
-        "bytes holds no connection for longer (app/slow_clients.py; "
+        "bytes holds no connection for longer (app/platform/slow_clients.py; "
         "0: no deadline)",
     )
     max_body_bytes: int = setting(1024 * 1024, "largest request body", shown="1 MiB")
@@ -192,7 +192,7 @@ class Settings:
     dkim_domain: str = setting("", "DKIM signing domain (with DKIM_SELECTOR and DKIM_PRIVATE_KEY)")
     dkim_selector: str = setting("", "DKIM selector")
     dkim_private_key: str = setting("", "PEM key, or a path to one")
-    # -- brand (the mail layout around digests and newsletter bodies: app/layout.py)
+    # -- brand (the mail layout around digests and newsletter bodies: app/platform/mail_layout.py)
     brand_name: str = setting(
         "Notify",
         "the name at the top of every digest and wrapped newsletter (and the logo's "
@@ -264,7 +264,7 @@ class Settings:
         'SMTP_POOL_SIZE. A relay that refuses one more (421 or "too many '
         "connections\" at the greeting, a refused connect) sets the process's most "
         "where it refused, for 5 minutes, then a tenth higher at a time; no mail fails "
-        "for it (app/providers/smtp_sizing.py)",
+        "for it (app/platform/providers/smtp_sizing.py)",
     )
     smtp_timeout_seconds: float = setting(30.0, "per SMTP step; a batch starts no mail after twice this")
     smtp_idle_timeout_seconds: float = setting(

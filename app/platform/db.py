@@ -24,8 +24,8 @@ and had drifted from the schema). Every connection comes from `connect_raw()`, t
    after an error that may have left it in an unknown state. It follows DATABASE_URL.
 
 3. Owned connections, `connect_raw()` kept by one owner, where a thread writes a stream of
-   transactions of its own: the group-commit writer threads (app/groupcommit.py) and the
-   click-history writer (tracking/recorder.py). The migrator (app/migrate.py) is the one user
+   transactions of its own: the group-commit writer threads (app/platform/groupcommit.py) and the
+   click-history writer (tracking/recorder.py). The migrator (app/platform/migrate.py) is the one user
    whose *session* matters (an advisory lock, a session lock_timeout around CREATE INDEX
    CONCURRENTLY), and it connects to MIGRATION_DATABASE_URL when that is set.
 
@@ -33,7 +33,7 @@ Nothing else keeps state in a session, so everything but the migrator works behi
 transaction pooling mode (README "Running behind PgBouncer"; `make test` runs the integration tests
 through one): settings that must hold for a unit of work are `SET LOCAL` inside its transaction,
 temp tables are created in the transaction that uses them, roles held across transactions (the
-scheduler's leadership, a newsletter's outbox builder) are lease rows (app/lease.py), not advisory
+scheduler's leadership, a newsletter's outbox builder) are lease rows (app/platform/lease.py), not advisory
 locks, and there are no LISTEN/NOTIFY, WITH HOLD cursors or named prepared statements (psycopg2
 sends every query as plain text).
 
@@ -50,6 +50,7 @@ import contextlib
 import logging
 import threading
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 import peewee
@@ -105,7 +106,7 @@ class _FromFactory(PostgresqlExtDatabase):
         return connect_raw(self.database, autocommit=True)
 
 
-# Called with (seconds waited, timed out) after every pool check-out: app/metrics.py registers the
+# Called with (seconds waited, timed out) after every pool check-out: app/platform/metrics.py registers the
 # pool-wait histogram here (metrics imports this module, so it cannot be called from here directly).
 checkout_observers: list = []
 
@@ -231,7 +232,7 @@ def raw_cursor():
         yield cur
 
 
-def query(sql: str, params=None) -> list[tuple]:
+def query(sql: str, params=None) -> list[Any]:
     """One statement on a pooled connection (autocommit); returns rows if any."""
     pool = _pool()
     with pool.connection_context():

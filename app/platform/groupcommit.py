@@ -8,10 +8,10 @@ retried request by request so one bad request cannot fail its neighbours, and th
 the request that caused it), and an `after_commit` hook runs only after a successful commit.
 
 Kept over the plain alternative (each request: execute_values on a pooled connection, commit) for
-what the API mostly gets: `scripts/bench/groupcommit.py` measured 4,547 against 446 single-event
-requests/s from 32 callers on 2 cores (10x). For 500-event batches from 4 callers the plain way
-was faster here (28,047 against 17,758 events/s: one writer thread serialises what 4 pooled
-connections do in parallel), so very large batches are a candidate for bypassing the group.
+what the API mostly gets, many small requests: `scripts/bench/groupcommit.py` measures both
+(BENCHMARKS.md, "group-commit writer"). For a few large batches the plain way is faster (one
+writer thread serialises what pooled connections do in parallel), so very large batches are a
+candidate for bypassing the group.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class GroupCommitWriter:
         self._wait, self._max_items = wait_ms / 1000, max_items
         self._retries, self._backoff_base = retries, backoff_base
         self._queue: queue.Queue = queue.Queue()
-        self._conn, self._conn_url = None, None
+        self._conn = None
+        self._conn_url: str | None = None
         self.retried = 0  # deadlocks/serialization failures seen (observability, tests)
         self._thread = threading.Thread(target=self._run, name=f"{name}-writer", daemon=True)
         self._thread.start()

@@ -32,7 +32,7 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.errors, self.headers = status, code, message, errors, headers
 
     def response(self) -> Response:
-        body = {"error": self.code, "message": self.message}
+        body: dict[str, object] = {"error": self.code, "message": self.message}
         if self.errors is not None:
             body["errors"] = self.errors
         return FastJSONResponse(body, status_code=self.status, headers=self.headers)
@@ -118,7 +118,7 @@ async def database_unavailable_handler(request: Request, exc: Exception) -> Resp
 
 
 def field_error(field: str, message: str, index: int | None = None) -> dict:
-    err = {"field": field, "message": message}
+    err: dict[str, object] = {"field": field, "message": message}
     if index is not None:
         err = {"index": index, **err}
     return err

@@ -1,7 +1,7 @@
 """Leases: a row in `leases` saying which process holds a role until when.
 
 Used where one process at a time should do something that spans many transactions: the
-scheduler's leadership (app/scheduler.py) and a newsletter's outbox builder
+scheduler's leadership (app/cli/scheduler.py) and a newsletter's outbox builder
 (app/newsletter/outbox.py). A session advisory lock would do it on a direct connection, but behind
 PgBouncer in transaction pooling mode a session is not the client's: the lock would be taken on one
 server connection and stay there, held for whoever is lent it next. A lease is plain rows and one
@@ -126,8 +126,8 @@ class Lease:
                         "lease %s: could not release (it expires within %.0f s): %s", self.name, self.seconds, exc
                     )
 
-    def __enter__(self):
+    def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()

@@ -162,8 +162,8 @@ _WORD_OVERHEAD = len("=?utf-8?b??=")
 
 
 def _text_header(name: str, value: str) -> bytes:
-    """An unstructured header (the subject) without the email package, whose parser costs ~0.1 ms
-    per mail once a subject is long or not ASCII (digest subjects name people and titles) and
+    """An unstructured header (the subject) without the email package, whose parser is slow once a
+    subject is long or not ASCII (digest subjects name people and titles) and
     mangles some values (a literal "=?…?=" is decoded, blanks around encoded words are lost):
     plain ASCII words as they are, folded before 78 columns; any other text as base64 UTF-8
     encoded words (RFC 2047), never splitting a character, one per line, so every character and
@@ -204,7 +204,7 @@ def _utf8_header(name: str, value: str) -> bytes:
 
 
 def check_address(addr: str) -> str:
-    """The address in the form to send to (app/addresses.py has the policy)."""
+    """The address in the form to send to (app/platform/addresses.py has the policy)."""
     try:
         return addresses.sendable(_clean(addr, "address"))
     except addresses.AddressError as exc:
@@ -237,9 +237,8 @@ MAX_7BIT_LINE = 998  # RFC 5322 2.1.1, without the CRLF
 def _part(subtype: str, body: str) -> bytes:
     """One text part with its headers, CRLF line ends. Plain ASCII with no line over 998 octets
     goes as it is (7bit); anything else as quoted-printable. binascii's quoted-printable is C but
-    walks every byte (~7 µs per KB: 30 µs for a digest's HTML, where "=" in every attribute
-    becomes "=3D"); the ASCII check and the split are a few µs. app/mail.ascii_html makes a
-    rendered HTML part ASCII."""
+    walks every byte (and "=" in every attribute of a digest's HTML becomes "=3D"); the ASCII check
+    and the split cost far less. mail.ascii_html makes a rendered HTML part ASCII."""
     text = body.replace("\r\n", "\n").replace("\r", "\n")
     if text.isascii() and "\0" not in text:
         data = text.encode("ascii")
@@ -249,7 +248,7 @@ def _part(subtype: str, body: str) -> bytes:
 
 
 def _qp(text: str) -> bytes:
-    """quoted-printable with CRLF line ends, of text with \\n line ends (the email package's encoder is ~10x slower)."""
+    """quoted-printable with CRLF line ends, of text with \\n line ends (the email package's encoder is far slower)."""
     return binascii.b2a_qp(text.encode("utf-8"), quotetabs=False, istext=True).replace(b"\n", b"\r\n")
 
 
@@ -291,9 +290,9 @@ def validate(mail: OutgoingMail) -> None:
 def build(mail: OutgoingMail, now: datetime | None = None) -> bytes:
     """The wire bytes (CRLF line ends) of one mail, DKIM-signed when configured.
 
-    Written by hand rather than through email.message.EmailMessage: that costs ~1.7 ms per mail,
-    more than rendering the whole digest, and the digest pipeline sends 1000+ mails a second per
-    core. tests/test_mail.py parses the result with the email package to prove it equivalent."""
+    Written by hand rather than through email.message.EmailMessage: that costs more per mail than
+    rendering the whole digest, and the digest pipeline sends a thousand and more mails a second.
+    tests/test_mail.py parses the result with the email package to prove it equivalent."""
     from_addr = sender(mail.from_addr)
     parse_mailbox(from_addr)  # exactly one valid mailbox, or this mail fails
     to_addr = check_address(mail.to)
@@ -351,7 +350,7 @@ def dkim_enabled() -> bool:
 def dkim_sign(raw: bytes) -> bytes:
     if not dkim_enabled():
         return raw
-    import dkim  # measured 146 ms to import; only processes that sign (DKIM_DOMAIN set) pay it
+    import dkim  # slow to import: only processes that sign (DKIM_DOMAIN set) pay it
 
     s = config.get()
     signature = dkim.sign(

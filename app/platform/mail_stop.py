@@ -20,6 +20,9 @@ runs whose messages found the stop, `app.newsletter.kick.restart_sending()` enqu
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+from psycopg2.extensions import connection as Connection
 
 from app.platform import db
 
@@ -37,7 +40,7 @@ _RELEASE = "DELETE FROM mail_stop RETURNING engaged_at, engaged_by, reason"
 _STATE = "SELECT engaged_at, engaged_by, reason FROM mail_stop"
 
 
-def state() -> dict | None:
+def state() -> dict[str, Any] | None:
     """None while mail may go out; else when, by whom and why it was stopped."""
     rows = db.query(_STATE)
     if not rows:
@@ -46,7 +49,7 @@ def state() -> dict | None:
     return {"engaged_at": at.isoformat(), "engaged_by": by, "reason": reason}
 
 
-def engage(by: str, reason: str = "") -> dict:
+def engage(by: str, reason: str = "") -> dict[str, Any]:
     """Stop all outgoing mail (idempotent: a second stop keeps the first one's time and reason)."""
     inserted = db.query(_ENGAGE, (by, reason.strip()[:500]))
     if inserted:
@@ -69,8 +72,8 @@ def release(by: str) -> bool:
     return bool(released)
 
 
-def engaged_on(conn) -> bool:
+def engaged_on(conn: Connection) -> bool:
     """From a send loop, on the connection it already holds."""
     with conn.cursor() as cur:
         cur.execute("SELECT EXISTS (SELECT 1 FROM mail_stop)")
-        return cur.fetchone()[0]
+        return bool(cur.fetchone()[0])

@@ -31,7 +31,7 @@ def limit_malloc_arenas(arenas: int) -> bool:
         log.debug("mallopt is not available; malloc arenas left as they are")
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    done = mallopt(M_ARENA_MAX, arenas) == 1
+    done = bool(mallopt(M_ARENA_MAX, arenas) == 1)
     if not done:
         log.warning("mallopt(M_ARENA_MAX, %d) was refused", arenas)
     return done

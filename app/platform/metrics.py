@@ -4,7 +4,7 @@ thing happens increments it with one line. README "Metrics" lists them.
 Multiprocess mode: uvicorn workers and Dramatiq worker processes each write their values to
 memory-mapped files in PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode), and
 GET /metrics on any web process sums every process's files of its host (a host without a web
-process runs `python -m app metrics-exporter`, app/health.py). The directory is chosen, exported and
+process runs `python -m app metrics-exporter`, app/web/health.py). The directory is chosen, exported and
 created when this module is imported — before the first metric exists, which is when
 prometheus-client picks its storage — so every process of a deployment (and the children it forks
 or spawns) agrees on it. `setup()` (each process at start-up) removes the live-gauge files of
@@ -209,7 +209,7 @@ def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:
 
 
 def retention_never_used(table: str, n: int) -> None:
-    """A detached partition's never-used rows, counted once before it is dropped (app/retention.py)."""
+    """A detached partition's never-used rows, counted once before it is dropped (app/platform/retention.py)."""
     RETENTION_NEVER_USED.labels(table).inc(n)
 
 
@@ -241,7 +241,7 @@ def setup() -> None:
     """At a process's start-up: the directory exists, and live gauges of dead processes are gone, as
     are their files that cannot be read."""
     DIRECTORY.mkdir(parents=True, exist_ok=True)
-    files = {}
+    files: dict[int, list[str]] = {}
     for name in os.listdir(DIRECTORY):
         if m := _PID_FILE.search(name):
             files.setdefault(int(m.group(1)), []).append(str(DIRECTORY / name))
@@ -360,7 +360,7 @@ class FilesCollector:
 # Recipients of the newsletters being sent, by email_log status, each read from its partial index
 # (email_log_pending_idx, email_log_sending_idx, email_log_sent_idx — sent rows only since the
 # earliest send request, index-only). failed, suppressed and cancelled have no index: counting them
-# read the whole table (150 ms per million rows and status); notify_newsletter_recipients_total
+# read the whole table for every scrape; notify_newsletter_recipients_total
 # counts them as they happen.
 NEWSLETTER_STATES = ("pending", "sending", "sent")
 STATE_SQL = f"""

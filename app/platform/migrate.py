@@ -8,18 +8,17 @@ a failure leaves the file pending). Every statement runs under a short lock_time
 and is retried when the lock is not granted, so a migration never queues behind a long query while
 blocking every writer behind itself. An INVALID index left by a failed concurrent build is dropped
 and built again. CREATE INDEX CONCURRENTLY on a partitioned table, which Postgres refuses, is built
-partition by partition (app/partitioned_index.py).
+partition by partition (app/platform/partitioned_index.py).
 
 Kept over yoyo-migrations (it reads these files with `-- transactional: false` added to the four
-no-transaction ones) for what an operator meets, not for speed: `scripts/bench/migrations.py`
-measured the full set in 87 ms against 154 ms and a no-op release in 5 ms against 14 ms in process
-(131 ms against 133 ms as a process: immaterial). A migrator killed while waiting (deploy timeout)
-leaves yoyo's lock row behind, so the next release fails after 10 s until `yoyo break-lock`; ours
-reran in 0.4 s (the advisory lock ends with the connection; MIGRATION_DATABASE_URL keeps it on
-a direct connection when the application goes through PgBouncer). A failed CREATE UNIQUE INDEX
+no-transaction ones) for what an operator meets, not for speed (`scripts/bench/migrations.py`
+compares both; BENCHMARKS.md, "migration runner"). A migrator killed while waiting (deploy timeout)
+leaves yoyo's lock row behind, so the next release fails until `yoyo break-lock`; ours reruns at
+once (the advisory lock ends with the connection; MIGRATION_DATABASE_URL keeps it on a direct
+connection when the application goes through PgBouncer). A failed CREATE UNIQUE INDEX
 CONCURRENTLY stays INVALID under yoyo and is recorded applied (unique not enforced); rebuilt here.
-Behind a 10 s transaction a writer stalled 10 s under yoyo (no retry: a lock_timeout in its URL
-fails the release) and 0.2 s at most here with MIGRATION_LOCK_TIMEOUT=200ms, hence that default
+Behind a long transaction a writer stalls for all of it under yoyo (no retry: a lock_timeout in its
+URL fails the release) and for one MIGRATION_LOCK_TIMEOUT at most here, hence its short default
 (at 5s it stalled 5 s per attempt, 9.6 s of the 10 blocked).
 """
 
@@ -245,7 +244,7 @@ def _apply_autocommit(conn, m: Migration, pid: int) -> None:
 
 
 def _run_python_step(conn, m: Migration, pid: int) -> None:
-    module, _, function = m.python_step.partition(":")
+    module, _, function = (m.python_step or "").partition(":")
     _same_session(conn, pid)
     conn.autocommit = True
     getattr(importlib.import_module(module), function)(conn)

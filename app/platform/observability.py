@@ -21,7 +21,7 @@ def init_sentry(component: str) -> bool:
     settings = config.get()
     if not settings.sentry_dsn or _sentry_started:
         return _sentry_started
-    import sentry_sdk  # measured 168 ms to import with its integrations; only when SENTRY_DSN is set
+    import sentry_sdk  # slow to import with its integrations: only when SENTRY_DSN is set
     from sentry_sdk.integrations.dramatiq import DramatiqIntegration
     from sentry_sdk.integrations.starlette import StarletteIntegration
 

@@ -2,7 +2,7 @@
 
 Postgres refuses CONCURRENTLY on a partitioned table, and a plain CREATE INDEX there builds every
 partition's index under a SHARE lock that stops all writes until the last one is done. So the
-migration runner (app/migrate.py) turns such a statement, in a `-- migrate: no-transaction` file,
+migration runner (app/platform/migrate.py) turns such a statement, in a `-- migrate: no-transaction` file,
 into these steps:
 
   1. CREATE INDEX name ON ONLY parent ...        the parent's index alone: catalog only, INVALID
@@ -20,7 +20,7 @@ migration again: the parent's index is found by its name, a partition's by the n
 it. A partition that is itself partitioned gets the same treatment one level down.
 
 Partitions created while the parent's index exists get theirs from Postgres itself, valid or not
-yet: ATTACH PARTITION (how app/partitions.py adds months) and CREATE TABLE ... PARTITION OF both
+yet: ATTACH PARTITION (how app/platform/partitions.py adds months) and CREATE TABLE ... PARTITION OF both
 build or adopt a matching index on the new partition. A partition whose DETACH CONCURRENTLY is
 pending is left out: Postgres neither counts it for validity nor lets an index attach to it.
 """
@@ -87,7 +87,7 @@ def steps(conn, statement: str) -> Iterator[str]:
     steps, so the caller must have executed each step before asking for the next."""
     m = CREATE_INDEX_RE.match(statement.strip())
     table = _partitioned_table(conn, m["table"]) if m else None
-    if table is None:
+    if m is None or table is None:
         yield statement
         return
     if not m["name"]:
@@ -106,8 +106,7 @@ def _build(conn, table: Relation, name: str, spec: IndexSpec, if_not_exists: boo
     if valid:
         return
     # INVALID until every partition's index is attached: completed here, also after a stop.
-    index = index or _index_named(conn, name, table.schema)
-    _check_belongs(conn, index, table)
+    index = _check_belongs(conn, index or _index_named(conn, name, table.schema), table)
     spec = _spec_of(conn, index)  # the partitions' must match the parent's as built, whatever the file says now
     tried = set()
     while missing := _partitions_without_index(conn, table, index):
@@ -123,8 +122,7 @@ def _build(conn, table: Relation, name: str, spec: IndexSpec, if_not_exists: boo
                 yield spec.statement(
                     _quote(conn, child_name), partition.text, concurrently=True, only=False, if_not_exists=True
                 )
-            child = _index_named(conn, child_name, partition.schema)
-            _check_belongs(conn, child, partition)
+            child = _check_belongs(conn, _index_named(conn, child_name, partition.schema), partition)
             if not _is_valid(conn, child):
                 raise PartitionedIndexError(f"{child.text} is INVALID after its build; not attaching it")
             yield f"ALTER INDEX {index.text} ATTACH PARTITION {child.text}"
@@ -201,14 +199,16 @@ def _index_named(conn, name: str, schema: int) -> Relation | None:
     return found[0] if found else None
 
 
-def _check_belongs(conn, index: Relation | None, table: Relation) -> None:
+def _check_belongs(conn, index: Relation | None, table: Relation) -> Relation:
+    """`index` itself once it is known to be an index on `table`."""
     with conn.cursor() as cur:
         cur.execute("SELECT indrelid FROM pg_index WHERE indexrelid = %s", (index.oid if index else None,))
         row = cur.fetchone()
-    if not row or row[0] != table.oid:
+    if index is None or not row or row[0] != table.oid:
         raise PartitionedIndexError(
             f"{index.text if index else 'the index'} is not an index on {table.text}: the name is taken"
         )
+    return index
 
 
 def _is_valid(conn, index: Relation) -> bool:

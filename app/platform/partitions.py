@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg2.errors
+from psycopg2.extensions import connection as Connection
+from psycopg2.extensions import cursor as Cursor
 
 from app.platform import config, db
 
@@ -63,19 +65,19 @@ class Partition:
     detach_pending: bool
 
 
-def is_partitioned(cur, table: str) -> bool:
+def is_partitioned(cur: Cursor, table: str) -> bool:
     cur.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)", (table,))
     row = cur.fetchone()
     return bool(row and row[0])
 
 
-def list_partitions(cur, table: str) -> list[Partition]:
+def list_partitions(cur: Cursor, table: str) -> list[Partition]:
     """Oldest first, including one whose DETACH CONCURRENTLY was interrupted (detach_pending)."""
     cur.execute("SELECT partition::text, range_from, range_to, detach_pending FROM time_partitions(%s)", (table,))
     return [Partition(*row) for row in cur.fetchall()]
 
 
-def ensure_ahead(conn, now: datetime | None = None, months: int = AHEAD_MONTHS) -> list[str]:
+def ensure_ahead(conn: Connection, now: datetime | None = None, months: int = AHEAD_MONTHS) -> list[str]:
     """Add the missing partitions up to `months` months after the month of `now` (default: the
     database's clock), one transaction per table. Returns the names created. `conn` is autocommit."""
     created = []

@@ -7,9 +7,9 @@ domains ← actors) and this module knows no message; tests/test_queue.py checks
 actor on its queue. Messages are hints — the rows
 in Postgres are the truth — so every enqueue is safe to repeat and safe to lose.
 
-Queues, highest priority first (each worker process consumes all of them; run a dedicated worker
-with `--queues transactional digest` if a big newsletter must never share threads with digests):
-  transactional  one-off mail a user is waiting for
+Queues (each worker process consumes all of them; run a dedicated worker with `--queues digest
+webhooks` if a big newsletter must never share threads with digests; actors/newsletter.py says how
+newsletter messages yield to digests within one worker):
   digest         build_and_send_digest, send_now
   newsletter     outbox creation and send batches
   webhooks       applying stored SendGrid events
@@ -18,15 +18,16 @@ with `--queues transactional digest` if a big newsletter must never share thread
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
+from dramatiq.middleware import AgeLimit, Callbacks, Middleware, Pipelines, Retries, ShutdownNotifications, TimeLimit
 
 from app.platform import config
 
-QUEUES = ("transactional", "digest", "newsletter", "webhooks")
+QUEUES = ("digest", "newsletter", "webhooks")
 
 
 class Target(NamedTuple):
@@ -40,7 +41,9 @@ _lock = threading.Lock()
 _broker: RedisBroker | None = None
 
 
-def make_broker(url: str | None = None, namespace: str = "dramatiq", extra_middleware=()) -> RedisBroker:
+def make_broker(
+    url: str | None = None, namespace: str = "dramatiq", extra_middleware: Sequence[Middleware] = ()
+) -> RedisBroker:
     middleware = [
         AgeLimit(),
         TimeLimit(),
@@ -72,11 +75,14 @@ def broker() -> RedisBroker:
         with _lock:
             if _broker is None:
                 _set(make_broker())
+    assert _broker is not None  # set above, never unset but by _set
     return _broker
 
 
-def send(target: Target, *args, delay_ms: int | None = None) -> None:
-    message = dramatiq.Message(queue_name=target.queue, actor_name=target.actor, args=args, kwargs={}, options={})
+def send(target: Target, *args: Any, delay_ms: int | None = None) -> None:
+    message: dramatiq.Message[None] = dramatiq.Message(
+        queue_name=target.queue, actor_name=target.actor, args=args, kwargs={}, options={}
+    )
     broker().enqueue(message, delay=int(delay_ms) if delay_ms else None)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -29,13 +30,13 @@ class HeaderDeadlineHttpTools(HttpToolsProtocol):
     # One timer per connection, re-armed when it fires, rather than one scheduled and cancelled per
     # request, which would cost the hot paths (clicks, opens) more than the rest of this protocol
     # does: here a request costs two attribute writes.
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout = config.get().http_header_timeout_seconds
         self._headers_since: float | None = None  # when the request now awaiting its headers began
         self._header_timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if self.header_timeout > 0:
             self._headers_since = self.loop.time()

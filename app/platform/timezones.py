@@ -33,7 +33,7 @@ def names() -> frozenset[str]:
     return frozenset(n for n in available_timezones() - _NOT_A_ZONE if _loads(n))
 
 
-def valid(name) -> bool:
+def valid(name: object) -> bool:
     return isinstance(name, str) and name in names()
 
 

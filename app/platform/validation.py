@@ -1,12 +1,11 @@
 """Request bodies declared once, as pydantic models: the same declaration validates the request and
-becomes its schema in /openapi.json (app/openapi.py).
+becomes its schema in /openapi.json (app/platform/openapi.py).
 
-Why pydantic (scripts/bench/validation.py, a 1000-event batch, µs per event from the parsed body
-to rows): pydantic 2.5, the hand-written checks it replaced 2.4, msgspec 0.5 (parsing included).
-msgspec is faster but stops at the first problem and names it only inside a message string; the
+Why pydantic (scripts/bench/validation.py compares it per event with the hand-written checks it
+replaced and with msgspec; BENCHMARKS.md, "event validation"): about as fast as the hand-written
+checks. msgspec is faster but stops at the first problem and names it only inside a message string; the
 API promises `422 {errors: [{index, field, message}]}` for every problem, which pydantic reports
-structurally. End to end (scripts/bench/ingest.py, same sitting, alternating) the difference is
-inside the noise: 6.5k vs 6.6k single events/s, 20-39k vs 24-45k batched events/s.
+structurally. End to end (scripts/bench/ingest.py) the difference is inside the noise.
 
 Errors are translated to the API's contract: one entry per field (the first problem pydantic
 reports for it), `index` for an item of a batch, and messages in the API's own words.
@@ -15,7 +14,7 @@ reports for it), `index` for an item of a batch, and messages in the API's own w
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
@@ -94,7 +93,7 @@ def documented(extra: dict | Callable[[dict], None], check: Callable[[Any], Any]
     return Field(json_schema_extra=extra), AfterValidator(check)
 
 
-def _message(error: dict) -> str:
+def _message(error: Mapping[str, Any]) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
     simple = {
         "missing": "is required",
@@ -114,7 +113,7 @@ def _message(error: dict) -> str:
     if kind == "string_too_short":
         return "must not be empty"
     if kind == "string_pattern_mismatch":
-        return _PATTERN_MESSAGES.get(ctx.get("pattern"), "is not in the documented format")
+        return _PATTERN_MESSAGES.get(str(ctx.get("pattern")), "is not in the documented format")
     if kind == "too_long":
         return f"must have at most {ctx['max_length']} items"
     if kind == "too_short":

@@ -104,7 +104,7 @@ FIELDS = tuple(SubscriberInput.model_fields)
 DEFAULTS = {name: info.default for name, info in SubscriberInput.model_fields.items() if not info.is_required()}
 _field_checks = {
     name: TypeAdapter(
-        Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,
+        Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,  # type: ignore[arg-type]
         config=SubscriberInput.model_config,
     )
     for name, info in SubscriberInput.model_fields.items()
@@ -165,7 +165,7 @@ def get(user_id: str) -> dict | None:
 
 
 def _with_canonical_email(values: dict) -> dict:
-    """The one place a subscriber's address gets its identity (app/addresses.py `canonical`)."""
+    """The one place a subscriber's address gets its identity (app/platform/addresses.py `canonical`)."""
     return {**values, "canonical_email": canonical(values["email"])} if "email" in values else values
 
 

@@ -1,8 +1,8 @@
-"""Stored addresses in their canonical form (app/addresses.py `canonical`): the backfill of
+"""Stored addresses in their canonical form (app/platform/addresses.py `canonical`): the backfill of
 migrations 0600-0602 and `python -m app rekey-addresses`.
 
 The canonical form needs Python (the `idna` package: UTS 46 tables Postgres does not have), so
-the migration runner calls `backfill` for migration 0601 (app/migrate.py, `-- migrate: python`).
+the migration runner calls `backfill` for migration 0601 (app/platform/migrate.py, `-- migrate: python`).
 Every pass reads rows in id order and writes, in its own short transaction per batch, only the
 rows whose stored key differs from the computed one; so it is also the repair for rows a previous
 release's processes wrote while a deploy was under way, and running it again changes nothing.

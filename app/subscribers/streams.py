@@ -4,7 +4,7 @@ Two streams: digests and newsletters. Each mail's List-Unsubscribe (and its visi
 link) carries its own stream in the token scope, so a one-click unsubscribe stops only that
 stream, as Gmail expects; the page behind the link also offers "everything".
 
-Scopes (inside the signed token, app/tokens.py), old ones included because they are in inboxes:
+Scopes (inside the signed token, app/platform/tokens.py), old ones included because they are in inboxes:
   "digests"            the digest stream (digest_cadence 'off', the previous cadence kept)
   "newsletters"        the newsletter stream (subscribers.newsletters_unsubscribed_at)
   "category:<key>"     one topic (category_opt_outs)

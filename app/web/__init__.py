@@ -15,7 +15,7 @@ from app.platform.http import exception_handlers
 
 log = logging.getLogger("app.web")
 
-# Each module exposes `routes` and may expose OPENAPI_PATHS / OPENAPI_SCHEMAS.
+# Each module exposes `routes`; those declared with app.platform.openapi.api_route are documented.
 ROUTE_MODULES = (
     "app.web.tracking",  # first: the click/open hot path then skips matching every other route
     "app.web.health",
@@ -42,7 +42,7 @@ def create_app() -> Starlette:
         if hasattr(module, "check_config"):
             module.check_config(settings)
     routes = [route for module in modules for route in module.routes]
-    routes.append(Route("/openapi.json", openapi.endpoint(openapi.build(modules)), methods=["GET"]))
+    routes.append(Route("/openapi.json", openapi.endpoint(openapi.build(routes)), methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -1,5 +1,5 @@
 """Operations endpoints. GET /healthz: 200 when Postgres and Redis both answer, 503 naming the one
-that does not. GET /metrics: Prometheus exposition (app/metrics.py) for an admin API key or
+that does not. GET /metrics: Prometheus exposition (app/platform/metrics.py) for an admin API key or
 METRICS_TOKEN, as a Bearer token — on the web app, and alone on the metrics exporter
 (`python -m app metrics-exporter`) of hosts that run workers but no web process."""
 
@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from app.platform import config, db, metrics
 from app.platform.http import FastJSONResponse, exception_handlers, require_key
+from app.platform.openapi import Operation, api_route
 
 
 def check() -> dict:
@@ -48,7 +49,23 @@ async def metrics_endpoint(request: Request):
     return Response(await run_in_threadpool(metrics.scrape), media_type=metrics.CONTENT_TYPE)
 
 
-routes = [Route("/healthz", healthz, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
+routes = [
+    api_route(
+        "/healthz",
+        healthz,
+        get=Operation("Postgres and Redis reachability", {200: "both answer", 503: "one does not"}),
+    ),
+    api_route(
+        "/metrics",
+        metrics_endpoint,
+        # The endpoint checks the key itself: METRICS_TOKEN is accepted too.
+        get=Operation(
+            "Prometheus metrics of every process (admin key or METRICS_TOKEN)",
+            {200: "text exposition format"},
+            bearer=True,
+        ),
+    ),
+]
 
 
 def exporter_app() -> Starlette:
@@ -68,24 +85,3 @@ def exporter_app() -> Starlette:
         exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )
-
-
-OPENAPI_PATHS = {
-    "/healthz": {
-        "get": {
-            "summary": "Postgres and Redis reachability",
-            "responses": {"200": {"description": "both answer"}, "503": {"description": "one does not"}},
-        }
-    },
-    "/metrics": {
-        "get": {
-            "summary": "Prometheus metrics of every process (admin key or METRICS_TOKEN)",
-            "security": [{"bearer": []}],
-            "responses": {
-                "200": {"description": "text exposition format"},
-                "401": {"$ref": "#/components/responses/Error"},
-                "403": {"$ref": "#/components/responses/Error"},
-            },
-        }
-    },
-}

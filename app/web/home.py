@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import swagger_ui_bundle
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -28,7 +29,7 @@ DOCS_HEADERS = {
 }
 
 
-def home(request: Request):
+def home(request: Request) -> Response:
     settings = config.get()
     viewer = settings.mail_viewer_url if settings.is_development else ""  # the viewer is a development tool
     response = common.templates.TemplateResponse(
@@ -38,7 +39,7 @@ def home(request: Request):
     return response
 
 
-def docs(request: Request):
+def docs(request: Request) -> Response:
     response = common.templates.TemplateResponse(request, "home/docs.html", {"assets": ASSETS})
     response.headers.update(DOCS_HEADERS)
     return response

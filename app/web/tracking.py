@@ -17,9 +17,9 @@ import base64
 import logging
 
 from starlette.responses import Response
-from starlette.routing import Route
 
 from app.platform import db, metrics
+from app.platform.openapi import Operation, api_route
 from tracking import codes, machines, recorder, resolve
 
 log = logging.getLogger("app.web.tracking")
@@ -155,24 +155,21 @@ def on_shutdown() -> None:
 
 
 routes = [
-    Route("/c/{code}", _Asgi(click), methods=["GET", "HEAD"]),
-    Route("/o/{code}.gif", _Asgi(open_pixel), methods=["GET", "HEAD"]),
+    api_route(
+        "/c/{code}",
+        _Asgi(click),
+        path_params={"code": str},
+        get=Operation(
+            "Click redirect: 302 to the link's URL, 404 for unknown/forged codes", {302: "redirect", 404: "unknown"}
+        ),
+    ),
+    api_route(
+        "/o/{code}.gif",
+        _Asgi(open_pixel),
+        path_params={"code": str},
+        get=Operation(
+            "Open pixel (1x1 GIF); the same pixel with 404 for unknown/forged codes",
+            {200: "pixel", 404: "unknown code (still a pixel)"},
+        ),
+    ),
 ]
-
-_CODE_PARAM = [{"name": "code", "in": "path", "required": True, "schema": {"type": "string"}}]
-OPENAPI_PATHS = {
-    "/c/{code}": {
-        "get": {
-            "summary": "Click redirect: 302 to the link's URL, 404 for unknown/forged codes",
-            "parameters": _CODE_PARAM,
-            "responses": {"302": {"description": "redirect"}, "404": {"description": "unknown"}},
-        }
-    },
-    "/o/{code}.gif": {
-        "get": {
-            "summary": "Open pixel (1x1 GIF); the same pixel with 404 for unknown/forged codes",
-            "parameters": _CODE_PARAM,
-            "responses": {"200": {"description": "pixel"}, "404": {"description": "unknown code (still a pixel)"}},
-        }
-    },
-}

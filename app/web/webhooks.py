@@ -2,7 +2,7 @@
 
   403  a public key is configured and the signature/timestamp is missing, wrong or stale
        (outside development a key is required unless SENDGRID_WEBHOOK_ALLOW_UNSIGNED is set to
-       the phrase in app/config.py; start-up fails otherwise). Missing, malformed or stale
+       the phrase in app/platform/config.py; start-up fails otherwise). Missing, malformed or stale
        headers are refused before the body is read, and the connection is closed: an unsigned
        client costs no body bytes, whatever Content-Length it declares.
   400  the body is not JSON / not an array of event objects (SendGrid will retry it; we log it)
@@ -10,7 +10,7 @@
   503  the events could not be committed (database down, ...): SendGrid retries for 24 h
   200  every event of the batch is committed (new ones stored, redeliveries counted as duplicates)
 
-The request waits for a group commit shared with concurrent deliveries (app/groupcommit.py),
+The request waits for a group commit shared with concurrent deliveries (app/platform/groupcommit.py),
 so there is no per-request transaction and no threadpool hop. Applying the events (suppressions,
 stats) happens afterwards in a worker (actors/webhooks.py), enqueued only after the commit.
 """
@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.routing import Route
 
 from app.platform import config
 from app.platform.http import ApiError, FastJSONResponse, read_body
+from app.platform.openapi import Operation, api_route
 from tracking import signature, webhook_store
 
 log = logging.getLogger("app.web.webhooks")
@@ -33,7 +34,7 @@ _warned_unsigned = False
 
 def check_config(settings: config.Settings) -> None:
     """Web start-up: a key that cannot be parsed would answer every delivery 500; an unsigned
-    webhook outside development was opted into explicitly (app/config.py) and says so loudly."""
+    webhook outside development was opted into explicitly (app/platform/config.py) and says so loudly."""
     if settings.sendgrid_webhook_public_key:
         try:
             signature.load_public_key(settings.sendgrid_webhook_public_key)
@@ -92,29 +93,19 @@ async def sendgrid(request: Request):
     return FastJSONResponse({"stored": result.stored, "duplicates": result.duplicates})
 
 
-routes = [Route("/webhooks/sendgrid", sendgrid, methods=["POST"])]
+class WebhookStored(BaseModel):
+    stored: int
+    duplicates: int
 
-OPENAPI_PATHS = {
-    "/webhooks/sendgrid": {
-        "post": {
-            "summary": "SendGrid Event Webhook (signed); 200 only once the batch is committed",
-            "responses": {
-                "200": {
-                    "description": "committed",
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "properties": {"stored": {"type": "integer"}, "duplicates": {"type": "integer"}},
-                            }
-                        }
-                    },
-                },
-                "400": {"$ref": "#/components/responses/Error"},
-                "403": {"$ref": "#/components/responses/Error"},
-                "413": {"$ref": "#/components/responses/Error"},
-                "503": {"$ref": "#/components/responses/Error"},
-            },
-        }
-    }
-}
+
+routes = [
+    api_route(
+        "/webhooks/sendgrid",
+        sendgrid,
+        post=Operation(
+            "SendGrid Event Webhook (signed); 200 only once the batch is committed",
+            {200: ("committed", WebhookStored)},
+            errors=(400, 403, 413, 503),
+        ),
+    )
+]

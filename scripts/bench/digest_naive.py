@@ -19,6 +19,7 @@ import dramatiq
 
 import actors  # noqa: F401  (broker first, then this module's actor binds to it)
 from app.platform import config, db, mail, tokens
+from app.platform.css_inline import inline_css
 from app.subscribers import categories
 from digest import claim as digest_claim
 from digest import context as digest_context
@@ -33,7 +34,7 @@ def _naive_render(ctx: dict) -> tuple[str, str, str]:
     html_src = (directory / "digest.html").read_text()
     subject = " ".join(chevron.render((directory / "subject.txt").read_text(), ctx).split())
     ctx = {**ctx, "subject": subject}
-    html = chevron.render(digest_render.inline_css(html_src), ctx)  # premailer per mail
+    html = chevron.render(inline_css(html_src, strip_important=False), ctx)  # premailer per mail
     text = chevron.render((directory / "digest.txt").read_text(), ctx)
     return subject, html, text
 

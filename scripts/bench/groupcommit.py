@@ -1,4 +1,4 @@
-"""The group-commit writer (app/groupcommit.py) against what a user would write instead: each
+"""The group-commit writer (app/platform/groupcommit.py) against what a user would write instead: each
 request inserts its own rows with psycopg2's execute_values on a pooled connection and commits.
 
     .venv/bin/python scripts/bench/groupcommit.py [--seconds 5] [--threads 32]

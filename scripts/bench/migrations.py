@@ -1,4 +1,4 @@
-"""The migration runner (app/migrate.py) against yoyo-migrations, the library a user would reach for
+"""The migration runner (app/platform/migrate.py) against yoyo-migrations, the library a user would reach for
 to apply plain .sql files, both on the same Postgres in the same run.
 
     .venv/bin/python scripts/bench/migrations.py [--hold 10] [--repeat 5]
@@ -337,7 +337,7 @@ def main() -> None:
         runners = {"ours": run_ours, "yoyo": run_yoyo}
         pg = one(f"{BASE}/postgres", "SHOW server_version")[0]
         print(
-            f"migrations: app/migrate.py vs yoyo-migrations {version('yoyo-migrations')}, PostgreSQL {pg}, "
+            f"migrations: app/platform/migrate.py vs yoyo-migrations {version('yoyo-migrations')}, PostgreSQL {pg}, "
             f"{os.cpu_count()} CPUs; {len(files)} files in sql/migrations"
         )
         print(

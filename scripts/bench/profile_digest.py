@@ -23,7 +23,7 @@ commit before them, 3,000 subscribers, alternating runs on a busy machine: worke
 collection the extra allocations trigger: a worker with the web process's gc.freeze() and
 threshold would not pay it), Postgres 500-590 -> 480-600 us (no measurable change: one more
 statement per batch, two index probes per claimed run). Long or non-ASCII subjects are folded by
-hand now (app/mail.py): through the email package they cost ~0.1 ms per mail.
+hand now (app/platform/mail.py): through the email package they cost ~0.1 ms per mail.
 
 Issue 13, third pass (worker thread CPU per stage from a throwaway per-function wrapper inside the
 real `dramatiq actors` processes of scripts/bench/digest.py at 50 ms; Postgres's WAL read with
@@ -89,9 +89,9 @@ config.reload()
 AREAS = [
     ("psycopg2 (waiting on Postgres, adapting)", ("psycopg2", "<method 'execute'", "<method 'fetch")),
     ("SMTP client + socket", ("providers/smtp", "asyncio", "selectors", "socket", "ssl")),
-    ("MIME building (email package, app/mail.py)", ("email/", "app/mail.py", "dkim")),
+    ("MIME building (email package, app/platform/mail.py)", ("email/", "app/platform/mail.py", "dkim")),
     ("tracking: links and codes", ("tracking/",)),
-    ("render (digest templates)", ("digest/render.py", "digest/mustache.py", "digest/context.py")),
+    ("render (digest templates)", ("digest/render.py", "app/platform/mustache.py", "digest/context.py")),
     ("load + group", ("digest/load.py", "digest/group.py", "orjson", "json/")),
     ("claim / build / send / record glue", ("digest/",)),
     ("threads, queues, locks", ("threading", "concurrent/", "queue.py")),

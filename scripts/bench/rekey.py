@@ -1,4 +1,4 @@
-"""Migrations 0600-0602 (the canonical address, app/rekey.py) on a seeded database, while a writer
+"""Migrations 0600-0602 (the canonical address, app/subscribers/rekey.py) on a seeded database, while a writer
 keeps updating subscribers: how long each takes, and the longest the writer waited meanwhile.
 
     .venv/bin/python scripts/bench/rekey.py [--rows 200000] [--db notify_bench_rekey]

@@ -1,9 +1,9 @@
-"""Digest template rendering: why digest/mustache.py compiles chevron's tokens into Python.
+"""Digest template rendering: why app/platform/mustache.py compiles chevron's tokens into Python.
 
     .venv/bin/python scripts/bench/render.py
 
 Renders one 20-event digest (the digest benchmark's shape) with the shipped templates three ways:
-  compiled        digest/mustache.py over chevron's cached tokens (what the sender uses)
+  compiled        app/platform/mustache.py over chevron's cached tokens (what the sender uses)
   chevron tokens  chevron.render over the same cached token list (the library's fast path)
   chevron source  chevron.render over the template text (tokenized per mail)
 and checks all three give the same output. Microseconds per digest, all three templates together.

@@ -1,5 +1,5 @@
 """SMTP client CPU per mail: why the SMTP provider drives its connections with its own small asyncio
-client (app/providers/smtp_async.py) instead of smtplib threads or aiosmtplib.
+client (app/platform/providers/smtp_async.py) instead of smtplib threads or aiosmtplib.
 
     .venv/bin/python scripts/bench/smtp_client.py [--mails 6000] [--connections 50] [--delay-ms 0]
 

@@ -1,4 +1,4 @@
-"""Subscriber link tokens: app/tokens.py (our HMAC signer) against itsdangerous, the library a
+"""Subscriber link tokens: app/platform/tokens.py (our HMAC signer) against itsdangerous, the library a
 user would reach for.
 
     .venv/bin/python scripts/bench/tokens.py
@@ -36,7 +36,7 @@ def main() -> None:
     assert tokens.verify("unsubscribe", ours).subscriber_id == 123456
     rows = [
         (
-            "ours (app/tokens.py)",
+            "ours (app/platform/tokens.py)",
             per_call_us(lambda: tokens.make("unsubscribe", 123456, 3, "newsletter:42")),
             per_call_us(lambda: tokens.verify("unsubscribe", ours)),
             len(ours),

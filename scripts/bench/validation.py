@@ -1,4 +1,4 @@
-"""Request validation for POST /v1/events: the pydantic models (app/ingest.py, one declaration for
+"""Request validation for POST /v1/events: the pydantic models (digest/ingest.py, one declaration for
 checks and /openapi.json) against the hand-written validator they replaced and against msgspec.
 
     .venv/bin/python scripts/bench/validation.py
@@ -28,7 +28,7 @@ from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
 
-# -- the hand-written validator (app/ingest.py before the models), kept here as the baseline --------
+# -- the hand-written validator (digest/ingest.py before the models), kept here as the baseline --------
 FIELDS = {
     "id": (True, 200),
     "user_id": (True, 200),
@@ -99,7 +99,7 @@ def hand_written(event, index, source, errors):
         payload_json.decode(),
         occurred_at,
         None,
-    )  # high_priority: the rows app/ingest.py builds now end with it
+    )  # high_priority: the rows digest/ingest.py builds now end with it
 
 
 def hand_written_batch(body):
@@ -186,7 +186,7 @@ def main() -> None:
 
     rows = [
         (
-            "pydantic models (app/ingest.py)",
+            "pydantic models (digest/ingest.py)",
             per_event_us(lambda: ingest.validate_body(good, "bench"), 1000),
             per_event_us(lambda: ingest.validate_body(bad, "bench"), 1000),
             "every problem, by field",

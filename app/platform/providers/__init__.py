@@ -1,8 +1,8 @@
 """Mail providers behind one interface (base.py); chosen by MAIL_PROVIDER.
 
-  smtp      real smtplib, pooled connections reused across batches (app/providers/smtp.py)
-  file      writes .eml files to MAIL_FILE_DIR, for development (app/providers/file.py)
-  sendgrid  SendGrid v3 mail/send (app/providers/sendgrid.py)
+  smtp      real smtplib, pooled connections reused across batches (app/platform/providers/smtp.py)
+  file      writes .eml files to MAIL_FILE_DIR, for development (app/platform/providers/file.py)
+  sendgrid  SendGrid v3 mail/send (app/platform/providers/sendgrid.py)
 
 get_provider() returns one shared instance per process (providers are thread-safe), rebuilt when
 the settings change (tests override SMTP_URL and friends).

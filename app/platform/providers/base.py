@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.platform import metrics
 
@@ -63,9 +64,9 @@ class OutgoingMail:
     idempotency_key: str  # "digest-run-<id>" / "newsletter-<nl>-row-<id>"
     from_addr: str | None = None  # None: MAIL_FROM
     to_name: str = ""
-    headers: dict = field(default_factory=dict)  # List-Unsubscribe, List-Unsubscribe-Post, …
+    headers: dict[str, str] = field(default_factory=dict)  # List-Unsubscribe, List-Unsubscribe-Post, …
     # Come back flattened in SendGrid webhook events: mail_kind, mail_id, row_id, subscriber_id.
-    custom_args: dict = field(default_factory=dict)
+    custom_args: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,11 +154,11 @@ class Provider:
     max_batch = 1
     preferred_batch = 1  # rows a newsletter claims per call when SEND_BATCH_SIZE is 0 (the default)
 
-    def prepare(self, mail: OutgoingMail):
+    def prepare(self, mail: OutgoingMail) -> Any:
         """What deliver() needs for one mail. Raise anything to refuse this mail alone."""
         return mail
 
-    def deliver(self, prepared: list[tuple[OutgoingMail, object]], progress: Progress) -> list[SendResult]:
+    def deliver(self, prepared: list[tuple[OutgoingMail, Any]], progress: Progress) -> list[SendResult]:
         """[(mail, prepare(mail))] → one SendResult each, in order. Before starting a mail (or a
         group of mails sent in one call), check `progress.stop_requested()` and answer STOPPED for
         the mails not started; `progress.add(i, result)` each result as it arrives, and let the
@@ -176,9 +177,9 @@ class Provider:
                 positions.append(i)
             except Exception as exc:
                 log.warning("%s: mail %s cannot be built: %s", self.name, m.idempotency_key, exc)
-                results[i] = SendResult(ok=False, error=f"cannot build mail: {exc}"[:1000], permanent=True)
+                results[i] = failed = SendResult(ok=False, error=f"cannot build mail: {exc}"[:1000], permanent=True)
                 if outer is not None:
-                    outer.add(i, results[i])
+                    outer.add(i, failed)
         if ready:
             # deliver() counts in `ready`; the caller's progress in `mails`.
             inner = _Renumbered(outer, positions) if outer is not None else Progress(lambda new: False)

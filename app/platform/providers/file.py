@@ -37,7 +37,7 @@ class FileProvider(Provider):
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TransientError(f"cannot create {self.directory}: {exc}") from exc
-        results = []
+        results: list[SendResult] = []
         for m, raw in prepared:
             progress.poll()
             result = STOPPED if progress.stop_requested() else self._write(m, raw)

@@ -6,7 +6,7 @@ mails differ per recipient only in small places (name, unsubscribe/preferences U
 codes, the open pixel), so the batch is factored into ONE shared body plus per-personalization
 `substitutions`:
   - the HTML is split into constant markup and "slots" (attribute values "…" and text nodes >…<);
-    every mail rendered from the same template has the same constants (chevron escapes `"<>` in
+    every mail rendered from the same template has the same constants (Mustache escapes `"<>` in
     values, so a value can never change the markup structure);
   - slots that differ between recipients become tags ([[nl:h12]]) in the shared body, and each
     personalization substitutes its own value; the plain-text part is factored the same way by line;
@@ -38,6 +38,7 @@ import logging
 import operator
 import re
 import time
+from typing import cast
 
 import httpx
 import orjson
@@ -69,8 +70,8 @@ HTML_SLOTS = re.compile(r'("[^"<>]*"|>[^<>]*<)')
 class SendGridProvider(Provider):
     name = "sendgrid"
     max_batch = MAX_PERSONALIZATIONS
-    # 500 recipients per API call: as fast as 1,000 (7,750/s either way, scripts/bench/newsletter.py)
-    # with a fifth less worker memory at peak (150 MB instead of 188), and still few calls and 429s.
+    # 500 recipients per API call: as fast as 1,000 in scripts/bench/newsletter.py, with less worker
+    # memory at peak, and still few calls and 429s.
     preferred_batch = MAX_PERSONALIZATIONS // 2
 
     def __init__(
@@ -120,8 +121,10 @@ class SendGridProvider(Provider):
             try:
                 self._send_group(mails, payload, indexes, results, rounds)
                 for i in indexes:
-                    progress.add(i, results[i])
-                accepted = accepted or any(results[i] is not None and results[i].ok for i in indexes)
+                    sent = results[i]
+                    if sent is not None:  # _send_group gives every index of the group a result
+                        progress.add(i, sent)
+                        accepted = accepted or sent.ok
             except Rejected as exc:
                 if len(mails) == 1:
                     raise
@@ -137,8 +140,8 @@ class SendGridProvider(Provider):
                 for i in range(len(mails)):
                     if results[i] is None:
                         results[i] = SendResult(ok=False, error=f"sendgrid: {exc}", permanent=permanent)
-                return results
-        return results  # type: ignore[return-value]
+                return cast(list[SendResult], results)  # every index has its result now
+        return cast(list[SendResult], results)
 
     def _send_group(self, mails, payload: dict, indexes: list[int], results: list, rounds: list) -> None:
         """POST one request. When SendGrid refuses it because of some recipients (a 400 naming

@@ -8,9 +8,9 @@ A batch is spread over the worker process's pool of connections sending in paral
 connection stays open for the next batch, until it has been idle SMTP_IDLE_TIMEOUT_SECONDS. With a
 50 ms round trip per message a single connection caps at 20 mails/s, so throughput comes from
 several connections, not from one. By default all connections are driven by one asyncio event loop
-thread (app/providers/smtp_async.py: ~70 us less CPU per mail than a thread per connection at
+thread (app/platform/providers/smtp_async.py: ~70 us less CPU per mail than a thread per connection at
 50 ms), SMTP_POOL_SIZE of them and more, up to SMTP_POOL_MAX, only while more raise the measured
-throughput (app/providers/smtp_sizing.py); SMTP_ASYNC=0 uses smtplib with a thread per connection,
+throughput (app/platform/providers/smtp_sizing.py); SMTP_ASYNC=0 uses smtplib with a thread per connection,
 as many as the measured latency calls for up to SMTP_POOL_SIZE (one, inline, for a fast local
 relay). Both use PIPELINING (RFC 2920) when the server offers it: two round trips per mail instead
 of four, and both stop below a connection limit the relay enforces (a 421 at the greeting, a
@@ -34,6 +34,7 @@ import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 from urllib.parse import parse_qs, unquote, urlparse
 
 from app.platform import config, mail
@@ -221,8 +222,8 @@ class SMTPProvider(Provider):
     name = "smtp"
     max_batch = 1000
     # 1,000 rows per claim: fewer claims, marks and per-batch set-up, and at a slow relay more mails
-    # in flight per send chain. Measured against 100/250/500 (scripts/bench/knobs.py, 50,000 mails):
-    # 4,632 vs 3,924 mails/s at 0 ms, 4,223 vs 3,391 at 50 ms; worker peak RSS 107 MB instead of 77.
+    # in flight per send chain; faster than 100/250/500 at both relay delays in scripts/bench/knobs.py,
+    # for a larger worker peak RSS.
     # The cost: a worker killed mid-batch leaves up to this many rows for the reclaimer, and the ones
     # the relay had accepted go again (same Message-ID, so receivers can drop the copy).
     preferred_batch = 1000
@@ -244,7 +245,7 @@ class SMTPProvider(Provider):
         self.idle_timeout = settings.smtp_idle_timeout_seconds
         self._latency = 0.05  # seconds per mail on one connection; measured as batches go
         self.use_async = config.get().smtp_async if use_async is None else use_async
-        self._async = None
+        self._async: AsyncSender | None = None
         self._threaded = ThreadedPool(self.pool_size, self._connect, self.idle_timeout)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
@@ -259,7 +260,7 @@ class SMTPProvider(Provider):
 
     def _connect(self) -> smtplib.SMTP:
         o = self.options
-        conn = None
+        conn: smtplib.SMTP | None = None
         greeted = False  # refusals come before or in answer to the greeting and EHLO
         failed = f"cannot connect to SMTP {o['host']}:{o['port']}"
         try:
@@ -287,8 +288,8 @@ class SMTPProvider(Provider):
             if isinstance(exc, smtplib.SMTPNotSupportedError):  # e.g. AUTH only offered after STARTTLS
                 raise PermanentError(f"SMTP server {o['host']}: {exc} (check SMTP_URL, e.g. ?starttls=1)") from exc
             if isinstance(exc, smtplib.SMTPConnectError):  # the greeting was not a 220
-                text = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc)
-                error = RelayRefused if refuses_connections(exc.smtp_code, text) else TransientError
+                reply = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc)
+                error = RelayRefused if refuses_connections(exc.smtp_code, reply) else TransientError
                 raise error(f"{failed}: {exc}") from exc
             if not greeted and isinstance(exc, (ConnectionError, smtplib.SMTPServerDisconnected)):
                 raise RelayRefused(f"{failed}: {exc!r}") from exc  # refused, reset or closed at the greeting
@@ -432,8 +433,8 @@ class SMTPProvider(Provider):
                 results[index] = result
         if all(r is not None and not r.ok and not r.permanent and "cannot connect" in (r.error or "") for r in results):
             # Nothing got through because the server is unreachable: one error for the whole call.
-            raise TransientError(results[0].error)
-        return results  # type: ignore[return-value]
+            raise TransientError(cast(SendResult, results[0]).error)
+        return cast(list[SendResult], results)  # every index has its result now
 
     def close(self) -> None:
         self._threaded.close()

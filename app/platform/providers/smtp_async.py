@@ -1,16 +1,15 @@
 """Many SMTP connections driven by one asyncio event loop thread (used by SMTPProvider).
 
 Why: with a 50 ms round trip per message, 1000 mails/s needs ~50 messages in flight. With one
-thread per connection every reply wakes a thread that must win the GIL back: measured ~120 us of
-CPU per mail on top of the send itself. One event loop multiplexing all connections pays for
-readiness events only. The SMTP dialogue is the same as smtplib's (EHLO, STARTTLS, AUTH PLAIN/LOGIN,
+thread per connection every reply wakes a thread that must win the GIL back, a CPU cost per mail on
+top of the send itself. One event loop multiplexing all connections pays for readiness events only.
+The SMTP dialogue is the same as smtplib's (EHLO, STARTTLS, AUTH PLAIN/LOGIN,
 PIPELINING when offered, dot-stuffing), and reply codes map to results the same way. How many
-connections the process holds, AsyncPool keeps as app/providers/smtp_sizing.py decides.
+connections the process holds, AsyncPool keeps as app/platform/providers/smtp_sizing.py decides.
 
-Kept over the libraries a user would reach for: `scripts/bench/smtp_client.py` (6,000 mails, 50
-connections, client CPU per mail with mail building) measured ours 112 µs, smtplib 243 µs and
-aiosmtplib 5.1.3 257 µs on a quiet machine; on a busy one today 253–302 µs against smtplib's
-464–503 µs (aiosmtplib not installed then).
+Kept over the libraries a user would reach for: `scripts/bench/smtp_client.py` measures the client
+CPU per mail against smtplib with a thread per connection (and aiosmtplib where installed); ours
+costs well under half (BENCHMARKS.md, "SMTP client").
 """
 
 from __future__ import annotations

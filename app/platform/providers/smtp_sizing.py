@@ -12,8 +12,9 @@ it; idle connections were never closed; a relay's 421 only failed mails):
   before trying again (HOLD_MIN_SECONDS, doubling up to HOLD_MAX_SECONDS). Steps are big only to a
   far relay, one whose every mail takes FAR_ROUND_TRIP or more: there the round trip, not this
   host's CPU, sets the rate, and a relay 50 ms away is filled in a few round trips. A relay next
-  door gets doublings, none while the process is at one core (the GIL's limit), so the CPU being
-  the bottleneck there, the pool stays at its floor. A gain that is not clear is confirmed by one
+  door gets doublings, none while the process is at one core (the GIL's limit) or the host has no
+  idle CPU (app/platform/host.py), so the CPU being the bottleneck there, the pool stays at its
+  floor. A gain that is not clear is confirmed by one
   more window; a step that paid less than half of what it cost is refined to the middle; above its
   floor the pool tries fewer connections now and then and keeps them when throughput held.
 - **Stop where the relay refuses, and remember it** (RelayCeiling, both pools). A relay that
@@ -36,8 +37,10 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.platform import host
 from app.platform.providers.base import TransientError
 
 log = logging.getLogger("app.platform.providers.smtp_sizing")
@@ -55,6 +58,7 @@ EVEN = 0.5  # times this while the process is busy) and at least EVEN of the mea
 # relay's round trip, not this host's CPU, sets the rate. A process starved of
 # the CPU or the GIL also makes every mail slow, but unevenly.
 CPU_BUSY = 0.8  # the process used this share of a core (the GIL's limit is one): busy
+HOST_IDLE_MIN = 0.1  # ... or the host had less than this share of its CPU idle: busy too
 FAR_STEP = 4.0  # the step up from one far window; from two in a row CPU_TARGET / the event
 MAX_STEP = 32.0  # loop's CPU share, up to MAX_STEP (an overshoot the judgement refines); from
 CPU_TARGET = 2.0  # a relay that is not far MIN_STEP, and none while the process is busy
@@ -83,7 +87,7 @@ def refuses_connections(code: int, text: str) -> bool:
 class RelayCeiling:
     """The most connections the relay accepted from this process, learned from its refusals."""
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._value: int | None = None
         self._since = 0.0
@@ -139,21 +143,28 @@ class LaneSizer:
     """The async pool's connection limit, judged on measured throughput. Not thread-safe: every call
     comes from the pool's event loop thread."""
 
+    _mails: int
+    _busy: int
+    _seconds: float
+    _quickest: float
+    _waited: bool
+
     def __init__(
         self,
         floor: int,
         cap: int,
         ceiling: RelayCeiling | None = None,
-        clock=time.monotonic,
-        cpu=time.process_time,
-        loop_cpu=time.thread_time,
-    ):
+        clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.process_time,
+        loop_cpu: Callable[[], float] = time.thread_time,
+        host_idle: Callable[[], float] = host.host_idle.share,
+    ) -> None:
         self.floor, self.cap = max(1, floor), max(1, floor, cap)
         self.ceiling = ceiling or RelayCeiling(clock)
         self.level = self.floor
         self.latency = 0.0  # seconds per mail transaction, EWMA (informational)
         self.steps: list[tuple[int, int, bool]] = []  # recent judgements (from, to, kept), for logs and tests
-        self._clock, self._cpu, self._loop_cpu = clock, cpu, loop_cpu
+        self._clock, self._cpu, self._loop_cpu, self._host_idle = clock, cpu, loop_cpu, host_idle
         self._trial: _Trial | None = None
         self._next = "up"
         self._hold, self._hold_until = HOLD_MIN_SECONDS, 0.0
@@ -189,8 +200,7 @@ class LaneSizer:
             if not settled:
                 return False
             self.settled()
-        if self._start is None:
-            self._begin()
+        start = self._begin() if self._start is None else self._start
         self._mails += 1
         self._busy += busy
         self._seconds += seconds
@@ -200,7 +210,7 @@ class LaneSizer:
         if self._mails < max(WINDOW_MIN_MAILS, limit):
             return False
         now = self._clock()
-        elapsed = now - self._start
+        elapsed = now - start
         if elapsed < WINDOW_MIN_SECONDS:
             return False
         # Mails per second by Little's law: connections in use / seconds a mail holds one. Counting
@@ -208,7 +218,9 @@ class LaneSizer:
         # bursts when every connection waits out the same round trip.
         rate = self._busy / max(self._seconds, 1e-9)
         loop_share = (self._loop_cpu() - self._loop0) / elapsed
-        cpu_busy = (self._cpu() - self._cpu0) / elapsed >= CPU_BUSY
+        # Busy: this process at the GIL's limit, or a host without idle CPU, where a window's rate
+        # swings with what other processes do and more connections only queue for the CPU.
+        cpu_busy = (self._cpu() - self._cpu0) / elapsed >= CPU_BUSY or self._host_idle() < HOST_IDLE_MIN
         slow = self._quickest >= FAR_ROUND_TRIP * (3 if cpu_busy else 1)
         far, saturated = slow and self._quickest >= EVEN * self._seconds / self._mails, self._waited
         self._begin()
@@ -244,9 +256,11 @@ class LaneSizer:
         return True
 
     # -- the decision -------------------------------------------------------------------------
-    def _begin(self) -> None:
+    def _begin(self) -> float:
+        """A new window, from now; returns its start."""
         self._start, self._cpu0, self._loop0, self._waited = self._clock(), self._cpu(), self._loop_cpu(), False
         self._mails, self._busy, self._seconds, self._quickest = 0, 0, 0.0, math.inf
+        return self._start
 
     def _judge(
         self,

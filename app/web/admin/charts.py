@@ -7,9 +7,8 @@ Only the object-oriented API (Figure, never pyplot: no global figure state), ren
 time under a lock because matplotlib's settings are process-wide. Output is deterministic for the
 same figures (fixed hash salt, no date stamp), cached with the figures they were drawn from.
 
-matplotlib is imported on the first chart only: the import costs about 0.65 s and 59 MB per process
-(measured on this machine), which every web process would otherwise pay for a page operators open
-now and then.
+matplotlib is imported on the first chart only: its import is slow and large (python -X importtime,
+RSS), which every web process would otherwise pay for a page operators open now and then.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+from typing import Any
 
 from app.web.admin.stats import KINDS, Dashboard
 
@@ -37,7 +37,7 @@ COLOURS = {
     "p50": "#1d4ed8",
     "p95": "#b42318",
 }
-_RC = {
+_RC: dict[Any, Any] = {  # matplotlib types its keys as a Literal of every rc name
     "svg.fonttype": "none",
     "svg.hashsalt": "notify-admin",
     "font.size": 10,

@@ -59,4 +59,5 @@ def page(number: int, size: int = PAGE_SIZE) -> tuple[list[Row], bool]:
             (list(counts),),
         ):
             counts[newsletter_id][status] = n
-    return [Row(*row, counts[row[0]]) for row in found], has_next
+    # A row of the SELECT above holds every field but counts (mypy cannot count a row).
+    return [Row(*row, counts[row[0]]) for row in found], has_next  # type: ignore[call-arg]

@@ -114,7 +114,7 @@ def describe(name: str, d: stats.Dashboard) -> str:
     if name in d.unavailable:
         return f"{label}: figures unavailable (the query did not finish in time)."
     if name == "sent":
-        per_hour = d.sent_per_hour()
+        per_hour = d.sent_per_hour() or [0]
         busiest = max(range(len(per_hour)), key=per_hour.__getitem__)
         text = (
             f"Mails sent per hour, {label}: {number(sum(d.sent['digest']))} digests and "
@@ -130,8 +130,8 @@ def describe(name: str, d: stats.Dashboard) -> str:
         )
     if name == "bounces":
         return (
-            f"Bounces and complaints per hour, {label}: {number(sum(d.bounces))} bounces, "
-            f"{number(sum(d.complaints))} complaints."
+            f"Bounces and complaints per hour, {label}: {number(sum(d.bounces or ()))} bounces, "
+            f"{number(sum(d.complaints or ()))} complaints."
         )
-    p50, p95 = d.lateness_total
+    p50, p95 = d.lateness_total or (None, None)
     return f"Digest lateness per hour, {label}: p50 {duration(p50)}, p95 {duration(p95)} over the window."

@@ -1,4 +1,4 @@
-"""The emergency stop from the dashboard (app/mail_stop.py): engage or release it, each with its
+"""The emergency stop from the dashboard (app/platform/mail_stop.py): engage or release it, each with its
 audit row (admin_audit: which API key, when, from where, why)."""
 
 from __future__ import annotations

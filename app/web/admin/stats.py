@@ -15,9 +15,8 @@ and large the tables are:
     measures it (digest/runs.py mark_sent), p50 and p95 per hour and over the window.
 email_link_history and webhook_events get no index of ours on their timestamp: time partitions are
 pruned by the window predicates (checked against a partitioned copy of both tables); an
-unpartitioned table is read whole. The cost is linear in the mails of the window:
-scripts/bench/admin_dashboard.py measured 0.46 s for 24 h and 3.3 s for 7 d at 100,000 digests and
-50,000 newsletter mails a day (3 M digest runs in the table; 1.35 s for 24 h without the indexes).
+unpartitioned table is read whole. The cost is linear in the mails of the window
+(scripts/bench/admin_dashboard.py; BENCHMARKS.md, "operator dashboard figures").
 Each statement runs under its own STATEMENT_TIMEOUT: a figure that cannot be had in time is shown
 as unavailable, the others still are. Results are cached per range for ADMIN_CACHE_SECONDS.
 """

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import unicodedata
 from dataclasses import dataclass
+from datetime import datetime
 
 from app.platform import db
 from app.platform.addresses import canonical
@@ -43,7 +44,7 @@ class Suppression:
     email: str
     reason: str
     source: str | None
-    created_at: object
+    created_at: datetime
 
 
 def clean_text(value: str | None, field: str, limit: int) -> str:

@@ -104,7 +104,7 @@ def _login_page(
 
 async def login_page(request: Request) -> Response:
     token = session.token_from_cookie(request)
-    if token and await run_in_threadpool(session.lookup, token):
+    if token and (await run_in_threadpool(session.lookup, token)) is not None:
         return render.redirect("/admin")
     return _login_page(request)
 
@@ -326,7 +326,7 @@ async def suppression_remove(request: Request, current) -> Response:
         )
     sid = _suppression_id(request)
     row = await run_in_threadpool(suppressions.get, sid) if sid else None
-    if row is None:
+    if sid is None or row is None:
         return render.redirect("/admin/suppressions?notice=already-removed")
     try:
         note = suppressions.clean_text(common.text(form, "note"), "note", suppressions.MAX_NOTE_CHARS)

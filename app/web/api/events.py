@@ -5,18 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.routing import Route
 
 from app.platform import metrics
-from app.platform.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
+from app.platform.http import ApiError, FastJSONResponse, read_json, validation_error
+from app.platform.openapi import Operation, api_route
 from digest import ingest
 
 log = logging.getLogger("app.web.api.events")
 
 
 async def post_events(request: Request):
-    principal = await require_key(request, "events")
+    principal = request.state.principal  # the key the route checked (scope "events", declared below)
     body = await read_json(request)
     rows, errors = ingest.validate_body(body, principal.name)
     if errors:
@@ -38,45 +39,21 @@ async def post_events(request: Request):
     return FastJSONResponse({"accepted": result.accepted, "duplicates": result.duplicates}, status_code=202)
 
 
-routes = [Route("/v1/events", post_events, methods=["POST"])]
+class EventsAccepted(BaseModel):
+    accepted: int
+    duplicates: int
 
-OPENAPI_MODELS = [ingest.Event, ingest.EventBatch]
-OPENAPI_PATHS = {
-    "/v1/events": {
-        "post": {
-            "summary": "Ingest one event or a batch of up to 1000 (all-or-nothing)",
-            "security": [{"bearer": []}],
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "oneOf": [
-                                {"$ref": "#/components/schemas/Event"},
-                                {"$ref": "#/components/schemas/EventBatch"},
-                            ]
-                        }
-                    }
-                },
-            },
-            "responses": {
-                "202": {
-                    "description": "committed",
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "properties": {"accepted": {"type": "integer"}, "duplicates": {"type": "integer"}},
-                            }
-                        }
-                    },
-                },
-                "400": {"$ref": "#/components/responses/Error"},
-                "401": {"$ref": "#/components/responses/Error"},
-                "413": {"$ref": "#/components/responses/Error"},
-                "422": {"$ref": "#/components/responses/Error"},
-                "503": {"$ref": "#/components/responses/Error"},
-            },
-        }
-    }
-}
+
+routes = [
+    api_route(
+        "/v1/events",
+        post_events,
+        post=Operation(
+            "Ingest one event or a batch of up to 1000 (all-or-nothing)",
+            {202: ("committed", EventsAccepted)},
+            errors=(400, 413, 422, 503),
+            body=(ingest.Event, ingest.EventBatch),
+            scope="events",
+        ),
+    )
+]

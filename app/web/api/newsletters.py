@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, create_model
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.routing import Route
 
 from app.newsletter import rows, service, template, test_send
-from app.platform.http import ApiError, FastJSONResponse, read_json, require_key, validation_error
+from app.platform.http import ApiError, FastJSONResponse, read_json, validation_error
+from app.platform.openapi import Operation, api_route
 from app.platform.validation import plain_int
 
 # Body limits are derived from the documented maxLength/maxItems, so every schema-valid request fits
@@ -48,7 +48,6 @@ async def _call(fn, *args):
 
 
 async def create_newsletter(request: Request):
-    await require_key(request, "admin")
     body = await read_json(request, limit=CREATE_BODY_LIMIT)
     values, errors = service.validate_new(body)
     if errors:
@@ -58,9 +57,8 @@ async def create_newsletter(request: Request):
 
 
 async def list_newsletters(request: Request):
-    await require_key(request, "admin")
     query, errors = service.validate_list_query(dict(request.query_params))
-    if errors:
+    if errors or query is None:
         raise validation_error(errors)
     return FastJSONResponse(await run_in_threadpool(service.list_newsletters, query))
 
@@ -71,16 +69,14 @@ async def newsletters_collection(request: Request):
 
 
 async def get_newsletter(request: Request):
-    await require_key(request, "admin")
     return FastJSONResponse(await _call(service.status, _id(request)))
 
 
 async def send_newsletter(request: Request):
-    await require_key(request, "admin")
     newsletter_id = _id(request)
     body = await read_json(request, limit=SEND_BODY_LIMIT)
     audience, errors = service.validate_audience(body)
-    if errors:
+    if errors or audience is None:
         raise validation_error(errors)
     status = await _call(service.request_send, newsletter_id, audience)
     unknown, unknown_count = await run_in_threadpool(service.unknown_user_ids, audience)
@@ -91,11 +87,10 @@ async def send_newsletter(request: Request):
 
 
 async def test_newsletter(request: Request):
-    await require_key(request, "admin")
     newsletter_id = _id(request)
     body = await read_json(request, limit=TEST_BODY_LIMIT)
     addresses, errors = test_send.validate(body)
-    if errors:
+    if errors or addresses is None:
         raise validation_error(errors)
     try:
         results = await run_in_threadpool(test_send.send, newsletter_id, addresses)
@@ -111,85 +106,26 @@ async def test_newsletter(request: Request):
 
 
 async def pause_newsletter(request: Request):
-    await require_key(request, "admin")
     newsletter_id = _id(request)
     return FastJSONResponse({"id": newsletter_id, "status": await _call(service.pause, newsletter_id)})
 
 
 async def resume_newsletter(request: Request):
-    await require_key(request, "admin")
     newsletter_id = _id(request)
     return FastJSONResponse({"id": newsletter_id, "status": await _call(service.resume, newsletter_id)})
 
 
 async def cancel_newsletter(request: Request):
-    await require_key(request, "admin")
     newsletter_id = _id(request)
     return FastJSONResponse({"id": newsletter_id, **await _call(service.cancel, newsletter_id)})
 
 
 async def retry_failed(request: Request):
-    await require_key(request, "admin")
     newsletter_id = _id(request)
     return FastJSONResponse({"id": newsletter_id, **await _call(service.retry_failed, newsletter_id)}, status_code=202)
 
 
-routes = [
-    Route("/v1/newsletters", newsletters_collection, methods=["GET", "POST"]),
-    Route("/v1/newsletters/{newsletter_id}", get_newsletter, methods=["GET"]),
-    Route("/v1/newsletters/{newsletter_id}/send", send_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id}/test", test_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id}/pause", pause_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id}/resume", resume_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id}/cancel", cancel_newsletter, methods=["POST"]),
-    Route("/v1/newsletters/{newsletter_id}/retry-failed", retry_failed, methods=["POST"]),
-]
-
-_err = {"$ref": "#/components/responses/Error"}
-_all_errors = ("400", "401", "403", "404", "409", "413", "422")
-_id_param = [
-    {
-        "name": "newsletter_id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-    }
-]
 STATUSES = tuple(rows.NewsletterStatus)
-_status = {"type": "string", "enum": list(STATUSES)}
-
-
-def _state(description: str, **extra) -> dict:
-    return {
-        "description": description,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["id", "status", *extra],
-                    "properties": {"id": {"type": "integer"}, "status": _status, **extra},
-                }
-            }
-        },
-    }
-
-
-def _errors(*codes: str) -> dict:
-    return dict.fromkeys(codes, _err)
-
-
-def _action(summary: str, code: str, response: dict) -> dict:
-    return {
-        "post": {
-            "summary": summary,
-            "security": [{"bearer": []}],
-            "parameters": _id_param,
-            "responses": {code: response, **_errors("401", "403", "404", "409")},
-        }
-    }
-
-
-_count = {"type": "integer", "minimum": 0}
 Count = Annotated[int, Field(ge=0)]
 
 
@@ -205,7 +141,8 @@ class AudienceSummary(BaseModel):
     count: Count | None = None
 
 
-RowCounts = create_model("RowCounts", **dict.fromkeys((*service.ROW_STATUSES, "total"), (Count, ...)))
+# One field per status, from the statuses themselves (mypy cannot follow fields given as keywords).
+RowCounts = create_model("RowCounts", **dict.fromkeys((*service.ROW_STATUSES, "total"), (Count, ...)))  # type: ignore[call-overload]
 
 
 class NewsletterSummary(BaseModel):
@@ -263,136 +200,115 @@ class TestSendAnswer(BaseModel):
     results: list[TestResult]
 
 
-OPENAPI_MODELS = [
-    service.NewsletterInput,
-    service.NewsletterAudience,
-    NewsletterStatus,
-    NewsletterPage,
-    test_send.TestSendInput,
-    TestSendAnswer,
-]
-_list_params = [
-    {
-        "name": "limit",
-        "in": "query",
-        "required": False,
-        "schema": {"type": "integer", "minimum": 1, "maximum": service.LIST_MAX, "default": 20},
-    },
-    {
-        "name": "before",
-        "in": "query",
-        "required": False,
-        "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-    },
-    {"name": "status", "in": "query", "required": False, "schema": _status},
-]
-OPENAPI_PATHS = {
-    "/v1/newsletters": {
-        "post": {
-            "summary": "Create a newsletter (draft)",
-            "security": [{"bearer": []}],
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewsletterInput"}}},
-            },
-            "responses": {
-                "201": {
-                    "description": "created",
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["id", "status"],
-                                "properties": {"id": {"type": "integer"}, "status": _status},
-                            }
-                        }
-                    },
-                },
-                **_errors("400", "401", "403", "413", "422"),
-            },
-        },
-        "get": {
-            "summary": "List newsletters, newest first, with status and row counts (keyset pages)",
-            "security": [{"bearer": []}],
-            "parameters": _list_params,
-            "responses": {
-                "200": {
-                    "description": "one page",
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewsletterPage"}}},
-                },
-                **_errors("401", "403", "422"),
-            },
-        },
-    },
-    "/v1/newsletters/{newsletter_id}": {
-        "get": {
-            "summary": "Status, per-row counts (total, pending, sending, sent, failed, suppressed, cancelled), "
+class NewsletterState(BaseModel):
+    id: int
+    status: Literal[STATUSES]
+
+
+class SendRequested(NewsletterState):
+    unknown_user_ids: Annotated[list[str], Field(max_length=service.UNKNOWN_SHOWN)]
+    unknown_user_ids_count: Count
+
+
+class Cancelled(NewsletterState):
+    cancelled_rows: Count
+
+
+class Requeued(NewsletterState):
+    requeued: Count
+
+
+NewsletterId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+_ID = {"newsletter_id": NewsletterId}
+
+
+def _action(path: str, endpoint, summary: str, status: int, answer: tuple[str, type[BaseModel]]):
+    operation = Operation(summary, {status: answer}, errors=(404, 409), scope="admin")
+    return api_route(f"/v1/newsletters/{{newsletter_id}}/{path}", endpoint, path_params=_ID, post=operation)
+
+
+routes = [
+    api_route(
+        "/v1/newsletters",
+        newsletters_collection,
+        get=Operation(
+            "List newsletters, newest first, with status and row counts (keyset pages)",
+            {200: ("one page", NewsletterPage)},
+            errors=(422,),
+            query=service.NewsletterListQuery,
+            scope="admin",
+        ),
+        post=Operation(
+            "Create a newsletter (draft)",
+            {201: ("created", NewsletterState)},
+            errors=(400, 413, 422),
+            body=service.NewsletterInput,
+            scope="admin",
+        ),
+    ),
+    api_route(
+        "/v1/newsletters/{newsletter_id}",
+        get_newsletter,
+        path_params=_ID,
+        get=Operation(
+            "Status, per-row counts (total, pending, sending, sent, failed, suppressed, cancelled), "
             "opens/clicks (human vs machine), bounces, unsubscribes",
-            "security": [{"bearer": []}],
-            "parameters": _id_param,
-            "responses": {
-                "200": {
-                    "description": "status",
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewsletterStatus"}}},
-                },
-                **_errors("401", "403", "404"),
-            },
-        }
-    },
-    "/v1/newsletters/{newsletter_id}/send": {
-        "post": {
-            "summary": "Start sending to an audience (idempotent for the same audience)",
-            "security": [{"bearer": []}],
-            "parameters": _id_param,
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewsletterAudience"}}},
-            },
-            "responses": {
-                "202": _state(
+            {200: ("status", NewsletterStatus)},
+            errors=(404,),
+            scope="admin",
+        ),
+    ),
+    api_route(
+        "/v1/newsletters/{newsletter_id}/send",
+        send_newsletter,
+        path_params=_ID,
+        post=Operation(
+            "Start sending to an audience (idempotent for the same audience)",
+            {
+                202: (
                     "send requested; user_ids that are no subscriber get no mail and are listed (the first "
                     f"{service.UNKNOWN_SHOWN}, sorted) and counted",
-                    unknown_user_ids={"type": "array", "items": {"type": "string"}, "maxItems": service.UNKNOWN_SHOWN},
-                    unknown_user_ids_count=_count,
-                ),
-                **_errors(*_all_errors),
+                    SendRequested,
+                )
             },
-        }
-    },
-    "/v1/newsletters/{newsletter_id}/test": {
-        "post": {
-            "summary": "Send the newsletter now to a few addresses, in any status (drafts too): no outbox row, no "
+            errors=(400, 404, 409, 413, 422),
+            body=service.NewsletterAudience,
+            scope="admin",
+        ),
+    ),
+    api_route(
+        "/v1/newsletters/{newsletter_id}/test",
+        test_newsletter,
+        path_params=_ID,
+        post=Operation(
+            "Send the newsletter now to a few addresses, in any status (drafts too): no outbox row, no "
             "tracking, subject prefixed [Test]; suppressed addresses are refused",
-            "security": [{"bearer": []}],
-            "parameters": _id_param,
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TestSendInput"}}},
-            },
-            "responses": {
-                "200": {
-                    "description": "handed to the provider (per address: sent, failed, suppressed)",
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TestSendAnswer"}}},
-                },
-                "503": _err,
-                **_errors("400", "401", "403", "404", "409", "413", "422"),
-            },
-        }
-    },
-    "/v1/newsletters/{newsletter_id}/pause": _action(
+            {200: ("handed to the provider (per address: sent, failed, suppressed)", TestSendAnswer)},
+            errors=(400, 404, 409, 413, 422, 503),
+            body=test_send.TestSendInput,
+            scope="admin",
+        ),
+    ),
+    _action(
+        "pause",
+        pause_newsletter,
         "Stop sending within a second, between two mails; recipients claimed but not sent go back to pending",
-        "200",
-        _state("paused (or already paused)"),
+        200,
+        ("paused (or already paused)", NewsletterState),
     ),
-    "/v1/newsletters/{newsletter_id}/resume": _action(
-        "Continue where the send stopped", "200", _state("sending (or already queued/sending)")
+    _action(
+        "resume",
+        resume_newsletter,
+        "Continue where the send stopped",
+        200,
+        ("sending (or already queued/sending)", NewsletterState),
     ),
-    "/v1/newsletters/{newsletter_id}/cancel": _action(
+    _action(
+        "cancel",
+        cancel_newsletter,
         "Cancel within a second, between two mails: recipients not yet sent are never sent",
-        "200",
-        _state("cancelled", cancelled_rows=_count),
+        200,
+        ("cancelled", Cancelled),
     ),
-    "/v1/newsletters/{newsletter_id}/retry-failed": _action(
-        "Put failed rows back to pending", "202", _state("failed rows requeued", requeued=_count)
-    ),
-}
+    _action("retry-failed", retry_failed, "Put failed rows back to pending", 202, ("failed rows requeued", Requeued)),
+]

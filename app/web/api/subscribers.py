@@ -6,9 +6,9 @@ from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from app.platform.http import ApiError, FastJSONResponse, read_put_body, require_key, validation_error
+from app.platform.http import ApiError, FastJSONResponse, read_put_body, validation_error
+from app.platform.openapi import Operation, api_route
 from app.platform.validation import Text, check
 from app.subscribers import records as subscribers
 
@@ -24,7 +24,6 @@ def _user_id(request: Request) -> str:
 
 
 async def put_subscriber(request: Request):
-    await require_key(request, "admin")
     user_id = _user_id(request)
     values = await read_put_body(request, "user_id", user_id, subscribers.validate, 64 * 1024)
     record, created = await run_in_threadpool(subscribers.upsert, user_id, values)
@@ -32,7 +31,6 @@ async def put_subscriber(request: Request):
 
 
 async def get_subscriber(request: Request):
-    await require_key(request, "admin")
     record = await run_in_threadpool(subscribers.get, _user_id(request))
     if record is None:
         raise ApiError(404, "not_found", "no subscriber with that user_id")
@@ -40,7 +38,6 @@ async def get_subscriber(request: Request):
 
 
 async def delete_subscriber(request: Request):
-    await require_key(request, "admin")
     if not await run_in_threadpool(subscribers.erase, _user_id(request)):
         raise ApiError(404, "not_found", "no subscriber with that user_id")
     return Response(status_code=204)
@@ -54,43 +51,25 @@ async def subscriber(request: Request):
     return await _BY_METHOD[request.method](request)
 
 
-routes = [Route("/v1/subscribers/{user_id:str}", subscriber, methods=["GET", "PUT", "DELETE"])]
-
-_user_param = [{"name": "user_id", "in": "path", "required": True, "schema": _USER_ID.json_schema()}]
-_err = {"$ref": "#/components/responses/Error"}
-
-OPENAPI_MODELS = [subscribers.SubscriberInput]
-OPENAPI_PATHS = {
-    "/v1/subscribers/{user_id}": {
-        "put": {
-            "summary": "Create or replace a subscriber",
-            "security": [{"bearer": []}],
-            "parameters": _user_param,
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SubscriberInput"}}},
-            },
-            "responses": {
-                "200": {"description": "replaced"},
-                "201": {"description": "created"},
-                "400": _err,
-                "401": _err,
-                "403": _err,
-                "422": _err,
-            },
-        },
-        "get": {
-            "summary": "Read a subscriber",
-            "security": [{"bearer": []}],
-            "parameters": _user_param,
-            "responses": {"200": {"description": "the subscriber"}, "401": _err, "403": _err, "404": _err, "422": _err},
-        },
-        "delete": {
-            "summary": "Erase a subscriber (right to erasure): their events, runs, outbox rows, webhook events and "
+routes = [
+    api_route(
+        "/v1/subscribers/{user_id:str}",
+        subscriber,
+        path_params={"user_id": _USER_ID},
+        put=Operation(
+            "Create or replace a subscriber",
+            {200: "replaced", 201: "created"},
+            errors=(400, 422),
+            body=subscribers.SubscriberInput,
+            scope="admin",
+        ),
+        get=Operation("Read a subscriber", {200: "the subscriber"}, errors=(404, 422), scope="admin"),
+        delete=Operation(
+            "Erase a subscriber (right to erasure): their events, runs, outbox rows, webhook events and "
             "digest links are deleted, click/open history anonymised, the address suppressed",
-            "security": [{"bearer": []}],
-            "parameters": _user_param,
-            "responses": {"204": {"description": "erased"}, "401": _err, "403": _err, "404": _err, "422": _err},
-        },
-    }
-}
+            {204: "erased"},
+            errors=(404, 422),
+            scope="admin",
+        ),
+    )
+]

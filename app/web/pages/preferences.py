@@ -158,18 +158,20 @@ def _form_number(text: str) -> int | str:
 
 def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     """(values for subscribers.update, field errors, sticky form values) from the posted form."""
-    raw = {name: common.text(posted, name) for name in ("digest_cadence", "digest_hour", "digest_weekday", "timezone")}
-    raw = {k: v.strip() for k, v in raw.items() if v is not None}
+    given = {
+        name: common.text(posted, name) for name in ("digest_cadence", "digest_hour", "digest_weekday", "timezone")
+    }
+    raw = {k: v.strip() for k, v in given.items() if v is not None}
     if "timezone" in raw:
         raw["timezone"] = canonical_timezone(raw["timezone"])
-    numbers = {k: _form_number(raw[k]) for k in ("digest_hour", "digest_weekday") if k in raw}
+    numbers: dict[str, int | str] = {k: _form_number(raw[k]) for k in ("digest_hour", "digest_weekday") if k in raw}
     # Topics: checkboxes are checked for topics the subscriber wants. Only topics that were on the
     # page change (a topic that appeared since the page loaded keeps its current setting).
     shown = list(dict.fromkeys(common.texts(posted, "shown_category")))[: store.MAX_SHOWN_CATEGORIES]
     receive = set(common.texts(posted, "category"))
     current = set(subscriber["category_opt_outs"])
     opt_outs = sorted((current - set(shown)) | {c for c in shown if c not in receive})
-    data = {**raw, **numbers}
+    data: dict[str, object] = {**raw, **numbers}
     if shown:
         data["category_opt_outs"] = opt_outs
     values, error_list = subscribers.validate(data, partial=True)

@@ -57,7 +57,7 @@ _CATEGORIES_SQL = """
 
 
 def categories(subscriber: dict) -> list[str]:
-    """Sorted topics to show: current opt-outs, registered categories (app/categories.py) and the
+    """Sorted topics to show: current opt-outs, registered categories (app/subscribers/categories.py) and the
     subscriber's event categories, capped in that order of precedence."""
     opt_outs = subscriber["category_opt_outs"]
     rows = db.query(_CATEGORIES_SQL, (subscriber["user_id"], subscriber["id"], MAX_SHOWN_CATEGORIES))
@@ -90,7 +90,7 @@ def set_paused_until(subscriber_id: int, token_version: int, until) -> None:
 
 
 def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
-    """Idempotent; stops what the token scope names (app/streams.py). Returns whether the row
+    """Idempotent; stops what the token scope names (app/subscribers/streams.py). Returns whether the row
     matched (False = token revoked meanwhile)."""
     target = streams.target(scope)
     if target.kind == streams.CATEGORY:

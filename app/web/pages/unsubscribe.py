@@ -12,7 +12,7 @@
 - POST `action=resubscribe` / `resubscribe_all`: CSRF-checked (signed double-submit cookie), 303
   back to the page.
 
-The token scope says what the link stops (app/streams.py): a digest's link the digest stream, a
+The token scope says what the link stops (app/subscribers/streams.py): a digest's link the digest stream, a
 newsletter's the newsletter stream, "category:X" one topic, no scope everything. The page says
 which, and always offers "everything" too.
 """

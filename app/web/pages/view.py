@@ -38,7 +38,7 @@ async def view_page(request: Request) -> Response:
     token = request.path_params["token"]
     found = await common.subscriber_for("view", token)
     run_id = tokens.run_id(found[1]) if found else None
-    if run_id is None:
+    if found is None or run_id is None:
         return common.not_found(request)
     subscriber = found[0]
     result = await run_in_threadpool(hosted.render, run_id, subscriber)

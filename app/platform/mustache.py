@@ -1,28 +1,48 @@
-"""Render chevron's token list through generated Python code instead of chevron's interpreter.
+"""The one Mustache implementation, for digests and newsletters: chevron's tokenizer (the grammar),
+and the token list compiled into one Python function per template instead of chevron's interpreter.
 
-chevron re-walks its token list with a scope search per tag and string concatenation; for a digest
-of 20 events that is ~0.3 ms of the ~1 ms CPU budget a digest has at 1000 digests/s on 2 cores.
-Compiling the SAME tokens (chevron.tokenizer, so the template syntax is chevron's) into one Python
-function once per template version renders ~3x faster (tests check the output equals chevron's).
+chevron re-walks its token list with a scope search per tag and string concatenation; compiling the
+SAME tokens into straight-line Python once per template version renders several times faster
+(scripts/bench/render.py measures it, BENCHMARKS.md has the figures), which matters on the digest
+hot path, and tests check the output equals chevron's.
 
 Supported: variables ({{x}}, escaped like chevron: & " < >), {{{x}}} / {{&x}}, sections over lists,
-dicts and truthy values, inverted sections, comments, dotted names, {{.}}. Not supported (refused
-at compile time with TemplateError): partials and delimiter changes. Names resolve in dict scopes
-only — never attributes, so {{title}} inside a section over a string cannot become str.title
-(a chevron pitfall). tests/test_digest_render.py checks the output equals chevron's.
-
-Kept because `scripts/bench/render.py` measures it well ahead of the library: 49 µs per digest
-(subject + HTML + text, 20 events) against 313 µs with chevron.render on the same cached tokens
-and 558 µs from the template text, on a busy 2-core machine (20/195/256 µs when quiet).
+dicts and truthy values, inverted sections, comments, delimiter changes, dotted names, {{.}}. Not
+supported (refused at compile time with MustacheError): partials (no file system access from a
+template). Names resolve in dict scopes only — never attributes, so {{title}} inside a section over
+a string cannot become str.title (a chevron pitfall).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import chevron
+from chevron.tokenizer import ChevronError
+
 _MISSING = object()
+Token = tuple[str, str]  # (kind, value): chevron's token
+Scopes = list[Any]  # the context and the section values around a tag, innermost last
 
 
 class MustacheError(ValueError):
     pass
+
+
+def tokenize(source: str) -> tuple[Token, ...]:
+    """The template's (kind, value) tokens; MustacheError says what is malformed."""
+    try:
+        return tuple(chevron.tokenizer.tokenize(source))
+    except ChevronError as exc:
+        raise MustacheError(str(exc)) from None
+    except (IndexError, ValueError):  # chevron's tokenizer on e.g. an empty tag "{{}}"
+        raise MustacheError("empty or malformed tag") from None
+
+
+def tags(tokens: Iterable[Token]) -> list[str]:
+    """Every token but the literal text: what must survive a rewrite of the text (CSS inlining)."""
+    return [value for kind, value in tokens if kind != "literal"]
 
 
 def _escape(text: str) -> str:
@@ -37,7 +57,7 @@ def _escape(text: str) -> str:
     return text
 
 
-def _lookup(name: str, scopes: list):
+def _lookup(name: str, scopes: Scopes) -> Any:
     if name == ".":
         return scopes[-1]
     first, _, rest = name.partition(".")
@@ -56,13 +76,13 @@ def _lookup(name: str, scopes: list):
     return value
 
 
-def _text(value) -> str:
+def _text(value: Any) -> str:
     if value is _MISSING or value is None:
         return ""
     return value if isinstance(value, str) else str(value)
 
 
-def _lookup_simple(name: str, scopes: list):
+def _lookup_simple(name: str, scopes: Scopes) -> Any:
     """Innermost dict scope that has `name` (the common case: no dots)."""
     for i in range(len(scopes) - 1, -1, -1):
         scope = scopes[i]
@@ -73,7 +93,7 @@ def _lookup_simple(name: str, scopes: list):
     return None
 
 
-def _value(name: str, scopes: list):
+def _value(name: str, scopes: Scopes) -> Any:
     """None when missing (renders as "" and counts as false in sections)."""
     if name == "." or "." in name:
         value = _lookup(name, scopes)
@@ -81,26 +101,27 @@ def _value(name: str, scopes: list):
     return _lookup_simple(name, scopes)
 
 
-def _escaped(value) -> str:
+def _escaped(value: Any) -> str:
     return _escape(value if type(value) is str else _text(value))
 
 
-def _raw(value) -> str:
+def _raw(value: Any) -> str:
     return value if type(value) is str else _text(value)
 
 
-def _nearest_dict(scopes: list) -> dict:
+def _nearest_dict(scopes: Scopes) -> dict[str, Any]:
     for i in range(len(scopes) - 1, -1, -1):
-        if type(scopes[i]) is dict:
-            return scopes[i]
+        scope = scopes[i]
+        if type(scope) is dict:
+            return scope
     return {}
 
 
-def _as_items(value):
+def _as_items(value: Any) -> list[Any] | tuple[Any, ...]:
     return value if isinstance(value, (list, tuple)) else (value,)
 
 
-def _codegen(tokens) -> str:
+def _codegen(tokens: list[Token]) -> str:
     """Python source of `render(ctx)` for a token list: one straight-line function, loops for sections."""
     # `top` is the innermost scope: most names resolve there, without a function call.
     lines = [
@@ -110,12 +131,14 @@ def _codegen(tokens) -> str:
         " S = [ctx]",
         " top = ctx if type(ctx) is dict else {}",
     ]
-    depth, stack, pending, counter = 1, [], [], [0]
+    depth, counter = 1, [0]
+    stack: list[tuple[str, str]] = []
+    pending: list[str] = []
 
-    def emit(line):
+    def emit(line: str) -> None:
         lines.append(" " * depth + line)
 
-    def flush():
+    def flush() -> None:
         if pending:
             emit(f"a({''.join(pending)!r})")
             pending.clear()
@@ -125,7 +148,7 @@ def _codegen(tokens) -> str:
             if value:
                 pending.append(value)
             continue
-        if kind == "comment":
+        if kind in ("comment", "set delimiter"):  # the tokenizer has applied a delimiter change
             continue
         flush()
         if kind in ("variable", "no escape"):
@@ -166,7 +189,7 @@ def _codegen(tokens) -> str:
             else:
                 depth -= 1
         else:
-            raise MustacheError(f"mustache {kind} tags are not supported in digest templates")
+            raise MustacheError(f"mustache {kind} tags are not supported")
     flush()
     if stack:
         raise MustacheError(f"section {{{{#{stack[-1][0]}}}}} is never closed")
@@ -175,9 +198,11 @@ def _codegen(tokens) -> str:
 
 
 class Template:
-    def __init__(self, tokens):
+    """A token list compiled once; `render(context)` is the text for one context (thread-safe)."""
+
+    def __init__(self, tokens: Iterable[Token]) -> None:
         self.source = _codegen(list(tokens))
-        namespace = {
+        namespace: dict[str, Any] = {
             "_value": _value,
             "_lookup_simple": _lookup_simple,
             "_escaped": _escaped,
@@ -187,5 +212,5 @@ class Template:
         }
         # The source is generated from tag names and repr()'d literals only: names are passed as
         # repr() strings too, so no template text becomes code.
-        exec(compile(self.source, "<digest template>", "exec"), namespace)
-        self.render = namespace["render"]
+        exec(compile(self.source, "<mustache template>", "exec"), namespace)
+        self.render: Callable[[dict[str, Any]], str] = namespace["render"]

@@ -11,7 +11,7 @@ did the layout). In a fragment:
                                           (footers)
 Markers are optional and are written in that order. Wrapping happens when a template is compiled,
 before premailer inlines the CSS, so a mail pays nothing for it. The brand values were validated
-at start-up (app/config.py check_brand): colours are #rgb/#rrggbb and the logo an https URL
+at start-up (app/platform/config.py check_brand): colours are #rgb/#rrggbb and the logo an https URL
 without quotes, so neither can carry markup or CSS; the name is HTML-escaped.
 
 Responsive without media queries (which many mail clients drop): the card is fluid up to 600 px,
@@ -41,7 +41,7 @@ class Brand:
     background: str
 
     @classmethod
-    def from_settings(cls, settings=None) -> Brand:
+    def from_settings(cls, settings: config.Settings | None = None) -> Brand:
         settings = settings or config.get()
         return cls(settings.brand_name, settings.brand_logo_url, settings.brand_color, settings.brand_background)
 
