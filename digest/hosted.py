@@ -50,7 +50,7 @@ class Gone:
 
 
 def render(run_id: int, subscriber: dict) -> Copy | Gone | None:
-    """The copy of run `run_id` for `subscriber` (a row of app/web/pages/store.py), Gone when its events
+    """The copy of run `run_id` for `subscriber` (a row of app/web/pages/subscription.py), Gone when its events
     were dropped, None when there is no such sent run of theirs."""
     settings = config.get()
     with db.raw_cursor() as cur:

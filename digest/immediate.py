@@ -31,7 +31,8 @@ import logging
 from datetime import datetime
 
 from app.platform import config, db
-from app.subscribers import categories
+from app.subscribers import categories, mailable
+from app.subscribers.streams import DIGESTS
 from digest import runs
 
 log = logging.getLogger("digest.immediate")
@@ -47,9 +48,7 @@ WITH due AS (
 ), subs AS (
     SELECT s.id, s.user_id, s.digest_cadence, s.category_opt_outs
     FROM due JOIN subscribers s ON s.id = due.subscriber_id
-    WHERE s.digest_cadence <> 'off' AND s.unsubscribed_at IS NULL
-      AND (s.paused_until IS NULL OR s.paused_until <= %(now)s)
-      AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE x.email = s.canonical_email)
+    WHERE {mailable.may_mail(DIGESTS, "s", "%(now)s")}
 ), eligible AS (
     SELECT subs.id FROM subs
     WHERE EXISTS (SELECT 1 FROM digest_events e
@@ -85,6 +84,30 @@ SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
        ARRAY(SELECT id FROM inserted WHERE scheduled_for <= %(now)s ORDER BY id),
        (SELECT count(*) FROM inserted)
 """
+
+
+# -- digest_send_now: this module is its one writer ------------------------------------------------
+# Ingest and planning mark subscribers; a pass (plan below) consumes the marks. DO UPDATE, not DO
+# NOTHING: a row a pass holds (FOR UPDATE) may be about to be deleted by it, its snapshot older
+# than what the marker saw; updating waits for that pass and then inserts the row again, so the
+# next pass looks at it. The subscribers join: only ids that exist (an erasure may have come first).
+_MARK_SQL = """
+INSERT INTO digest_send_now (subscriber_id)
+SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id
+ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since
+"""
+
+
+def mark(cur: db.Cursor, subscriber_ids: list[int]) -> int:
+    """Mark these subscribers for the next pass, in the caller's transaction; returns rows written."""
+    cur.execute(_MARK_SQL, (sorted(subscriber_ids),))
+    return int(cur.rowcount)
+
+
+def mark_from(rows: str) -> str:
+    """SQL for a CTE of a planning statement: mark the subscribers whose ids `rows` (a CTE with an
+    `id` column) returns."""
+    return f"INSERT INTO digest_send_now (subscriber_id) SELECT id FROM {rows} ORDER BY id ON CONFLICT DO NOTHING"
 
 
 def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-import psycopg2
-
 from app.platform import config, db, mail_stop, metrics
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, PermanentError, Progress, Provider, ProviderError, SendResult
@@ -144,7 +142,7 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
     try:
         with db.transaction(conn) as cur:  # end the read transaction: never hold one open across SMTP
             ready, errors = build_digests(cur, claimed, settings)
-    except psycopg2.Error:
+    except db.Error:
         raise
     except Exception as exc:
         log.exception("building %d digests failed", len(claimed))

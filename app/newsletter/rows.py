@@ -36,6 +36,8 @@ from __future__ import annotations
 import enum
 
 from app.platform.mail_stop import NOT_ENGAGED
+from app.subscribers import mailable
+from app.subscribers.streams import NEWSLETTERS
 
 
 class NewsletterStatus(enum.StrEnum):
@@ -118,16 +120,20 @@ WHERE n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
 RETURNING n.id
 """
 
+# Erasure (app/subscribers/records.py erase, a step of it): a newsletter's audience lists user_ids
+# (jsonb {"kind": "user_ids", "user_ids": [...]}, app/newsletter/service.py). Run last, so the
+# newsletter rows it changes stay locked for the shortest time (a pause or cancel of one waits for
+# it; the outbox's inserts do not: a non-key update).
+ERASE_FROM_AUDIENCES = (
+    "UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
+    "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s"
+)
+
 # -- email_log ---------------------------------------------------------------------------------
-_ROW_VALUES = """
-    SELECT %(nl)s, s.id, s.email,
-           CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL
-                     OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'pending' END,
-           CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed'
-                WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters'
-                WHEN sup.id IS NOT NULL THEN 'suppressed: ' || sup.reason END
+_REFUSAL = mailable.refusal(NEWSLETTERS)
+_ROW_VALUES = f"""
+    SELECT %(nl)s, s.id, s.email, CASE WHEN {_REFUSAL} IS NULL THEN 'pending' ELSE 'suppressed' END, {_REFUSAL}
     FROM subscribers s
-    LEFT JOIN suppressions sup ON sup.email = s.canonical_email
 """
 INSERT_RANGE = (
     "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
@@ -149,6 +155,7 @@ INSERT_USER_IDS = (
 # (thousands of dead entries at the front of the pending index would slow every claim of a big
 # send). A loop ends only when a claim from 0 finds nothing, so rows left behind (locked by a
 # peer, backoff now due) are never missed.
+_REFUSAL_AT_SEND = mailable.refusal(NEWSLETTERS, when=" before send")
 CLAIM = (
     """
 WITH picked AS (
@@ -164,15 +171,16 @@ WITH picked AS (
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE email_log e SET
-    status = CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL
-                       OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'sending' END,
-    error = CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed before send'
-                 WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters before send'
-                 WHEN sup.id IS NOT NULL THEN 'suppressed before send: ' || sup.reason ELSE e.error END,
+    status = CASE WHEN """
+    + _REFUSAL_AT_SEND
+    + """ IS NULL THEN 'sending' ELSE 'suppressed' END,
+    error = coalesce("""
+    + _REFUSAL_AT_SEND
+    + """, e.error),
     attempts = e.attempts + 1,
     claimed_at = now(),
     email = s.email
-FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = s.canonical_email
+FROM picked p, subscribers s
 WHERE e.id = p.id AND s.id = e.subscriber_id
 RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
 """

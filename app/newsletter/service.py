@@ -250,11 +250,11 @@ def retry_failed(newsletter_id: int) -> dict:
     status = _current(newsletter_id)[0]
     if status not in ("sending", "paused", "done"):
         raise Conflict(f"failed rows can be retried while sending, paused or done (it is {status})", status)
-    with db.database.connection_context(), db.database.atomic():
-        cur = db.database.execute_sql(statements.RETRY_FAILED, (newsletter_id,))
+    with db.raw_cursor() as cur:
+        cur.execute(statements.RETRY_FAILED, (newsletter_id,))
         requeued = cur.rowcount
         if requeued:
-            db.database.execute_sql(statements.REOPEN, (newsletter_id,))
+            cur.execute(statements.REOPEN, (newsletter_id,))
     status = _current(newsletter_id)[0]
     if requeued and status == "sending":
         _kick_safely(kick.send_chains, newsletter_id)

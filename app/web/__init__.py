@@ -56,7 +56,7 @@ def create_app() -> Starlette:
         for module in modules:  # e.g. tracking flushes its buffered click history (SIGTERM loses none)
             if hasattr(module, "on_shutdown"):
                 module.on_shutdown()
-        db.database.close_all()
+        db.close_all()
         metrics.process_stopped()
 
     return Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan)

@@ -7,6 +7,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.newsletter import rows as newsletter_rows
 from app.platform.http import ApiError, FastJSONResponse, read_put_body, validation_error
 from app.platform.openapi import Operation, api_route
 from app.platform.validation import Text, check
@@ -38,7 +39,8 @@ async def get_subscriber(request: Request):
 
 
 async def delete_subscriber(request: Request):
-    if not await run_in_threadpool(subscribers.erase, _user_id(request)):
+    erased = await run_in_threadpool(subscribers.erase, _user_id(request), (newsletter_rows.ERASE_FROM_AUDIENCES,))
+    if not erased:
         raise ApiError(404, "not_found", "no subscriber with that user_id")
     return Response(status_code=204)
 
