@@ -92,17 +92,13 @@ def render_mail(run: ClaimedRun, registry: dict, now: datetime) -> tuple[str, st
     return digest_render.templates().render_html(context_for(run, registry, now))
 
 
-# What the mail calls itself ("here is your hourly digest"); a "send now" mail is an instant one.
-CADENCE_WORDS = {"immediately": "instant"}
-
-
 def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
     if run.digest is None:
         raise ValueError(f"run {run.id}: loaded and grouped before its context is built")
     return digest_context.build(
         run.digest,
         categories=registry,
-        cadence=CADENCE_WORDS.get(run.cadence, run.cadence),
+        cadence=run.cadence,
         name=run.name,
         timezone=run.timezone,
         now=now,
@@ -165,7 +161,7 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
             return None
         digest_details.resolve(cur, [digest])
         registry = categories.registry(cur)
-    cadence = CADENCE_WORDS.get(cadence, cadence) if cadence != "off" else "daily"
+    cadence = cadence if cadence != "off" else "daily"
     ctx = digest_context.build(
         digest,
         categories=registry,

@@ -32,7 +32,7 @@ FROM digest_runs r
 WHERE r.id = %s AND r.subscriber_id = %s AND r.status = 'sent'
 """
 _EVENTS_SQL = """
-SELECT id, category, entity_type, entity_id, actor_id, actor_name, occurred_at
+SELECT id, category, entity_type, entity_id, actor_id, actor_name, occurred_at, high_priority
 FROM digest_events WHERE digest_run_id = %s ORDER BY id LIMIT %s
 """
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import dotenv
 
 from app.newsletter import service as newsletters
-from app.platform import apikeys, db
+from app.platform import apikeys, config, db
 from app.subscribers import categories
 from app.subscribers import records as subscribers
 from digest import ingest
@@ -38,7 +38,15 @@ ACTORS = [
     ("gus", "Gus"),
     ("demo-ivy", "Ivy"),
 ]
-AVATAR_URL = "https://api.dicebear.com/9.x/initials/png?seed={}"  # a picture beside each actor's name
+
+
+# A picture beside each actor's name, served by the web app itself (app/web/static/avatar-*.svg):
+# `make run` reaches nothing on the internet, and the demo digest shows its pictures offline.
+def avatar_url(actor: str) -> str:
+    return f"{config.get().base_url}/static/avatar-{actor.lower()}.svg"
+
+
+# Links in the demo point at a reserved name (RFC 6761 `.test`): nothing ever resolves them.
 POSTS = [
     ("post-1", "Launch notes"),
     ("post-2", "Roadmap for Q3"),
@@ -67,8 +75,8 @@ URGENT = [
 
 # A newsletter whose body is an HTML fragment: it goes out inside the mail layout (brand header,
 # card, BRAND_* colours; app/platform/mail_layout.py), with the standard footer added (no {{unsubscribe_url}}).
-NEWSLETTER_SUBJECT = "What's new at Notify, {{name}}"
-NEWSLETTER_HTML = """<h1>Hello {{name}}, here is what's new</h1>
+NEWSLETTER_SUBJECT = "What's new at Notify{{#name}}, {{name}}{{/name}}"
+NEWSLETTER_HTML = """<h1>{{greeting}} here is what's new</h1>
 <p>You can now stop newsletters and keep your digest, or the other way round: every mail's
 unsubscribe link stops only that kind of mail, and the page behind it still offers "everything".</p>
 <p>Each digest also has a <strong>View in your browser</strong> link at the top.</p>
@@ -112,7 +120,7 @@ def load() -> dict:
             done.add((actor_id, kind, post))
             # Only a post's first event carries its title and link, as a "created" event would:
             # the digest keeps them although later events say nothing.
-            payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
+            payload = {"actor_avatar_url": avatar_url(actor)}
             if post not in titled:
                 titled.add(post)
                 payload |= {"entity_title": title, "entity_url": f"https://example.test/posts/{post}"}
@@ -132,7 +140,7 @@ def load() -> dict:
                 )
             )
     for user_id, producer_id, kind, (actor_id, actor), high in URGENT:
-        payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
+        payload = {"actor_avatar_url": avatar_url(actor)}
         rows.append(
             (
                 "demo",

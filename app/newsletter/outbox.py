@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from app.newsletter import kick, rows
+from app.newsletter import kick, rows, schedule
 from app.platform import db, lease
 
 log = logging.getLogger("app.newsletter.outbox")
@@ -43,13 +43,15 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
     """Build (or finish building) the outbox. Returns rows inserted by this run. `on_chunk(n)` is
     called after each committed chunk (progress logging; tests use it to crash mid-way)."""
     rows = db.thread_connection.run(
-        "SELECT status, audience, outbox_completed_at FROM newsletters WHERE id = %s", (newsletter_id,)
+        "SELECT status, audience, outbox_completed_at, local_time, coalesce(send_at, send_requested_at, now()) "
+        "FROM newsletters WHERE id = %s",
+        (newsletter_id,),
     )
     if not rows:
         log.warning("outbox: newsletter %s does not exist (deleted?); nothing to do", newsletter_id)
         return 0
-    status, audience, done_at = rows[0]
-    if status in ("draft", "cancelled", "done") or audience is None:
+    status, audience, done_at, local_time, started = rows[0]
+    if status in ("draft", "scheduled", "cancelled", "done") or audience is None:
         log.info("outbox: newsletter %s is %s; not building", newsletter_id, status)
         return 0
     if done_at is not None:
@@ -62,15 +64,17 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
         return 0
     with builder:
         builder.keep()
-        return _build(newsletter_id, audience, chunk_ids, on_chunk)
+        # A re-run computes the same not_before: from the stored start, not from now.
+        due = schedule.due_times(started, local_time)
+        return _build(newsletter_id, audience, chunk_ids, on_chunk, due)
 
 
-def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk) -> int:
+def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk, due: dict) -> int:
     started = time.monotonic()
     # Sending starts with the first chunk; chains idle-wait while the rest is written.
     db.thread_connection.run(rows.START_SENDING, (newsletter_id,))
     inserted, kicked, analyzed_at = 0, False, 0
-    for params in _chunks(newsletter_id, audience, chunk_ids):
+    for params in _chunks(newsletter_id, audience, chunk_ids, due):
         state = db.thread_connection.run("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))
         if not state or state[0][0] == "cancelled":
             # Rows written after the cancel's own sweep would otherwise linger as `pending`.
@@ -118,15 +122,15 @@ def refresh_planner_statistics() -> bool:
         return False
 
 
-def _chunks(newsletter_id: int, audience: dict, chunk_ids: int):
+def _chunks(newsletter_id: int, audience: dict, chunk_ids: int, due: dict):
     if audience.get("kind") == "user_ids":
         user_ids = audience.get("user_ids", [])
         for i in range(0, len(user_ids), CHUNK_USER_IDS):
-            yield {"nl": newsletter_id, "user_ids": user_ids[i : i + CHUNK_USER_IDS]}
+            yield {**due, "nl": newsletter_id, "user_ids": user_ids[i : i + CHUNK_USER_IDS]}
         return
     lo, hi = db.thread_connection.run("SELECT coalesce(min(id), 0) - 1, coalesce(max(id), 0) FROM subscribers")[0]
     while lo < hi:
-        yield {"nl": newsletter_id, "lo": lo, "hi": min(lo + chunk_ids, hi)}
+        yield {**due, "nl": newsletter_id, "lo": lo, "hi": min(lo + chunk_ids, hi)}
         lo += chunk_ids
 
 

@@ -5,19 +5,22 @@ outbox, sender, reclaim) decide when, this module decides how.
 
 Life of a newsletter (newsletters.status):
   (new)                     --create-----------------------------> draft
-  draft                     --send requested---------------------> queued
+  draft, scheduled          --send requested---------------------> queued
+  draft, scheduled          --send requested with a send_at------> scheduled   (rescheduled)
+  scheduled                 --send_at came (scheduler tick)------> queued
   queued                    --outbox builder starts--------------> sending
   queued, sending           --pause------------------------------> paused
   paused                    --resume-----------------------------> sending
   sending                   --nothing pending or sending left----> done
   done                      --retry-failed requeued rows---------> sending
-  draft, queued, sending, paused --cancel------------------------> cancelled
+  draft, scheduled, queued, sending, paused --cancel-------------> cancelled
 
 Life of an outbox row (email_log.status):
   (new)      --outbox: subscribed------------------------> pending
   (new)      --outbox: unsubscribed (everything or the
                newsletter stream) or suppressed-----------> suppressed
-  pending    --claim (attempt counted)--------------------> sending
+  pending    --claim (attempt counted; not before its
+               not_before, the recipient's local_time)----> sending
   pending    --claim: unsubscribed/suppressed since-------> suppressed  (newsletter stream too)
   sending    --provider accepted--------------------------> sent
   sending    --refused, or attempts used up---------------> failed      (error kept)
@@ -42,6 +45,7 @@ from app.subscribers.streams import NEWSLETTERS
 
 class NewsletterStatus(enum.StrEnum):
     DRAFT = "draft"
+    SCHEDULED = "scheduled"
     QUEUED = "queued"
     SENDING = "sending"
     PAUSED = "paused"
@@ -63,6 +67,9 @@ NEWSLETTER_TRANSITIONS = frozenset(
     {
         (None, _N.DRAFT),
         (_N.DRAFT, _N.QUEUED),
+        (_N.DRAFT, _N.SCHEDULED),
+        (_N.SCHEDULED, _N.QUEUED),
+        (_N.SCHEDULED, _N.CANCELLED),
         (_N.QUEUED, _N.SENDING),
         (_N.QUEUED, _N.PAUSED),
         (_N.SENDING, _N.PAUSED),
@@ -93,9 +100,18 @@ ROW_TRANSITIONS = frozenset(
 
 # -- newsletters -------------------------------------------------------------------------------
 CREATE = "INSERT INTO newsletters (subject, html, text, from_addr) VALUES (%s, %s, %s, %s) RETURNING id"
+# Params: (audience, local_time, id); SCHEDULE's: (audience, local_time, send_at, id). A scheduled
+# newsletter is changed whole by a new request (audience, time), until the tick starts it.
 QUEUE = (
-    "UPDATE newsletters SET status = 'queued', audience = %s, send_requested_at = now() "
-    "WHERE id = %s AND status = 'draft' RETURNING status"
+    "UPDATE newsletters SET status = 'queued', audience = %s, local_time = %s, send_at = NULL, "
+    "send_requested_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
+)
+SCHEDULE = (
+    "UPDATE newsletters SET status = 'scheduled', audience = %s, local_time = %s, send_at = %s, "
+    "send_requested_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
+)
+START_SCHEDULED = (
+    "UPDATE newsletters SET status = 'queued' WHERE status = 'scheduled' AND send_at <= now() RETURNING id"
 )
 START_SENDING = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'queued'"
 OUTBOX_COMPLETE = "UPDATE newsletters SET outbox_completed_at = now() WHERE id = %s AND outbox_completed_at IS NULL"
@@ -130,24 +146,32 @@ ERASE_FROM_AUDIENCES = (
 )
 
 # -- email_log ---------------------------------------------------------------------------------
+# not_before: the moment the subscriber's zone reaches the newsletter's local_time, computed per zone
+# by app/newsletter/schedule.py (zoneinfo, as digest slots) and passed as two arrays (a zone not in
+# them, written around the API's check: as UTC); NULL (due at once) without a local_time.
+# NO_LOCAL_TIME: the parameters for that.
+NO_LOCAL_TIME: dict[str, list[object] | None] = {"zones": [], "due": [], "default_due": None}
 _REFUSAL = mailable.refusal(NEWSLETTERS)
 _ROW_VALUES = f"""
-    SELECT %(nl)s, s.id, s.email, CASE WHEN {_REFUSAL} IS NULL THEN 'pending' ELSE 'suppressed' END, {_REFUSAL}
+    SELECT %(nl)s, s.id, s.email, coalesce(z.due, %(default_due)s::timestamptz),
+           CASE WHEN {_REFUSAL} IS NULL THEN 'pending' ELSE 'suppressed' END, {_REFUSAL}
     FROM subscribers s
+    LEFT JOIN unnest(%(zones)s::text[], %(due)s::timestamptz[]) AS z(zone, due) ON z.zone = s.timezone
 """
 INSERT_RANGE = (
-    "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
+    "INSERT INTO email_log (newsletter_id, subscriber_id, email, not_before, status, error)"
     + _ROW_VALUES
     + "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 INSERT_USER_IDS = (
-    "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
+    "INSERT INTO email_log (newsletter_id, subscriber_id, email, not_before, status, error)"
     + _ROW_VALUES
     + "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 
-# One statement = one transaction: pick due rows of a newsletter that is `sending` while mail may go
-# out (so a pause or the emergency stop stops claims immediately), lock them without waiting for
+# One statement = one transaction: pick due rows (backoff over, the recipient's local time come) of
+# a newsletter that is `sending` while mail may go out (so a pause or the emergency stop stops
+# claims immediately), lock them without waiting for
 # rows other workers hold, and move them to `sending` — or straight to `suppressed` if the
 # subscriber unsubscribed or got suppressed since the outbox was built (I6: checked at claim
 # time). `after`: the send loop's cursor (the largest id it claimed last), so a claim starts
@@ -162,6 +186,7 @@ WITH picked AS (
     SELECT e.id FROM email_log e
     WHERE e.newsletter_id = %(nl)s AND e.status = 'pending' AND e.id > %(after)s
       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
+      AND (e.not_before IS NULL OR e.not_before <= now())
       AND EXISTS (SELECT 1 FROM newsletters n WHERE n.id = %(nl)s AND n.status = 'sending')
       AND """
     + NOT_ENGAGED

@@ -353,9 +353,10 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
         if reenqueue:
             kick.continue_chain(newsletter_id, delay_ms=1000)
         return "waiting for the outbox", 1.0
+    # Rows wait for a retry's backoff or for their recipient's local time (not_before).
     pending, next_due = db.thread_connection.run(
-        "SELECT count(*), min(coalesce(next_attempt_at, now())) - now() FROM email_log "
-        "WHERE newsletter_id = %s AND status = 'pending'",
+        "SELECT count(*), min(greatest(coalesce(next_attempt_at, now()), coalesce(not_before, now()))) - now() "
+        "FROM email_log WHERE newsletter_id = %s AND status = 'pending'",
         (newsletter_id,),
     )[0]
     if pending:
@@ -364,8 +365,9 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
             if reenqueue:
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + delay)
                 kick.continue_chain(newsletter_id, delay_ms=int(delay * 1000))
-            return f"{pending} row(s) in backoff; next in {delay:.1f}s", delay
-        return f"{pending} row(s) in backoff for more than {IDLE_RECHECK_MAX:.0f}s; the scheduler tick re-kicks", None
+            return f"{pending} row(s) waiting; next due in {delay:.1f}s", delay
+        kick.clear_alive(newsletter_id)
+        return f"{pending} row(s) not due for {IDLE_RECHECK_MAX:.0f}s or more; the scheduler tick re-kicks", None
     if db.thread_connection.run(rows.DONE, {"nl": newsletter_id}):
         log.info("newsletter %s done", newsletter_id)
         return "done", None

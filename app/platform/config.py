@@ -206,9 +206,9 @@ class Settings:
     )
     brand_background: str = setting("#f4f5f7", "colour around the card (`#rgb` or `#rrggbb`)")
     name_fallback: str = setting(
-        "there",
-        'what `{{name}}` shows for a subscriber without a name ("Hi there"), '
-        "in newsletters and the digest greeting; at most 60 characters",
+        "",
+        "what `{{name}}` shows for a subscriber without a name, in newsletters and the greeting of "
+        'every mail ("Hi," when empty, "Hi friend," with `friend`); at most 60 characters',
     )
     # -- tracking
     tracking: bool = setting(True, "`off` sends clean links and no open pixel")

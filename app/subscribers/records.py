@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
+import orjson
 from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
 
 from app.platform import db, timezones
@@ -134,6 +135,48 @@ def validate(data, partial: bool = False) -> tuple[dict, list[dict]]:
     return values, errors
 
 
+REQUIRED = frozenset(name for name, info in SubscriberInput.model_fields.items() if info.is_required())
+
+
+def _merge_patch_schema(schema: dict) -> None:
+    """SubscriberInput's fields, none required, null allowed where PUT has a default (and meaning
+    that default): the document of what validate_merge_patch accepts."""
+    full = SubscriberInput.model_json_schema(mode="validation")
+    properties = {}
+    for name, prop in full["properties"].items():
+        prop = {k: v for k, v in prop.items() if k not in ("default", "title")}
+        if name in REQUIRED:
+            properties[name] = {**prop, "description": prop.get("description", name) + "; never null"}
+            continue
+        cleared = f"null: back to {orjson.dumps(DEFAULTS[name]).decode()}"
+        description = prop.pop("description", None)
+        options = prop["anyOf"] if {"type": "null"} in prop.get("anyOf", []) else [prop, {"type": "null"}]
+        properties[name] = {"anyOf": options, "description": f"{description}; {cleared}" if description else cleared}
+    schema["properties"] = properties
+    schema.pop("required", None)
+
+
+class SubscriberPatch(Body):
+    """PATCH /v1/subscribers/{user_id}: a JSON merge patch (RFC 7396) of SubscriberInput. Declared for
+    the OpenAPI document only (its schema is SubscriberInput's, made optional and nullable);
+    validate_merge_patch checks a patch."""
+
+    model_config = {**Body.model_config, "json_schema_extra": _merge_patch_schema}
+
+
+def validate_merge_patch(data) -> tuple[dict, list[dict]]:
+    """A JSON merge patch (RFC 7396) of a subscriber: the fields named, checked as PUT checks them;
+    null clears an optional field back to what PUT fills in when it is omitted, and is refused for a
+    required one (the preference pages' partial check, plus what null means)."""
+    if not isinstance(data, dict):
+        return {}, [{"field": "body", "message": "must be a JSON object (a merge patch)"}]
+    cleared = {name: DEFAULTS[name] for name, value in data.items() if value is None and name in DEFAULTS}
+    required = [name for name, value in data.items() if value is None and name in REQUIRED]
+    values, errors = validate({k: v for k, v in data.items() if k not in cleared and k not in required}, partial=True)
+    errors += [{"field": name, "message": "is required and cannot be null"} for name in required]
+    return {**values, **cleared}, errors
+
+
 COLUMNS = (
     "id",
     "user_id",
@@ -187,6 +230,19 @@ def upsert(user_id: str, values: dict) -> tuple[dict, bool]:
         )
         row = cur.fetchone()
     return _as_dict(row[:-1]), row[-1]
+
+
+def patch(user_id: str, values: dict) -> dict | None:
+    """Change only the named fields, in one UPDATE of those columns (never read-modify-write, so
+    two patches of different fields at once both land). None if there is no such subscriber. A
+    changed schedule cancels pending runs (see upsert)."""
+    values = _with_canonical_email(values)
+    sets = "".join(f"{c} = %s, " for c in values)
+    rows = db.query(
+        f"UPDATE subscribers SET {sets}updated_at = now() WHERE user_id = %s RETURNING {', '.join(COLUMNS)}",
+        [*values.values(), user_id],
+    )
+    return _as_dict(rows[0]) if rows else None
 
 
 def update(subscriber_id: int, values: dict) -> None:
