@@ -18,6 +18,8 @@ import tempfile
 import time
 
 os.environ["APP_ENV"] = "test"
+# A checkout's .env (written by `make run`: development settings, demo keys) is no part of a test run.
+os.environ["ENV_FILE"] = ""
 os.environ["DATABASE_URL"] = os.environ.get("TEST_DATABASE_URL", "postgresql://localhost/notify_test")
 os.environ["REDIS_URL"] = os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/15")
 THROUGH_PGBOUNCER = os.environ.get("TEST_THROUGH_PGBOUNCER") == "1"

@@ -321,6 +321,6 @@ def test_the_dashboard_and_the_newsletter_list_show_the_schedule(admin):
     )
     for path in ("/admin/newsletters", "/admin"):
         page = admin.get(path).text
-        assert f"<td>{nl}</td>" in page
+        assert f'<td data-label="#">{nl}</td>' in page
         assert '<span class="status status-scheduled">scheduled</span>' in page
         assert "starts 2999-03-29 08:00 UTC" in page and "at 09:00 recipient's local time" in page

@@ -28,6 +28,7 @@ ROUTE_MODULES = (
     "app.web.pages",
     "app.web.admin",
     "app.web.webhooks",
+    "app.web.home",  # /, /docs
 )
 
 
