@@ -35,11 +35,19 @@ demo: migrate
 	$(BIN)/python -m scripts.demo_data
 
 # Everything: services, schema, demo data, then web + worker + scheduler + mail viewer via honcho.
+# The settings and the demo keys go to .env (git-ignored), which every later command reads
+# (`.venv/bin/notify …` in the next terminal) and honcho hands to each process.
 run: export MAIL_PROVIDER ?= smtp
 run: export SMTP_URL ?= smtp://127.0.0.1:1025
+# The feed demo page (scripts/dev/feeddemo.py) calls the API from its own origin; send-now mail
+# waits a minute for what the person sees in the feed meanwhile.
+run: export FEED_ALLOWED_ORIGINS ?= http://127.0.0.1:8026
+run: export UNSEEN_GRACE_SECONDS ?= 60
 run: demo
+	$(BIN)/python -m scripts.dev.env_file APP_ENV DATABASE_URL REDIS_URL MAIL_PROVIDER SMTP_URL MAIL_POSTAL_ADDRESS
 	$(BIN)/python -m app digest-now --all
-	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  dashboard: http://127.0.0.1:$${DEV_PORT:-8000}/admin  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail"
+	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  dashboard: http://127.0.0.1:$${DEV_PORT:-8000}/admin  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail  feed demo: http://127.0.0.1:8026/?user=demo-ana"
+	@echo "API reference: http://127.0.0.1:$${DEV_PORT:-8000}/docs  keys and settings: .env (another terminal: . ./.env; .venv/bin/notify --help)"
 	$(BIN)/honcho -f Procfile.dev start
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.

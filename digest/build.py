@@ -16,10 +16,10 @@ from app.platform.providers.base import OutgoingMail
 from app.subscribers import categories, streams
 from digest import context as digest_context
 from digest import details as digest_details
-from digest import group as digest_group
 from digest import load as digest_load
 from digest import render as digest_render
 from digest import runs as run_rows
+from digest import seen
 from digest.claim import ClaimedRun
 from tracking.links import LinkRewriter, rewrite_many_with_clicks
 
@@ -50,9 +50,14 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
                 urgent_categories=categories.send_now_keys(registry),
             )
         )
+    marks = seen.load(cur, [r.subscriber_id for r in runs])  # what was seen in the app is left out
     for run in runs:
         evs = events.get(run.subscriber_id) or []
-        run.digest = digest_group.build(evs, settings.digest_max_items, recipient=run.user_id) if evs else None
+        run.digest = (
+            seen.build_digest(evs, marks.get(run.subscriber_id), settings.digest_max_items, run.user_id)
+            if evs
+            else None
+        )
     digest_details.resolve(cur, [r.digest for r in runs if r.digest and not r.digest.empty])
     now = datetime.now(UTC)
     rendered, errors = [], []
@@ -92,17 +97,13 @@ def render_mail(run: ClaimedRun, registry: dict, now: datetime) -> tuple[str, st
     return digest_render.templates().render_html(context_for(run, registry, now))
 
 
-# What the mail calls itself ("here is your hourly digest"); a "send now" mail is an instant one.
-CADENCE_WORDS = {"immediately": "instant"}
-
-
 def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
     if run.digest is None:
         raise ValueError(f"run {run.id}: loaded and grouped before its context is built")
     return digest_context.build(
         run.digest,
         categories=registry,
-        cadence=CADENCE_WORDS.get(run.cadence, run.cadence),
+        cadence=run.cadence,
         name=run.name,
         timezone=run.timezone,
         now=now,
@@ -160,12 +161,12 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
             raise LookupError(f"no subscriber with user_id {user_id!r}")
         sid, _email, name, cadence, token_version, tz, last_digest_at = row
         events = digest_load.load_unsent(cur, [sid], settings.digest_event_page, settings.digest_max_events)[sid]
-        digest = digest_group.build(events, settings.digest_max_items, recipient=user_id)
+        digest = seen.build_digest(events, seen.load(cur, [sid]).get(sid), settings.digest_max_items, user_id)
         if digest.empty:
             return None
         digest_details.resolve(cur, [digest])
         registry = categories.registry(cur)
-    cadence = CADENCE_WORDS.get(cadence, cadence) if cadence != "off" else "daily"
+    cadence = cadence if cadence != "off" else "daily"
     ctx = digest_context.build(
         digest,
         categories=registry,

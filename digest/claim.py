@@ -23,24 +23,18 @@ class ClaimedRun:
     subscriber_cadence: str
     token_version: int
     tracking_opt_out: bool
-    unsubscribed: bool
-    paused: bool
-    suppressed: bool
+    refusal: str | None  # app/subscribers/mailable.py: why this subscriber may not be mailed now
     timezone: str = "UTC"
     last_digest_at: datetime | None = None  # the previous digest's send time (None: first)
     digest: digest_group.Digest | None = None
     mail: OutgoingMail | None = None
 
     def skip_reason(self) -> str | None:
-        if self.unsubscribed:
-            return "unsubscribed"
-        if self.suppressed:
-            return "suppressed"
-        if self.paused:
-            return "paused"
-        if self.cadence == "immediately":  # "send now" mail: any cadence but off
-            return "cadence changed" if self.subscriber_cadence == "off" else None
-        if self.subscriber_cadence != self.cadence:
+        if self.refusal is not None:
+            reason = self.refusal.split(":")[0]  # the suppression's own reason is not the run's
+            return "cadence changed" if reason == "cadence off" else reason
+        if self.cadence != "immediately" and self.subscriber_cadence != self.cadence:
+            # "send now" mail goes at any cadence but off; a digest only at its own
             return "cadence changed"
         return None
 

@@ -4,7 +4,8 @@ http(s) only (app/platform/urls.py, digest/details.py).
 
 Per shown entity (`groups`): title, url/has_url, lines (one per category: summary, when, label,
 count, avatar_url/has_avatar), summary (the lines joined), count, count_label. Per digest: subject
-(filled from subject.txt), subject_line, headline, heading, lead, preheader, has_more/more_groups,
+(filled from subject.txt), subject_line, headline, greeting, heading, reason (the footer's why), lead,
+preheader, has_more/more_groups/more (the last line: "…and 7 more updates on 3 other posts"),
 total_groups, total_events, first_digest, the footer's links and postal address, view_url/has_view_url
 (the hosted copy, digest/hosted.py).
 """
@@ -15,7 +16,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from app.platform import config, timezones
+from app.platform import config, greeting, timezones
 from app.subscribers.categories import Category, humanise, lookup
 from digest import wording
 from digest.group import Digest, Group
@@ -41,9 +42,18 @@ def entity_title(group: Group) -> str:
     return clip(group.title or f"{humanise(group.entity_type)} {group.entity_id}")
 
 
+def ordered_lines(group: Group, categories: dict[str, Category]) -> list:
+    """The entity's lines as ranked, what cannot wait first: a line with a high-priority event or of a
+    "send now" category (an urgent mention leads its entity instead of trailing it)."""
+    ranked = group.ranked_lines()
+    if len(ranked) < 2:
+        return ranked
+    return sorted(ranked, key=lambda line: not (line.high or lookup(line.category, categories).delivery == "immediate"))
+
+
 def group_item(group: Group, digest: Digest, categories: dict[str, Category], now: datetime, tz) -> dict:
     lines: list[dict[str, Any]] = []
-    for line in group.ranked_lines():
+    for line in ordered_lines(group, categories):
         category = lookup(line.category, categories)
         keys = line.actor_keys()
         names = [line.actors[k][1] for k in keys]
@@ -69,18 +79,19 @@ def group_item(group: Group, digest: Digest, categories: dict[str, Category], no
         "lines": lines,
         "summary": " · ".join(line["summary"] for line in lines),
         "count": group.count,
-        "count_label": f"{group.count} update{'s' if group.count != 1 else ''}",
+        "count_label": wording.updates(group.count),
         "entity_type": group.entity_type,
         "entity_id": group.entity_id,
     }
 
 
-def headline(digest: Digest, items: list[dict], categories: dict[str, Category]) -> str:
-    """The top entity's top line, naming it ("Eli and 5 others followed Launch notes")."""
+def headline(digest: Digest, items: list[dict], categories: dict[str, Category]) -> tuple[str, int]:
+    """The top entity's top line, naming it ("Eli and 5 others followed Launch notes"), and the
+    number of updates it stands for."""
     group, item = digest.groups[0], items[0]
-    line = group.ranked_lines()[0]
+    line = ordered_lines(group, categories)[0]
     names = [line.actors[k][1] for k in line.actor_keys()]
-    return clip(wording.headline(lookup(line.category, categories), names, line.count, item["title"]), 150)
+    return clip(wording.headline(lookup(line.category, categories), names, line.count, item["title"]), 150), line.count
 
 
 def build(
@@ -99,26 +110,29 @@ def build(
 ) -> dict:
     """`last_digest_at`: when the previous digest was sent (None: this is the first one).
     `postal_address`: MAIL_POSTAL_ADDRESS by default (empty in development/test: no line).
-    `view_url`: the hosted copy's link ("View in your browser"); empty on the hosted copy itself."""
+    `view_url`: the hosted copy's link ("View in your browser"); empty on the hosted copy itself.
+    `cadence`: the run's (`immediately`, `hourly`, `daily`, `weekly`); the words come from digest/wording.py."""
     settings = config.get()
     if postal_address is None:
         postal_address = settings.mail_postal_address
     tz = timezones.load(timezone)
     items = [group_item(g, digest, categories, now, tz) for g in digest.groups]
-    lead = wording.lead(digest.total_events, last_digest_at, now, tz)
+    lead = wording.lead(digest.total_events, last_digest_at, now, tz, cadence)
     if items:
-        top = headline(digest, items, categories)
-        subject_line = wording.subject(top, digest.total_groups - 1)
+        top, told = headline(digest, items, categories)
+        subject_line = wording.subject(top, digest.total_events - told)
         others = [item["title"] for item in items[1:3]]
         preheader = clip(f"{lead} Also: {', '.join(others)}" if others else lead, 150)
     else:
         top = subject_line = preheader = lead
-    first_name = clip(name.split()[0], 60) if name and name.split() else settings.name_fallback
+    hello = clip(greeting.greeting(name, settings.name_fallback), 70)
     return {
         "subject": "",  # filled after the subject template ran (the HTML <title>)
         "subject_line": subject_line,
         "headline": top,
-        "heading": f"Hi {first_name}, here is your {cadence} digest" if first_name else f"Your {cadence} digest",
+        "greeting": hello,
+        "heading": wording.heading(hello, cadence),
+        "reason": wording.reason(cadence),
         "lead": lead,
         "first_digest": last_digest_at is None,
         "preheader": preheader,
@@ -126,6 +140,9 @@ def build(
         "groups": items,
         "has_more": digest.more_groups > 0,
         "more_groups": digest.more_groups,
+        "more": wording.more(digest.more_events, digest.more_groups, {humanise(k).lower() for k in digest.more_kinds})
+        if digest.more_groups
+        else "",
         "total_groups": digest.total_groups,
         "total_events": digest.total_events,
         "unsubscribe_url": unsubscribe_url,

@@ -9,7 +9,8 @@ shown anyway (its title, its link) still counts.
 Ranking (the README states it): an entity's score is the number of distinct (actor, category)
 pairs in it — Eli liking and commenting counts 2, Eli liking ten times counts 1 — plus one for each
 event without an actor. Higher score first; ties: the most recent activity first, then the newest
-event id (stable). Lines inside an entity are ranked the same way. The cap (DIGEST_MAX_ITEMS)
+event id (stable). Lines inside an entity are ranked the same way, except that a line with an event
+sent with priority high comes first (an urgent mention is never last). The cap (DIGEST_MAX_ITEMS)
 counts entities; the rest are summarised as "and N more".
 
 Pure functions over plain tuples so they are cheap and testable without a database.
@@ -37,6 +38,7 @@ class Event(NamedTuple):
     actor_id: str | None
     actor_name: str | None
     occurred_at: datetime
+    high_priority: bool | None = None
 
 
 _NEWEST = attrgetter("occurred_at", "id")
@@ -45,10 +47,11 @@ _NEWEST = attrgetter("occurred_at", "id")
 class Line:
     """One category of one entity."""
 
-    __slots__ = ("_keys", "actors", "category", "count", "latest_at", "latest_event_id", "score")
+    __slots__ = ("_keys", "actors", "category", "count", "high", "latest_at", "latest_event_id", "score")
 
     def __init__(self, category: str):
         self.category = category
+        self.high = False  # any of its events sent with priority high: the line goes first
         self.count = 0
         self.score = 0  # distinct actors + events without an actor
         self.latest_at = NEVER  # until its first event
@@ -96,7 +99,9 @@ class Group:
         """Computed once: call after grouping."""
         if self._ranked is None:
             lines = self.lines
-            self._ranked = sorted(lines.values(), key=_rank, reverse=True) if len(lines) > 1 else list(lines.values())
+            self._ranked = (
+                sorted(lines.values(), key=_rank_line, reverse=True) if len(lines) > 1 else list(lines.values())
+            )
         return self._ranked
 
     def newest_event_ids(self) -> list[int]:
@@ -112,6 +117,10 @@ def _rank(item) -> tuple:
     return (item.score, item.latest_at, item.latest_event_id)
 
 
+def _rank_line(line: Line) -> tuple:
+    return (line.high, line.score, line.latest_at, line.latest_event_id)
+
+
 @dataclass
 class Digest:
     groups: list[Group]  # the shown entities, ranked, at most max_items
@@ -120,9 +129,12 @@ class Digest:
     total_events: int  # events shown or summarised (not the recipient's own)
     event_ids: list[int]  # every loaded event, own ones included: all get marked
     own_events: int = 0  # the recipient's own activity: handled, never shown
+    seen_events: int = 0  # seen in the app before the digest was built: handled, never shown (digest/seen.py)
     # actor key -> their events here (whose avatar: digest/details.py)
     actor_events: dict = field(default_factory=dict)
     avatars: dict = field(default_factory=dict)  # actor key -> avatar URL (digest/details.py)
+    more_events: int = 0  # the updates of the entities left out
+    more_kinds: set = field(default_factory=set)  # their entity types ("and 7 more updates on 3 other posts")
 
     @property
     def empty(self) -> bool:
@@ -152,6 +164,8 @@ def group_events(events, recipient: str | None = None) -> tuple[list[Group], dic
         if line is None:
             line = g.lines[ev.category] = Line(ev.category)
         line.count += 1
+        if ev.high_priority:
+            line.high = True
         if when > line.latest_at or (when == line.latest_at and ev.id > line.latest_event_id):
             line.latest_at, line.latest_event_id = when, ev.id
         actor_key = actor_id or ev.actor_name
@@ -188,6 +202,7 @@ def build(events, max_items: int, recipient: str | None = None) -> Digest:
     entities, actor_events, own = group_events(events, recipient)
     ranked = rank(entities)
     shown = ranked[: max(1, max_items)]
+    hidden = ranked[len(shown) :]
     return Digest(
         groups=shown,
         more_groups=len(ranked) - len(shown),
@@ -196,4 +211,6 @@ def build(events, max_items: int, recipient: str | None = None) -> Digest:
         event_ids=[ev.id for ev in events],
         own_events=own,
         actor_events=actor_events,
+        more_events=sum(g.count for g in hidden),
+        more_kinds={g.entity_type for g in hidden},
     )

@@ -4,7 +4,8 @@ Re-rendered on request from the run's own events (digest_events.digest_run_id = 
 way the worker rendered it: nothing is stored per mail, and the digest path pays only for signing
 one more token per mail. The copy is the mail as sent — relative times and "since Tuesday" are
 worded from the send time — with direct links (no click tracking, no open pixel) and no "view in
-your browser" line of its own. Titles, links and avatars come from the same events, so a later
+your browser" line of its own. What was seen in the app before the send is left out, as it was
+from the mail (digest/seen.py, as_of). Titles, links and avatars come from the same events, so a later
 event of the entity does not change an old copy.
 
 Once retention dropped the run's events (RETENTION_DAYS), the copy is gone: `Gone` says so.
@@ -22,6 +23,7 @@ from digest import context as digest_context
 from digest import details as digest_details
 from digest import group as digest_group
 from digest import render as digest_render
+from digest import seen
 
 # The run must be this subscriber's and sent; the previous sent digest words "since …".
 _RUN_SQL = """
@@ -32,7 +34,7 @@ FROM digest_runs r
 WHERE r.id = %s AND r.subscriber_id = %s AND r.status = 'sent'
 """
 _EVENTS_SQL = """
-SELECT id, category, entity_type, entity_id, actor_id, actor_name, occurred_at
+SELECT id, category, entity_type, entity_id, actor_id, actor_name, occurred_at, high_priority
 FROM digest_events WHERE digest_run_id = %s ORDER BY id LIMIT %s
 """
 
@@ -50,7 +52,7 @@ class Gone:
 
 
 def render(run_id: int, subscriber: dict) -> Copy | Gone | None:
-    """The copy of run `run_id` for `subscriber` (a row of app/web/pages/store.py), Gone when its events
+    """The copy of run `run_id` for `subscriber` (a row of app/web/pages/subscription.py), Gone when its events
     were dropped, None when there is no such sent run of theirs."""
     settings = config.get()
     with db.raw_cursor() as cur:
@@ -61,9 +63,9 @@ def render(run_id: int, subscriber: dict) -> Copy | Gone | None:
         cadence, sent_at, previous_at = row
         cur.execute(_EVENTS_SQL, (run_id, settings.digest_max_events))
         events = [digest_group.Event._make(r) for r in cur.fetchall()]
-        digest = (
-            digest_group.build(events, settings.digest_max_items, recipient=subscriber["user_id"]) if events else None
-        )
+        # Seen in the app before the send: handled by the run, not shown in it.
+        marks = seen.as_of(seen.load(cur, [subscriber["id"]]).get(subscriber["id"]), sent_at)
+        digest = seen.build_digest(events, marks, settings.digest_max_items, subscriber["user_id"]) if events else None
         if digest is None or digest.empty:
             return Gone(sent_at)
         digest_details.resolve(cur, [digest])

@@ -16,6 +16,8 @@ so two passes never take the same row):
     is created, due now — or, when IMMEDIATE_MAX_PER_HOUR send-now mails went out in the last
     hour, an hour after the oldest of those (a sliding hour). Events arriving meanwhile wait and go
     in that mail (or in the subscriber's next digest if it comes first): the overflow rolls over;
+  * with UNSEEN_GRACE_SECONDS, the run is due that much later, so what the subscriber sees in the
+    app meanwhile is left out of it (digest/seen.py), and a run left with nothing is skipped;
   * the row is consumed, except while a send-now run of the subscriber is `processing`: that run
     may have loaded its events before this row's events committed, so the row stays for the pass
     after it.
@@ -31,7 +33,8 @@ import logging
 from datetime import datetime
 
 from app.platform import config, db
-from app.subscribers import categories
+from app.subscribers import categories, mailable
+from app.subscribers.streams import DIGESTS
 from digest import runs
 
 log = logging.getLogger("digest.immediate")
@@ -47,9 +50,7 @@ WITH due AS (
 ), subs AS (
     SELECT s.id, s.user_id, s.digest_cadence, s.category_opt_outs
     FROM due JOIN subscribers s ON s.id = due.subscriber_id
-    WHERE s.digest_cadence <> 'off' AND s.unsubscribed_at IS NULL
-      AND (s.paused_until IS NULL OR s.paused_until <= %(now)s)
-      AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE x.email = s.canonical_email)
+    WHERE {mailable.may_mail(DIGESTS, "s", "%(now)s")}
 ), eligible AS (
     SELECT subs.id FROM subs
     WHERE EXISTS (SELECT 1 FROM digest_events e
@@ -65,7 +66,7 @@ WITH due AS (
     -- The rate limit: the newest IMMEDIATE_MAX_PER_HOUR sent send-now runs (a backward scan of the
     -- unique key, which orders them by when they were due); full, the next is allowed an hour
     -- after the oldest of them was sent.
-    SELECT eligible.id, greatest(%(now)s::timestamptz, (
+    SELECT eligible.id, greatest(%(now)s::timestamptz + make_interval(secs => %(grace)s), (
                SELECT min(l.completed_at) + interval '1 hour'
                FROM (SELECT p.completed_at FROM digest_runs p
                      WHERE p.subscriber_id = eligible.id AND p.cadence = 'immediately' AND p.status = 'sent'
@@ -87,6 +88,30 @@ SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
 """
 
 
+# -- digest_send_now: this module is its one writer ------------------------------------------------
+# Ingest and planning mark subscribers; a pass (plan below) consumes the marks. DO UPDATE, not DO
+# NOTHING: a row a pass holds (FOR UPDATE) may be about to be deleted by it, its snapshot older
+# than what the marker saw; updating waits for that pass and then inserts the row again, so the
+# next pass looks at it. The subscribers join: only ids that exist (an erasure may have come first).
+_MARK_SQL = """
+INSERT INTO digest_send_now (subscriber_id)
+SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id
+ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since
+"""
+
+
+def mark(cur: db.Cursor, subscriber_ids: list[int]) -> int:
+    """Mark these subscribers for the next pass, in the caller's transaction; returns rows written."""
+    cur.execute(_MARK_SQL, (sorted(subscriber_ids),))
+    return int(cur.rowcount)
+
+
+def mark_from(rows: str) -> str:
+    """SQL for a CTE of a planning statement: mark the subscribers whose ids `rows` (a CTE with an
+    `id` column) returns."""
+    return f"INSERT INTO digest_send_now (subscriber_id) SELECT id FROM {rows} ORDER BY id ON CONFLICT DO NOTHING"
+
+
 def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:
     """One pass over digest_send_now. Returns (runs created, ids of those due now).
     `sending_now`: the caller sends the due ones itself (they are marked enqueued, so the checker
@@ -96,6 +121,7 @@ def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:
         "now": now,
         "limit": max(1, settings.digest_plan_batch),
         "max_per_hour": max(0, settings.immediate_max_per_hour),
+        "grace": max(0, settings.unseen_grace_seconds),
         "urgent_categories": categories.send_now_keys(categories.registry()),
         "enqueued_at": now if sending_now else None,
     }

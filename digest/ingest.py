@@ -15,15 +15,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, cast
 
 import orjson
-import psycopg2.extras
 from pydantic import AfterValidator, Field
 
-from app.platform import config, queue, urls
+from app.platform import config, db, queue, urls
 from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
 from app.platform.openapi import free_form_values
 from app.platform.validation import NOT_BLANK, Body, Text, check, documented, fail
 from app.subscribers import categories
-from digest import messages
+from digest import immediate, messages
 
 log = logging.getLogger("digest.ingest")
 
@@ -202,7 +201,7 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
                 unique_rows.append(row)
     high = any(_high(row) for row in unique_rows)
     sql, template = (INSERT_HIGH_SQL, INSERT_HIGH_TEMPLATE) if high else (INSERT_SQL, INSERT_TEMPLATE)
-    inserted = psycopg2.extras.execute_values(
+    inserted = db.execute_values(
         cur,
         sql,
         unique_rows if high else [row[:10] for row in unique_rows],
@@ -220,21 +219,13 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
 # Who may have something to send now (digest/immediate.py consumes digest_send_now with the runs
 # it makes): the users who chose `immediately`, and those of urgent events. Only when there are
 # some is anything written (old schemas, during a deploy, never get here: no such subscriber, and
-# an urgent event needs this release's column anyway). DO UPDATE, not DO NOTHING: a row a
-# send-now pass holds (FOR UPDATE) may be about to be deleted by it, its snapshot older than
-# these events; updating waits for that pass and then inserts the row again, so these events are
-# looked at by the next pass.
+# an urgent event needs this release's column anyway); the mark itself is immediate.mark.
 SEND_NOW_WHO = """
 SELECT id FROM subscribers
 WHERE unsubscribed_at IS NULL
   AND ((user_id = ANY (%(urgent)s::text[]) AND digest_cadence <> 'off')
        OR (user_id = ANY (%(users)s::text[]) AND digest_cadence = 'immediately'))
 ORDER BY id
-"""
-SEND_NOW_SQL = """
-INSERT INTO digest_send_now (subscriber_id)
-SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id
-ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since
 """
 
 
@@ -256,8 +247,7 @@ def _hint_send_now(cur, rows: list[tuple], stored: set) -> int:
     ids = [row[0] for row in cur.fetchall()]
     if not ids:
         return 0
-    cur.execute(SEND_NOW_SQL, (ids,))
-    return cur.rowcount
+    return immediate.mark(cur, ids)
 
 
 def _after_commit(jobs, results) -> None:

@@ -14,7 +14,7 @@ import re
 from digest.group import Event
 from digest.runs import pg_array
 
-_COLUMNS = "e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at"
+_COLUMNS = "e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at, e.high_priority"
 
 # The subscribers row supplies the opt-outs, read at load time so a change made a second ago counts.
 _PAGE_SQL = f"""

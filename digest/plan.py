@@ -41,6 +41,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from app.platform import config, db, metrics, queue, timezones
+from app.subscribers import records as subscribers
 from digest import immediate, messages, runs
 
 log = logging.getLogger("digest.plan")
@@ -124,6 +125,20 @@ SELECT DISTINCT timezone, digest_cadence,
 FROM subscribers WHERE {_DUE_SLOTTED}
 """
 
+_PLANNED_SLOTTED = subscribers.set_planned_until(
+    "v.slot",
+    source="""due, unnest(%(tz)s::text[], %(cadence)s::text[], %(hour)s::int[], %(weekday)s::int[],
+                     %(period)s::date[], %(slot)s::timestamptz[], %(slot_no)s::int[])
+              AS v(tz, cadence, hour, weekday, period, slot, slot_no)""",
+    match="""s.id = due.id AND s.timezone = v.tz AND s.digest_cadence = v.cadence
+      AND (v.cadence = 'hourly' OR s.digest_hour = v.hour)
+      AND (v.cadence <> 'weekly' OR s.digest_weekday = v.weekday)""",
+    returning="s.id, s.digest_cadence AS cadence, v.period, v.slot, v.slot_no",
+)
+_PLANNED_IMMEDIATELY = subscribers.set_planned_until(
+    "%(now)s + make_interval(secs => %(recheck)s)", source="due", match="s.id = due.id"
+)
+
 # One statement per batch, so a subscriber's planned_until and their run commit together. A row
 # whose schedule changed since the combinations were read joins no combination: it stays due and
 # the next tick plans it.
@@ -132,16 +147,7 @@ WITH due AS (
     SELECT id FROM subscribers WHERE {_DUE_SLOTTED}
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), planned AS (
-    UPDATE subscribers s SET digest_planned_until = v.slot
-    FROM due, unnest(%(tz)s::text[], %(cadence)s::text[], %(hour)s::int[], %(weekday)s::int[],
-                     %(period)s::date[], %(slot)s::timestamptz[], %(slot_no)s::int[])
-              AS v(tz, cadence, hour, weekday, period, slot, slot_no)
-    WHERE s.id = due.id AND s.timezone = v.tz AND s.digest_cadence = v.cadence
-      AND (v.cadence = 'hourly' OR s.digest_hour = v.hour)
-      AND (v.cadence <> 'weekly' OR s.digest_weekday = v.weekday)
-    RETURNING s.id, s.digest_cadence AS cadence, v.period, v.slot, v.slot_no
-), inserted AS ({runs.INSERT_PLANNED})
+), planned AS ({_PLANNED_SLOTTED}), inserted AS ({runs.INSERT_PLANNED})
 SELECT (SELECT count(*) FROM planned), (SELECT count(*) FROM inserted)
 """
 
@@ -152,12 +158,7 @@ WITH due AS (
     SELECT id FROM subscribers WHERE {_DUE} AND digest_cadence = 'immediately'
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), planned AS (
-    UPDATE subscribers s SET digest_planned_until = %(now)s + make_interval(secs => %(recheck)s)
-    FROM due WHERE s.id = due.id
-    RETURNING s.id
-), hinted AS (
-    INSERT INTO digest_send_now (subscriber_id) SELECT id FROM planned ORDER BY id ON CONFLICT DO NOTHING
+), planned AS ({_PLANNED_IMMEDIATELY}), hinted AS ({immediate.mark_from("planned")}
 )
 SELECT count(*) FROM planned
 """
@@ -308,11 +309,7 @@ def send_next_now(user_ids: list[str] | None, now: datetime | None = None) -> li
             period, slot = next_slot(now, tz_name, cadence, hour, weekday)
             run_ids += runs.make_due_now(cur, sid, cadence, period, now, slot_number(cadence, period, slot, tz_name))
         if send_now:
-            cur.execute(_SEND_NOW_SQL, (sorted(send_now),))
+            immediate.mark(cur, send_now)
     if send_now:
         run_ids += immediate.plan(now)[1]
     return run_ids
-
-
-_SEND_NOW_SQL = """INSERT INTO digest_send_now (subscriber_id) SELECT unnest(%s::bigint[])
-ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since"""

@@ -29,6 +29,8 @@ import enum
 from datetime import datetime
 
 from app.platform.mail_stop import NOT_ENGAGED
+from app.subscribers import mailable
+from app.subscribers.streams import DIGESTS
 
 MAX_BACKOFF_SECONDS = 6 * 3600
 
@@ -200,10 +202,9 @@ UPDATE digest_runs r SET status = 'processing', claimed_at = now()
 FROM picked, subscribers s
 WHERE r.id = picked.id AND s.id = r.subscriber_id
 RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.digest_cadence,
-          s.token_version, s.tracking_opt_out, s.unsubscribed_at IS NOT NULL,
-          coalesce(s.paused_until > now(), false),
-          EXISTS (SELECT 1 FROM suppressions x WHERE x.email = s.canonical_email),
-          s.timezone, """
+          s.token_version, s.tracking_opt_out, """
+    + mailable.refusal(DIGESTS)
+    + ", s.timezone, "
     + LAST_SENT_AT
 )
 # The checker decided these are due; a stale duplicate message must still not cut a retry's

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-import psycopg2
-
 from app.platform import config, db, mail_stop, metrics
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, PermanentError, Progress, Provider, ProviderError, SendResult
@@ -52,6 +50,7 @@ class Outcome:
     failed: list = field(default_factory=list)  # (run_id, error)
     lateness: list = field(default_factory=list)  # seconds from scheduled_for to sent, per sent run
     exhausted: int = 0  # retries that used the last attempt (now failed)
+    skipped_seen: int = 0  # of `skipped`: everything in them was seen in the app already
 
     def counts(self) -> dict:
         counts = {
@@ -62,6 +61,8 @@ class Outcome:
         }
         if self.released:  # only when the emergency stop cut a batch short
             counts["released"] = len(self.released)
+        if self.skipped_seen:
+            counts["skipped_seen"] = self.skipped_seen
         return counts
 
 
@@ -144,7 +145,7 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
     try:
         with db.transaction(conn) as cur:  # end the read transaction: never hold one open across SMTP
             ready, errors = build_digests(cur, claimed, settings)
-    except psycopg2.Error:
+    except db.Error:
         raise
     except Exception as exc:
         log.exception("building %d digests failed", len(claimed))
@@ -153,6 +154,10 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
     for run in claimed:
         if run.digest is None:
             outcome.skipped.append((run.id, "no events"))
+        elif run.digest.empty and run.digest.seen_events:  # all seen in the app: handled, not mailed
+            outcome.skipped.append((run.id, "already seen"))
+            outcome.handled.append((run.id, run.digest.event_ids))
+            outcome.skipped_seen += 1
         elif run.digest.empty:  # only the subscriber's own activity: handled, never shown
             outcome.skipped.append((run.id, "only own activity"))
             outcome.handled.append((run.id, run.digest.event_ids))

@@ -72,11 +72,70 @@ def headline(category: Category, actors: list[str], count: int, title: str) -> s
     return f"{category.label} ({count}) on {title}"
 
 
-def subject(top: str, more_entities: int) -> str:
-    """ "Eli and 5 others followed Launch notes — and 8 more updates"."""
-    if more_entities <= 0:
+def updates(count: int) -> str:
+    """ "1 update", "20 updates": an update is one event, in the subject, the lead and the tail alike."""
+    return f"{count} update{'s' if count != 1 else ''}"
+
+
+def more_updates_text(count: int) -> str:
+    """ "1 more update", "14 more updates"."""
+    return f"{count} more update{'s' if count != 1 else ''}"
+
+
+def subject(top: str, more_updates: int) -> str:
+    """ "Eli and 5 others followed Launch notes — and 14 more updates": `more_updates` counts the
+    updates beside the headline's own, so the two add up to the lead's "20 updates"."""
+    if more_updates <= 0:
         return top
-    return f"{top} — and {more_entities} more update{'s' if more_entities != 1 else ''}"
+    return f"{top} — and {more_updates_text(more_updates)}"
+
+
+def plural(noun: str) -> str:
+    """ "post" -> "posts", "issue" -> "issues", "story" -> "stories", "branch" -> "branches"."""
+    if noun.endswith("y") and noun[-2:-1] not in ("", *"aeiou"):
+        return noun[:-1] + "ies"
+    if noun.endswith(("s", "x", "z", "ch", "sh")):
+        return noun + "es"
+    return noun + "s"
+
+
+def things(count: int, kinds: set[str]) -> str:
+    """What the entities left out are: "1 other post", "3 other posts", "3 other items" (mixed kinds)."""
+    noun = next(iter(kinds)).lower() if len(kinds) == 1 else "item"
+    return f"{count} other {noun if count == 1 else plural(noun)}"
+
+
+def more(more_updates: int, more_groups: int, kinds: set[str]) -> str:
+    """The digest's last line when the cap left entities out, counted like the subject:
+    "…and 7 more updates on 3 other posts"."""
+    return f"…and {more_updates_text(more_updates)} on {things(more_groups, kinds)}"
+
+
+# What a person calls each cadence (the preference page's words); `immediately` is no digest at all.
+CADENCE_NAMES = {
+    "immediately": "as it happens",
+    "hourly": "hourly digest",
+    "daily": "daily digest",
+    "weekly": "weekly digest",
+    "off": "no digests",
+}
+
+
+def cadence_name(cadence: str) -> str:
+    return CADENCE_NAMES.get(cadence, f"{cadence} digest")
+
+
+def heading(greeting: str, cadence: str) -> str:
+    """ "Hi Ana, here is your daily digest"; a mail sent as things happen is "Hi Ana, here is what's new"."""
+    if cadence == "immediately":
+        return f"{greeting} here is what's new"
+    return f"{greeting} here is your {cadence_name(cadence)}"
+
+
+def reason(cadence: str) -> str:
+    """Why this mail came, for the footer."""
+    what = "this email" if cadence == "immediately" else f"this {cadence_name(cadence)}"
+    return f"You get {what} because you have an account with notifications turned on."
 
 
 def _local(when: datetime, zone: tzinfo) -> datetime:
@@ -125,9 +184,11 @@ def since(previous: datetime, now: datetime, zone: tzinfo) -> str:
     return f"since {_day_month(local, now_local, long=True)}"
 
 
-def lead(total_events: int, previous: datetime | None, now: datetime, zone: tzinfo) -> str:
-    """ "12 updates since Tuesday." / "Your first digest: 12 updates." (no previous digest)."""
-    updates = f"{total_events} update{'s' if total_events != 1 else ''}"
+def lead(total_events: int, previous: datetime | None, now: datetime, zone: tzinfo, cadence: str = "daily") -> str:
+    """ "12 updates since Tuesday." / "Your first digest: 12 updates." (no previous digest; a mail
+    sent as things happen is no digest: "12 updates.")."""
+    if previous is None and cadence == "immediately":
+        return f"{updates(total_events)}."
     if previous is None:
-        return f"Your first digest: {updates}."
-    return f"{updates} {since(previous, now, zone)}."
+        return f"Your first digest: {updates(total_events)}."
+    return f"{updates(total_events)} {since(previous, now, zone)}."

@@ -9,12 +9,15 @@ import random
 import sys
 from datetime import UTC, datetime, timedelta
 
+import dotenv
+
 from app.newsletter import service as newsletters
-from app.platform import apikeys, db
+from app.platform import apikeys, config, db
 from app.subscribers import categories
 from app.subscribers import records as subscribers
 from digest import ingest
 from scripts import demo_history
+from scripts.dev import env_file
 
 DEMO_USERS = [
     ("demo-ana", "ana@example.test", "Ana Lima", "Europe/Lisbon"),
@@ -35,7 +38,15 @@ ACTORS = [
     ("gus", "Gus"),
     ("demo-ivy", "Ivy"),
 ]
-AVATAR_URL = "https://api.dicebear.com/9.x/initials/png?seed={}"  # a picture beside each actor's name
+
+
+# A picture beside each actor's name, served by the web app itself (app/web/static/avatar-*.svg):
+# `make run` reaches nothing on the internet, and the demo digest shows its pictures offline.
+def avatar_url(actor: str) -> str:
+    return f"{config.get().base_url}/static/avatar-{actor.lower()}.svg"
+
+
+# Links in the demo point at a reserved name (RFC 6761 `.test`): nothing ever resolves them.
 POSTS = [
     ("post-1", "Launch notes"),
     ("post-2", "Roadmap for Q3"),
@@ -64,8 +75,8 @@ URGENT = [
 
 # A newsletter whose body is an HTML fragment: it goes out inside the mail layout (brand header,
 # card, BRAND_* colours; app/platform/mail_layout.py), with the standard footer added (no {{unsubscribe_url}}).
-NEWSLETTER_SUBJECT = "What's new at Notify, {{name}}"
-NEWSLETTER_HTML = """<h1>Hello {{name}}, here is what's new</h1>
+NEWSLETTER_SUBJECT = "What's new at Notify{{#name}}, {{name}}{{/name}}"
+NEWSLETTER_HTML = """<h1>{{greeting}} here is what's new</h1>
 <p>You can now stop newsletters and keep your digest, or the other way round: every mail's
 unsubscribe link stops only that kind of mail, and the page behind it still offers "everything".</p>
 <p>Each digest also has a <strong>View in your browser</strong> link at the top.</p>
@@ -109,7 +120,7 @@ def load() -> dict:
             done.add((actor_id, kind, post))
             # Only a post's first event carries its title and link, as a "created" event would:
             # the digest keeps them although later events say nothing.
-            payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
+            payload = {"actor_avatar_url": avatar_url(actor)}
             if post not in titled:
                 titled.add(post)
                 payload |= {"entity_title": title, "entity_url": f"https://example.test/posts/{post}"}
@@ -129,7 +140,7 @@ def load() -> dict:
                 )
             )
     for user_id, producer_id, kind, (actor_id, actor), high in URGENT:
-        payload = {"actor_avatar_url": AVATAR_URL.format(actor)}
+        payload = {"actor_avatar_url": avatar_url(actor)}
         rows.append(
             (
                 "demo",
@@ -147,17 +158,40 @@ def load() -> dict:
         )
     with db.raw_cursor() as cur:
         result = ingest.insert_rows(cur, [rows])[0]
-    keys = {}
-    if not any(name == "demo-producer" and revoked is None for _, name, _, _, _, revoked in apikeys.list_keys()):
-        keys["events"] = apikeys.create("demo-producer", "events")
-        keys["admin"] = apikeys.create("demo-admin", "admin")
     return {
         "subscribers": len(DEMO_USERS),
         "events_new": result.accepted,
-        "keys": keys,
+        "keys": demo_keys(),
         "history": demo_history.load(),
         "newsletter": demo_newsletter(),
     }
+
+
+# scope -> (the key's name in api_keys, the variable of .env that holds the key itself)
+DEMO_KEYS = {"events": ("demo-producer", "NOTIFY_EVENTS_KEY"), "admin": ("demo-admin", "NOTIFY_ADMIN_KEY")}
+
+
+def demo_keys() -> dict[str, tuple[str, bool]]:
+    """The demo API keys, kept in .env (only their sha256 is in the database): a key there that
+    still works is kept; otherwise (first run, a new database, a revoked key) a new one is created
+    and written there. Without a file (ENV_FILE empty) they are created once, printed once.
+    scope -> (key, created now)."""
+    target = env_file.path()
+    if target is None:
+        if any(name == "demo-producer" and revoked is None for _, name, _, _, _, revoked in apikeys.list_keys()):
+            return {}
+        return {scope: (apikeys.create(name, scope), True) for scope, (name, _) in DEMO_KEYS.items()}
+    stored = dotenv.dotenv_values(target) if target.exists() else {}
+    keys = {}
+    for scope, (name, variable) in DEMO_KEYS.items():
+        key = stored.get(variable) or ""
+        principal = apikeys.KeyCache().lookup(key)
+        if principal is not None and principal.scope == scope:
+            keys[scope] = (key, False)
+        else:
+            keys[scope] = (apikeys.create(name, scope), True)
+    env_file.write({DEMO_KEYS[scope][1]: key for scope, (key, _) in keys.items()}, target)
+    return keys
 
 
 def main() -> int:
@@ -170,10 +204,11 @@ def main() -> int:
     )
     if summary["newsletter"]:
         print(f"demo newsletter {summary['newsletter']} queued for the demo users (in the layout; mail viewer)")
-    for scope, key in summary["keys"].items():
-        print(f"demo {scope} API key (shown once): {key}")
-    if "admin" in summary["keys"]:
-        print("operator dashboard: /admin on the web port (sign in with the admin key)")
+    for scope, (key, created) in summary["keys"].items():
+        variable = DEMO_KEYS[scope][1]
+        where = f"  (in {env_file.path()} as {variable})" if env_file.path() else " (shown once)"
+        print(f"demo {scope} API key{' (new)' if created else ''}: {key}{where}")
+    print("operator dashboard: /admin on the web port (sign in with the admin key)")
     return 0
 
 

@@ -166,7 +166,7 @@ def load(now: datetime | None = None, seed: int = 11) -> dict:
                 for row in _values(
                     cur,
                     "INSERT INTO email_links (mail_kind, mail_id, url, url_hash) VALUES %s RETURNING id",
-                    [(k, m, "https://example.com/demo", psycopg2.Binary(b"demo-history-link")) for k, m in links],
+                    [(k, m, "https://example.test/demo", psycopg2.Binary(b"demo-history-link")) for k, m in links],
                     fetch=True,
                 )
             ],
@@ -198,7 +198,8 @@ def load(now: datetime | None = None, seed: int = 11) -> dict:
             "INSERT INTO suppressions (email, reason, source, created_at) VALUES %s ON CONFLICT DO NOTHING",
             [
                 (address, reason, f"sendgrid:{'bounce' if reason == 'block' else reason}", at)
-                for address, (reason, at) in suppressed.items()
+                # in time order, as they would have arrived: the list shows the newest first by id
+                for address, (reason, at) in sorted(suppressed.items(), key=lambda item: item[1][1])
             ],
         )
     return {"mails": len(mails), "opens_clicks": len(hits), "bounces_complaints": len(events)}

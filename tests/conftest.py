@@ -47,6 +47,8 @@ def worker_redis_url(url: str, worker: str) -> str:
 
 
 os.environ["APP_ENV"] = "test"
+# A checkout's .env (written by `make run`: development settings, demo keys) is no part of a test run.
+os.environ["ENV_FILE"] = ""
 BASE_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://localhost/notify_test")
 BASE_DIRECT_DATABASE_URL = os.environ.get("TEST_DIRECT_DATABASE_URL") or BASE_DATABASE_URL
 BASE_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/15")

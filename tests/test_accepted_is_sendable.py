@@ -81,9 +81,7 @@ def digest_mail(record: dict):
         subscriber_cadence="daily",
         token_version=1,
         tracking_opt_out=record["tracking_opt_out"],
-        unsubscribed=False,
-        paused=False,
-        suppressed=False,
+        refusal=None,
         timezone=record["timezone"],
     )
     with db.raw_cursor() as cur:

@@ -25,7 +25,7 @@ from tests import factories
 from tests.conftest import auth
 from tests.newsletter_support import counts, drain, start
 from tests.test_digest_support import run_row, sink_as_provider
-from tracking import webhook_apply, webhook_store
+from tracking import webhook_apply, webhook_intake
 
 CANONICAL = "ana@xn--bcher-kva.example"
 # (how the subscriber gave it, how SendGrid / an operator / a file names it): case, U-label vs
@@ -152,7 +152,7 @@ def webhook_event(event: str, email: str | None, **extra) -> None:
     """Stored as the webhook stores it, then applied as the worker applies it."""
     row = (f"sg-{next(_seq)}", event, email, orjson.dumps({"event": event, "email": email, **extra}).decode())
     with db.raw_cursor() as cur:
-        (result,) = webhook_store.insert_jobs(cur, [[row]])
+        (result,) = webhook_intake.insert_jobs(cur, [[row]])
     assert webhook_apply.apply_events(result.new_ids) == 1
 
 

@@ -307,7 +307,7 @@ def test_search_is_a_literal_case_insensitive_substring(admin):
     def found(q):
         r = admin.get("/admin/suppressions", params={"q": q})
         assert r.status_code == 200
-        return sorted(re.findall(r'<td class="address">([^<]+)</td>', r.text))
+        return sorted(re.findall(r'<td class="address" data-label="Address">([^<]+)</td>', r.text))
 
     assert found("GMAIL") == ["ana@gmail.com", "bo@gmail.com"]
     assert found("%") == ["100%_sure@x.test"] and found("_") == ["100%_sure@x.test"]
@@ -354,15 +354,15 @@ def test_suppression_pages(admin):
         "INSERT INTO suppressions (email, reason) SELECT 'p' || g || '@x.test', 'bounce' FROM generate_series(1, 60) g"
     )
     first = admin.get("/admin/suppressions")
-    assert first.text.count('<td class="address">') == 50 and "p60@x.test" in first.text
+    assert first.text.count('<td class="address" data-label="Address">') == 50 and "p60@x.test" in first.text
     assert 'rel="next"' in first.text and 'rel="prev"' not in first.text
     second = admin.get("/admin/suppressions?page=2")
-    assert second.text.count('<td class="address">') == 10 and "p1@x.test" in second.text
+    assert second.text.count('<td class="address" data-label="Address">') == 10 and "p1@x.test" in second.text
     assert 'rel="prev"' in second.text and 'rel="next"' not in second.text
     past = admin.get(f"/admin/suppressions?page={suppressions.MAX_PAGE}")
-    assert past.status_code == 200 and '<td class="address">' not in past.text
+    assert past.status_code == 200 and '<td class="address" data-label="Address">' not in past.text
     searched = admin.get("/admin/suppressions?q=p1&page=1")
-    assert searched.text.count('<td class="address">') == 11  # p1, p10..p19
+    assert searched.text.count('<td class="address" data-label="Address">') == 11  # p1, p10..p19
 
 
 def test_newsletter_table_shows_progress(admin):
@@ -373,7 +373,7 @@ def test_newsletter_table_shows_progress(admin):
     page = admin.get("/admin/newsletters").text
     assert "&lt;b&gt;Spring&lt;/b&gt; news" in page and "<b>Spring" not in page
     assert '<progress max="100" value="80"' in page and "80 % of 5" in page
-    assert f"<td>{empty}</td>" in page and '<progress max="100" value="0"' in page
+    assert f'<td data-label="#">{empty}</td>' in page and '<progress max="100" value="0"' in page
     assert "&lt;b&gt;Spring" in admin.get("/admin").text
 
 
@@ -525,3 +525,43 @@ def test_an_odd_user_agent_is_stored_printable(client, admin_key):
     assert r.status_code == 303
     ((agent,),) = db.query("SELECT user_agent FROM admin_sessions")
     assert agent.startswith("Mozilla/5.0 ") and "\t" not in agent and len(agent) <= session.MAX_USER_AGENT_CHARS
+
+
+# -- issue 22.8: counts have whole ticks, the newest suppression comes first, subjects read naturally
+TICK_LABEL = re.compile(r">\s*(-?[0-9][0-9.,]*)\s*</text>")
+
+
+@pytest.mark.parametrize("name", ["sent", "bounces"])
+def test_count_charts_have_whole_number_ticks(admin, name):
+    factories.insert(
+        "webhook_events",
+        sg_event_id="sg-b1",
+        event="bounce",
+        email="gone@x.test",
+        payload='{"event": "bounce"}',
+        received_at=datetime.now(UTC) - timedelta(hours=1),
+    )
+    sid = factories.subscriber("r1")
+    factories.digest_run(sid, status="sent", completed_at=datetime.now(UTC) - timedelta(hours=1))
+    svg = admin.get(f"/admin/charts/{name}.svg", params={"range": "24h"}).text
+    ticks = TICK_LABEL.findall(svg)
+    assert ticks and "0" in ticks  # the y axis starts at a labelled 0
+    assert [t for t in ticks if "." in t] == []  # no "0.5 bounces"
+
+
+def test_suppressions_newest_first_with_the_demo_history(admin):
+    from scripts import demo_history
+
+    demo_history.load()
+    rows, _ = suppressions.search("", 1)
+    assert len(rows) > 5
+    assert [r.created_at for r in rows] == sorted((r.created_at for r in rows), reverse=True)
+
+
+def test_newsletter_subjects_read_as_a_sample_reader_gets_them(admin):
+    factories.newsletter_row(subject="What's new{{#name}}, {{name}}{{/name}} & more")
+    factories.newsletter_row(subject="Plain subject")
+    page = admin.get("/admin/newsletters").text
+    assert "What&#39;s new, Ana Lima &amp; more" in page
+    assert '<span class="template">What&#39;s new{{#name}}, {{name}}{{/name}} &amp; more</span>' in page
+    assert page.count('<span class="template">') == 1  # a subject without tags is shown once

@@ -59,7 +59,7 @@ def at_each_width(browser, name: str, load) -> list[str]:
 
 POSTAL_ADDRESS = "Demo Ltd, 1 Example Street, Lisbon"
 WIDE_BODY = (
-    "<h1>Hello {{name}}, here is what's new</h1>"
+    "<h1>{{greeting}} here is what's new</h1>"
     "<p>We shipped streams: stop newsletters and keep your digest, or the other way round.</p>"
     '<p><img src="data:image/svg+xml;utf8,<svg xmlns=%27http://www.w3.org/2000/svg%27 width=%27900%27 '
     'height=%27300%27><rect width=%27900%27 height=%27300%27 fill=%27%23ddd%27/></svg>" width="900" '
@@ -121,7 +121,7 @@ def test_delivered_newsletter_at_1280_and_390(mail_out, browser):
     drain(newsletter_id, providers.get_provider())
     html = delivered_html(mail_out)
     for text in at_each_width(browser, "newsletter-delivered", lambda page: show_delivered(page, html)):
-        assert "Hello Ana Lima, here is what's new" in text and POSTAL_ADDRESS in text
+        assert "Hi Ana, here is what's new" in text and POSTAL_ADDRESS in text
 
 
 def test_digest_at_1280_and_390(live_server, browser):
@@ -173,7 +173,9 @@ def test_digest_at_1280_and_390(live_server, browser):
 
 def test_newsletter_in_the_layout_at_1280_and_390(browser):
     brand = mail_layout.Brand("Acme Weekly", "", "#b3261e", "#f6f1ec")
-    compiled = template.Compiled("News for {{name}}", WIDE_BODY, None, "Acme Ltd, 1 Main St, Springfield", brand)
+    compiled = template.Compiled(
+        "News{{#name}} for {{name}}{{/name}}", WIDE_BODY, None, "Acme Ltd, 1 Main St, Springfield", brand
+    )
     rendered = compiled.render(
         {
             "name": "",
@@ -185,7 +187,7 @@ def test_newsletter_in_the_layout_at_1280_and_390(browser):
     )
     texts = at_each_width(browser, "newsletter", lambda page: page.set_content(rendered.html))
     for text in texts:
-        assert "Acme Weekly" in text and "Hello there" in text and "Unsubscribe" in text
+        assert "Acme Weekly" in text and "Hi, here is what's new" in text and "Unsubscribe" in text
 
 
 def test_preference_page_after_saving_at_1280_and_390(live_server, browser):
@@ -224,3 +226,56 @@ def test_stream_unsubscribe_page_at_1280_and_390(live_server, browser):
         assert page.get_by_role("button", name="Unsubscribe from everything").is_visible()
 
     at_each_width(browser, "unsubscribe-digests", load)
+
+
+@pytest.fixture
+def viewer(mail_out):
+    """The development mail viewer (scripts/dev/mailviewer.py) under uvicorn, reading mail_out."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from scripts.dev import mailviewer
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    server = uvicorn.Server(uvicorn.Config(mailviewer.viewer_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("mail viewer did not start")
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_the_mail_viewer_shows_the_whole_mail_at_1280_and_390(mail_out, viewer, browser):
+    """Issue 22.8: the frame is as tall as the mail, so its footer is on the page, not hidden in a
+    scroll box; nothing scrolls sideways at 390 px."""
+    sid = factories.subscriber("browser-viewer", name="Ana Lima")
+    for i in range(12):  # a long digest: taller than any window
+        factories.events("browser-viewer", 2, entity_id=f"p{i}", payload={"entity_title": f"Post number {i}"})
+    assert digest_send.process([factories.digest_run(sid)])["sent"] == 1
+    [path] = mail_out.glob("*.eml")
+
+    def load(page):
+        page.goto(f"{viewer}/dev/mail/{path.stem}")
+        page.wait_for_load_state("load")
+        frame = page.frame_locator("iframe.mail")
+        assert frame.get_by_text(POSTAL_ADDRESS).is_visible()
+        inner, outer = page.evaluate(
+            "() => { const f = document.querySelector('iframe.mail');"
+            " return [f.contentDocument.documentElement.scrollHeight, f.clientHeight]; }"
+        )
+        assert inner <= outer + 1, "the frame cuts the mail off"
+        assert outer > 900  # taller than the window: the page scrolls, the frame does not
+
+    for text in at_each_width(browser, "mail-viewer", load):
+        assert "Plain text" in text

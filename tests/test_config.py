@@ -1,4 +1,4 @@
-"""Settings are declared once (app/platform/config.py); the README's table is generated from them."""
+"""Settings are declared once (app/platform/config.py); the table in docs/configuration.md is generated from them."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from app.platform import config
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CONFIGURATION_DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 
-def test_readme_configuration_table_is_the_generated_one():
-    text = README.read_text()
+def test_configuration_doc_table_is_the_generated_one():
+    text = CONFIGURATION_DOC.read_text()
     table = re.search(r"<!-- settings:start -->\n(.*?)\n<!-- settings:end -->", text, re.S).group(1)
-    assert table == config.markdown_table(), "run `python -m app settings --markdown` and paste it into README"
+    assert table == config.markdown_table(), (
+        "run `python -m app settings --markdown` and paste it into docs/configuration.md"
+    )
 
 
 def test_every_setting_has_a_doc_and_reads_its_own_variable(monkeypatch):

@@ -18,12 +18,13 @@ import textwrap
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from app import cli
-from app.newsletter import reclaim, sender
+from app.newsletter import outbox, reclaim, sender, service
 from app.platform import config, db, metrics, providers
 from digest import send as digest_send
 from tests import factories
@@ -278,3 +279,35 @@ def test_a_worker_killed_mid_batch_resends_at_most_what_it_had_not_recorded(slow
     assert counts(nl) == {"sent": 1000}
     resent = sum(n - 1 for n in recipients(slow_relay).values())
     assert resent == delivered - recorded  # only the unrecorded ones went twice (same Message-ID)
+
+
+def test_a_partly_due_local_time_newsletter_pauses_and_cancels_within_a_second(slow_relay, client, admin_key):
+    """A local_time send (tests/test_newsletter_schedule.py): the UTC half of the recipients is due,
+    the Tokyo half only in hours. Pause holds within a second; cancel cancels the rows not yet due."""
+    factories.seed_subscribers(RECIPIENTS)
+    db.query("UPDATE subscribers SET timezone = CASE WHEN mod(id, 2) = 0 THEN 'Asia/Tokyo' ELSE 'UTC' END")
+    nl = factories.newsletter()
+    at = (datetime.now(UTC) - timedelta(hours=6)).time().replace(second=0, microsecond=0)
+    service.request_send(nl, {"kind": "all"}, local_time=at)  # due at `at` UTC; in Tokyo 9 h from now
+    db.query("UPDATE newsletters SET send_requested_at = now() - interval '12 hours' WHERE id = %s", (nl,))
+    outbox.create_outbox(nl)
+    due = RECIPIENTS // 2
+    with Chains(nl):
+        wait_for(lambda: len(slow_relay.raw) >= 100, 60, "the first 100 mails")
+        assert client.post(f"/v1/newsletters/{nl}/pause", headers=auth(admin_key)).status_code == 200
+        answered = time.monotonic()
+    assert started_after(slow_relay, answered) == []
+    sent = len(slow_relay.raw)
+    assert sent < due and counts(nl) == {"sent": sent, "pending": RECIPIENTS - sent}
+    assert client.post(f"/v1/newsletters/{nl}/resume", headers=auth(admin_key)).status_code == 200
+    with Chains(nl) as chains:
+        pass
+    # each of the 4 chains ended leaving the rows not yet due to the tick
+    assert sum(outcome.endswith("the scheduler tick re-kicks") for *_, outcome in chains.outcomes) == 4
+    assert counts(nl) == {"sent": due, "pending": RECIPIENTS - due}
+    answer = client.post(f"/v1/newsletters/{nl}/cancel", headers=auth(admin_key)).json()
+    assert answer == {"id": nl, "status": "cancelled", "cancelled_rows": RECIPIENTS - due}
+    assert counts(nl) == {"sent": due, "cancelled": RECIPIENTS - due}
+    got = recipients(slow_relay)
+    assert len(got) == due and set(got.values()) == {1}
+    assert all(int(to.split("@")[0].removeprefix("user")) % 2 == 1 for to in got)  # the UTC half only

@@ -10,7 +10,6 @@ import orjson
 import psycopg2
 import pytest
 
-from app.newsletter import store as newsletter_store
 from app.platform import db
 from tests.conftest import wait_for
 from tests.tcp_proxy import TcpProxy
@@ -113,12 +112,12 @@ def test_the_worker_paths_on_one_thread_share_its_kept_connection():
 
     def work():
         opened = db.connections_opened(this_thread=True)
-        pids = {newsletter_store.run("SELECT pg_backend_pid()")[0][0]}
+        pids = {db.thread_connection.run("SELECT pg_backend_pid()")[0][0]}
         links.ensure_links("newsletter", 1, ["https://example.com/a", "https://example.com/b"])
         webhook_apply.apply_events(ids)
         with db.transaction(db.thread_connection.get()) as cur:
             pids.add(pid(cur))
-        pids.add(newsletter_store.run("SELECT pg_backend_pid()")[0][0])
+        pids.add(db.thread_connection.run("SELECT pg_backend_pid()")[0][0])
         return pids, db.connections_opened(this_thread=True) - opened
 
     pids, opened = on_new_thread(work)
@@ -207,9 +206,9 @@ def test_a_kept_connection_whose_server_went_away_is_reopened():
     ids = store_events(2)
 
     def work():
-        before = newsletter_store.run("SELECT pg_backend_pid()")[0][0]
+        before = db.thread_connection.run("SELECT pg_backend_pid()")[0][0]
         terminate(before)
-        after = newsletter_store.run("SELECT pg_backend_pid()")[0][0]  # retried once, transparently
+        after = db.thread_connection.run("SELECT pg_backend_pid()")[0][0]  # retried once, transparently
         terminate(after)
         with pytest.raises(db.UNAVAILABLE):  # the actor retries the message ...
             webhook_apply.apply_events(ids[:1])

@@ -118,7 +118,10 @@ def test_cap_counts_entities_and_keeps_every_event_id():
     assert len(d.event_ids) == 40  # the summarised ones are marked too
     ctx = ctx_of(d)
     assert ctx["has_more"] and ctx["more_groups"] == 5 and ctx["total_events"] == 40
-    assert ctx["subject_line"].endswith("— and 7 more updates")
+    # One unit everywhere, updates (events): the headline's 5, 35 more, 40 in the lead; the tail
+    # names the 5 entities left out and their 25 updates.
+    assert ctx["subject_line"].endswith("— and 35 more updates") and ctx["lead"] == "Your first digest: 40 updates."
+    assert ctx["more"] == "…and 25 more updates on 5 other posts"
 
 
 # ---------------------------------------------------------------- titles, links, avatars
@@ -255,7 +258,8 @@ def test_context_subject_and_lines_from_the_registry():
     d = group.build(events, 10)
     d.groups[0].title = "Launch notes"
     ctx = ctx_of(d)
-    assert ctx["subject_line"] == "Eli, Bo and 4 others followed Launch notes — and 1 more update"
+    # the headline stands for the 6 follows; the like and p2's update are the 2 more (8 in the lead)
+    assert ctx["subject_line"] == "Eli, Bo and 4 others followed Launch notes — and 2 more updates"
     lines = ctx["groups"][0]["lines"]
     assert [line["summary"] for line in lines] == ["Eli, Bo and 4 others followed", "Likes from Fay"]
     assert [line["label"] for line in lines] == ["Follows", "Likes"]
@@ -339,3 +343,42 @@ def test_category_keys_and_bodies_are_validated():
     }
     _, errors = categories.validate({"label": " ", "delivery": "later", "verb": "a\nb", "extra": 1})
     assert {e["field"] for e in errors} == {"label", "delivery", "verb", "extra"}
+
+
+def test_within_an_entity_what_cannot_wait_comes_first():
+    """Issue 22.6: an urgent mention led by its entity, not trailing it: a line with a high-priority
+    event first, and a "send now" category's line before the ordinary ones."""
+    busy = [ev(i, "p1", f"a{i}", category="follow", minutes=i) for i in range(5)]
+    high = ev(9, "p1", "gus", name="Gus", category="comment", minutes=1)._replace(high_priority=True)
+    d = group.build([*busy, high], 10)
+    assert [line.category for line in d.groups[0].ranked_lines()] == ["comment", "follow"]
+    ctx = ctx_of(d)
+    assert ctx["groups"][0]["lines"][0]["summary"] == "Gus commented" and ctx["headline"].startswith("Gus commented on")
+    mention = Category("mention", "Mentions", verb="mentioned you in", delivery="immediate")
+    d = group.build([*busy, ev(9, "p1", "gus", name="Gus", category="mention", minutes=1)], 10)
+    lines = ctx_of(d, registry={**REGISTRY, "mention": mention})["groups"][0]["lines"]
+    assert [line["category"] for line in lines] == ["mention", "follow"]
+
+
+def test_cadences_have_the_names_a_person_uses():
+    """Issue 22.6: no "instant digest"; the footer says why the mail came in the same words."""
+    d = group.build([ev(1, "p1")], 10)
+    now_ctx = context.build(
+        d,
+        categories={},
+        cadence="immediately",
+        name="",
+        timezone="UTC",
+        now=T0,
+        last_digest_at=None,
+        unsubscribe_url="u",
+        preferences_url="p",
+        postal_address="",
+    )
+    assert now_ctx["heading"] == "Hi, here is what's new" and "instant" not in str(now_ctx)
+    assert now_ctx["lead"] == "1 update." and "digest" not in now_ctx["lead"]
+    assert now_ctx["reason"] == "You get this email because you have an account with notifications turned on."
+    assert wording.reason("weekly").startswith("You get this weekly digest because")
+    assert wording.cadence_name("immediately") == "as it happens" and wording.cadence_name("hourly") == "hourly digest"
+    assert [wording.plural(n) for n in ("post", "story", "branch", "day")] == ["posts", "stories", "branches", "days"]
+    assert wording.things(1, {"issue"}) == "1 other issue" and wording.things(2, {"post", "issue"}) == "2 other items"

@@ -87,7 +87,8 @@ def test_cap_says_and_n_more_and_marks_the_summarised_events(sink, settings):
     digest_send.process([rid])
     text = sink.messages()[0].get_body(("plain",)).get_content()
     assert "Title 6" in text and "Title 5" in text and "Title 4" in text and "Title 3" not in text
-    assert "and 4 more (28 updates in total)" in text
+    # counted in updates like the subject and the lead, naming what the 4 left-out entities are
+    assert "…and 10 more updates on 4 other posts\n" in text.replace("\r\n", "\n") and "28 updates." in text
     assert set(marked(ids).values()) == {rid} and run_row(rid)["event_count"] == 28
 
 

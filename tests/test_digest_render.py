@@ -74,7 +74,7 @@ def test_entity_block_with_link_lines_time_avatar_and_more():
     assert '<a href="https://example.test/p?a=1&amp;b=2"' in out.html and ">Launch notes</a>" in out.html
     assert 'src="https://example.test/a.png"' in out.html and "Eli, Eli and Eli liked" in out.html
     assert "2 h ago" in out.html and "4 updates since yesterday." in out.html
-    assert "and 1 more (4 updates in total)" in out.text
+    assert "…and 1 more update on 1 other post\n" in out.text
     assert "* Launch notes\n  https://example.test/p?a=1&b=2\n  - Eli, Eli and Eli liked (2 h ago)" in out.text
     no_link = render.render(_ctx(url="", avatar=""))
     assert '<a href="https://example.test' not in no_link.html and "<img" not in no_link.html.split("<body")[1]

@@ -121,6 +121,7 @@ def test_a_newsletter_fragment_is_wrapped_and_a_full_document_is_not():
 
 @pytest.mark.pure
 def test_empty_name_renders_the_fallback_but_sections_see_the_real_name(settings):
+    settings(name_fallback="there")
     source = "<p>Hi {{name}}, {{{name}}}!</p>{{#name}}<i>known</i>{{/name}}{{^name}}<i>anon</i>{{/name}}"
     compiled = template.Compiled("Hello {{name}}", source, None, "")
     anon = compiled.render(CONTEXT)
@@ -151,10 +152,25 @@ def _digest_ctx(name: str) -> dict:
 
 @pytest.mark.pure
 def test_digest_greeting_uses_the_fallback(settings):
-    assert _digest_ctx("")["heading"] == "Hi there, here is your daily digest"
+    assert _digest_ctx("")["heading"] == "Hi, here is your daily digest"
     assert _digest_ctx("Ana Lima")["heading"] == "Hi Ana, here is your daily digest"
-    settings(name_fallback="")
-    assert _digest_ctx("")["heading"] == "Your daily digest"
+    settings(name_fallback="friend")
+    assert _digest_ctx("")["heading"] == "Hi friend, here is your daily digest"
+
+
+@pytest.mark.pure
+def test_one_greeting_in_digests_and_newsletters_and_never_for_there():
+    """Issue 22.6: "Hi Ana," / "Hi," in both kinds of mail; a nameless reader's {{name}} is empty, and
+    a subject written with a section reads naturally either way."""
+    compiled = template.Compiled(
+        "News{{#name}} for {{name}}{{/name}}", "<p>{{greeting}} here is the news.</p>", None, ""
+    )
+    anon = compiled.render(CONTEXT)
+    assert anon.subject == "News" and "<p>Hi, here is the news.</p>" in anon.html and "Hi, here is" in anon.text
+    known = compiled.render({**CONTEXT, "name": "Ana Lima"})
+    assert known.subject == "News for Ana Lima" and "<p>Hi Ana, here is the news.</p>" in known.html
+    assert "there" not in template.Compiled("News for {{name}}", "<p>x</p>", None, "").render(CONTEXT).subject
+    assert _digest_ctx("Ana Lima")["greeting"] == "Hi Ana," and _digest_ctx("  ")["greeting"] == "Hi,"
 
 
 @pytest.mark.pure
@@ -182,8 +198,8 @@ def test_a_fragment_newsletter_goes_out_in_the_layout(fake, provider, settings):
     start(nl)
     drain(nl, provider)
     (mail,) = fake.delivered.values()
-    assert mail["subject"] == "News for there"
-    assert "Acme Weekly" in mail["html"] and "Hello there" in mail["html"] and "layout-card" in mail["html"]
+    assert mail["subject"] == "News for"  # NAME_FALLBACK is empty: never "News for there"
+    assert "Acme Weekly" in mail["html"] and "<h1>Hello </h1>" in mail["html"] and "layout-card" in mail["html"]
     assert mail["html"].count("/u/") == 1  # the compliance footer, inside the layout's <body>
 
 
@@ -199,4 +215,6 @@ def test_the_demo_newsletter_goes_out_in_the_layout(redis_client):
     compiled = template.compiled_for(newsletter_id, subject, html, None)
     assert compiled.wrapped
     out = compiled.render({**CONTEXT, "name": "Ana"})
-    assert 'class="layout-card"' in out.html and "Hello Ana" in out.html and out.subject.endswith("Ana")
+    assert 'class="layout-card"' in out.html and "Hi Ana, here is" in out.html and out.subject.endswith(", Ana")
+    anon = compiled.render({**CONTEXT, "name": ""})
+    assert anon.subject == "What's new at Notify" and "Hi, here is" in anon.html

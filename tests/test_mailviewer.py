@@ -43,9 +43,14 @@ def test_sink_catches_mail_and_the_viewer_shows_it(tmp_path, settings, client):
     page = client.get("/dev/mail")
     assert page.status_code == 200 and "Your daily digest &lt;3" in page.text and stored.stem in page.text
     detail = client.get(f"/dev/mail/{stored.stem}")
-    assert "<iframe sandbox=''" in detail.text and "List-Unsubscribe" in detail.text and "Hi Ana" in detail.text
+    assert (
+        "sandbox='allow-same-origin'" in detail.text
+        and "allow-scripts" not in detail.text
+        and "List-Unsubscribe" in detail.text
+        and "Hi Ana" in detail.text
+    )
     body = client.get(f"/dev/mail/{stored.stem}/html")
-    assert body.headers["content-security-policy"] == "sandbox" and "<b>Ana</b>" in body.text
+    assert body.headers["content-security-policy"] == "sandbox allow-same-origin" and "<b>Ana</b>" in body.text
     assert client.get(f"/dev/mail/{stored.stem}/raw").text.startswith("From:")
     assert client.get("/dev/mail/..%2F..%2Fetc%2Fpasswd/html").status_code == 404
     assert client.get("/dev/mail/nope/html").status_code == 404

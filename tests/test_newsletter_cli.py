@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import threading
+from datetime import UTC, datetime, time
 
 from app.cli import newsletter as newsletter_cli
 from app.newsletter import service
@@ -44,3 +45,11 @@ def test_status_on_a_draft_waits_for_the_send_and_follows_it_to_the_end(capsys):
 def test_unknown_newsletter_is_an_error(capsys):
     assert newsletter_cli.cmd_status(status_args(999_999, once=True)) == 1
     assert "no newsletter 999999" in capsys.readouterr().err
+
+
+def test_a_scheduled_newsletter_says_when_it_starts(capsys):
+    nl = factories.newsletter()
+    service.request_send(nl, {"kind": "all"}, send_at=datetime(2999, 3, 29, 8, tzinfo=UTC), local_time=time(9))
+    assert newsletter_cli.cmd_status(status_args(nl, once=True)) == 0
+    out = capsys.readouterr().out
+    assert "scheduled: starts 2999-03-29T08:00:00+00:00, each recipient at 09:00 their time" in out

@@ -19,7 +19,10 @@ LONG_AGO = datetime.now(UTC) - timedelta(days=1)
 
 def _newsletter(status: NewsletterStatus, outbox_done: bool = True) -> int:
     return factories.newsletter_row(
-        status=status.value, audience='{"kind": "all"}', outbox_completed_at=LONG_AGO if outbox_done else None
+        status=status.value,
+        audience='{"kind": "all"}',
+        outbox_completed_at=LONG_AGO if outbox_done else None,
+        send_at=LONG_AGO,  # a scheduled one is due
     )
 
 
@@ -46,7 +49,11 @@ def _mark(status):
 
 
 NEWSLETTER_OPS = {
-    "queue": lambda nid: _execute(rows.QUEUE, ('{"kind": "all"}', nid)),
+    "queue": lambda nid: _execute(rows.QUEUE, ('{"kind": "all"}', None, nid)),
+    "schedule": lambda nid: _execute(
+        rows.SCHEDULE, ('{"kind": "all"}', None, datetime.now(UTC) + timedelta(days=1), nid)
+    ),
+    "start_scheduled": lambda nid: _execute(rows.START_SCHEDULED, None),
     "start_sending": lambda nid: _execute(rows.START_SENDING, (nid,)),
     "outbox_complete": lambda nid: _execute(rows.OUTBOX_COMPLETE, (nid,)),
     "pause": lambda nid: _execute(rows.PAUSE, (nid,)),
@@ -59,7 +66,7 @@ NEWSLETTER_OPS = {
 
 ROW_OPS = {
     "insert_range": lambda nid, sid, rid: _execute(
-        rows.INSERT_RANGE, {"nl": _newsletter(NewsletterStatus.SENDING), "lo": sid - 1, "hi": sid}
+        rows.INSERT_RANGE, {**rows.NO_LOCAL_TIME, "nl": _newsletter(NewsletterStatus.SENDING), "lo": sid - 1, "hi": sid}
     ),
     "claim": lambda nid, sid, rid: _execute(rows.CLAIM, {"nl": nid, "limit": 10, "after": 0}),
     "mark_sent": _mark("sent"),
@@ -113,7 +120,7 @@ def test_row_statements_make_only_documented_transitions_and_all_of_them():
     sid = factories.subscriber("gone")
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
     nid = _newsletter(NewsletterStatus.SENDING)
-    _execute(rows.INSERT_RANGE, {"nl": nid, "lo": sid - 1, "hi": sid})
+    _execute(rows.INSERT_RANGE, {**rows.NO_LOCAL_TIME, "nl": nid, "lo": sid - 1, "hi": sid})
     seen.update(
         (None, RowStatus(s)) for (s,) in db.query("SELECT status FROM email_log WHERE newsletter_id = %s", (nid,))
     )

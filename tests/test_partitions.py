@@ -16,7 +16,7 @@ from app.platform import db, metrics, partitions
 from app.subscribers import records as subscribers
 from tests import factories
 from tests.conftest import auth, wait_for
-from tracking import webhook_store
+from tracking import webhook_intake
 
 INSERT_EVENT = (
     "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
@@ -89,7 +89,7 @@ def test_a_duplicate_webhook_event_is_refused_across_a_partition_boundary():
         (later,),
     )
     with db.raw_cursor() as cur:
-        first, second = webhook_store.insert_jobs(
+        first, second = webhook_intake.insert_jobs(
             cur, [[("sg-1", "open", None, "{}"), ("sg-2", "open", None, "{}")], [("sg-2", "open", None, "{}")]]
         )
     assert (first.stored, first.duplicates, second.stored, second.duplicates) == (1, 1, 0, 1)

@@ -15,7 +15,7 @@ import pytest
 from app.platform import config, db, metrics, migrate, partitions, retention
 from digest import ingest
 from tests.scratch import scratch_url  # noqa: F401 - fixture
-from tracking import webhook_store
+from tracking import webhook_intake
 
 AHEAD = timedelta(days=200)  # "now" for retention: every month until ~110 days from today has expired
 
@@ -81,7 +81,7 @@ def test_expired_months_go_whole_and_never_used_rows_are_counted_first(scratch, 
         (kept_at,),
     )
     with db.transaction(conn) as cur:
-        webhook_store.insert_jobs(cur, [[(f"sg-{i}", "open", None, "{}") for i in range(5)]])
+        webhook_intake.insert_jobs(cur, [[(f"sg-{i}", "open", None, "{}") for i in range(5)]])
     rows(conn, "UPDATE webhook_events SET processed_at = now() WHERE sg_event_id <> 'sg-4'")
     rows(
         conn,

@@ -373,7 +373,13 @@ def test_a_failing_hook_does_not_stop_the_others(caplog):
 
 
 def test_real_hooks_run_each_tick():
-    assert set(scheduler.run_hooks()) == {"newsletter_reclaim", "webhook_requeue", "partitions"}
+    assert set(scheduler.run_hooks()) == {
+        "newsletter_scheduled",
+        "newsletter_reclaim",
+        "webhook_requeue",
+        "partitions",
+        "feed_state_prune",
+    }
 
 
 def test_tick_runs_every_job_with_injected_queue():

@@ -54,7 +54,10 @@ def test_rewrites_http_links_and_adds_pixel():
     ids = {r[3]: r[0] for r in rows}
     assert targets[0] == codes.Click(ids["https://example.com/a?x=1&y=2"], 7)
     assert targets[-1] == targets[0]  # same URL, same row
-    pixel = re.search(r'<img src="http://localhost:8000/o/([^"]+)\.gif" width="1" height="1"', out)
+    # no picture in this mail: the pixel is a 1x1 table's background, not an <img> (issue 22.9)
+    pixel = re.search(
+        r'<table role="presentation" width="1" height="1" [^>]*background="http://localhost:8000/o/([^"]+)\.gif"', out
+    )
     assert pixel and codes.decode_open(pixel.group(1)) == codes.Open("newsletter", 42, 7)
     assert out.index(pixel.group(0)) < out.index("</body>")
     assert 'class="btn" href="http://localhost:8000/c/' in out  # other attributes kept
@@ -109,8 +112,22 @@ def test_tracking_off_and_subscriber_opt_out_send_clean_html(settings):
 
 def test_html_without_body_gets_pixel_appended_and_no_links_is_fine():
     out = links.LinkRewriter("newsletter", 1).rewrite("<p>hello</p>", 1)
-    assert out.startswith("<p>hello</p><img src=")
+    assert out.startswith('<p>hello</p><table role="presentation"') and "<img" not in out
     assert link_rows() == []
+
+
+def test_a_mail_with_pictures_gets_the_pixel_as_an_img_and_one_without_gets_none():
+    """Issue 22.9: a spam filter reads a short mail whose only <img> is the pixel as an image mail."""
+    with_picture = links.LinkRewriter("newsletter", 1).rewrite('<p>hi</p><img src="https://x.example/a.png"></body>', 1)
+    pixel = re.search(r'<img src="http://localhost:8000/o/([^"]+)\.gif" width="1" height="1"', with_picture)
+    assert pixel and codes.decode_open(pixel.group(1)) == codes.Open("newsletter", 1, 1)
+    assert with_picture.index(pixel.group(0)) < with_picture.index("</body>")
+    without = links.LinkRewriter("newsletter", 1).rewrite("<p>hi</p></body>", 1)
+    assert "<img" not in without.lower() and without.count("/o/") == 2  # the attribute and the CSS, one URL
+    code = re.search(r'background="http://localhost:8000/o/([^"]+)\.gif"', without).group(1)
+    assert f"url(http://localhost:8000/o/{code}.gif)" in without and codes.decode_open(code) == codes.Open(
+        "newsletter", 1, 1
+    )
 
 
 def test_already_tracked_links_are_not_wrapped_twice():

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from app.platform import config, db, groupcommit
 from tests.conftest import wait_for
-from tracking import webhook_apply, webhook_store
+from tracking import webhook_apply, webhook_intake
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_database_down_is_503_and_nothing_enqueued(client, signed, settings, enq
     assert client.post("/webhooks/sendgrid", content=body, headers=signed(body)).status_code == 200
     # The hint is sent after the answer, from its own thread: wait for it, or it may land below.
     wait_for(lambda: enqueued == [[1, 2]], 10, "the first delivery's hint")
-    writer = webhook_store.writer()
+    writer = webhook_intake.writer()
     real_url = config.get().database_url
     settings(database_url="postgresql://127.0.0.1:1/nowhere")
     writer._conn.close()  # as if the server went away; the writer must reconnect (and fail)
@@ -213,7 +213,7 @@ def test_deadlock_is_retried_with_backoff():
     """A real deadlock: another transaction holds 'b' and then wants 'a' while the writer holds 'a'
     and waits for 'b'. Postgres aborts the writer (shorter deadlock_timeout); the writer retries
     and answers with the committed truth."""
-    writer = _writer_with(webhook_store.insert_jobs)
+    writer = _writer_with(webhook_intake.insert_jobs)
     other = db.connect_raw()
     try:
         with other.cursor() as cur:

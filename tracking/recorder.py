@@ -26,8 +26,6 @@ import os
 import threading
 import time
 
-import psycopg2
-
 from app.platform import config, db
 
 log = logging.getLogger("tracking.recorder")
@@ -193,7 +191,7 @@ class HistoryRecorder:
         for i, row in enumerate(rows):
             try:
                 self._write([row])
-            except (psycopg2.DataError, psycopg2.IntegrityError) as exc:
+            except (db.DataError, db.IntegrityError) as exc:
                 self.dropped += 1
                 log.error("dropping unwritable history row %r: %s", row, exc)
             except BaseException:
@@ -210,7 +208,7 @@ class HistoryRecorder:
                 return 0
             try:
                 self._write(rows)
-            except (psycopg2.DataError, psycopg2.IntegrityError) as exc:
+            except (db.DataError, db.IntegrityError) as exc:
                 log.warning("history batch of %d rejected (%s); writing row by row", len(rows), exc)
                 self._write_one_by_one(rows)
             except BaseException:

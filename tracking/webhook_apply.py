@@ -50,11 +50,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-import psycopg2
-import psycopg2.extras
-
 from app.platform import config, db, metrics, queue
 from app.platform.addresses import canonical
+from app.subscribers import records, suppressions
 from tracking import messages
 
 log = logging.getLogger("tracking.webhook_apply")
@@ -92,14 +90,6 @@ def is_counted_soft_bounce(event: str, payload: dict) -> bool:
         return False
     attempt = payload.get("attempt")
     return attempt is None or str(attempt).strip() in ("", "1")
-
-
-def _suppress(cur, address: str, reason: str, source: str) -> None:
-    if address:
-        cur.execute(
-            "INSERT INTO suppressions (email, reason, source) VALUES (%s, %s, %s) ON CONFLICT (email) DO NOTHING",
-            (address, reason, source),
-        )
 
 
 def address_of(email) -> str:
@@ -162,14 +152,6 @@ class Owners:
         return True
 
 
-def _subscriber_filter(subscriber_id: int | None, address: str) -> tuple[str, tuple] | None:
-    if subscriber_id:
-        return "id = %s", (subscriber_id,)
-    if address:
-        return "canonical_email = %s", (address,)
-    return None
-
-
 def _apply_one(cur, event: str, address: str, payload: dict, counts: Counter, owners: Owners) -> None:
     mail_kind = payload.get("mail_kind")
     mail_id = _int(payload.get("mail_id"))
@@ -177,24 +159,17 @@ def _apply_one(cur, event: str, address: str, payload: dict, counts: Counter, ow
         counts[(mail_kind, mail_id, event)] += 1
     reason = suppression_reason(event, payload)
     if reason:
-        _suppress(cur, address, reason, f"sendgrid:{event}")
+        suppressions.suppress(cur, address, reason, f"sendgrid:{event}")
         return
-    where = _subscriber_filter(owners.subscriber(_int(payload.get("subscriber_id")), address), address)
-    if where is None:
+    subscriber_id = owners.subscriber(_int(payload.get("subscriber_id")), address)
+    if not subscriber_id and not address:
         return
     if is_counted_soft_bounce(event, payload):
-        cur.execute(
-            f"UPDATE subscribers SET soft_bounce_count = soft_bounce_count + 1 WHERE {where[0]} "
-            "RETURNING soft_bounce_count",
-            where[1],
-        )
-        n = max((row[0] for row in cur.fetchall()), default=0)
+        n = records.count_soft_bounce(cur, subscriber_id, address)
         if n >= config.get().soft_bounce_limit:
-            _suppress(cur, address, "soft_bounce", f"sendgrid:deferred x{n}")
+            suppressions.suppress(cur, address, "soft_bounce", f"sendgrid:deferred x{n}")
     elif event == "delivered":
-        cur.execute(
-            f"UPDATE subscribers SET soft_bounce_count = 0 WHERE {where[0]} AND soft_bounce_count > 0", where[1]
-        )
+        records.reset_soft_bounces(cur, subscriber_id, address)
 
 
 def apply_events(ids: list[int]) -> int:
@@ -256,7 +231,7 @@ def _apply_rows(cur, ids: list[int]) -> int:
     if rows:
         cur.execute(
             "UPDATE webhook_events SET processed_at = now(), error = (%s::jsonb ->> id::text) WHERE id = ANY(%s)",
-            (psycopg2.extras.Json({str(k): v for k, v in errors.items()}), [r[0] for r in rows]),
+            (db.json({str(k): v for k, v in errors.items()}), [r[0] for r in rows]),
         )
         _key_unkeyed(cur, [(row_id, address) for row_id, _, address, _, key in rows if address and not key])
         _forget_erased(cur, [r[0] for r in rows])

@@ -1,7 +1,7 @@
-"""`python -m app COMMAND`: operator commands, one module per area, each registering its own
-subcommands: core (migrate, API keys, settings, metrics exporter), scheduler (the scheduler
-process), digest (digest-now, preview-digest), newsletter, mail_stop (the emergency stop),
-tracking (legacy link import)."""
+"""`notify COMMAND` (the console script) or `python -m app COMMAND`: operator commands, one module
+per area, each registering its own subcommands: core (migrate, API keys, settings, metrics
+exporter), scheduler (the scheduler process), digest (digest-now, preview-digest), newsletter,
+mail_stop (the emergency stop), tracking (legacy link import)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ COMMAND_MODULES = (core, scheduler, digest, newsletter, mail_stop, tracking)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m app", description=__doc__)
+    parser = argparse.ArgumentParser(prog="notify", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)

@@ -88,7 +88,7 @@ def cmd_metrics_exporter(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("settings", help="print every setting in force (secrets masked), or --markdown")
-    p.add_argument("--markdown", action="store_true", help="the README's configuration table")
+    p.add_argument("--markdown", action="store_true", help="the configuration table of docs/configuration.md")
     p.set_defaults(func=cmd_settings)
     p = sub.add_parser("migrate", help="apply pending SQL migrations (release phase)")
     p.add_argument("--status", action="store_true", help="list applied and pending migrations")

@@ -22,11 +22,14 @@ def progress_line(s: dict, elapsed: float | None = None, rate: float | None = No
     extra = f"  {rate:,.0f}/s" if rate else ""
     if s["status"] == "draft":
         return f"[{'-' * BAR_WIDTH}]   0.0%  draft: not sent yet (waiting for POST /v1/newsletters/{s['id']}/send)"
+    local = f", each recipient at {s['local_time']} their time" if s.get("local_time") else ""
+    if s["status"] == "scheduled":
+        return f"[{'-' * BAR_WIDTH}]   0.0%  scheduled: starts {s['send_at']}{local}"
     outbox = "" if s["outbox_completed_at"] or s["status"] in FINAL else " (outbox building)"
     return (
         f"[{bar}] {fraction * 100:5.1f}%  {s['status']}{outbox}  sent {c['sent']:,}  failed {c['failed']:,}  "
         f"suppressed {c['suppressed']:,}  pending {c['pending']:,}  sending {c['sending']:,}  "
-        f"of {total:,}{extra}"
+        f"of {total:,}{extra}{local}"
     )
 
 

@@ -10,7 +10,8 @@ Each tick (every SCHEDULER_INTERVAL_SECONDS):
   1. plan digest runs (digest/plan.py), then send-now runs (digest/immediate.py)
   2. watchdog: stuck `processing` runs back to `pending` / `failed`
   3. checker: enqueue due pending runs to the digest queue, bounded by queue depth
-  4. hooks of other domains, if installed: stale newsletter sends, unapplied webhook events,
+  4. hooks of other domains, if installed: scheduled newsletters whose send_at came (started),
+     stale newsletter sends, unapplied webhook events,
      event-table partitions ahead and retention (app/platform/retention.py)
 
 """
@@ -25,9 +26,11 @@ from datetime import UTC, datetime, timedelta
 
 from app.cli.output import print_json
 from app.newsletter.reclaim import reclaim_stale
+from app.newsletter.schedule import start_due as start_scheduled_newsletters
 from app.platform import config, db, lease, observability, retention
 from digest import immediate as digest_immediate
 from digest import plan as digest_plan
+from digest import seen
 from tracking.webhook_apply import requeue_unprocessed
 
 log = logging.getLogger("app.cli.scheduler")
@@ -73,9 +76,11 @@ def _digest_sender():
 def _hooks() -> dict:
     """Jobs owned by other packages, run each tick as plain functions."""
     return {
+        "newsletter_scheduled": start_scheduled_newsletters,
         "newsletter_reclaim": reclaim_stale,
         "webhook_requeue": requeue_unprocessed,
         "partitions": retention.maintain,
+        "feed_state_prune": seen.prune_expired,
     }
 
 

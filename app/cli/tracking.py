@@ -25,8 +25,6 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-import psycopg2.extras
-
 from app.platform import db
 from app.platform.addresses import canonical
 from tracking import codes, links
@@ -95,7 +93,7 @@ def _import_chunk(items: list[tuple], report: ImportReport) -> None:
             subscriber_id = None
         values.append((code, link_ids[(kind, mail_id, url)], subscriber_id))
     with db.raw_cursor() as cur:
-        inserted = psycopg2.extras.execute_values(
+        inserted = db.execute_values(
             cur,
             "INSERT INTO legacy_link_codes (code, link_id, subscriber_id) VALUES %s "
             "ON CONFLICT (code) DO NOTHING RETURNING code",

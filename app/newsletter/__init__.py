@@ -18,5 +18,5 @@ Progress: `python -m app newsletter-status ID`. Benchmark: scripts/bench/newslet
 
 Modules: service (API operations + status), template (compile once, render per recipient),
 outbox (row creation), sender (claim/render/send/mark loop), ratelimit (adaptive, shared via
-Redis), reclaim (scheduler tick hook), kick (enqueue helpers), store (DB connections).
+Redis), reclaim (scheduler tick hook), kick (enqueue helpers), schedule (scheduled and local-time sends).
 """

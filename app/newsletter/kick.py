@@ -40,6 +40,15 @@ def mark_alive(newsletter_id: int, ttl: float = ALIVE_TTL_SECONDS) -> None:
         log.warning("could not mark newsletter %s alive: %s", newsletter_id, exc)
 
 
+def clear_alive(newsletter_id: int) -> None:
+    """The chains stopped with rows left for later (a local time, a long backoff): the next tick
+    whose reclaim finds one of them due kicks chains at once, not after the mark's TTL."""
+    try:
+        redis_client().delete(alive_key(newsletter_id))
+    except redis_lib.RedisError as exc:  # then the mark just expires
+        log.warning("could not clear newsletter %s's alive mark: %s", newsletter_id, exc)
+
+
 def is_alive(newsletter_id: int) -> bool:
     return bool(redis_client().exists(alive_key(newsletter_id)))
 

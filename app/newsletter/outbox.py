@@ -13,9 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-import psycopg2.errors
-
-from app.newsletter import kick, rows, store
+from app.newsletter import kick, rows, schedule
 from app.platform import db, lease
 
 log = logging.getLogger("app.newsletter.outbox")
@@ -44,12 +42,16 @@ def lease_name(newsletter_id: int) -> str:
 def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None) -> int:
     """Build (or finish building) the outbox. Returns rows inserted by this run. `on_chunk(n)` is
     called after each committed chunk (progress logging; tests use it to crash mid-way)."""
-    rows = store.run("SELECT status, audience, outbox_completed_at FROM newsletters WHERE id = %s", (newsletter_id,))
+    rows = db.thread_connection.run(
+        "SELECT status, audience, outbox_completed_at, local_time, coalesce(send_at, send_requested_at, now()) "
+        "FROM newsletters WHERE id = %s",
+        (newsletter_id,),
+    )
     if not rows:
         log.warning("outbox: newsletter %s does not exist (deleted?); nothing to do", newsletter_id)
         return 0
-    status, audience, done_at = rows[0]
-    if status in ("draft", "cancelled", "done") or audience is None:
+    status, audience, done_at, local_time, started = rows[0]
+    if status in ("draft", "scheduled", "cancelled", "done") or audience is None:
         log.info("outbox: newsletter %s is %s; not building", newsletter_id, status)
         return 0
     if done_at is not None:
@@ -62,23 +64,25 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
         return 0
     with builder:
         builder.keep()
-        return _build(newsletter_id, audience, chunk_ids, on_chunk)
+        # A re-run computes the same not_before: from the stored start, not from now.
+        due = schedule.due_times(started, local_time)
+        return _build(newsletter_id, audience, chunk_ids, on_chunk, due)
 
 
-def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk) -> int:
+def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk, due: dict) -> int:
     started = time.monotonic()
     # Sending starts with the first chunk; chains idle-wait while the rest is written.
-    store.run(rows.START_SENDING, (newsletter_id,))
+    db.thread_connection.run(rows.START_SENDING, (newsletter_id,))
     inserted, kicked, analyzed_at = 0, False, 0
-    for params in _chunks(newsletter_id, audience, chunk_ids):
-        state = store.run("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))
+    for params in _chunks(newsletter_id, audience, chunk_ids, due):
+        state = db.thread_connection.run("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))
         if not state or state[0][0] == "cancelled":
             # Rows written after the cancel's own sweep would otherwise linger as `pending`.
             cancel_pending_rows(newsletter_id)
             log.info("outbox: newsletter %s cancelled while building; stopped", newsletter_id)
             return inserted
         sql = rows.INSERT_USER_IDS if "user_ids" in params else rows.INSERT_RANGE
-        inserted += store.run(sql, params, fetch=False)
+        inserted += db.thread_connection.run(sql, params, fetch=False)
         if inserted and inserted >= analyzed_at * ANALYZE_GROWTH:
             refresh_planner_statistics()
             analyzed_at = inserted
@@ -89,7 +93,7 @@ def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk) -> int:
             on_chunk(inserted)
     if inserted > analyzed_at:
         refresh_planner_statistics()
-    store.run(rows.OUTBOX_COMPLETE, (newsletter_id,))
+    db.thread_connection.run(rows.OUTBOX_COMPLETE, (newsletter_id,))
     if not kicked:
         _start_sending(newsletter_id)  # re-run that inserted nothing new: pending rows may remain
     log.info(
@@ -113,20 +117,20 @@ def refresh_planner_statistics() -> bool:
     try:
         db.thread_connection.retry_once(work)
         return True
-    except psycopg2.errors.LockNotAvailable:
+    except db.LockNotAvailable:
         log.info("outbox: email_log is being analyzed or vacuumed already; statistics refresh skipped")
         return False
 
 
-def _chunks(newsletter_id: int, audience: dict, chunk_ids: int):
+def _chunks(newsletter_id: int, audience: dict, chunk_ids: int, due: dict):
     if audience.get("kind") == "user_ids":
         user_ids = audience.get("user_ids", [])
         for i in range(0, len(user_ids), CHUNK_USER_IDS):
-            yield {"nl": newsletter_id, "user_ids": user_ids[i : i + CHUNK_USER_IDS]}
+            yield {**due, "nl": newsletter_id, "user_ids": user_ids[i : i + CHUNK_USER_IDS]}
         return
-    lo, hi = store.run("SELECT coalesce(min(id), 0) - 1, coalesce(max(id), 0) FROM subscribers")[0]
+    lo, hi = db.thread_connection.run("SELECT coalesce(min(id), 0) - 1, coalesce(max(id), 0) FROM subscribers")[0]
     while lo < hi:
-        yield {"nl": newsletter_id, "lo": lo, "hi": min(lo + chunk_ids, hi)}
+        yield {**due, "nl": newsletter_id, "lo": lo, "hi": min(lo + chunk_ids, hi)}
         lo += chunk_ids
 
 
@@ -142,8 +146,7 @@ def cancel_pending_rows(newsletter_id: int) -> int:
     become one long write lock, and an interrupted cancel is still a cancel (claims stopped first)."""
     cancelled = 0
     while True:
-        with db.database.connection_context():
-            n = db.database.execute_sql(rows.CANCEL_PENDING_CHUNK, (newsletter_id, CANCEL_CHUNK)).rowcount
+        n = db.execute(rows.CANCEL_PENDING_CHUNK, (newsletter_id, CANCEL_CHUNK))
         cancelled += n
         if n < CANCEL_CHUNK:
             return cancelled

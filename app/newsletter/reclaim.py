@@ -15,17 +15,30 @@ from __future__ import annotations
 
 import logging
 
-from app.newsletter import kick, outbox, rows, store
-from app.platform import config
+from app.newsletter import kick, outbox, rows
+from app.platform import config, db
 
 log = logging.getLogger("app.newsletter.reclaim")
 
 OUTBOX_GRACE_SECONDS = 60  # a just-requested send's create_outbox message is probably still queued
+# Newsletters with pending rows due now. Every row of a local_time newsletter has a not_before: its
+# earliest comes first from the not_before index (one index entry), so a send whose recipients are
+# all hours away costs the tick nothing; only once some are due does EXISTS look for one not in
+# backoff.
+SENDING_WITH_DUE_ROWS = """
+SELECT n.id FROM newsletters n WHERE n.status = 'sending' AND CASE WHEN n.local_time IS NULL
+    THEN EXISTS (SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status = 'pending'
+                 AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))
+    ELSE (SELECT min(e.not_before) FROM email_log e
+          WHERE e.newsletter_id = n.id AND e.status = 'pending' AND e.not_before IS NOT NULL) <= now()
+         AND EXISTS (SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status = 'pending'
+                     AND e.not_before <= now() AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())) END
+"""
 
 
 def reclaim_stale() -> dict:
     settings = config.get()
-    reclaimed_rows = store.run(rows.RECLAIM, (settings.reclaim_after_seconds,))
+    reclaimed_rows = db.thread_connection.run(rows.RECLAIM, (settings.reclaim_after_seconds,))
     reclaimed: dict[int, int] = {}
     for (newsletter_id,) in reclaimed_rows:
         reclaimed[newsletter_id] = reclaimed.get(newsletter_id, 0) + 1
@@ -33,9 +46,11 @@ def reclaim_stale() -> dict:
         log.warning("newsletter %s: %d stale sending row(s) back to pending", newsletter_id, n)
 
     kicked_outbox, kicked_chains = [], []
-    stalled_outboxes = store.run(
+    stalled_outboxes = db.thread_connection.run(
         "SELECT n.id FROM newsletters n WHERE n.status IN ('queued', 'sending', 'paused') "
-        "AND n.outbox_completed_at IS NULL AND n.send_requested_at < now() - make_interval(secs => %s) "
+        "AND n.outbox_completed_at IS NULL "
+        # a scheduled send started at send_at: its outbox message was sent then, not at the request
+        "AND greatest(n.send_requested_at, n.send_at) < now() - make_interval(secs => %s) "
         "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = %s || n.id AND l.expires_at >= now())",
         (OUTBOX_GRACE_SECONDS, outbox.LEASE_PREFIX),
     )
@@ -46,11 +61,7 @@ def reclaim_stale() -> dict:
         except Exception as exc:
             log.error("newsletter %s: could not re-kick the outbox: %s", newsletter_id, exc)
 
-    sending = store.run(
-        "SELECT n.id FROM newsletters n WHERE n.status = 'sending' AND EXISTS ("
-        " SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status = 'pending'"
-        " AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now()))"
-    )
+    sending = db.thread_connection.run(SENDING_WITH_DUE_ROWS)
     for (newsletter_id,) in sending:
         try:
             alive = kick.is_alive(newsletter_id)
@@ -60,7 +71,7 @@ def reclaim_stale() -> dict:
         except Exception as exc:
             log.error("newsletter %s: could not re-kick send chains: %s", newsletter_id, exc)
     # A newsletter whose last rows were finished by a worker that died before the done check.
-    finished = store.run(rows.DONE, {"nl": None})
+    finished = db.thread_connection.run(rows.DONE, {"nl": None})
     if kicked_outbox or kicked_chains:
         log.info("reclaim: outbox re-kicked for %s, send chains for %s", kicked_outbox, kicked_chains)
     return {

@@ -5,19 +5,22 @@ outbox, sender, reclaim) decide when, this module decides how.
 
 Life of a newsletter (newsletters.status):
   (new)                     --create-----------------------------> draft
-  draft                     --send requested---------------------> queued
+  draft, scheduled          --send requested---------------------> queued
+  draft, scheduled          --send requested with a send_at------> scheduled   (rescheduled)
+  scheduled                 --send_at came (scheduler tick)------> queued
   queued                    --outbox builder starts--------------> sending
   queued, sending           --pause------------------------------> paused
   paused                    --resume-----------------------------> sending
   sending                   --nothing pending or sending left----> done
   done                      --retry-failed requeued rows---------> sending
-  draft, queued, sending, paused --cancel------------------------> cancelled
+  draft, scheduled, queued, sending, paused --cancel-------------> cancelled
 
 Life of an outbox row (email_log.status):
   (new)      --outbox: subscribed------------------------> pending
   (new)      --outbox: unsubscribed (everything or the
                newsletter stream) or suppressed-----------> suppressed
-  pending    --claim (attempt counted)--------------------> sending
+  pending    --claim (attempt counted; not before its
+               not_before, the recipient's local_time)----> sending
   pending    --claim: unsubscribed/suppressed since-------> suppressed  (newsletter stream too)
   sending    --provider accepted--------------------------> sent
   sending    --refused, or attempts used up---------------> failed      (error kept)
@@ -36,10 +39,13 @@ from __future__ import annotations
 import enum
 
 from app.platform.mail_stop import NOT_ENGAGED
+from app.subscribers import mailable
+from app.subscribers.streams import NEWSLETTERS
 
 
 class NewsletterStatus(enum.StrEnum):
     DRAFT = "draft"
+    SCHEDULED = "scheduled"
     QUEUED = "queued"
     SENDING = "sending"
     PAUSED = "paused"
@@ -61,6 +67,9 @@ NEWSLETTER_TRANSITIONS = frozenset(
     {
         (None, _N.DRAFT),
         (_N.DRAFT, _N.QUEUED),
+        (_N.DRAFT, _N.SCHEDULED),
+        (_N.SCHEDULED, _N.QUEUED),
+        (_N.SCHEDULED, _N.CANCELLED),
         (_N.QUEUED, _N.SENDING),
         (_N.QUEUED, _N.PAUSED),
         (_N.SENDING, _N.PAUSED),
@@ -91,9 +100,18 @@ ROW_TRANSITIONS = frozenset(
 
 # -- newsletters -------------------------------------------------------------------------------
 CREATE = "INSERT INTO newsletters (subject, html, text, from_addr) VALUES (%s, %s, %s, %s) RETURNING id"
+# Params: (audience, local_time, id); SCHEDULE's: (audience, local_time, send_at, id). A scheduled
+# newsletter is changed whole by a new request (audience, time), until the tick starts it.
 QUEUE = (
-    "UPDATE newsletters SET status = 'queued', audience = %s, send_requested_at = now() "
-    "WHERE id = %s AND status = 'draft' RETURNING status"
+    "UPDATE newsletters SET status = 'queued', audience = %s, local_time = %s, send_at = NULL, "
+    "send_requested_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
+)
+SCHEDULE = (
+    "UPDATE newsletters SET status = 'scheduled', audience = %s, local_time = %s, send_at = %s, "
+    "send_requested_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
+)
+START_SCHEDULED = (
+    "UPDATE newsletters SET status = 'queued' WHERE status = 'scheduled' AND send_at <= now() RETURNING id"
 )
 START_SENDING = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'queued'"
 OUTBOX_COMPLETE = "UPDATE newsletters SET outbox_completed_at = now() WHERE id = %s AND outbox_completed_at IS NULL"
@@ -118,30 +136,42 @@ WHERE n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
 RETURNING n.id
 """
 
+# Erasure (app/subscribers/records.py erase, a step of it): a newsletter's audience lists user_ids
+# (jsonb {"kind": "user_ids", "user_ids": [...]}, app/newsletter/service.py). Run last, so the
+# newsletter rows it changes stay locked for the shortest time (a pause or cancel of one waits for
+# it; the outbox's inserts do not: a non-key update).
+ERASE_FROM_AUDIENCES = (
+    "UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
+    "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s"
+)
+
 # -- email_log ---------------------------------------------------------------------------------
-_ROW_VALUES = """
-    SELECT %(nl)s, s.id, s.email,
-           CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL
-                     OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'pending' END,
-           CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed'
-                WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters'
-                WHEN sup.id IS NOT NULL THEN 'suppressed: ' || sup.reason END
+# not_before: the moment the subscriber's zone reaches the newsletter's local_time, computed per zone
+# by app/newsletter/schedule.py (zoneinfo, as digest slots) and passed as two arrays (a zone not in
+# them, written around the API's check: as UTC); NULL (due at once) without a local_time.
+# NO_LOCAL_TIME: the parameters for that.
+NO_LOCAL_TIME: dict[str, list[object] | None] = {"zones": [], "due": [], "default_due": None}
+_REFUSAL = mailable.refusal(NEWSLETTERS)
+_ROW_VALUES = f"""
+    SELECT %(nl)s, s.id, s.email, coalesce(z.due, %(default_due)s::timestamptz),
+           CASE WHEN {_REFUSAL} IS NULL THEN 'pending' ELSE 'suppressed' END, {_REFUSAL}
     FROM subscribers s
-    LEFT JOIN suppressions sup ON sup.email = s.canonical_email
+    LEFT JOIN unnest(%(zones)s::text[], %(due)s::timestamptz[]) AS z(zone, due) ON z.zone = s.timezone
 """
 INSERT_RANGE = (
-    "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
+    "INSERT INTO email_log (newsletter_id, subscriber_id, email, not_before, status, error)"
     + _ROW_VALUES
     + "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 INSERT_USER_IDS = (
-    "INSERT INTO email_log (newsletter_id, subscriber_id, email, status, error)"
+    "INSERT INTO email_log (newsletter_id, subscriber_id, email, not_before, status, error)"
     + _ROW_VALUES
     + "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 
-# One statement = one transaction: pick due rows of a newsletter that is `sending` while mail may go
-# out (so a pause or the emergency stop stops claims immediately), lock them without waiting for
+# One statement = one transaction: pick due rows (backoff over, the recipient's local time come) of
+# a newsletter that is `sending` while mail may go out (so a pause or the emergency stop stops
+# claims immediately), lock them without waiting for
 # rows other workers hold, and move them to `sending` — or straight to `suppressed` if the
 # subscriber unsubscribed or got suppressed since the outbox was built (I6: checked at claim
 # time). `after`: the send loop's cursor (the largest id it claimed last), so a claim starts
@@ -149,12 +179,14 @@ INSERT_USER_IDS = (
 # (thousands of dead entries at the front of the pending index would slow every claim of a big
 # send). A loop ends only when a claim from 0 finds nothing, so rows left behind (locked by a
 # peer, backoff now due) are never missed.
+_REFUSAL_AT_SEND = mailable.refusal(NEWSLETTERS, when=" before send")
 CLAIM = (
     """
 WITH picked AS (
     SELECT e.id FROM email_log e
     WHERE e.newsletter_id = %(nl)s AND e.status = 'pending' AND e.id > %(after)s
       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
+      AND (e.not_before IS NULL OR e.not_before <= now())
       AND EXISTS (SELECT 1 FROM newsletters n WHERE n.id = %(nl)s AND n.status = 'sending')
       AND """
     + NOT_ENGAGED
@@ -164,15 +196,16 @@ WITH picked AS (
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE email_log e SET
-    status = CASE WHEN s.unsubscribed_at IS NOT NULL OR s.newsletters_unsubscribed_at IS NOT NULL
-                       OR sup.id IS NOT NULL THEN 'suppressed' ELSE 'sending' END,
-    error = CASE WHEN s.unsubscribed_at IS NOT NULL THEN 'unsubscribed before send'
-                 WHEN s.newsletters_unsubscribed_at IS NOT NULL THEN 'unsubscribed from newsletters before send'
-                 WHEN sup.id IS NOT NULL THEN 'suppressed before send: ' || sup.reason ELSE e.error END,
+    status = CASE WHEN """
+    + _REFUSAL_AT_SEND
+    + """ IS NULL THEN 'sending' ELSE 'suppressed' END,
+    error = coalesce("""
+    + _REFUSAL_AT_SEND
+    + """, e.error),
     attempts = e.attempts + 1,
     claimed_at = now(),
     email = s.email
-FROM picked p, subscribers s LEFT JOIN suppressions sup ON sup.email = s.canonical_email
+FROM picked p, subscribers s
 WHERE e.id = p.id AND s.id = e.subscriber_id
 RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
 """

@@ -26,7 +26,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from app.newsletter import growth, kick, ratelimit, rows, store, template
+from app.newsletter import growth, kick, ratelimit, rows, template
 from app.platform import config, db, host, mail, metrics, shutdown, tokens
 from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.platform.providers import get_provider
@@ -52,7 +52,7 @@ FLUSH_EVERY = 100  # outcomes written (and controls read) at least every this ma
 
 
 def _load(newsletter_id: int):
-    rows = store.run(
+    rows = db.thread_connection.run(
         "SELECT status, subject, html, text, from_addr, outbox_completed_at, "
         "EXISTS (SELECT 1 FROM mail_stop) FROM newsletters WHERE id = %s",
         (newsletter_id,),
@@ -109,10 +109,10 @@ def send_batch(
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + wait)
                 kick.continue_chain(newsletter_id, delay_ms=int(wait * 1000))
             return stats
-        claimed = store.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size, "after": after})
+        claimed = db.thread_connection.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size, "after": after})
         if not claimed and after:
             after = 0
-            claimed = store.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size, "after": after})
+            claimed = db.thread_connection.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size, "after": after})
         if not claimed:
             break
         after = max(r[0] for r in claimed)
@@ -250,7 +250,7 @@ class _Outcomes:
         """Record what arrived; True when the newsletter may not go on (the provider stops)."""
         self.take(results)
         self.write()
-        status, may_send = store.run(rows.MAY_SEND, (self.newsletter_id,))[0]
+        status, may_send = db.thread_connection.run(rows.MAY_SEND, (self.newsletter_id,))[0]
         return status != "sending" or not may_send
 
     def write(self) -> None:
@@ -260,7 +260,7 @@ class _Outcomes:
         if self.marks:
             marks = self.marks
             db.until_written(
-                lambda: store.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE),
+                lambda: db.thread_connection.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE),
                 self.deadline,
                 f"newsletter {nl}: recording {len(marks)} outcomes",
             )
@@ -269,7 +269,7 @@ class _Outcomes:
         if self.released:
             released = self.released
             db.until_written(
-                lambda: store.run(rows.RELEASE, (released,), fetch=False),
+                lambda: db.thread_connection.run(rows.RELEASE, (released,), fetch=False),
                 self.deadline,
                 f"newsletter {nl}: releasing {len(released)} rows not sent",
             )
@@ -353,9 +353,10 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
         if reenqueue:
             kick.continue_chain(newsletter_id, delay_ms=1000)
         return "waiting for the outbox", 1.0
-    pending, next_due = store.run(
-        "SELECT count(*), min(coalesce(next_attempt_at, now())) - now() FROM email_log "
-        "WHERE newsletter_id = %s AND status = 'pending'",
+    # Rows wait for a retry's backoff or for their recipient's local time (not_before).
+    pending, next_due = db.thread_connection.run(
+        "SELECT count(*), min(greatest(coalesce(next_attempt_at, now()), coalesce(not_before, now()))) - now() "
+        "FROM email_log WHERE newsletter_id = %s AND status = 'pending'",
         (newsletter_id,),
     )[0]
     if pending:
@@ -364,9 +365,10 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
             if reenqueue:
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + delay)
                 kick.continue_chain(newsletter_id, delay_ms=int(delay * 1000))
-            return f"{pending} row(s) in backoff; next in {delay:.1f}s", delay
-        return f"{pending} row(s) in backoff for more than {IDLE_RECHECK_MAX:.0f}s; the scheduler tick re-kicks", None
-    if store.run(rows.DONE, {"nl": newsletter_id}):
+            return f"{pending} row(s) waiting; next due in {delay:.1f}s", delay
+        kick.clear_alive(newsletter_id)
+        return f"{pending} row(s) not due for {IDLE_RECHECK_MAX:.0f}s or more; the scheduler tick re-kicks", None
+    if db.thread_connection.run(rows.DONE, {"nl": newsletter_id}):
         log.info("newsletter %s done", newsletter_id)
         return "done", None
     return "other workers still hold rows", None

@@ -5,6 +5,7 @@ operators (or a retried request) racing each other cannot produce an impossible 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, time
 from typing import Annotated, Literal
 
 import orjson
@@ -112,7 +113,48 @@ class UserIdList(Body):
     user_ids: UserIds
 
 
+_RFC3339 = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+_RFC3339_MESSAGE = "must be an RFC 3339 date-time with a UTC offset, e.g. 2026-03-29T09:00:00+01:00 or ...Z"
+_LOCAL_TIME = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+_LOCAL_TIME_MESSAGE = 'must be a time of day as HH:MM (24 h), e.g. "09:00"'
+
+
+def _send_at(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value.upper().replace(" ", "T").replace("Z", "+00:00"))
+    except ValueError:
+        raise fail("send_at", _RFC3339_MESSAGE) from None
+    if when.tzinfo is None:  # the pattern requires an offset; kept should the pattern change
+        raise fail("send_at", _RFC3339_MESSAGE)
+    if when <= datetime.now(UTC):
+        raise fail("send_at", "must be in the future (leave it out to send now)")
+    return when.astimezone(UTC)
+
+
+def _local_time(value: str | None) -> time | None:
+    return None if value is None else time.fromisoformat(value)
+
+
 class NewsletterAudience(Body):
+    send_at: Annotated[
+        Text(40, _RFC3339, message=_RFC3339_MESSAGE) | None,
+        Field(
+            json_schema_extra={"format": "date-time"},
+            description="RFC 3339 with an offset, in the future: the newsletter is `scheduled` until then, and can "
+            "be sent again (a new send_at: rescheduled; none: now) or cancelled until it starts; absent or null: now",
+        ),
+        AfterValidator(_send_at),
+    ] = None
+    local_time: Annotated[
+        Text(5, _LOCAL_TIME, message=_LOCAL_TIME_MESSAGE) | None,
+        Field(
+            description="HH:MM: each recipient gets it when their own time zone (the subscriber's `timezone`) next "
+            "reads this time after the start (send_at, or now): everyone within 24 h, at the same local time"
+        ),
+        AfterValidator(_local_time),
+    ] = None
     audience: (
         Annotated[
             Literal["all"],
@@ -131,14 +173,23 @@ def validate_new(body) -> tuple[dict, list[dict]]:
 
 def validate_audience(body) -> tuple[dict | None, list[dict]]:
     """{"kind": "all"} or {"kind": "user_ids", "user_ids": sorted unique ids}, or the problems."""
+    request, errors = validate_send(body)
+    return (request["audience"] if request else None), errors
+
+
+def validate_send(body) -> tuple[dict | None, list[dict]]:
+    """{"audience": as validate_audience's, "send_at": aware datetime or None, "local_time": time or
+    None} for request_send, or the problems."""
     request, errors = check(NewsletterAudience, body)
     if request is None:
         return None, errors
     audience = request.audience
     if audience == "all":
-        return {"kind": "all"}, []
-    ids = audience.user_ids if isinstance(audience, UserIdList) else audience
-    return {"kind": "user_ids", "user_ids": sorted(set(ids))}, []
+        audience = {"kind": "all"}
+    else:
+        ids = audience.user_ids if isinstance(audience, UserIdList) else audience
+        audience = {"kind": "user_ids", "user_ids": sorted(set(ids))}
+    return {"audience": audience, "send_at": request.send_at, "local_time": request.local_time}, []
 
 
 def create(values: dict) -> int:
@@ -150,21 +201,36 @@ def create(values: dict) -> int:
 
 
 def _current(newsletter_id: int) -> tuple:
-    rows = db.query("SELECT status, audience, outbox_completed_at FROM newsletters WHERE id = %s", (newsletter_id,))
+    rows = db.query(
+        "SELECT status, audience, outbox_completed_at, local_time FROM newsletters WHERE id = %s", (newsletter_id,)
+    )
     if not rows:
         raise NotFound(f"no newsletter {newsletter_id}")
     return rows[0]
 
 
-def request_send(newsletter_id: int, audience: dict) -> str:
-    """draft -> queued and the outbox actor enqueued. Repeating the same request is harmless."""
-    rows = db.query(statements.QUEUE, (orjson.dumps(audience).decode(), newsletter_id))
+def request_send(
+    newsletter_id: int, audience: dict, send_at: datetime | None = None, local_time: time | None = None
+) -> str:
+    """draft (or scheduled) -> queued and the outbox actor enqueued; with a send_at, -> scheduled
+    instead (the scheduler tick starts it: app/newsletter/schedule.py). Repeating the same request
+    is harmless."""
+    stored_audience = orjson.dumps(audience).decode()
+    if send_at is not None:
+        if db.query(statements.SCHEDULE, (stored_audience, local_time, send_at, newsletter_id)):
+            log.info("newsletter %s scheduled for %s", newsletter_id, send_at.isoformat())
+            return "scheduled"
+        status = _current(newsletter_id)[0]
+        raise Conflict(f"only a draft or scheduled newsletter can be scheduled (it is {status})", status)
+    rows = db.query(statements.QUEUE, (stored_audience, local_time, newsletter_id))
     if not rows:
-        status, stored, outbox_done = _current(newsletter_id)
+        status, stored, outbox_done, stored_time = _current(newsletter_id)
         if status in ("done", "cancelled"):
             raise Conflict(f"newsletter is {status}; create a new one to send again", status)
         if not _same_audience(stored, audience):
             raise Conflict(f"newsletter is already {status} with a different audience", status)
+        if stored_time != local_time:
+            raise Conflict(f"newsletter is already {status} with a different local_time", status)
         if outbox_done is not None:
             return status
     _kick_safely(kick.outbox, newsletter_id)
@@ -215,6 +281,10 @@ def pause(newsletter_id: int) -> str:
     status = _current(newsletter_id)[0]
     if status == "paused":
         return status
+    if status == "scheduled":
+        raise Conflict(
+            "a scheduled newsletter has not started: cancel it, or send it again with another send_at", status
+        )
     raise Conflict(f"only a queued or sending newsletter can be paused (it is {status})", status)
 
 
@@ -250,11 +320,11 @@ def retry_failed(newsletter_id: int) -> dict:
     status = _current(newsletter_id)[0]
     if status not in ("sending", "paused", "done"):
         raise Conflict(f"failed rows can be retried while sending, paused or done (it is {status})", status)
-    with db.database.connection_context(), db.database.atomic():
-        cur = db.database.execute_sql(statements.RETRY_FAILED, (newsletter_id,))
+    with db.raw_cursor() as cur:
+        cur.execute(statements.RETRY_FAILED, (newsletter_id,))
         requeued = cur.rowcount
         if requeued:
-            db.database.execute_sql(statements.REOPEN, (newsletter_id,))
+            cur.execute(statements.REOPEN, (newsletter_id,))
     status = _current(newsletter_id)[0]
     if requeued and status == "sending":
         _kick_safely(kick.send_chains, newsletter_id)
@@ -284,8 +354,8 @@ def list_newsletters(query: NewsletterListQuery) -> dict:
     """One page, newest first, with row counts: a finished newsletter's were stored when it finished;
     the others (few at any time) are counted now."""
     found = db.query(
-        "SELECT id, subject, status, audience, created_at, send_requested_at, completed_at, final_counts "
-        "FROM newsletters WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) "
+        "SELECT id, subject, status, audience, created_at, send_requested_at, completed_at, final_counts, "
+        "send_at, local_time FROM newsletters WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) "
         "AND (%(status)s::text IS NULL OR status = %(status)s::text) ORDER BY id DESC LIMIT %(limit)s",
         {"before": query.before, "status": query.status, "limit": query.limit + 1},
     )
@@ -298,7 +368,7 @@ def list_newsletters(query: NewsletterListQuery) -> dict:
         ):
             counted.setdefault(nid, {})[row_status] = n
     items = []
-    for nid, subject, state, audience, created, requested, completed, final in page:
+    for nid, subject, state, audience, created, requested, completed, final, send_at, local_time in page:
         counts = dict.fromkeys(ROW_STATUSES, 0)
         counts.update(final if final is not None else counted.get(nid, {}))
         counts["total"] = sum(counts[s] for s in ROW_STATUSES)
@@ -310,6 +380,8 @@ def list_newsletters(query: NewsletterListQuery) -> dict:
                 "audience": _audience_summary(audience),
                 "created_at": _iso(created),
                 "send_requested_at": _iso(requested),
+                "send_at": _iso(send_at),
+                "local_time": _hhmm(local_time),
                 "completed_at": _iso(completed),
                 "counts": counts,
             }
@@ -320,12 +392,14 @@ def list_newsletters(query: NewsletterListQuery) -> dict:
 def status(newsletter_id: int) -> dict:
     rows = db.query(
         "SELECT id, subject, from_addr, status, audience, created_at, send_requested_at, "
-        "outbox_completed_at, completed_at FROM newsletters WHERE id = %s",
+        "outbox_completed_at, completed_at, send_at, local_time FROM newsletters WHERE id = %s",
         (newsletter_id,),
     )
     if not rows:
         raise NotFound(f"no newsletter {newsletter_id}")
-    (nid, subject, from_addr, state, audience, created, requested, outbox_done, completed) = rows[0]
+    (nid, subject, from_addr, state, audience, created, requested, outbox_done, completed, send_at, local_time) = rows[
+        0
+    ]
     counts = dict.fromkeys(ROW_STATUSES, 0)
     for row_status, n in db.query(
         "SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status", (newsletter_id,)
@@ -340,6 +414,8 @@ def status(newsletter_id: int) -> dict:
         "audience": _audience_summary(audience),
         "created_at": _iso(created),
         "send_requested_at": _iso(requested),
+        "send_at": _iso(send_at),
+        "local_time": _hhmm(local_time),
         "outbox_completed_at": _iso(outbox_done),
         "completed_at": _iso(completed),
         "counts": counts,
@@ -372,6 +448,10 @@ def _audience_summary(audience):
     if audience.get("kind") == "user_ids":
         return {"kind": "user_ids", "count": len(audience.get("user_ids", []))}
     return audience
+
+
+def _hhmm(value: time | None) -> str | None:
+    return value.strftime("%H:%M") if value is not None else None
 
 
 def _iso(value):

@@ -16,9 +16,11 @@ Layout: an HTML body that is a fragment (no <html>, <body> or doctype) is wrappe
 layout (app/platform/mail_layout.py: brand header, card, colours from settings) before premailer; a full document
 is sent as written. The derived text part comes from the body as written, without the layout.
 
-`{{name}}` of a subscriber without a name shows NAME_FALLBACK ("there"): the variable tags are
-pointed at a `display_name` value at compile time, while `{{#name}}` / `{{^name}}` sections still
-test the real name.
+`{{greeting}}` is the one greeting of every mail, digests' included (app/platform/greeting.py):
+"Hi Ana," or, without a name, "Hi,". `{{name}}` of a subscriber without a name shows NAME_FALLBACK
+(empty unless set: "News for {{name}}" would read "News for there"; write
+`{{#name}}for {{name}}{{/name}}`): the variable tags are pointed at a `display_name` value at
+compile time, while `{{#name}}` / `{{^name}}` sections still test the real name.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import re
 import threading
 from dataclasses import dataclass
 
-from app.platform import config, mail, mail_layout, mustache
+from app.platform import config, greeting, mail, mail_layout, mustache
 from app.platform.css_inline import inline_css as _inline_css
 
 log = logging.getLogger("app.newsletter.template")
 
-VARIABLES = ("name", "email", "user_id", "unsubscribe_url", "preferences_url")
+VARIABLES = ("name", "greeting", "email", "user_id", "unsubscribe_url", "preferences_url")
 MAX_SUBJECT = 500
 MAX_HTML = 512 * 1024
 MAX_TEXT = 256 * 1024
@@ -234,7 +236,12 @@ class Compiled:
 
     def render(self, context: dict) -> Rendered:
         if DISPLAY_NAME not in context:
-            context = {**context, DISPLAY_NAME: context.get("name") or self.name_fallback}
+            name = context.get("name")
+            context = {
+                **context,
+                DISPLAY_NAME: name or self.name_fallback,
+                "greeting": greeting.greeting(name, self.name_fallback),
+            }
         return Rendered(
             # One line whatever the variables hold (a user_id may hold a control character).
             subject=mail.one_line(self._subject.render(context)),

@@ -24,8 +24,8 @@ from app.platform.addresses import canonical
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, ProviderError
 from app.platform.validation import Body, check
+from app.subscribers import mailable, streams
 from app.subscribers import records as subscribers
-from app.subscribers import streams
 
 log = logging.getLogger("app.newsletter.test_send")
 
@@ -95,7 +95,11 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
         )
     }
     suppressed = {
-        row[0] for row in db.query("SELECT email FROM suppressions WHERE email = ANY (%s)", (list(keys.values()),))
+        row[0]
+        for row in db.query(
+            f"SELECT a FROM unnest(%s::text[]) a WHERE {mailable.address_refusal('a')} IS NOT NULL",
+            (list(keys.values()),),
+        )
     }
     compiled = template.compiled_for(newsletter_id, subject, html, text)
     results = {

@@ -1,7 +1,11 @@
 """Every setting is declared once, here: name, type, default and meaning in one field of Settings.
 The environment variable is the field name in upper case; `load()` reads and type-checks each one,
-and the README's configuration table is generated from the same declarations
-(`python -m app settings --markdown`; tests/test_config.py checks they agree)."""
+and the configuration table in docs/configuration.md is generated from the same declarations
+(`python -m app settings --markdown`; tests/test_config.py checks they agree).
+
+A `.env` file (ENV_FILE; `make run` writes one) is read first: each of its variables that the
+environment does not set is set from it, so every command of a checkout (the CLI, the processes)
+sees the same development settings, and the environment always wins."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from urllib.parse import urlsplit
+
+import dotenv
 
 
 class ConfigError(RuntimeError):
@@ -26,7 +32,7 @@ ALLOW_UNSIGNED_WEBHOOK = "i-understand-anyone-can-post-events"
 
 
 def setting(default, doc: str, *, shown: str | None = None):
-    """A field of Settings: its default, what it means, and how the README shows the default."""
+    """A field of Settings: its default, what it means, and how docs/configuration.md shows the default."""
     return field(default=default, metadata={"doc": doc, "shown": shown})
 
 
@@ -40,8 +46,14 @@ class Settings:
         "without a SECRET_KEY of 32+ characters other than the built-in one, "
         "without SENDGRID_WEBHOOK_PUBLIC_KEY or the opt-out, and without "
         "MAIL_POSTAL_ADDRESS. `make run`/`demo`/"
-        "`migrate`/`bench` and `Procfile.dev` set `development`; run "
-        "`python -m app …` by hand with `APP_ENV=development` locally",
+        "`migrate`/`bench` and `Procfile.dev` set `development`, and `make run` writes it "
+        "to `.env`, so `notify …` in the next terminal runs in development too",
+    )
+    env_file: str = setting(
+        ".env",
+        "a file of `NAME=value` lines read before anything else (python-dotenv; relative to the "
+        "working directory): a variable the environment sets wins over the file. `make run` writes "
+        "the development settings and the demo API keys there (git-ignored); empty: no file",
     )
     database_url: str = setting("postgresql://localhost/notify", "Postgres; created if missing by `migrate`")
     migration_database_url: str = setting(
@@ -49,7 +61,7 @@ class Settings:
         "Postgres for `migrate` alone. Behind PgBouncer in transaction "
         "pooling mode, point it at Postgres itself (or a session-mode pool): "
         "the migrator needs one session for its advisory lock and for "
-        '`lock_timeout` around CREATE INDEX CONCURRENTLY (README "Running '
+        '`lock_timeout` around CREATE INDEX CONCURRENTLY (docs/operations.md "Running '
         'behind PgBouncer")',
         shown="DATABASE_URL",
     )
@@ -87,7 +99,7 @@ class Settings:
         "under the checkout); created at start-up, read by `GET /metrics` "
         "(web, or `python -m app metrics-exporter` on a worker-only host). "
         "One directory per deployment and host: empty it when the deployment starts "
-        'from scratch (README "Metrics")',
+        'from scratch (docs/observability.md "Metrics")',
     )
     metrics_token: str = setting(
         "",
@@ -143,7 +155,7 @@ class Settings:
         90,
         "digest_events, webhook_events and email_link_history are partitioned by "
         "month; a month goes whole (dropped, not DELETEd) once its newest row is older "
-        "than this, digest events never included in a digest counted first (README "
+        "than this, digest events never included in a digest counted first (docs/operations.md "
         '"Retention"). 0 keeps everything; otherwise at least 7 (a weekly digest '
         "must see its week)",
     )
@@ -152,6 +164,11 @@ class Settings:
     mail_from: str = setting("Notify <notify@localhost>", "default sender: exactly one mailbox")
     smtp_url: str = setting("smtp://localhost:1025", "`smtp://user:pass@host:port`, `?starttls=1`, or `smtps://`")
     mail_file_dir: str = setting("mail-out", "where the `file` provider writes .eml files")
+    mail_viewer_url: str = setting(
+        "http://127.0.0.1:8025/dev/mail",
+        "where the page at `/` links the development mail viewer (`scripts/dev/mailviewer.py`; "
+        "its port is MAIL_VIEWER_PORT); shown in development only",
+    )
     unsubscribe_mailto: str = setting("", "adds a mailto: target to List-Unsubscribe")
     mail_postal_address: str = setting(
         "",
@@ -189,9 +206,9 @@ class Settings:
     )
     brand_background: str = setting("#f4f5f7", "colour around the card (`#rgb` or `#rrggbb`)")
     name_fallback: str = setting(
-        "there",
-        'what `{{name}}` shows for a subscriber without a name ("Hi there"), '
-        "in newsletters and the digest greeting; at most 60 characters",
+        "",
+        "what `{{name}}` shows for a subscriber without a name, in newsletters and the greeting of "
+        'every mail ("Hi," when empty, "Hi friend," with `friend`); at most 60 characters',
     )
     # -- tracking
     tracking: bool = setting(True, "`off` sends clean links and no open pixel")
@@ -210,7 +227,7 @@ class Settings:
     digest_max_items: int = setting(50, 'entities shown per digest ("and N more")')
     digest_stagger_seconds: int = setting(3600, "spread of a slot's sends (stable per subscriber)")
     digest_processing_timeout_seconds: int = setting(
-        300, 'a batch\'s worker is presumed dead after this (README "Failure handling": how it was chosen)'
+        300, 'a batch\'s worker is presumed dead after this (docs/operations.md "Failure handling": how it was chosen)'
     )
     digest_max_attempts: int = setting(5, "attempts before a run is `failed`")
     scheduler_interval_seconds: float = setting(30.0, "scheduler tick")
@@ -227,6 +244,32 @@ class Settings:
         'send-now mails (cadence `immediately`, priority high, "send now" '
         "categories) per subscriber in any hour; more waits for the next "
         "allowed one (0 = no limit)",
+    )
+    unseen_grace_seconds: int = setting(
+        0,
+        'how long a send-now mail (cadence `immediately`, priority high, "send now" '
+        "categories) waits before it is built: what the subscriber saw in the app "
+        "meanwhile (the feed's seen/read marks) is left out, and a mail left with "
+        "nothing unseen is not sent. 0 sends at once",
+    )
+    feed_token_seconds: int = setting(
+        3600,
+        "how long a feed token (POST /v1/subscribers/{user_id}/feed-token) is valid; "
+        "`ttl_seconds` in the request may ask for less",
+    )
+    feed_allowed_origins: tuple = setting(
+        (),
+        "origins (comma separated, e.g. `https://app.example.com`) whose pages may call "
+        "/v1/feed* from the browser (CORS); empty: none",
+    )
+    feed_stream_max_connections: int = setting(
+        200, "open GET /v1/feed/stream connections per web process; more are refused with 503"
+    )
+    feed_stream_poll_seconds: float = setting(
+        2.0, "how often an open feed stream looks for new items and count changes"
+    )
+    feed_stream_heartbeat_seconds: float = setting(
+        15.0, "a comment line this often on a quiet feed stream, so proxies keep it open"
     )
     immediate_recheck_seconds: int = setting(
         3600,
@@ -385,7 +428,17 @@ _SPECIAL = {
 }
 
 
+def load_env_file() -> str | None:
+    """Set the variables of ENV_FILE that the environment does not set; the file's path if read."""
+    path = os.environ.get("ENV_FILE", Settings.env_file)
+    if not path or not os.path.isfile(path):
+        return None
+    dotenv.load_dotenv(path, override=False)
+    return path
+
+
 def load() -> Settings:
+    load_env_file()
     values = {}
     for f in fields(Settings):
         raw = os.environ.get(env_name(f.name))
@@ -440,7 +493,7 @@ def check_brand(settings: Settings) -> None:
 
 
 def markdown_table() -> str:
-    """The README's configuration table, from the declarations."""
+    """The configuration table of docs/configuration.md, from the declarations."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for f in fields(Settings):
         shown = f.metadata.get("shown")
@@ -467,7 +520,7 @@ def get() -> Settings:
 
 
 def reload() -> Settings:
-    """Re-read the environment (tests and the CLI after changing os.environ)."""
+    """Re-read the environment and ENV_FILE (tests and the CLI after changing os.environ)."""
     global _settings
     _settings = load()
     return _settings
@@ -490,3 +543,6 @@ def override(**changes) -> Settings:
 def restore(previous: Settings) -> None:
     global _settings
     _settings = previous
+
+
+load_env_file()  # at import, before any module reads os.environ (LOG_LEVEL, PROMETHEUS_MULTIPROC_DIR)

@@ -1,47 +1,49 @@
-"""Database access: one connection factory, one pool, one transaction helper.
+"""Database access: the one way to the database (docs/database.md). No module above the platform
+imports psycopg2 or peewee; they call this module's API.
 
 The SQL files in sql/migrations are the schema; there are no ORM models (they were never queried
 and had drifted from the schema). Every connection comes from `connect_raw()`, the one factory
 (it also counts what it opened: `connections_opened()`). There are three ways to hold one:
 
-1. The pool — peewee's PooledPostgresqlExtDatabase (`database`, DB_POOL_SIZE connections per
-   process, DB_POOL_TIMEOUT_SECONDS to wait for one) — for every short-lived unit of work: a web
-   request, a CLI command, a scheduler job. The connection is the calling thread's for the unit
-   and goes back to the pool after it; a connection that does not answer when handed out (peewee
-   pings it) or whose server went away during the unit is discarded, never handed out again.
-     * `query(sql, params)`: one statement, autocommit — most of the admin API, pages, health.
-     * `raw_cursor()`: a psycopg2 cursor inside `transaction()` — several statements that commit
-       or roll back together (claims and marks from the scheduler, API keys, CLI, tests).
-     * `database.connection_context()` / `database.atomic()`: peewee's own API on the same pool,
-       where it already reads best (subscribers, pages, newsletter admin).
-   peewee runs its connections in autocommit and sends BEGIN itself; `transaction()` does the same.
+1. The pool — peewee's PooledPostgresqlExtDatabase, kept for its pool alone (DB_POOL_SIZE
+   connections per process, DB_POOL_TIMEOUT_SECONDS to wait for one) — for every short-lived unit
+   of work: a web request, a CLI command, a scheduler job. The connection is the calling thread's
+   for the unit and goes back to the pool after it; a connection that does not answer when handed
+   out (peewee pings it) or whose server went away during the unit is discarded.
+     * `query(sql, params)`: one statement, autocommit; its rows.
+     * `execute(sql, params)`: one statement, autocommit; the rows it changed.
+     * `raw_cursor()`: a cursor inside `transaction()` — several statements that commit or roll
+       back together.
 
-2. `thread_connection` — the one way a worker thread keeps a connection across messages (digest
-   sending, newsletter sending, link recording, webhook apply): opening or even checking one out
-   per message would cost more than the work it serves. One per thread, shared by those paths,
-   autocommit like the pool's (so `transaction()` groups statements, as a savepoint when one is
-   already open); `retry_once(work)` reopens it once when the server went away, `reset()` drops it
-   after an error that may have left it in an unknown state. It follows DATABASE_URL.
+2. `thread_connection` — a worker thread's kept connection across messages (digest sending,
+   newsletter sending, link recording, webhook apply): opening or even checking one out per
+   message would cost more than the work it serves. One per thread, autocommit like the pool's
+   (so `transaction(conn)` groups statements, as a savepoint when one is already open).
+   `thread_connection.run(sql)` / `.execute_values(…)`: one statement, reopened once when the
+   server went away (`retry_once(work)`: idempotent work only); `reset()` drops it after an error
+   that may have left it in an unknown state. It follows DATABASE_URL.
 
 3. Owned connections, `connect_raw()` kept by one owner, where a thread writes a stream of
    transactions of its own: the group-commit writer threads (app/platform/groupcommit.py) and the
-   click-history writer (tracking/recorder.py). The migrator (app/platform/migrate.py) is the one user
-   whose *session* matters (an advisory lock, a session lock_timeout around CREATE INDEX
+   click-history writer (tracking/recorder.py). The migrator (app/platform/migrate.py) is the one
+   user whose *session* matters (an advisory lock, a session lock_timeout around CREATE INDEX
    CONCURRENTLY), and it connects to MIGRATION_DATABASE_URL when that is set.
+
+`execute_values(cur, …)` sends many rows in one statement per page; `json(value)` is a jsonb
+parameter; `Error`, `LockNotAvailable`, … are the driver's errors callers catch. `until_written`
+retries a write whose outcome must not be lost while the database is unavailable.
 
 Nothing else keeps state in a session, so everything but the migrator works behind PgBouncer in
 transaction pooling mode (README "Running behind PgBouncer"; `make test` runs the integration tests
 through one): settings that must hold for a unit of work are `SET LOCAL` inside its transaction,
 temp tables are created in the transaction that uses them, roles held across transactions (the
-scheduler's leadership, a newsletter's outbox builder) are lease rows (app/platform/lease.py), not advisory
-locks, and there are no LISTEN/NOTIFY, WITH HOLD cursors or named prepared statements (psycopg2
-sends every query as plain text).
+scheduler's leadership, a newsletter's outbox builder) are lease rows (app/platform/lease.py), not
+advisory locks, and there are no LISTEN/NOTIFY, WITH HOLD cursors or named prepared statements
+(psycopg2 sends every query as plain text).
 
-Why the hot paths (claims, marks, group commits, click history, webhook apply) are plain SQL on
-psycopg2 cursors rather than peewee queries: they are `FOR UPDATE SKIP LOCKED` claims, `INSERT …
-SELECT … ON CONFLICT`, execute_values, COPY and arrays as literals — SQL an ORM would only wrap —
-and each has to pick its transaction boundaries (never open across an SMTP call). peewee stays
-for what it does well here: the pool and a few readable admin writes.
+Why plain SQL rather than peewee queries: the hot paths are `FOR UPDATE SKIP LOCKED` claims,
+`INSERT … SELECT … ON CONFLICT`, execute_values, COPY and arrays as literals — SQL an ORM would only
+wrap — and each has to pick its transaction boundaries (never open across an SMTP call).
 """
 
 from __future__ import annotations
@@ -50,13 +52,14 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlparse
 
 import peewee
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
+import psycopg2.extras
 import tenacity
 from playhouse.pool import MaxConnectionsExceeded, _PooledPostgresqlDatabase
 from playhouse.postgres_ext import PostgresqlExtDatabase
@@ -74,6 +77,17 @@ UNAVAILABLE = (
     peewee.InterfaceError,
     MaxConnectionsExceeded,
 )
+
+# A cursor, as the modules above annotate one (the driver ships no types: this is Any to mypy).
+Cursor: TypeAlias = psycopg2.extensions.cursor
+
+# The errors callers catch, named here so that no module above the platform imports psycopg2.
+Error = psycopg2.Error
+DataError = psycopg2.DataError
+IntegrityError = psycopg2.IntegrityError
+LockNotAvailable = psycopg2.errors.LockNotAvailable
+UniqueViolation = psycopg2.errors.UniqueViolation
+QueryCanceled = psycopg2.errors.QueryCanceled
 
 _IN_TRANSACTION = psycopg2.extensions.TRANSACTION_STATUS_INTRANS
 _IN_ERROR = psycopg2.extensions.TRANSACTION_STATUS_INERROR
@@ -240,6 +254,29 @@ def query(sql: str, params=None) -> list[Any]:
         return cursor.fetchall() if cursor.description else []
 
 
+def execute_values(cur, sql: str, rows, template: str | None = None, page_size: int = 100, fetch: bool = False):
+    """`INSERT … VALUES %s` / `FROM (VALUES %s)` for many rows on `cur`: page_size rows per
+    statement (page_size=len(rows): one round trip). With fetch, the rows every page returned."""
+    return psycopg2.extras.execute_values(cur, sql, rows, template=template, page_size=page_size, fetch=fetch)
+
+
+def json(value) -> psycopg2.extras.Json:
+    """A parameter sent as JSON (a jsonb column)."""
+    return psycopg2.extras.Json(value)
+
+
+def execute(sql: str, params=None) -> int:
+    """One statement on a pooled connection (autocommit) whose rows are not needed: rows it changed."""
+    pool = _pool()
+    with pool.connection_context():
+        return pool.execute_sql(sql, params).rowcount
+
+
+def close_all() -> None:
+    """Close every pooled connection (shutdown; a test that restarts the server)."""
+    database.close_all()
+
+
 class ThreadConnection:
     """A worker thread's kept connection (see the module docstring): one per thread, reopened when
     closed or when DATABASE_URL changed. A thread that ends takes its connection with it."""
@@ -279,6 +316,32 @@ class ThreadConnection:
                 if attempt == 2:
                     raise
                 log.warning("database connection lost; reconnecting")
+
+    def run(self, sql: str, params=None, fetch: bool = True):
+        """One statement in autocommit (its own transaction) on this thread's connection, reopened
+        once if it was dropped (retry_once: idempotent statements only). Rows if it returns any
+        and `fetch`, else the rows it changed. The hot loops' single statements (newsletter claims
+        and marks, reclaim) use it: no pool check-out per statement."""
+
+        def work(conn):
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                if fetch and cur.description:
+                    return cur.fetchall()
+                return cur.rowcount
+
+        return self.retry_once(work)
+
+    def execute_values(self, sql: str, rows, template: str, page_size: int = 1000) -> int:
+        """execute_values() as one autocommit statement per page on this thread's connection,
+        reopened once if dropped (idempotent statements only); returns rows changed."""
+
+        def work(conn):
+            with conn.cursor() as cur:
+                execute_values(cur, sql, rows, template=template, page_size=page_size)
+                return cur.rowcount
+
+        return self.retry_once(work)
 
 
 thread_connection = ThreadConnection()
@@ -341,4 +404,6 @@ ALL_TABLES = [
     "retention_drops",
     "digest_send_now",
     "mail_stop",
+    "feed_state",
+    "feed_state_all",
 ]

@@ -8,6 +8,7 @@ import re
 
 import orjson
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
@@ -49,10 +50,49 @@ async def client_disconnected_handler(request: Request, exc: ClientDisconnect) -
     return Response(status_code=499)
 
 
+# Under these prefixes every answer is JSON in the API's error shape, the router's own 404 and 405 too.
+API_PREFIXES = ("/v1", "/webhooks")
+
+
+def is_api_path(path: str) -> bool:
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in API_PREFIXES)
+
+
+_ROUTER_ERRORS = {
+    404: ("not_found", "no such endpoint: see /openapi.json or /docs for the API"),
+    405: ("method_not_allowed", "this method is not allowed on this endpoint (the Allow header lists those that are)"),
+}
+
+
+async def http_exception_handler(request: Request, exc: HTTPException) -> Response:
+    """The router's 404 and 405 (and any HTTPException): in the API's JSON error shape under /v1 and
+    /webhooks (a 405 keeps its Allow header), as Starlette's plain text elsewhere."""
+    if exc.status_code in (204, 304):
+        return Response(status_code=exc.status_code, headers=exc.headers)
+    if is_api_path(request.url.path):
+        code, message = _ROUTER_ERRORS.get(exc.status_code, ("http_error", exc.detail))
+        return ApiError(exc.status_code, code, message, headers=exc.headers).response()
+    return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+
+
+async def server_error_handler(request: Request, exc: Exception) -> Response:
+    """An unexpected error (Starlette's ServerErrorMiddleware logs it and re-raises it for the server
+    and Sentry): under /v1 and /webhooks the answer is still JSON in the error shape."""
+    if is_api_path(request.url.path):
+        return ApiError(500, "internal_error", "an unexpected error on our side; it was logged").response()
+    return PlainTextResponse("Internal Server Error", status_code=500)
+
+
 def exception_handlers() -> dict:
-    """Every Starlette app's (the web app, the metrics exporter): ApiError as its JSON body, Postgres
-    unavailable as 503, a client that disconnected mid-request as one INFO line."""
-    handlers = {ApiError: api_error_handler, ClientDisconnect: client_disconnected_handler}
+    """Every Starlette app's (the web app, the metrics exporter): ApiError as its JSON body, the
+    router's 404/405 and an unexpected 500 as JSON under /v1 and /webhooks, Postgres unavailable
+    as 503, a client that disconnected mid-request as one INFO line."""
+    handlers = {
+        ApiError: api_error_handler,
+        HTTPException: http_exception_handler,
+        ClientDisconnect: client_disconnected_handler,
+        Exception: server_error_handler,
+    }
     handlers.update(dict.fromkeys(db.UNAVAILABLE, database_unavailable_handler))
     return handlers
 
@@ -70,7 +110,7 @@ async def database_unavailable_handler(request: Request, exc: Exception) -> Resp
         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
     )
     headers = {"Retry-After": RETRY_AFTER_SECONDS}
-    if request.url.path.startswith(("/v1/", "/webhooks/")):
+    if is_api_path(request.url.path):
         return ApiError(
             503, "unavailable", "the database is unavailable; nothing was changed, retry later", headers=headers
         ).response()

@@ -82,6 +82,10 @@ DIGEST_RUNS = Counter(
     "by state: sent, skipped, retry (back to pending), failed",
     ["state"],
 )
+DIGEST_SKIPPED_SEEN = Counter(
+    "notify_digest_skipped_seen",
+    "Digest runs skipped because everything in them was seen in the app first (also counted skipped)",
+)
 DIGEST_LATENESS = Histogram(
     "notify_digest_lateness_seconds",
     "Seconds from a run's scheduled_for to its send",
@@ -197,8 +201,10 @@ def digest_runs(counts: dict) -> None:
     """Committed digest run transitions by state: a worker's batch, or runs taken back from a worker
     (the watchdog, a crashed batch's release: back to pending is `retry`, attempts used up `failed`)."""
     for state, n in counts.items():
-        if n:
+        if n and state != "skipped_seen":  # a kind of skipped, counted on its own
             DIGEST_RUNS.labels(state).inc(n)
+    if counts.get("skipped_seen"):
+        DIGEST_SKIPPED_SEEN.inc(counts["skipped_seen"])
 
 
 def digest_batch(counts: dict, exhausted: int, lateness: list[float]) -> None:

@@ -72,6 +72,8 @@ class Operation:
     scope:     the API-key scope the route requires (a bearer key, checked before the endpoint).
     bearer:    documented bearer authentication that the endpoint checks itself (GET /metrics).
     query:     a model whose fields are the query parameters.
+    description: more than the summary says, when it needs saying.
+    media_types: the request body's accepted media types (PATCH takes a JSON merge patch too).
     """
 
     summary: str
@@ -81,6 +83,8 @@ class Operation:
     scope: str | None = None
     bearer: bool = False
     query: type[BaseModel] | None = None
+    description: str = ""
+    media_types: tuple[str, ...] = ("application/json",)
     models: tuple[type[BaseModel], ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -163,6 +167,8 @@ def _query_parameters(model: type[BaseModel]) -> list[JSON]:
 
 def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
     doc: dict[str, Any] = {"summary": op.summary}
+    if op.description:
+        doc["description"] = op.description
     if op.scope or op.bearer:
         doc["security"] = [{"bearer": []}]
     parameters = path_parameters + (_query_parameters(op.query) if op.query else [])
@@ -171,7 +177,7 @@ def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
     if op.body is not None:
         bodies = op.body if isinstance(op.body, tuple) else (op.body,)
         schema = _ref(bodies[0]) if len(bodies) == 1 else {"oneOf": [_ref(m) for m in bodies]}
-        doc["requestBody"] = {"required": True, "content": _json(schema)}
+        doc["requestBody"] = {"required": True, "content": {media: {"schema": schema} for media in op.media_types}}
     responses: dict[str, Any] = {}
     for status, answer in op.responses.items():
         if isinstance(answer, tuple):

@@ -25,7 +25,9 @@ from app.platform.validation import plain_int
 
 # "view": a sent digest's hosted copy (GET /v/{token}, scope "run:<id>"); like the others it never
 # expires and dies with the token_version, so it lives exactly as long as the unsubscribe link.
-PURPOSES = ("unsubscribe", "preferences", "view")
+# "feed": a front end's short-lived key to one subscriber's in-app feed (scope "exp:<unix time>");
+# unlike the others it expires, and also dies with the token_version.
+PURPOSES = ("unsubscribe", "preferences", "view", "feed")
 
 
 @dataclass(frozen=True)
@@ -100,3 +102,17 @@ def preferences_path(subscriber_id: int, token_version: int = 1) -> str:
 
 def preferences_url(subscriber_id: int, token_version: int = 1) -> str:
     return config.get().base_url + preferences_path(subscriber_id, token_version)
+
+
+def feed_token(subscriber_id: int, token_version: int, expires_at: int) -> str:
+    """A feed token for one subscriber, valid until `expires_at` (Unix seconds)."""
+    return make("feed", subscriber_id, token_version, f"exp:{int(expires_at)}")
+
+
+def verify_feed(token: str, now: float) -> TokenClaims | None:
+    """The claims of an unexpired feed token, or None. The caller still checks token_version."""
+    claims = verify("feed", token)
+    scope = claims.scope or "" if claims else ""
+    if claims is None or not scope.startswith("exp:") or not _is_id(scope[4:]):
+        return None
+    return claims if int(scope[4:]) > now else None

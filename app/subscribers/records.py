@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
+import orjson
 from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
 
 from app.platform import db, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
 from app.platform.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
+from app.subscribers import streams, suppressions
 
 CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -132,6 +135,48 @@ def validate(data, partial: bool = False) -> tuple[dict, list[dict]]:
     return values, errors
 
 
+REQUIRED = frozenset(name for name, info in SubscriberInput.model_fields.items() if info.is_required())
+
+
+def _merge_patch_schema(schema: dict) -> None:
+    """SubscriberInput's fields, none required, null allowed where PUT has a default (and meaning
+    that default): the document of what validate_merge_patch accepts."""
+    full = SubscriberInput.model_json_schema(mode="validation")
+    properties = {}
+    for name, prop in full["properties"].items():
+        prop = {k: v for k, v in prop.items() if k not in ("default", "title")}
+        if name in REQUIRED:
+            properties[name] = {**prop, "description": prop.get("description", name) + "; never null"}
+            continue
+        cleared = f"null: back to {orjson.dumps(DEFAULTS[name]).decode()}"
+        description = prop.pop("description", None)
+        options = prop["anyOf"] if {"type": "null"} in prop.get("anyOf", []) else [prop, {"type": "null"}]
+        properties[name] = {"anyOf": options, "description": f"{description}; {cleared}" if description else cleared}
+    schema["properties"] = properties
+    schema.pop("required", None)
+
+
+class SubscriberPatch(Body):
+    """PATCH /v1/subscribers/{user_id}: a JSON merge patch (RFC 7396) of SubscriberInput. Declared for
+    the OpenAPI document only (its schema is SubscriberInput's, made optional and nullable);
+    validate_merge_patch checks a patch."""
+
+    model_config = {**Body.model_config, "json_schema_extra": _merge_patch_schema}
+
+
+def validate_merge_patch(data) -> tuple[dict, list[dict]]:
+    """A JSON merge patch (RFC 7396) of a subscriber: the fields named, checked as PUT checks them;
+    null clears an optional field back to what PUT fills in when it is omitted, and is refused for a
+    required one (the preference pages' partial check, plus what null means)."""
+    if not isinstance(data, dict):
+        return {}, [{"field": "body", "message": "must be a JSON object (a merge patch)"}]
+    cleared = {name: DEFAULTS[name] for name, value in data.items() if value is None and name in DEFAULTS}
+    required = [name for name, value in data.items() if value is None and name in REQUIRED]
+    values, errors = validate({k: v for k, v in data.items() if k not in cleared and k not in required}, partial=True)
+    errors += [{"field": name, "message": "is required and cannot be null"} for name in required]
+    return {**values, **cleared}, errors
+
+
 COLUMNS = (
     "id",
     "user_id",
@@ -176,14 +221,28 @@ def upsert(user_id: str, values: dict) -> tuple[dict, bool]:
     cols = [c for c in (*FIELDS, "canonical_email") if c in values]
     params = [user_id] + [values[c] for c in cols]
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in cols)
-    with db.database.connection_context(), db.database.atomic():
-        row = db.database.execute_sql(
+    with db.raw_cursor() as cur:
+        cur.execute(
             f"INSERT INTO subscribers (user_id, {', '.join(cols)}) VALUES (%s, {', '.join(['%s'] * len(cols))}) "
             f"ON CONFLICT (user_id) DO UPDATE SET {updates}, updated_at = now() "
             f"RETURNING {', '.join(COLUMNS)}, (xmax = 0) AS created",
             params,
-        ).fetchone()
+        )
+        row = cur.fetchone()
     return _as_dict(row[:-1]), row[-1]
+
+
+def patch(user_id: str, values: dict) -> dict | None:
+    """Change only the named fields, in one UPDATE of those columns (never read-modify-write, so
+    two patches of different fields at once both land). None if there is no such subscriber. A
+    changed schedule cancels pending runs (see upsert)."""
+    values = _with_canonical_email(values)
+    sets = "".join(f"{c} = %s, " for c in values)
+    rows = db.query(
+        f"UPDATE subscribers SET {sets}updated_at = now() WHERE user_id = %s RETURNING {', '.join(COLUMNS)}",
+        [*values.values(), user_id],
+    )
+    return _as_dict(rows[0]) if rows else None
 
 
 def update(subscriber_id: int, values: dict) -> None:
@@ -193,6 +252,88 @@ def update(subscriber_id: int, values: dict) -> None:
     values = _with_canonical_email(values)
     sets = ", ".join(f"{c} = %s" for c in values)
     db.query(f"UPDATE subscribers SET {sets}, updated_at = now() WHERE id = %s", [*values.values(), subscriber_id])
+
+
+# -- stops and restarts from the subscriber pages -----------------------------------------------------
+# Keyed on (id, token_version): a token revoked between page load and submit changes nothing.
+# Each RETURNING id: whether the row matched.
+_STOP = {
+    # COALESCE keeps the first unsubscribe time when a client repeats the one-click POST.
+    streams.EVERYTHING: "UPDATE subscribers SET unsubscribed_at = COALESCE(unsubscribed_at, now()), updated_at = now() "
+    "WHERE id = %(id)s AND token_version = %(version)s RETURNING id",
+    streams.CATEGORY: "UPDATE subscribers SET category_opt_outs = ARRAY(SELECT DISTINCT c FROM "
+    "unnest(array_append(category_opt_outs, %(category)s)) c ORDER BY c), updated_at = now() "
+    "WHERE id = %(id)s AND token_version = %(version)s RETURNING id",
+    # A repeated stop keeps the cadence recorded by the first one.
+    streams.DIGESTS: "UPDATE subscribers SET digest_cadence_before_off = CASE WHEN digest_cadence <> 'off' "
+    "THEN digest_cadence ELSE digest_cadence_before_off END, digest_cadence = 'off', updated_at = now() "
+    "WHERE id = %(id)s AND token_version = %(version)s RETURNING id",
+    streams.NEWSLETTERS: "UPDATE subscribers SET newsletters_unsubscribed_at = "
+    "COALESCE(newsletters_unsubscribed_at, now()), updated_at = now() "
+    "WHERE id = %(id)s AND token_version = %(version)s RETURNING id",
+}
+_RESTART = {
+    streams.EVERYTHING: "UPDATE subscribers SET unsubscribed_at = NULL, updated_at = now() "
+    "WHERE id = %(id)s AND token_version = %(version)s RETURNING id",
+    streams.CATEGORY: "UPDATE subscribers SET category_opt_outs = array_remove(category_opt_outs, %(category)s), "
+    "updated_at = now() WHERE id = %(id)s AND token_version = %(version)s RETURNING id",
+    # Digests come back on the cadence they had before the stream was stopped (daily if never recorded).
+    streams.DIGESTS: "UPDATE subscribers SET digest_cadence = CASE WHEN digest_cadence = 'off' "
+    "THEN COALESCE(digest_cadence_before_off, 'daily') ELSE digest_cadence END, "
+    "digest_cadence_before_off = NULL, updated_at = now() "
+    "WHERE id = %(id)s AND token_version = %(version)s RETURNING id",
+    streams.NEWSLETTERS: "UPDATE subscribers SET newsletters_unsubscribed_at = NULL, updated_at = now() "
+    "WHERE id = %(id)s AND token_version = %(version)s RETURNING id",
+}
+
+
+def stop(cur, subscriber_id: int, token_version: int, target: streams.Target) -> bool:
+    """Stop what `target` names (idempotent). False: the token was revoked meanwhile."""
+    cur.execute(_STOP[target.kind], {"id": subscriber_id, "version": token_version, "category": target.category})
+    return cur.fetchone() is not None
+
+
+def restart(cur, subscriber_id: int, token_version: int, target: streams.Target) -> bool:
+    """Undo stop() for the same target. False: the token was revoked meanwhile."""
+    cur.execute(_RESTART[target.kind], {"id": subscriber_id, "version": token_version, "category": target.category})
+    return cur.fetchone() is not None
+
+
+def set_paused_until(subscriber_id: int, token_version: int, until) -> None:
+    db.query(
+        "UPDATE subscribers SET paused_until = %s, updated_at = now() WHERE id = %s AND token_version = %s",
+        (until, subscriber_id, token_version),
+    )
+
+
+# -- digest planning (digest/plan.py) -------------------------------------------------------------
+def set_planned_until(until: str, source: str, match: str, returning: str = "s.id") -> str:
+    """SQL for a CTE of a planning statement: record until when the subscribers `s` that `match`
+    (SQL over `s` and `source`, a FROM list) are planned, so a subscriber's planned_until and their
+    run commit together. `until` is SQL; RETURNING `returning`."""
+    return f"UPDATE subscribers s SET digest_planned_until = {until} FROM {source} WHERE {match} RETURNING {returning}"
+
+
+# -- soft bounces (tracking/webhook_apply.py, the dashboard's suppression removal) -------------------
+# By the subscriber the event names when it is theirs, else every subscriber with the address.
+def _one_or_by_address(subscriber_id: int | None, address: str) -> tuple[str, tuple]:
+    return ("id = %s", (subscriber_id,)) if subscriber_id else ("canonical_email = %s", (address,))
+
+
+def count_soft_bounce(cur, subscriber_id: int | None, address: str) -> int:
+    """One more soft bounce; returns the highest count now (0: no such subscriber)."""
+    where, params = _one_or_by_address(subscriber_id, address)
+    cur.execute(
+        f"UPDATE subscribers SET soft_bounce_count = soft_bounce_count + 1 WHERE {where} RETURNING soft_bounce_count",
+        params,
+    )
+    return max((row[0] for row in cur.fetchall()), default=0)
+
+
+def reset_soft_bounces(cur, subscriber_id: int | None, address: str) -> None:
+    """A delivery (or an operator's removal of the suppression) starts the count again."""
+    where, params = _one_or_by_address(subscriber_id, address)
+    cur.execute(f"UPDATE subscribers SET soft_bounce_count = 0 WHERE {where} AND soft_bounce_count > 0", params)
 
 
 # Right to erasure, in one transaction. What is deleted, anonymised and kept is listed in the
@@ -206,18 +347,8 @@ ERASE_WEBHOOK_EVENTS = (
     "DELETE FROM webhook_events WHERE canonical_email = ANY(%(addresses)s) "
     "OR payload ->> 'subscriber_id' = %(sid_text)s"
 )
-# A newsletter's audience lists user_ids (jsonb {"kind": "user_ids", "user_ids": [...]}, app/newsletter/
-# service.py). The last step, so the newsletter rows it changes stay locked for the shortest time (a
-# pause or cancel of one waits for it; the outbox's inserts do not: a non-key update).
-ERASE_FROM_AUDIENCES = (
-    "UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
-    "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s"
-)
 ERASE_STEPS = (
-    # Keep any earlier reason in `source` (bounce, spamreport...: not personal, useful to support).
-    "INSERT INTO suppressions (email, reason, source) VALUES (%(address)s, 'erased', 'erasure') "
-    "ON CONFLICT (email) DO UPDATE SET reason = 'erased', "
-    "source = 'erasure, was ' || suppressions.reason WHERE suppressions.reason <> 'erased'",
+    suppressions.KEEP_ERASED,
     # A digest is one person's mail: its links (URLs from their events), opens and counters go.
     # Deleting the links cascades to their click history and legacy codes.
     "DELETE FROM email_links WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
@@ -228,20 +359,28 @@ ERASE_STEPS = (
     "UPDATE legacy_link_codes SET subscriber_id = NULL WHERE subscriber_id = %(sid)s",
     # Cascades to digest_runs and email_log (the outbox rows, with the address at send time).
     "DELETE FROM subscribers WHERE id = %(sid)s",
-    ERASE_FROM_AUDIENCES,
 )
 
 
-def erase(user_id: str) -> bool:
+def erase(user_id: str, steps_above: Sequence[str] = ()) -> bool:
     """Right to erasure: everything about the subscriber is deleted or anonymised, their address
-    stays suppressed. True if a subscriber existed (their events, and their user_id in newsletter
-    audiences, are deleted either way)."""
-    with db.database.connection_context(), db.database.atomic():
-        execute = db.database.execute_sql
+    stays suppressed. True if a subscriber existed (their events, and what `steps_above` erase,
+    are deleted either way).
+
+    `steps_above`: the statements of the domains above this one that hold the user_id, each run
+    last in the same transaction with the parameter %(user_id)s — a newsletter's audience
+    (app/newsletter/rows.py ERASE_FROM_AUDIENCES, passed by the API's DELETE)."""
+    with db.raw_cursor() as cur:
+
+        def execute(sql, params):
+            cur.execute(sql, params)
+            return cur
+
         execute("DELETE FROM digest_events WHERE user_id = %s", (user_id,))
         row = execute("SELECT id, canonical_email FROM subscribers WHERE user_id = %s", (user_id,)).fetchone()
         if row is None:
-            execute(ERASE_FROM_AUDIENCES, {"user_id": user_id})
+            for statement in steps_above:
+                execute(statement, {"user_id": user_id})
             return False
         params = {"sid": row[0], "sid_text": str(row[0]), "user_id": user_id, **_erasure_scope(execute, *row)}
         # Before any lock the webhook worker may wait for (this subscriber row, the suppression
@@ -251,7 +390,7 @@ def erase(user_id: str) -> bool:
         if locked is None:  # erased concurrently
             return False
         params["address"] = locked[0]  # the address as of now, should it have just changed
-        for statement in ERASE_STEPS:
+        for statement in (*ERASE_STEPS, *steps_above):
             execute(statement, params)
         return True
 

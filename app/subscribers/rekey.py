@@ -22,12 +22,9 @@ from __future__ import annotations
 import logging
 import time
 
-import psycopg2
-import psycopg2.errors
-import psycopg2.extras
-
 from app.platform import config, db
 from app.platform.addresses import canonical
+from app.subscribers import suppressions
 
 log = logging.getLogger("app.subscribers.rekey")
 
@@ -44,7 +41,7 @@ def _batch(conn, work):
             with db.transaction(conn) as cur:
                 cur.execute("SET LOCAL lock_timeout = %s", (settings.migration_lock_timeout,))
                 return work(cur)
-        except (psycopg2.errors.LockNotAvailable, psycopg2.errors.UniqueViolation) as exc:
+        except (db.LockNotAvailable, db.UniqueViolation) as exc:
             # UniqueViolation: a suppression for the canonical form was added meanwhile; the
             # retry sees it and merges into it.
             delay = min(0.2 * 2**attempt, 10.0)
@@ -72,9 +69,7 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
         rows = cur.fetchall()
         stale = [(i, email, key) for i, email, stored in rows if (key := canonical(email)) != stored]
         if stale:
-            psycopg2.extras.execute_values(
-                cur, write, stale, template="(%s::bigint, %s::text, %s::text)", page_size=len(stale)
-            )
+            db.execute_values(cur, write, stale, template="(%s::bigint, %s::text, %s::text)", page_size=len(stale))
         return (rows[-1][0] if rows else None), cur.rowcount if stale else 0
 
     while True:
@@ -84,35 +79,15 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
         after, changed = last, changed + n
 
 
-def _merge_suppression(cur, row_id: int, key: str) -> int:
-    """Rewrite one suppression to `key`, merging it with the row that holds `key` already."""
-    cur.execute(
-        "SELECT id, email, reason, source, created_at FROM suppressions "
-        "WHERE id = %s OR email = %s ORDER BY created_at, id FOR UPDATE",
-        (row_id, key),
-    )
-    rows = cur.fetchall()
-    if not any(r[0] == row_id and r[1] != key for r in rows):
-        return 0  # removed or rewritten meanwhile
-    kept, *merged = rows
-    reason = "erased" if any(r[2] == "erased" for r in rows) else kept[2]
-    source = kept[3]
-    if merged:
-        source = "; ".join(filter(None, [kept[3], *(f"merged {r[2]} ({r[3] or 'no source'})" for r in merged)]))
-        cur.execute("DELETE FROM suppressions WHERE id = ANY(%s)", ([r[0] for r in merged],))
-    cur.execute(
-        "UPDATE suppressions SET email = %s, reason = %s, source = %s WHERE id = %s", (key, reason, source, kept[0])
-    )
-    return 1
-
-
 def _suppressions(conn) -> int:
     after, changed = 0, 0
 
     def one_batch(cur):
         cur.execute(f"SELECT id, email FROM suppressions WHERE id > %s ORDER BY id LIMIT {BATCH}", (after,))
         rows = cur.fetchall()
-        n = sum(_merge_suppression(cur, i, key) for i, email in rows if (key := canonical(email)) != email)
+        n = sum(
+            suppressions.merge_into_canonical(cur, i, key) for i, email in rows if (key := canonical(email)) != email
+        )
         return (rows[-1][0] if rows else None), n
 
     while True:

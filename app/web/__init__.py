@@ -23,9 +23,12 @@ ROUTE_MODULES = (
     "app.web.api.subscribers",
     "app.web.api.newsletters",
     "app.web.api.categories",
+    "app.web.api.feed",
+    "app.web.api.feed_browser",
     "app.web.pages",
     "app.web.admin",
     "app.web.webhooks",
+    "app.web.home",  # /, /docs
 )
 
 
@@ -55,7 +58,7 @@ def create_app() -> Starlette:
         for module in modules:  # e.g. tracking flushes its buffered click history (SIGTERM loses none)
             if hasattr(module, "on_shutdown"):
                 module.on_shutdown()
-        db.database.close_all()
+        db.close_all()
         metrics.process_stopped()
 
     return Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan)

@@ -77,7 +77,7 @@ def exporter_app() -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        db.database.close_all()
+        db.close_all()
         metrics.process_stopped()
 
     return Starlette(

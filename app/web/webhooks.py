@@ -26,7 +26,7 @@ from starlette.requests import Request
 from app.platform import config
 from app.platform.http import ApiError, FastJSONResponse, read_body
 from app.platform.openapi import Operation, api_route
-from tracking import signature, webhook_store
+from tracking import signature, webhook_intake
 
 log = logging.getLogger("app.web.webhooks")
 _warned_unsigned = False
@@ -77,14 +77,14 @@ async def sendgrid(request: Request):
         _warned_unsigned = True
         log.warning("SENDGRID_WEBHOOK_PUBLIC_KEY is not set: accepting unsigned webhook requests")
     try:
-        rows = webhook_store.rows_from_body(body)
-    except webhook_store.MalformedBatch as exc:
+        rows = webhook_intake.rows_from_body(body)
+    except webhook_intake.MalformedBatch as exc:
         log.warning("sendgrid webhook: malformed body (%d bytes): %s", len(body), exc)
         raise ApiError(400, "malformed_json", str(exc)) from None
     if not rows:
         return FastJSONResponse({"stored": 0, "duplicates": 0})
     try:
-        result = await asyncio.wrap_future(webhook_store.writer().submit(rows, len(rows)))
+        result = await asyncio.wrap_future(webhook_intake.writer().submit(rows, len(rows)))
     except Exception as exc:
         log.error("sendgrid webhook batch of %d not stored: %s", len(rows), exc)
         raise ApiError(

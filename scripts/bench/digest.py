@@ -43,6 +43,12 @@ def parse_args():
         help="subscribers for the naive baseline (default: min(subscribers, 1000); it is slow)",
     )
     p.add_argument("--events", type=int, default=20, help="events per subscriber")
+    p.add_argument(
+        "--seen-percent",
+        type=int,
+        default=0,
+        help="share of the subscribers' posts seen in the app before the digest (issue 24; 10 for its check)",
+    )
     p.add_argument("--delays", default="0,50", help="per-message sink delays in ms, comma separated")
     p.add_argument("--processes", type=int, default=2, help="worker processes (both pipelines)")
     p.add_argument("--threads", type=int, default=8, help="worker threads per process (both pipelines)")
@@ -121,7 +127,7 @@ def ensure_database() -> None:
 
 
 def load_data(n: int, events: int, now: datetime) -> None:
-    shared.seed_digest_data(n, events, now)
+    shared.seed_digest_data(n, events, now, args.seen_percent)
 
 
 def start(cmd: list[str]) -> subprocess.Popen:

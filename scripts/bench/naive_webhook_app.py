@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from app.platform import config, db
 from app.web import health
-from tracking import signature, webhook_store
+from tracking import signature, webhook_intake
 
 
 def store(rows) -> int:
@@ -45,7 +45,7 @@ async def sendgrid(request: Request):
         )
     except signature.SignatureError:
         return JSONResponse({"error": "bad_signature"}, status_code=403)
-    rows = webhook_store.rows_from_body(body)
+    rows = webhook_intake.rows_from_body(body)
     try:
         stored = await run_in_threadpool(store, rows)
     except Exception as exc:

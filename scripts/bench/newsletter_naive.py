@@ -8,7 +8,7 @@ from __future__ import annotations
 import dramatiq
 
 import actors  # noqa: F401  (sets up the broker before the actor below binds to it)
-from app.newsletter import rows, sender, store, template
+from app.newsletter import rows, sender, template
 from app.platform import config, db
 
 CLAIM_ONE = rows.CLAIM.replace("ORDER BY e.id", "AND e.id = %(row)s")
@@ -20,11 +20,11 @@ def naive_send_one(newsletter_id: int, row_id: int) -> None:
     from tracking.links import LinkRewriter
 
     settings = config.get()
-    subject, html, text, from_addr = store.run(
+    subject, html, text, from_addr = db.thread_connection.run(
         "SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,)
     )[0]
     compiled = template.compiled_for(newsletter_id, subject, html, text)
-    claimed = store.run(CLAIM_ONE, {"nl": newsletter_id, "limit": 1, "row": row_id, "after": 0})
+    claimed = db.thread_connection.run(CLAIM_ONE, {"nl": newsletter_id, "limit": 1, "row": row_id, "after": 0})
     if not claimed:
         return
     row_id, status, _attempts, sub_id, email, name, user_id, token_version, opt_out = claimed[0]
@@ -45,7 +45,7 @@ def naive_send_one(newsletter_id: int, row_id: int) -> None:
         settings,
     )
     result = get_provider().send_batch([mail])[0]
-    store.execute_values(
+    db.thread_connection.execute_values(
         rows.MARK,
         [(row_id, "sent" if result.ok else "failed", result.message_id, result.error, None, 0)],
         rows.MARK_TEMPLATE,

@@ -45,15 +45,15 @@ import psycopg2.extras  # noqa: E402
 from app.platform import config, groupcommit, migrate  # noqa: E402
 from digest import ingest  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
-from tracking import recorder, webhook_store  # noqa: E402
+from tracking import recorder, webhook_intake  # noqa: E402
 
 config.reload()
 FIRST_NEW = "0520"
 EXPAND = "0520"
 
 
-def webhook_writer_of_that_release(cur, jobs: list[list[tuple]]) -> list[webhook_store.StoreResult]:
-    """webhook_store.insert_jobs as it was when this conversion shipped: migration 0600 (after it)
+def webhook_writer_of_that_release(cur, jobs: list[list[tuple]]) -> list[webhook_intake.StoreResult]:
+    """webhook_intake.insert_jobs as it was when this conversion shipped: migration 0600 (after it)
     added canonical_email, which today's writer fills, to a webhook_events that does not have it yet
     here. The same INSERT and dedup (the key table's trigger skips a taken key)."""
     results = []
@@ -65,7 +65,7 @@ def webhook_writer_of_that_release(cur, jobs: list[list[tuple]]) -> list[webhook
             template="(%s, %s, %s, %s::jsonb)",
             fetch=True,
         )
-        results.append(webhook_store.StoreResult(len(stored), len(rows) - len(stored), [r[0] for r in stored]))
+        results.append(webhook_intake.StoreResult(len(stored), len(rows) - len(stored), [r[0] for r in stored]))
     return results
 
 

@@ -61,6 +61,9 @@ def steps() -> list[Step]:
         Step("render", bench("render.py")),
         Step("validation", bench("validation.py")),
         Step("tokens", bench("tokens.py")),
+        Step("feed", bench("feed.py"), ["--noise", "20000", "--requests", "50"]),
+        Step("digest-seen", bench("digest_seen.py"), ["--subscribers", "1000", "--rounds", "2"]),
+        Step("feed-stream", bench("feed_stream.py"), ["--streams", "50", "--events", "50", "--seconds", "3"]),
         Step("migrations", bench("migrations.py"), ["--hold", "2", "--repeat", "1"]),
         Step(
             "partition-migration",

@@ -128,9 +128,11 @@ def seed_subscribers(n: int, log=print) -> None:
 # -- processes
 
 
-def seed_digest_data(n: int, events: int, now) -> None:
+def seed_digest_data(n: int, events: int, now, seen_percent: int = 0) -> None:
     """n subscribers (bench-0..), all due at the local-hour slot ~1 h after `now`, with `events`
-    events each over 6 posts and 8 actors; vacuumed, as events waiting hours for their digest are."""
+    events each over 6 posts and 8 actors; vacuumed, as events waiting hours for their digest are.
+    `seen_percent`: that share of the (subscriber, post) pairs seen in the app (issue 24's feed
+    state, digest/seen.py), spread evenly."""
     from datetime import timedelta
 
     import psycopg2.extras
@@ -173,8 +175,21 @@ def seed_digest_data(n: int, events: int, now) -> None:
             ev_rows,
             page_size=10000,
         )
+        if seen_percent > 0:
+            seed_seen(cur, seen_percent, now)
     db.query("VACUUM ANALYZE digest_events")
     db.query("VACUUM ANALYZE subscribers")
+
+
+def seed_seen(cur, percent: int, now, subscriber_ids: list[int] | None = None) -> None:
+    """`percent` of the (subscriber, post-0..5) pairs marked seen up to `now` (every `100 / percent`th)."""
+    cur.execute(
+        "INSERT INTO feed_state (subscriber_id, entity_type, entity_id, seen_until) "
+        "SELECT s.id, 'post', 'post-' || p, %(now)s FROM subscribers s CROSS JOIN generate_series(0, 5) p "
+        "WHERE (s.id * 6 + p) %% %(every)s = 0 AND (%(ids)s::bigint[] IS NULL OR s.id = ANY (%(ids)s::bigint[])) "
+        "ON CONFLICT DO NOTHING",
+        {"now": now, "every": max(1, round(100 / percent)), "ids": subscriber_ids},
+    )
 
 
 def cpu_seconds(pid: int, children: bool = False) -> float:

@@ -138,15 +138,27 @@ def _mail_path(mail_id: str) -> Path | None:
 
 def _page(title: str, body: str) -> HTMLResponse:
     return HTMLResponse(
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title>"
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'><title>" + html.escape(title) + "</title>"
         "<style>body{font-family:system-ui,sans-serif;margin:24px;color:#1f2933}table{border-collapse:collapse;"
-        "width:100%}td,th{border-bottom:1px solid #e4e7eb;padding:6px 8px;text-align:left;font-size:14px}"
-        "iframe{width:100%;height:70vh;border:1px solid #cbd2d9;border-radius:6px}pre{white-space:pre-wrap;"
-        "background:#f5f7fa;padding:12px}.meta td{border:0;padding:2px 8px}</style></head><body>"
-        + body
-        + "</body></html>",
+        "width:100%}td,th{border-bottom:1px solid #e4e7eb;padding:6px 8px;text-align:left;font-size:14px;"
+        "overflow-wrap:anywhere}iframe{display:block;width:100%;height:70vh;border:1px solid #cbd2d9;"
+        "border-radius:6px}pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f5f7fa;padding:12px}"
+        ".meta td{border:0;padding:2px 8px}.meta td:first-child{white-space:nowrap;overflow-wrap:normal}"
+        "@media (max-width:600px){body{margin:12px}.meta td{display:block;padding:0 4px}"
+        ".meta td:first-child{padding-top:6px}}</style></head><body>" + body + "</body></html>",
         headers={"Cache-Control": "no-store"},
     )
+
+
+_FIT_FRAME = (
+    "<script>for (const f of document.querySelectorAll('iframe.mail')) {"
+    # measured at height 0, so the frame's own height never counts as the mail's
+    "const fit = () => { f.style.height = '0px';"
+    "f.style.height = f.contentDocument.documentElement.scrollHeight + 'px'; };"
+    "f.addEventListener('load', fit); addEventListener('resize', fit);"
+    "if (f.contentDocument && f.contentDocument.readyState === 'complete') fit(); }</script>"
+)
 
 
 def _dev_only():
@@ -206,9 +218,11 @@ def show_mail(request: Request):
     body = (
         f"<p><a href='/dev/mail'>&larr; all mail</a> &middot; <a href='/dev/mail/{mail_id}/raw'>raw .eml</a></p>"
         f"<table class='meta'>{meta}</table><h2>HTML</h2>"
-        # sandbox: the mail's HTML cannot run scripts or reach this page
-        f"<iframe sandbox='' src='/dev/mail/{mail_id}/html' title='mail HTML'></iframe>"
-        f"<h2>Plain text</h2><pre>{text}</pre>"
+        # sandbox: the mail's HTML cannot run scripts; allow-same-origin lets this page read its
+        # height, so the frame shows the whole mail, footer included, without a scroll box of its own
+        f"<iframe class='mail' sandbox='allow-same-origin' src='/dev/mail/{mail_id}/html' title='mail HTML'></iframe>"
+        + _FIT_FRAME
+        + f"<h2>Plain text</h2><pre>{text}</pre>"
     )
     return _page(str(msg.get("Subject", "mail")), body)
 
@@ -221,7 +235,10 @@ def mail_html(request: Request):
         return Response(status_code=404)
     part = _parse(path).get_body(("html",))
     content = part.get_content() if part is not None else "<p>(no HTML part)</p>"
-    return HTMLResponse(content, headers={"Content-Security-Policy": "sandbox", "Cache-Control": "no-store"})
+    # Scripts stay off; the same origin only lets the viewer page measure the mail (see show_mail).
+    return HTMLResponse(
+        content, headers={"Content-Security-Policy": "sandbox allow-same-origin", "Cache-Control": "no-store"}
+    )
 
 
 def mail_raw(request: Request):

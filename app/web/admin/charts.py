@@ -106,6 +106,11 @@ def _date_axis(ax, matplotlib, data: Dashboard) -> None:
     ax.margins(x=0)
 
 
+def _counts(ax) -> None:
+    """A count axis: whole-number ticks only (no "0.5 bounces"); the default locator is a MaxNLocator."""
+    ax.yaxis.get_major_locator().set_params(integer=True)
+
+
 def _sent(ax, data, hours, width) -> bool:
     if not data.sent:
         return False
@@ -124,6 +129,7 @@ def _sent(ax, data, hours, width) -> bool:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_ylabel("mails")
     ax.set_ylim(bottom=0, top=max(max(bottom), 1) * 1.1)
+    _counts(ax)
     ax.legend(loc="upper left", frameon=False, ncols=2)
     return True
 
@@ -157,6 +163,7 @@ def _bounces(ax, data, hours, width) -> bool:
     top = max((b + c for b, c in zip(data.bounces, data.complaints)), default=0)
     ax.set_ylabel("events")
     ax.set_ylim(bottom=0, top=max(top, 1) * 1.15)
+    _counts(ax)
     ax.legend(loc="upper left", frameon=False, ncols=2)
     return True
 

@@ -9,11 +9,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.platform import db
+import chevron
+
+from app.platform import db, greeting
 
 PAGE_SIZE = 20
 MAX_PAGE = 500
 DONE_STATES = ("sent", "failed", "suppressed", "cancelled")
+# Whom the table shows a subject template for: "What's new, {{name}}" reads "What's new, Ana Lima".
+SAMPLE_NAME = "Ana Lima"
+SAMPLE = {
+    "name": SAMPLE_NAME,
+    "greeting": greeting.greeting(SAMPLE_NAME),
+    "email": "ana@example.com",
+    "user_id": "sample-user",
+    "unsubscribe_url": "",
+    "preferences_url": "",
+}
+
+
+def sample_subject(subject: str) -> str:
+    """The subject as the sample reader gets it; as written if it does not render (it was checked on
+    create, so only a template from before a grammar change could fail)."""
+    try:
+        return " ".join(chevron.render(subject, SAMPLE).split())
+    except Exception:
+        return subject
 
 
 @dataclass(frozen=True)
@@ -24,7 +45,15 @@ class Row:
     created_at: object
     send_requested_at: object
     completed_at: object
+    send_at: object  # a scheduled newsletter's start
+    local_time: object  # each recipient's wall-clock time, in their own zone
     counts: dict  # email_log status -> rows
+
+    sample_name = SAMPLE_NAME  # a plain class attribute, not a field
+
+    @property
+    def sample_subject(self) -> str:
+        return sample_subject(self.subject)
 
     @property
     def total(self) -> int:
@@ -46,7 +75,7 @@ class Row:
 def page(number: int, size: int = PAGE_SIZE) -> tuple[list[Row], bool]:
     """Newsletters of page `number` (1-based) and whether a next page exists."""
     found = db.query(
-        "SELECT id, subject, status, created_at, send_requested_at, completed_at FROM newsletters "
+        "SELECT id, subject, status, created_at, send_requested_at, completed_at, send_at, local_time FROM newsletters "
         "ORDER BY id DESC LIMIT %s OFFSET %s",
         (size + 1, (number - 1) * size),
     )

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-import psycopg2.errors
-
 from app.platform import config, db
 
 log = logging.getLogger("app.web.admin.stats")
@@ -151,7 +149,7 @@ def _run(sql: str, params: dict, what: str, unavailable: list) -> list[tuple] | 
             cur.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
             cur.execute(sql, params)
             return cur.fetchall()
-    except psycopg2.errors.QueryCanceled:
+    except db.QueryCanceled:
         log.warning("dashboard: the %s figures took longer than %s; shown as unavailable", what, STATEMENT_TIMEOUT)
         unavailable.append(what)
         return None

@@ -23,6 +23,8 @@ from datetime import datetime
 
 from app.platform import db
 from app.platform.addresses import canonical
+from app.subscribers import records as subscribers
+from app.subscribers import suppressions as suppression_list
 
 PAGE_SIZE = 50
 MAX_PAGE = 200
@@ -99,17 +101,11 @@ def remove(
     """Delete the row, reset the address's soft-bounce count and write the audit row, all or
     nothing. None when there is no such row (already removed)."""
     with db.raw_cursor() as cur:
-        cur.execute(
-            "DELETE FROM suppressions WHERE id = %s RETURNING id, email, reason, source, created_at", (suppression_id,)
-        )
-        row = cur.fetchone()
+        row = suppression_list.remove(cur, suppression_id)
         if row is None:
             return None
         removed = Suppression(*row)
-        cur.execute(
-            "UPDATE subscribers SET soft_bounce_count = 0 WHERE canonical_email = %s AND soft_bounce_count > 0",
-            (removed.email,),
-        )
+        subscribers.reset_soft_bounces(cur, None, removed.email)
         detail = {
             "suppression_id": removed.id,
             "reason": removed.reason,

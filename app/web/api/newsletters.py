@@ -75,10 +75,11 @@ async def get_newsletter(request: Request):
 async def send_newsletter(request: Request):
     newsletter_id = _id(request)
     body = await read_json(request, limit=SEND_BODY_LIMIT)
-    audience, errors = service.validate_audience(body)
-    if errors or audience is None:
+    send, errors = service.validate_send(body)
+    if errors or send is None:
         raise validation_error(errors)
-    status = await _call(service.request_send, newsletter_id, audience)
+    audience = send["audience"]
+    status = await _call(service.request_send, newsletter_id, audience, send["send_at"], send["local_time"])
     unknown, unknown_count = await run_in_threadpool(service.unknown_user_ids, audience)
     return FastJSONResponse(
         {"id": newsletter_id, "status": status, "unknown_user_ids": unknown, "unknown_user_ids_count": unknown_count},
@@ -154,6 +155,8 @@ class NewsletterSummary(BaseModel):
     audience: AudienceSummary | None
     created_at: datetime
     send_requested_at: datetime | None
+    send_at: datetime | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
+    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
     completed_at: datetime | None
     counts: RowCounts
 
@@ -175,6 +178,8 @@ class NewsletterStatus(BaseModel):
     audience: AudienceSummary | None
     created_at: datetime
     send_requested_at: datetime | None
+    send_at: datetime | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
+    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
     outbox_completed_at: datetime | None
     completed_at: datetime | None
     counts: RowCounts
@@ -263,10 +268,12 @@ routes = [
         send_newsletter,
         path_params=_ID,
         post=Operation(
-            "Start sending to an audience (idempotent for the same audience)",
+            "Start sending to an audience (idempotent for the same audience), now or at send_at; "
+            "with local_time, each recipient at that time of day in their own time zone",
             {
                 202: (
-                    "send requested; user_ids that are no subscriber get no mail and are listed (the first "
+                    "send requested (status queued, or scheduled with a send_at); user_ids that are no subscriber "
+                    "get no mail and are listed (the first "
                     f"{service.UNKNOWN_SHOWN}, sorted) and counted",
                     SendRequested,
                 )

@@ -1,4 +1,5 @@
-"""Admin API for subscribers: PUT (create or replace), GET, DELETE (right to erasure)."""
+"""Admin API for subscribers: PUT (create or replace), PATCH (a JSON merge patch), GET, DELETE (right to
+erasure)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.platform.http import ApiError, FastJSONResponse, read_put_body, validation_error
+from app.newsletter import rows as newsletter_rows
+from app.platform.http import ApiError, FastJSONResponse, read_json, read_put_body, validation_error
 from app.platform.openapi import Operation, api_route
 from app.platform.validation import Text, check
 from app.subscribers import records as subscribers
@@ -30,6 +32,33 @@ async def put_subscriber(request: Request):
     return FastJSONResponse(record, status_code=201 if created else 200)
 
 
+PATCH_TYPES = ("application/merge-patch+json", "application/json")
+BODY_LIMIT = 64 * 1024
+
+
+async def patch_subscriber(request: Request):
+    user_id = _user_id(request)
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type not in PATCH_TYPES:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send the patch as {' or '.join(PATCH_TYPES)} (a JSON merge patch, RFC 7396)",
+            headers={"Accept-Patch": ", ".join(PATCH_TYPES)},
+        )
+    body = await read_json(request, limit=BODY_LIMIT)
+    echoed = body.pop("user_id", None) if isinstance(body, dict) else None
+    values, errors = subscribers.validate_merge_patch(body)
+    if echoed not in (None, user_id):
+        errors.append({"field": "user_id", "message": "does not match the URL"})
+    if errors:
+        raise validation_error(errors)
+    record = await run_in_threadpool(subscribers.patch, user_id, values)
+    if record is None:
+        raise ApiError(404, "not_found", "no subscriber with that user_id; PUT creates one")
+    return FastJSONResponse(record)
+
+
 async def get_subscriber(request: Request):
     record = await run_in_threadpool(subscribers.get, _user_id(request))
     if record is None:
@@ -38,16 +67,23 @@ async def get_subscriber(request: Request):
 
 
 async def delete_subscriber(request: Request):
-    if not await run_in_threadpool(subscribers.erase, _user_id(request)):
+    erased = await run_in_threadpool(subscribers.erase, _user_id(request), (newsletter_rows.ERASE_FROM_AUDIENCES,))
+    if not erased:
         raise ApiError(404, "not_found", "no subscriber with that user_id")
     return Response(status_code=204)
 
 
-_BY_METHOD = {"GET": get_subscriber, "HEAD": get_subscriber, "PUT": put_subscriber, "DELETE": delete_subscriber}
+_BY_METHOD = {
+    "GET": get_subscriber,
+    "HEAD": get_subscriber,
+    "PUT": put_subscriber,
+    "PATCH": patch_subscriber,
+    "DELETE": delete_subscriber,
+}
 
 
 async def subscriber(request: Request):
-    # One route for the three methods, so a 405 carries the full Allow header.
+    # One route for every method, so a 405 carries the full Allow header.
     return await _BY_METHOD[request.method](request)
 
 
@@ -62,6 +98,18 @@ routes = [
             errors=(400, 422),
             body=subscribers.SubscriberInput,
             scope="admin",
+        ),
+        patch=Operation(
+            "Change some fields of a subscriber (JSON merge patch, RFC 7396)",
+            {200: "the subscriber after the patch"},
+            errors=(400, 404, 415, 422),
+            body=subscribers.SubscriberPatch,
+            scope="admin",
+            description="Only the fields named change; null sets an optional field back to its default "
+            "(name '', timezone UTC, cadence daily, hour 9, weekday 0, no opt-outs, tracking on) and is a 422 for "
+            "email. Validation and the schedule change (pending digest runs replanned) are PUT's. Two patches of "
+            "different fields at once both land (one UPDATE of the named columns).",
+            media_types=PATCH_TYPES,
         ),
         get=Operation("Read a subscriber", {200: "the subscriber"}, errors=(404, 422), scope="admin"),
         delete=Operation(

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from app.platform import timezones
 from app.platform.validation import plain_int
 from app.subscribers import records as subscribers
-from app.web.pages import common, csrf, schedule, store
+from app.web.pages import common, csrf, schedule, subscription
 
 log = logging.getLogger("app.web.pages.preferences")
 
@@ -59,9 +59,9 @@ def _page_url(token: str) -> str:
 
 def _form_values(subscriber: dict) -> dict:
     """The form's fields as strings, from the stored row (GET) — POST re-renders what was sent."""
-    categories = store.categories(subscriber)
+    categories = subscription.categories(subscriber)
     return {
-        "topics": store.topics(categories),
+        "topics": subscription.topics(categories),
         "digest_cadence": subscriber["digest_cadence"],
         "digest_hour": str(subscriber["digest_hour"]),
         "digest_weekday": str(subscriber["digest_weekday"]),
@@ -167,7 +167,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     numbers: dict[str, int | str] = {k: _form_number(raw[k]) for k in ("digest_hour", "digest_weekday") if k in raw}
     # Topics: checkboxes are checked for topics the subscriber wants. Only topics that were on the
     # page change (a topic that appeared since the page loaded keeps its current setting).
-    shown = list(dict.fromkeys(common.texts(posted, "shown_category")))[: store.MAX_SHOWN_CATEGORIES]
+    shown = list(dict.fromkeys(common.texts(posted, "shown_category")))[: subscription.MAX_SHOWN_CATEGORIES]
     receive = set(common.texts(posted, "category"))
     current = set(subscriber["category_opt_outs"])
     opt_outs = sorted((current - set(shown)) | {c for c in shown if c not in receive})
@@ -210,7 +210,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         "pause_days": pause_raw[:12],
         "newsletters": newsletters,
     }
-    sticky["topics"] = store.topics(sticky["categories"])
+    sticky["topics"] = subscription.topics(sticky["categories"])
     return values, errors, sticky
 
 
@@ -245,18 +245,18 @@ async def preferences_submit(request: Request, token: str, subscriber: dict, cla
         values, errors, sticky = parse_save(posted, subscriber)
         if errors:
             return _page(request, token, subscriber, sticky, errors, status_code=422)
-        await run_in_threadpool(store.save_preferences, sid, values)
+        await run_in_threadpool(subscription.save_preferences, sid, values)
         log.info("subscriber %s saved preferences: %s", sid, sorted(values))
         notice = "saved"
     elif action == "resume":
-        await run_in_threadpool(store.set_paused_until, sid, version, None)
+        await run_in_threadpool(subscription.set_paused_until, sid, version, None)
         notice = "resumed"
     elif action == "unsubscribe":
-        await run_in_threadpool(store.unsubscribe, sid, version, None)
+        await run_in_threadpool(subscription.unsubscribe, sid, version, None)
         log.info("subscriber %s unsubscribed from the preference centre", sid)
         notice = "unsubscribed"
     else:
-        await run_in_threadpool(store.resubscribe, sid, version, None)
+        await run_in_threadpool(subscription.resubscribe, sid, version, None)
         log.info("subscriber %s resubscribed from the preference centre", sid)
         notice = "resubscribed"
     return common.back_to(_page_url(token), notice)

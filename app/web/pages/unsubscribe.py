@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from app.platform import tokens
 from app.subscribers import streams
-from app.web.pages import common, csrf, store
+from app.web.pages import common, csrf, subscription
 
 log = logging.getLogger("app.web.pages.unsubscribe")
 
@@ -47,7 +47,7 @@ def _state(subscriber: dict, claims: tokens.TokenClaims) -> dict:
         "category": target.category,
         "what": streams.label(target),
         "scoped": target.kind != streams.EVERYTHING,
-        "unsubscribed": store.is_stopped(subscriber, target),
+        "unsubscribed": subscription.is_stopped(subscriber, target),
         "everything_stopped": subscriber["unsubscribed_at"] is not None,
     }
 
@@ -84,7 +84,7 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
     if common.text(posted, ONE_CLICK_FIELD) == ONE_CLICK_VALUE or action is None:
         # RFC 8058 one-click (a bare POST to the List-Unsubscribe URL counts too: only a mail
         # client or the user acts by POST; scanners GET). No redirect, no cookie.
-        await run_in_threadpool(store.unsubscribe, sid, version, scope)
+        await run_in_threadpool(subscription.unsubscribe, sid, version, scope)
         log.info("subscriber %s unsubscribed by one-click POST (scope=%s)", sid, scope)
         target = streams.target(scope)
         return common.render(
@@ -95,7 +95,7 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
 
     if action in ("unsubscribe", "unsubscribe_all"):
         scope = scope if action == "unsubscribe" else None
-        await run_in_threadpool(store.unsubscribe, sid, version, scope)
+        await run_in_threadpool(subscription.unsubscribe, sid, version, scope)
         log.info("subscriber %s unsubscribed from the confirmation page (scope=%s)", sid, scope)
         notice = "unsubscribed"
     elif action in ("resubscribe", "resubscribe_all"):
@@ -110,7 +110,7 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
                 "Open the page again and resubmit.",
                 _page_url(token),
             )
-        await run_in_threadpool(store.resubscribe, sid, version, scope)
+        await run_in_threadpool(subscription.resubscribe, sid, version, scope)
         log.info("subscriber %s resubscribed (scope=%s)", sid, scope)
         notice = "resubscribed"
     else:

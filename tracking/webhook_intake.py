@@ -20,13 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import orjson
-import psycopg2.extras
 
-from app.platform import config, http
+from app.platform import config, db, http
 from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
 from tracking import webhook_apply
 
-log = logging.getLogger("tracking.webhook_store")
+log = logging.getLogger("tracking.webhook_intake")
 
 MAX_ID_LENGTH = 200
 MAX_EVENT_LENGTH = 100
@@ -97,7 +96,7 @@ def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
         return results
     unique.sort(key=lambda r: r[0])
     keyed = [(*row, None if row[2] is None else webhook_apply.address_of(row[2])) for row in unique]
-    inserted = psycopg2.extras.execute_values(
+    inserted = db.execute_values(
         cur, INSERT_SQL, keyed, template="(%s, %s, %s, %s::jsonb, %s)", page_size=len(keyed), fetch=True
     )
     for row_id, sg_id in inserted:

@@ -1,0 +1,64 @@
+"""The suppression list: every statement that writes `suppressions` (one row per canonical
+address, README "Address identity"). Whether an address may be mailed is read through
+app/subscribers/mailable.py; the dashboard's search and audited removal are in
+app/web/admin/suppressions.py, which calls `remove` here.
+
+Writers: a SendGrid event (bounce, block, spam report, unsubscribe, too many soft bounces:
+tracking/webhook_apply.py), erasure (records.erase, reason 'erased', which no later event
+replaces), an operator's removal, and the canonical-form backfill (app/subscribers/rekey.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.platform import db
+
+COLUMNS = "id, email, reason, source, created_at"
+
+# Erasure keeps the address, and any earlier reason in `source` (bounce, spamreport...: not
+# personal, useful to support). A step of records.ERASE_STEPS: named parameter %(address)s.
+KEEP_ERASED = (
+    "INSERT INTO suppressions (email, reason, source) VALUES (%(address)s, 'erased', 'erasure') "
+    "ON CONFLICT (email) DO UPDATE SET reason = 'erased', "
+    "source = 'erasure, was ' || suppressions.reason WHERE suppressions.reason <> 'erased'"
+)
+
+
+def suppress(cur: db.Cursor, address: str, reason: str, source: str) -> None:
+    """Suppress the canonical `address`; an address already suppressed keeps its first reason."""
+    if address:
+        cur.execute(
+            "INSERT INTO suppressions (email, reason, source) VALUES (%s, %s, %s) ON CONFLICT (email) DO NOTHING",
+            (address, reason, source),
+        )
+
+
+def remove(cur: db.Cursor, suppression_id: int) -> tuple[Any, ...] | None:
+    """Delete one row; returns it (COLUMNS), None when it was already gone."""
+    cur.execute(f"DELETE FROM suppressions WHERE id = %s RETURNING {COLUMNS}", (suppression_id,))
+    row: tuple[Any, ...] | None = cur.fetchone()
+    return row
+
+
+def merge_into_canonical(cur: db.Cursor, row_id: int, key: str) -> int:
+    """Rewrite one suppression to its canonical `key`, merging it with the row that holds `key`
+    already (app/subscribers/rekey.py): the earliest row is kept, 'erased' wins over any reason,
+    the merged rows' reasons and sources are appended to its source. 1 if it changed, else 0."""
+    cur.execute(
+        f"SELECT {COLUMNS} FROM suppressions WHERE id = %s OR email = %s ORDER BY created_at, id FOR UPDATE",
+        (row_id, key),
+    )
+    rows = cur.fetchall()
+    if not any(r[0] == row_id and r[1] != key for r in rows):
+        return 0  # removed or rewritten meanwhile
+    kept, *merged = rows
+    reason = "erased" if any(r[2] == "erased" for r in rows) else kept[2]
+    source = kept[3]
+    if merged:
+        source = "; ".join(filter(None, [kept[3], *(f"merged {r[2]} ({r[3] or 'no source'})" for r in merged)]))
+        cur.execute("DELETE FROM suppressions WHERE id = ANY(%s)", ([r[0] for r in merged],))
+    cur.execute(
+        "UPDATE suppressions SET email = %s, reason = %s, source = %s WHERE id = %s", (key, reason, source, kept[0])
+    )
+    return 1

@@ -1,0 +1,126 @@
+"""The in-app feed's API: the feed of a subscriber, and seen/read marks from the product (server side)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import TypeAdapter
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.platform.http import ApiError, FastJSONResponse, field_error, read_json, validation_error
+from app.platform.openapi import Operation, api_route
+from app.platform.validation import Text, check, plain_int
+from digest import feed, seen
+
+_USER_ID = TypeAdapter(Text(200, min_length=1))  # as app/web/api/subscribers.py declares it
+
+
+def user_id_param(request: Request) -> str:
+    user_id, errors = check(_USER_ID, request.path_params["user_id"], root="user_id")
+    if errors:
+        raise validation_error(errors)
+    return user_id
+
+
+def _accepted() -> Response:
+    return Response(status_code=202)
+
+
+async def _mark(request: Request, kind: str) -> Response:
+    user_id = user_id_param(request)
+    mark, errors = seen.validate_mark(await read_json(request))
+    if errors or mark is None:
+        raise validation_error(errors)
+    if not await run_in_threadpool(seen.mark_user, user_id, kind, mark):
+        raise ApiError(404, "not_found", "no subscriber with that user_id")
+    return _accepted()
+
+
+async def post_seen(request: Request):
+    return await _mark(request, seen.SEEN)
+
+
+async def post_read(request: Request):
+    return await _mark(request, seen.READ)
+
+
+def feed_query(request: Request) -> dict:
+    """`limit`, `unread`, `before` of a feed request; 422 naming each bad one."""
+    params, errors = request.query_params, []
+    out: dict[str, Any] = {}
+    unknown = sorted(set(params) - {"limit", "unread", "before"})
+    errors += [field_error(name, "unknown query parameter") for name in unknown]
+    if "limit" in params:
+        limit = plain_int(params["limit"], 3)
+        if limit is None or not 1 <= limit <= feed.MAX_LIMIT:
+            errors.append(field_error("limit", f"must be an integer from 1 to {feed.MAX_LIMIT}"))
+        out["limit"] = limit
+    if "unread" in params:
+        if params["unread"] not in ("true", "false"):
+            errors.append(field_error("unread", "must be true or false"))
+        out["unread_only"] = params["unread"] == "true"
+    if "before" in params:
+        try:
+            out["before"] = feed.parse_cursor(params["before"])
+        except feed.BadCursor as exc:
+            errors.append(field_error("before", str(exc)))
+    if errors:
+        raise validation_error(errors)
+    return out
+
+
+async def get_feed(request: Request):
+    user_id, query = user_id_param(request), feed_query(request)
+    subscriber = await run_in_threadpool(feed.find, user_id)
+    if subscriber is None:
+        raise ApiError(404, "not_found", "no subscriber with that user_id")
+    return FastJSONResponse(await run_in_threadpool(lambda: feed.page(subscriber, **query)))
+
+
+_PATH = {"user_id": _USER_ID}
+_MARK_ERRORS = (400, 404, 413, 422)
+FEED_ANSWER = (
+    "one item per entity, newest activity first, worded as the digest words it: "
+    "{unseen_count, unread_count, items, next_before}"
+)
+
+routes = [
+    api_route(
+        "/v1/subscribers/{user_id:str}/feed",
+        get_feed,
+        path_params=_PATH,
+        get=Operation(
+            "A subscriber's in-app feed",
+            {200: FEED_ANSWER},
+            errors=(404, 422),
+            query=feed.FeedQuery,
+            scope="admin",
+        ),
+    ),
+    api_route(
+        "/v1/subscribers/{user_id:str}/seen",
+        post_seen,
+        path_params=_PATH,
+        post=Operation(
+            "Mark entities (or everything) seen for a subscriber",
+            {202: "committed"},
+            errors=_MARK_ERRORS,
+            body=seen.MarkInput,
+            scope="events",
+        ),
+    ),
+    api_route(
+        "/v1/subscribers/{user_id:str}/read",
+        post_read,
+        path_params=_PATH,
+        post=Operation(
+            "Mark entities (or everything) read (and so seen) for a subscriber",
+            {202: "committed"},
+            errors=_MARK_ERRORS,
+            body=seen.MarkInput,
+            scope="events",
+        ),
+    ),
+]

@@ -1,0 +1,125 @@
+"""The subscriber behind a page: loaded, the topics shown, their stops and restarts (sync;
+endpoints call them in a thread).
+
+The writes are app/subscribers/records.py's (the one writer of `subscribers`): unsubscribe,
+resubscribe and resume are keyed on (id, token_version), so a token revoked between page load and
+submit changes nothing there; preference saves go through subscribers.update().
+"""
+
+from __future__ import annotations
+
+from app.platform import db
+from app.subscribers import categories as category_registry
+from app.subscribers import records as subscribers
+from app.subscribers import streams
+from digest import runs as digest_runs
+
+# How many topic checkboxes the preference centre shows at most; opt-outs are always shown.
+MAX_SHOWN_CATEGORIES = subscribers.MAX_CATEGORIES
+
+_COLUMNS = (
+    "id",
+    "user_id",
+    "email",
+    "name",
+    "timezone",
+    "digest_cadence",
+    "digest_hour",
+    "digest_weekday",
+    "category_opt_outs",
+    "paused_until",
+    "unsubscribed_at",
+    "token_version",
+    "newsletters_unsubscribed_at",
+    "digest_cadence_before_off",
+)
+
+
+def load(subscriber_id: int) -> dict | None:
+    rows = db.query(f"SELECT {', '.join(_COLUMNS)} FROM subscribers WHERE id = %s", (subscriber_id,))
+    if not rows:
+        return None
+    record = dict(zip(_COLUMNS, rows[0]))
+    record["category_opt_outs"] = list(record["category_opt_outs"] or [])
+    return record
+
+
+# Topics this subscriber has ever had events in. Both halves use existing indexes: the partial
+# "unsent" index on (user_id, id), and runs by subscriber -> events by digest_run_id. Sent events
+# older than the run window drop out; a category the subscriber opted out of stays via opt-outs.
+_CATEGORIES_SQL = """
+    SELECT category FROM (
+        SELECT DISTINCT category FROM digest_events WHERE user_id = %s AND digest_run_id IS NULL
+        UNION
+        SELECT DISTINCT e.category
+          FROM digest_runs r JOIN digest_events e ON e.digest_run_id = r.id
+         WHERE r.subscriber_id = %s AND r.created_at > now() - interval '180 days'
+    ) c ORDER BY category LIMIT %s
+"""
+
+
+def categories(subscriber: dict) -> list[str]:
+    """Sorted topics to show: current opt-outs, registered categories (app/subscribers/categories.py) and the
+    subscriber's event categories, capped in that order of precedence."""
+    opt_outs = subscriber["category_opt_outs"]
+    rows = db.query(_CATEGORIES_SQL, (subscriber["user_id"], subscriber["id"], MAX_SHOWN_CATEGORIES))
+    seen = set(opt_outs)
+    candidates = [*sorted(category_registry.registry()), *(r[0] for r in rows)]
+    extra = [c for c in dict.fromkeys(candidates) if c not in seen][: max(0, MAX_SHOWN_CATEGORIES - len(opt_outs))]
+    return sorted(seen.union(extra))
+
+
+def topics(keys: list[str]) -> list[dict]:
+    """Each category key with the label and description it is shown with, ordered by label."""
+    registry = category_registry.registry()
+    shown = [category_registry.lookup(key, registry) for key in keys]
+    return [
+        {"key": c.key, "label": c.label, "description": c.description}
+        for c in sorted(shown, key=lambda c: (c.label.casefold(), c.key))
+    ]
+
+
+def save_preferences(subscriber_id: int, values: dict) -> None:
+    """Validated values (plus paused_until) in one transaction; cancels runs of a dropped cadence."""
+    subscribers.update(subscriber_id, values)
+
+
+def set_paused_until(subscriber_id: int, token_version: int, until) -> None:
+    subscribers.set_paused_until(subscriber_id, token_version, until)
+
+
+def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
+    """Idempotent; stops what the token scope names (app/subscribers/streams.py). Returns whether
+    the row matched (False = token revoked meanwhile)."""
+    target = streams.target(scope)
+    with db.raw_cursor() as cur:
+        if not subscribers.stop(cur, subscriber_id, token_version, target):
+            return False
+        if target.kind == streams.EVERYTHING:
+            # Claims check unsubscribed_at anyway; cancelling queued runs now also keeps the
+            # operator's view honest (a run will not show as pending for someone who left). A
+            # stopped digest stream needs nothing here: the schedule trigger (migration 0004)
+            # cancels the pending runs, and claims skip any other ("cadence changed").
+            digest_runs.cancel_pending(cur, subscriber_id, "unsubscribed")
+        return True
+
+
+def resubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
+    """Undoes unsubscribe() for the same scope (subscribers.restart)."""
+    with db.raw_cursor() as cur:
+        return subscribers.restart(cur, subscriber_id, token_version, streams.target(scope))
+
+
+def is_stopped(subscriber: dict, target: streams.Target) -> bool:
+    """Whether what `target` names is already stopped for this subscriber (page state)."""
+    if target.kind == streams.CATEGORY:
+        return target.category in subscriber["category_opt_outs"]
+    if target.kind == streams.DIGESTS:
+        return subscriber["digest_cadence"] == "off"
+    if target.kind == streams.NEWSLETTERS:
+        return subscriber["newsletters_unsubscribed_at"] is not None
+    return subscriber["unsubscribed_at"] is not None
+
+
+def scope_category(scope: str | None) -> str | None:
+    return streams.target(scope).category
