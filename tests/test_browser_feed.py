@@ -2,7 +2,8 @@
 opening the feed marks what it shows seen, a click marks an item read, a new event arrives over
 the Server-Sent Events stream, and the next digest beside it loses what was seen. The API runs in
 its own uvicorn process (CORS for the demo's origin only); the demo page is scripts/dev/feeddemo.py.
-A screenshot goes to docs/feed-demo.png."""
+Screenshots land in test-artifacts/ (gitignored); docs/feed-demo.png is one of them, copied there by
+hand: a test run never changes the checkout."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 import uvicorn
@@ -125,7 +125,7 @@ def test_the_bell_the_feed_and_the_next_digest(demo, browser):
         page.frame_locator("#preview").locator("text=Post p3").wait_for(timeout=WAIT_MS)
         text = preview_text(page)
         assert "Post p1" not in text and "Post p2" not in text
-        page.screenshot(path=str(Path(ROOT) / "docs" / "feed-demo.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "feed-demo.png"), full_page=True)
         page.click("#bell")
         page.wait_for_function("document.querySelectorAll('#items li').length === 3", timeout=WAIT_MS)
         page.screenshot(path=str(ARTIFACTS / "feed-demo-open.png"), full_page=True)
