@@ -54,7 +54,7 @@ config.reload()
 
 def runs_of(rows) -> list[ClaimedRun]:
     return [
-        ClaimedRun(i, "daily", 0, sid, user_id, email, name, "daily", 1, False, False, False, False)
+        ClaimedRun(i, "daily", 0, sid, user_id, email, name, "daily", 1, False, None)
         for i, (sid, user_id, email, name) in enumerate(rows, 1)
     ]
 
