@@ -4,9 +4,11 @@ to apply plain .sql files, both on the same Postgres in the same run.
     .venv/bin/python scripts/bench/migrations.py [--hold 10] [--repeat 5]
 
 yoyo reads a temporary copy of sql/migrations: the same files, with `-- transactional: false`
-prepended to the four marked `-- migrate: no-transaction` (without it yoyo wraps CREATE INDEX
-CONCURRENTLY in a transaction, which Postgres refuses). That one line per file is the whole
-conversion. Measured:
+prepended to the files marked `-- migrate: no-transaction` (without it yoyo wraps CREATE INDEX
+CONCURRENTLY in a transaction, which Postgres refuses), CONCURRENTLY left out of an index on a
+partitioned table (Postgres refuses it there; our runner builds it partition by partition), and the
+`-- migrate: python` file written as a yoyo Python migration calling the same function. That is the
+whole conversion. Measured:
   (a) the full set on an empty database, in process (median of --repeat, fresh database each)
   (b) the no-op run (everything applied: what every release pays), in process and as the CLI an
       operator runs (`python -m app migrate` / `yoyo apply --batch`), process start included; our
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -46,7 +49,7 @@ os.environ.setdefault("APP_ENV", "development")
 import psycopg2  # noqa: E402
 from yoyo import get_backend, read_migrations  # noqa: E402
 
-from app.platform import config, migrate  # noqa: E402
+from app.platform import config, migrate, partitions  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
@@ -106,13 +109,51 @@ def one(url: str, sql: str):
     return row
 
 
+# A `-- migrate: python module:function` file (nothing but comments) as yoyo's own kind: a Python
+# migration, outside a transaction, calling the same function with yoyo's connection.
+YOYO_PYTHON_STEP = """from importlib import import_module
+
+from yoyo import step
+
+__transactional__ = False
+
+
+def apply(conn):
+    conn.autocommit = True
+    getattr(import_module({module!r}), {function!r})(conn)
+
+
+steps = [step(apply)]
+"""
+
+
+PARTITIONED_FROM = "0525"  # the event tables are partitioned from here on
+PARTITIONED_CONCURRENT_INDEX = re.compile(
+    r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s[^;]*?\sON\s+(?:ONLY\s+)?(?:"
+    + "|".join(t.name for t in partitions.TABLES)
+    + r")\s",
+    re.IGNORECASE,
+)
+
+
 def folder(dest: Path, files: dict[str, str], for_yoyo: bool) -> tuple[Path, int]:
-    """Write migration files into dest; for yoyo, mark the no-transaction ones its way."""
+    """Write migration files into dest; for yoyo, mark the no-transaction ones and turn the Python
+    steps into Python migrations, its ways."""
     dest.mkdir(parents=True)
     converted = 0
     for name, sql in files.items():
-        if for_yoyo and migrate.NO_TX_MARK.search("\n".join(sql.splitlines()[:5])):
+        head = "\n".join(sql.splitlines()[:5])
+        python_step = migrate.PYTHON_STEP_MARK.search(head)
+        if for_yoyo and python_step:
+            module, _, function = python_step.group("target").partition(":")
+            name, sql = name[: -len(".sql")] + ".py", YOYO_PYTHON_STEP.format(module=module, function=function)
+            converted += 1
+        elif for_yoyo and migrate.NO_TX_MARK.search(head):
             sql = YOYO_NO_TX + sql
+            if name[:4] > PARTITIONED_FROM:
+                # Postgres refuses CONCURRENTLY on a partitioned table; a yoyo user writes the plain
+                # statement (writes wait for the build) or the steps by hand (app/platform/partitioned_index.py).
+                sql = PARTITIONED_CONCURRENT_INDEX.sub(lambda m: m.group(0).replace(" CONCURRENTLY", ""), sql)
             converted += 1
         (dest / name).write_text(sql)
     return dest, converted
@@ -341,8 +382,9 @@ def main() -> None:
             f"{os.cpu_count()} CPUs; {len(files)} files in sql/migrations"
         )
         print(
-            f"  conversion for yoyo: `{YOYO_NO_TX.strip()}` prepended to {converted} of {len(files)} files "
-            f"(the no-transaction ones); ours reads them unchanged"
+            f"  conversion for yoyo: {converted} of {len(files)} files (`{YOYO_NO_TX.strip()}` prepended to "
+            f"the no-transaction ones, CONCURRENTLY left out on partitioned tables, the Python step as a yoyo "
+            f"Python migration); ours reads them unchanged"
         )
 
         # (a) full set on an empty database; (b) no-op run, in process and as the CLI
