@@ -3,13 +3,17 @@ own engine (digest/group.py, digest/details.py, digest/context.py), each with it
 
 One page costs two statements on one connection:
   1. per entity of the subscriber (all their events still kept, sent in a digest or not; opted-out
-     categories and their own activity left out, as in the digest): its newest activity, from an
-     index-only scan of digest_events_feed_idx (migration 0671), joined with the seen/read state
+     categories and their own activity left out, as in the digest): its newest activity, from the
+     summary the database keeps per entity and category (feed_entities, migration 0680: one row
+     each, kept by triggers on digest_events and by retention), joined with the seen/read state
      (digest/seen.py); the unseen and unread counts over every entity, and the page's entities;
-  2. the events of the page's entities only (the same index), grouped and worded like a digest;
+  2. the events of the page's entities only (digest_events_feed_idx, migration 0671), grouped and
+     worded like a digest;
 then one statement for the titles, links and avatars of the page (digest/details.py).
-So the cost grows with the subscriber's number of entities for step 1 (a few bytes per index
-entry) and with the page for the rest, not with the payloads.
+So the cost grows with the subscriber's number of entities for step 1 and with the page for the
+rest, not with their number of events or the payloads. Between retention detaching a partition
+and pruning it (the same scheduler tick, unless the partition is large) an entity whose events
+were all in it may still be counted; its item is left out of the page.
 
 An item is unseen when its newest activity is after the entity's seen mark (or the "all" mark);
 the badge shows `unseen_count`, the number of such items. Paging is by `next_before`, an opaque
@@ -42,10 +46,10 @@ _ENTITIES_SQL = """
 WITH s AS (
     SELECT id, user_id, category_opt_outs FROM subscribers WHERE id = %(sid)s
 ), ents AS (
-    SELECT e.entity_type, e.entity_id, max(e.occurred_at) AS latest_at, max(e.id) AS latest_id
-    FROM s JOIN digest_events e ON e.user_id = s.user_id
-    WHERE NOT (e.category = ANY (s.category_opt_outs)) AND e.actor_id IS DISTINCT FROM s.user_id
-    GROUP BY e.entity_type, e.entity_id
+    SELECT f.entity_type, f.entity_id, max(f.latest_at) AS latest_at, max(f.latest_id) AS latest_id
+    FROM s JOIN feed_entities f ON f.user_id = s.user_id
+    WHERE NOT (f.category = ANY (s.category_opt_outs))
+    GROUP BY f.entity_type, f.entity_id
 ), st AS MATERIALIZED (
     SELECT ents.*, greatest(f.seen_until, a.seen_until) AS seen_until,
            greatest(f.read_until, a.read_until) AS read_until

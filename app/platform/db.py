@@ -405,5 +405,6 @@ ALL_TABLES = [
     "digest_send_now",
     "mail_stop",
     "feed_state",
+    "feed_entities",
     "feed_state_all",
 ]

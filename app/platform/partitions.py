@@ -39,6 +39,9 @@ class Table:
     keys_table: str | None = None  # its dedup keys (migration 0520), pruned by retention
     key_columns: tuple[str, ...] = ()
     never_used: str | None = None  # SQL: a row retention counts as dropped without ever being used
+    # SQL function (partition regclass, after id, up to id) retention calls for each pruned chunk of a
+    # detached partition: what the database derives from the rows (a summary) is recomputed without them.
+    derived_refresh: str | None = None
 
 
 TABLES = (
@@ -47,8 +50,9 @@ TABLES = (
         "received_at",
         "digest_event_keys",
         ("source", "producer_id"),
-        never_used="digest_run_id IS NULL",
-    ),  # never included in a sent digest
+        never_used="digest_run_id IS NULL",  # never included in a sent digest
+        derived_refresh="feed_entities_refresh_range",  # the in-app feed's summary (migration 0680)
+    ),
     Table(
         "webhook_events", "received_at", "webhook_event_keys", ("sg_event_id",), never_used="processed_at IS NULL"
     ),  # never applied

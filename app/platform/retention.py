@@ -11,7 +11,8 @@ every write to it), so a scheduler killed at any point resumes where it stopped:
 
   (new) --partition entirely older than the cutoff--> detaching
   detaching --DETACH PARTITION ... CONCURRENTLY; never-used rows counted, logged, exported--> pruning
-  pruning --its dedup keys deleted, PRUNE_CHUNK rows per transaction--> (same, keys_pruned_to moves)
+  pruning --its dedup keys deleted and what derives from its rows recomputed (the feed summary,
+            Table.derived_refresh), PRUNE_CHUNK rows per transaction--> (same, keys_pruned_to moves)
   pruning --all keys gone; DROP TABLE; parent re-ANALYZEd--> dropped
 
 DETACH CONCURRENTLY takes SHARE UPDATE EXCLUSIVE on the parent: ingestion and digests go on while
@@ -181,7 +182,8 @@ def _detach(conn, table: partitions.Table, drop: Drop) -> None:
 
 def _prune_keys(conn, table: partitions.Table, drop: Drop, deadline: float) -> bool:
     """Delete the dedup keys of the detached partition's rows, in id order, one chunk per
-    transaction, at least one chunk. True once none is left."""
+    transaction, at least one chunk, and recompute what is derived from the chunk's rows
+    (Table.derived_refresh). True once none is left."""
     if table.keys_table is None:
         return True
     match = sql.SQL(" AND ").join(sql.SQL("k.{0} = c.{0}").format(sql.Identifier(c)) for c in table.key_columns)
@@ -200,6 +202,11 @@ def _prune_keys(conn, table: partitions.Table, drop: Drop, deadline: float) -> b
             cur.execute(prune, (drop.keys_pruned_to, PRUNE_CHUNK))
             last, n = cur.fetchone()
             if n:
+                if table.derived_refresh:
+                    cur.execute(
+                        sql.SQL("SELECT {}(%s::regclass, %s, %s)").format(sql.Identifier(table.derived_refresh)),
+                        (drop.partition, drop.keys_pruned_to, last),
+                    )
                 cur.execute("UPDATE retention_drops SET keys_pruned_to = %s WHERE id = %s", (last, drop.id))
         if n:
             drop.keys_pruned_to = last

@@ -5,12 +5,14 @@
   after    the full schema: monthly partitions, the key claimed by digest_events_claim_key()
            (migration 0520), the application's INSERT as shipped (app/ingest.INSERT_SQL)
   after+oc the same with ON CONFLICT DO NOTHING appended (why the application dropped it)
+  nofeed   the full schema before the feed summary (up to 0679): what feed_entities' insert
+           trigger (migration 0680) costs is after - nofeed
 
     .venv/bin/python scripts/bench/event_insert.py [--rounds 40] [--existing 200000]
 
 Rounds alternate between the variants so machine noise hits them alike; each database first gets
 --existing events so the indexes are not trivially small. One in ten events of a round repeats an
-earlier key (a duplicate). Databases notify_bench_insert_{before,after} on postgresql://127.0.0.1,
+earlier key (a duplicate). Databases notify_bench_insert_{before,nofeed,after} on postgresql://127.0.0.1,
 created and dropped here.
 """
 
@@ -100,12 +102,22 @@ def main() -> int:
     p.add_argument("--events", type=int, default=5000, help="events per group commit")
     p.add_argument("--existing", type=int, default=200_000)
     args = p.parse_args()
-    names = {"before": "notify_bench_insert_before", "after": "notify_bench_insert_after"}
+    names = {
+        "before": "notify_bench_insert_before",
+        "nofeed": "notify_bench_insert_nofeed",
+        "after": "notify_bench_insert_after",
+    }
     conns = {
         "before": psycopg2.connect(fresh(names["before"], "0519")),
+        "nofeed": psycopg2.connect(fresh(names["nofeed"], "0679")),
         "after": psycopg2.connect(fresh(names["after"], None)),
     }
-    variants = {"before": ("before", OLD_SQL), "after": ("after", ingest.INSERT_SQL), "after+oc": ("after", WITH_OC)}
+    variants = {
+        "before": ("before", OLD_SQL),
+        "nofeed": ("nofeed", ingest.INSERT_SQL),
+        "after": ("after", ingest.INSERT_SQL),
+        "after+oc": ("after", WITH_OC),
+    }
     for conn in conns.values():
         with conn.cursor() as cur:
             for start in range(0, args.existing, 50_000):
@@ -149,11 +161,22 @@ def main() -> int:
         print(f"  {variant:<9} median {statistics.median(values):6.1f} us   p25 {values[len(values) // 4]:6.1f} us")
     record(
         "stored event, database time",
-        "partitioned + key trigger",
-        statistics.median(times["after"]),
+        "partitioned + key trigger (before the feed summary)",
+        statistics.median(times["nofeed"]),
         "us",
         baseline=statistics.median(times["before"]),
         baseline_label="plain table, unique key (before 0520)",
+        higher_is_better=False,
+        group_commit=args.events,
+        rounds=args.rounds,
+    )
+    record(
+        "stored event, database time",
+        "partitioned + key trigger + feed summary trigger",
+        statistics.median(times["after"]),
+        "us",
+        baseline=statistics.median(times["nofeed"]),
+        baseline_label="the same without the feed summary (before 0680)",
         higher_is_better=False,
         group_commit=args.events,
         rounds=args.rounds,

@@ -73,10 +73,15 @@ def feed_query(request: Request) -> dict:
 
 async def get_feed(request: Request):
     user_id, query = user_id_param(request), feed_query(request)
-    subscriber = await run_in_threadpool(feed.find, user_id)
-    if subscriber is None:
+
+    def load() -> dict | None:  # one trip to the thread pool
+        subscriber = feed.find(user_id)
+        return None if subscriber is None else feed.page(subscriber, **query)
+
+    page = await run_in_threadpool(load)
+    if page is None:
         raise ApiError(404, "not_found", "no subscriber with that user_id")
-    return FastJSONResponse(await run_in_threadpool(lambda: feed.page(subscriber, **query)))
+    return FastJSONResponse(page)
 
 
 _PATH = {"user_id": _USER_ID}
