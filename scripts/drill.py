@@ -157,9 +157,26 @@ class Sink:
 
 
 # -- the system under test ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pace:
+    """How long a drill's faults last and how soon work lost with a process comes back. The full
+    drills (`make drill`) keep production-like margins; the small versions in `make test` shorten
+    only the waits that do not depend on the load (the windows, the retry backoff's base, the time
+    a killed worker's claims stay claimed), so they check the same things in less time."""
+
+    fault_seconds: float = 10.0  # each of smtp_faults' two windows (451s, then cut connections)
+    reclaim_seconds: int = 35  # RECLAIM_AFTER_SECONDS and DIGEST_PROCESSING_TIMEOUT_SECONDS
+    retry_base_seconds: int = 3  # DIGEST_RETRY_BASE_SECONDS: five attempts span 15x this
+
+
+FULL = Pace()
+QUICK = Pace(fault_seconds=3.0, reclaim_seconds=20, retry_base_seconds=1)
+
+
 class System:
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, pace: Pace = FULL):
         self.base = base
+        self.pace = pace
         self.pg, self.redis, self.sink = Postgres(base), Redis(), Sink()
         self.smtp_port, self.web_port = free_port(), free_port()
         self.procs: dict[str, list[subprocess.Popen]] = {"worker": [], "scheduler": [], "web": []}
@@ -175,9 +192,9 @@ class System:
             "SMTP_TIMEOUT_SECONDS": "5",
             "SCHEDULER_INTERVAL_SECONDS": "1",
             "DIGEST_REENQUEUE_SECONDS": "5",
-            "DIGEST_PROCESSING_TIMEOUT_SECONDS": "35",
-            "RECLAIM_AFTER_SECONDS": "35",
-            "DIGEST_RETRY_BASE_SECONDS": "3",
+            "DIGEST_PROCESSING_TIMEOUT_SECONDS": str(pace.reclaim_seconds),
+            "RECLAIM_AFTER_SECONDS": str(pace.reclaim_seconds),
+            "DIGEST_RETRY_BASE_SECONDS": str(pace.retry_base_seconds),
             "DIGEST_STAGGER_SECONDS": "0",
             "LOG_LEVEL": "WARNING",
             "PYTHONPATH": str(ROOT),
@@ -541,12 +558,15 @@ def drill_postgres_restart(system: System, scale: float) -> Report:
 
 
 def drill_smtp_faults(system: System, scale: float) -> Report:
+    window = system.pace.fault_seconds
+
     def bad_relay():
-        # 451 to everything for 10 s, then every other connection cut mid-DATA for 10 s: bounded
-        # windows, as a relay's bad minute is. Retries with backoff must outlast them: with the
-        # drill's DIGEST_RETRY_BASE_SECONDS=3 five attempts span 45 s (production: 60 s base, 15 min).
-        system.sink.tempfail_until = time.monotonic() + 10
-        system.sink.drop_until = time.monotonic() + 20
+        # 451 to everything for a window (10 s in the full drill), then every other connection cut
+        # mid-DATA for another: bounded windows, as a relay's bad minute is. Retries with backoff must
+        # outlast them: five attempts span 15x DIGEST_RETRY_BASE_SECONDS (45 s in the full drill;
+        # production: 60 s base, 15 min).
+        system.sink.tempfail_until = time.monotonic() + window
+        system.sink.drop_until = time.monotonic() + 2 * window
 
     return one_fault(system, scale, "smtp 451 + drops", 0.2, bad_relay)
 
@@ -613,10 +633,10 @@ DRILLS = {
 }
 
 
-def run(names: list[str], scale: float, delay_ms: float = 0.0) -> list[Report]:
+def run(names: list[str], scale: float, delay_ms: float = 0.0, pace: Pace = FULL) -> list[Report]:
     reports = []
     for name in names:
-        with tempfile.TemporaryDirectory(prefix=f"drill-{name}-") as tmp, System(Path(tmp)) as system:
+        with tempfile.TemporaryDirectory(prefix=f"drill-{name}-") as tmp, System(Path(tmp), pace) as system:
             system.sink.delay = delay_ms / 1000
             report = DRILLS[name](system, scale)
             print(report.line(), flush=True)

@@ -159,6 +159,13 @@ def pytest_collection_modifyitems(config, items):
         if marker:
             why = marker.args[0] if marker.args else "needs a direct Postgres connection"
             item.add_marker(pytest.mark.skip(reason=f"PgBouncer pass: {why}"))
+        marker = item.get_closest_marker("not_pooled")
+        if marker:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"PgBouncer pass: not through the pool ({marker.args[0]}); the direct pass ran it"
+                )
+            )
 
 
 # Tables with rows, and tables whose id sequence moved (rows inserted, maybe deleted again).

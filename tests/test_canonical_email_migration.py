@@ -17,6 +17,8 @@ from app.subscribers import rekey
 from scripts.bench.partition_migration import migrate_until
 from tests.scratch import scratch_url  # noqa: F401 - fixture
 
+pytestmark = pytest.mark.not_pooled("a scratch database of its own, straight on Postgres, as migrations run")
+
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 

@@ -1,5 +1,6 @@
-"""Small versions of the fault drills (scripts/drill.py; `make drill` runs them at full scale): the
-real Procfile processes on their own Postgres and Redis, one fault each. No mail is lost, none is
+"""Small versions of the fault drills (scripts/drill.py; `make drill` runs them at full scale and
+pace): the real Procfile processes on their own Postgres and Redis, one fault each, with the
+shorter windows and timeouts of drill.QUICK. No mail is lost, none is
 sent twice under two Message-IDs, and the only repeats are mail a SIGKILLed worker had already
 handed to the relay (same Message-ID)."""
 
@@ -15,6 +16,7 @@ from scripts import drill
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.alone("a worker killed every 5 s must make progress in between: other tests' CPU starves it"),
+    pytest.mark.not_pooled("each drill starts its own Postgres and Redis"),
     pytest.mark.skipif(
         not (shutil.which("redis-server") and glob.glob("/usr/lib/postgresql/*/bin/initdb")),
         reason="the drills start their own postgres and redis-server (apt-get install postgresql redis-server)",
@@ -25,7 +27,7 @@ SCALE, DELAY_MS = 0.01, 50
 
 @pytest.mark.parametrize("name", sorted(drill.DRILLS))
 def test_drill(name):
-    (report,) = drill.run([name], SCALE, DELAY_MS)
+    (report,) = drill.run([name], SCALE, DELAY_MS, drill.QUICK)
     assert report.expected > 0 and report.sent == report.expected, report.line()
     assert report.ok, report.line()
     assert report.faults > 0, f"the fault never happened: {report.line()}"

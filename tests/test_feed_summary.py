@@ -95,52 +95,48 @@ def test_truncate_empties_it():
     assert query("SELECT count(*) FROM feed_entities") == [(0,)]
 
 
+def waits_for_the_open_one(open_work, waiting_work) -> None:
+    """open_work(cursor) runs in a transaction left open; waiting_work(connection), on another
+    connection, must wait for it and finish once it commits."""
+    holder, other = db.connect_raw(), db.connect_raw()
+    try:
+        with holder.cursor() as cur:
+            open_work(cur)
+        done = threading.Event()
+
+        def wait_then_run():
+            waiting_work(other)
+            done.set()
+
+        thread = threading.Thread(target=wait_then_run)
+        thread.start()
+        assert not done.wait(0.5)  # blocked on the open transaction's row lock
+        holder.commit()
+        thread.join(10)
+        assert done.is_set()
+    finally:
+        holder.close()
+        other.close()
+
+
 def test_a_delete_waiting_on_an_open_insert_counts_it():
     """An insert still open holds its entities' rows; a delete of the same entity's other events
     waits for it and then recomputes with the insert's event in view."""
     ingest_rows(row("old", minutes=1), row("gone", minutes=2))
-    writer = db.connect_raw()
-    try:
-        with writer.cursor() as cur:
-            ingest.insert_rows(cur, [[row("new", minutes=3)]])  # open: not committed yet
-        deleted = threading.Event()
-
-        def delete():
-            query("DELETE FROM digest_events WHERE producer_id = 'gone'", conn=db.connect_raw())
-            deleted.set()
-
-        thread = threading.Thread(target=delete)
-        thread.start()
-        assert not deleted.wait(0.5)  # waits for the insert's row lock
-        writer.commit()
-        thread.join(10)
-        assert deleted.is_set()
-    finally:
-        writer.close()
+    waits_for_the_open_one(
+        lambda cur: ingest.insert_rows(cur, [[row("new", minutes=3)]]),
+        lambda conn: query("DELETE FROM digest_events WHERE producer_id = 'gone'", conn=conn),
+    )
     assert query("SELECT latest_at FROM feed_entities") == [(T0 + timedelta(minutes=3),)]
     assert_summary_matches_events()
 
 
 def test_an_insert_waiting_on_an_open_delete_merges_after_it():
     ingest_rows(row("old", minutes=1), row("gone", minutes=5))
-    deleter = db.connect_raw()
-    try:
-        with deleter.cursor() as cur:
-            cur.execute("DELETE FROM digest_events WHERE producer_id = 'gone'")  # open: holds p1/like
-        inserted = threading.Event()
-
-        def insert():
-            ingest_rows(row("new", minutes=3), conn=db.connect_raw())
-            inserted.set()
-
-        thread = threading.Thread(target=insert)
-        thread.start()
-        assert not inserted.wait(0.5)
-        deleter.commit()
-        thread.join(10)
-        assert inserted.is_set()
-    finally:
-        deleter.close()
+    waits_for_the_open_one(
+        lambda cur: cur.execute("DELETE FROM digest_events WHERE producer_id = 'gone'"),
+        lambda conn: ingest_rows(row("new", minutes=3), conn=conn),
+    )
     assert query("SELECT latest_at FROM feed_entities") == [(T0 + timedelta(minutes=3),)]
     assert_summary_matches_events()
 

@@ -20,6 +20,8 @@ from tests.batch_loop import BatchLoop
 from tests.scratch import scratch_url  # noqa: F401 - fixture
 from tracking import recorder
 
+pytestmark = pytest.mark.not_pooled("a scratch database of its own, straight on Postgres, as migrations run")
+
 SEEDED = 30_000
 EXPAND = "0520"  # the key tables and their triggers: what this release's writers need
 

@@ -15,6 +15,8 @@ from app.platform import migrate, partitioned_index, partitions
 from tests.batch_loop import BatchLoop
 from tests.scratch import migrations_dir, released_on_first_lock_retry, scratch_url  # noqa: F401 - fixtures
 
+pytestmark = pytest.mark.not_pooled("a scratch database of its own, straight on Postgres, as migrations run")
+
 NO_TX = "-- migrate: no-transaction\n"
 
 # A small partitioned table, one of its partitions partitioned again (by hash).

@@ -17,6 +17,10 @@ from digest import ingest
 from tests.scratch import scratch_url  # noqa: F401 - fixture
 from tracking import webhook_intake
 
+pytestmark = pytest.mark.not_pooled(
+    "a scratch database of its own, straight on Postgres, as the scheduler's retention job uses MIGRATION_DATABASE_URL"
+)
+
 AHEAD = timedelta(days=200)  # "now" for retention: every month until ~110 days from today has expired
 
 

@@ -159,28 +159,31 @@ def main() -> int:
     for variant, values in times.items():
         values.sort()
         print(f"  {variant:<9} median {statistics.median(values):6.1f} us   p25 {values[len(values) // 4]:6.1f} us")
-    record(
-        "stored event, database time",
-        "partitioned + key trigger (before the feed summary)",
-        statistics.median(times["nofeed"]),
-        "us",
-        baseline=statistics.median(times["before"]),
-        baseline_label="plain table, unique key (before 0520)",
-        higher_is_better=False,
-        group_commit=args.events,
-        rounds=args.rounds,
-    )
-    record(
-        "stored event, database time",
-        "partitioned + key trigger + feed summary trigger",
-        statistics.median(times["after"]),
-        "us",
-        baseline=statistics.median(times["nofeed"]),
-        baseline_label="the same without the feed summary (before 0680)",
-        higher_is_better=False,
-        group_commit=args.events,
-        rounds=args.rounds,
-    )
+    for label, variant, baseline, baseline_label in (
+        (
+            "partitioned + key trigger (before the feed summary)",
+            "nofeed",
+            "before",
+            "plain table, unique key (before 0520)",
+        ),
+        (
+            "partitioned + key trigger + feed summary trigger",
+            "after",
+            "nofeed",
+            "the same without the feed summary (before 0680)",
+        ),
+    ):
+        record(
+            "stored event, database time",
+            label,
+            statistics.median(times[variant]),
+            "us",
+            baseline=statistics.median(times[baseline]),
+            baseline_label=baseline_label,
+            higher_is_better=False,
+            group_commit=args.events,
+            rounds=args.rounds,
+        )
     return 0
 
 
