@@ -33,23 +33,26 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
     A broken template (TemplateError) raises: every run would fail the same way."""
     settings = settings or config.get()
     registry = categories.registry(cur)  # cached in process: at most one query per batch
-    events = digest_load.load_unsent(
+    loaded = digest_load.load(
         cur,
         [r.subscriber_id for r in runs if not r.urgent_only],
         settings.digest_event_page,
         settings.digest_max_events,
     )
+    events = loaded.events
     urgent = [r.subscriber_id for r in runs if r.urgent_only]
     if urgent:  # "send now" runs of digest subscribers: only what cannot wait (a second query)
         events.update(
-            digest_load.load_unsent(
+            digest_load.load(
                 cur,
                 urgent,
                 settings.digest_event_page,
                 settings.digest_max_events,
                 urgent_categories=categories.send_now_keys(registry),
-            )
+            ).events
         )
+    for run in runs:
+        run.cover = None if run.urgent_only else loaded.covers.get(run.subscriber_id)
     marks = seen.load(cur, [r.subscriber_id for r in runs])  # what was seen in the app is left out
     for run in runs:
         evs = events.get(run.subscriber_id) or []

@@ -9,6 +9,7 @@ from datetime import datetime
 from app.platform.providers.base import OutgoingMail
 from digest import group as digest_group
 from digest import runs
+from digest.marks import Cover
 
 
 @dataclass
@@ -28,6 +29,7 @@ class ClaimedRun:
     last_digest_at: datetime | None = None  # the previous digest's send time (None: first)
     digest: digest_group.Digest | None = None
     mail: OutgoingMail | None = None
+    cover: Cover | None = None  # what recording it handles (digest/marks.py); None: its events one by one
 
     def skip_reason(self) -> str | None:
         if self.refusal is not None:

@@ -201,13 +201,14 @@ def head(subscriber: Subscriber) -> Head:
     return Head(*rows[0][:3])
 
 
-# What can change a feed, cheaply (index probes, no aggregation): the newest unsent event (new
-# events arrive unsent; digest_events_unsent_idx), the marks, the subscriber row (opt-outs, token
-# version). Streams recompute the head only when this changed; one statement for all of a process's
-# open streams.
+# What can change a feed, cheaply (index probes, no aggregation): the newest event (the last entry
+# of digest_events_pending_idx: events arrive there and a digest's mark does not take them out), the
+# seen/read state, the subscriber row (opt-outs, token version). Streams recompute the head only when
+# this changed; one statement for all of a process's open streams.
 _FINGERPRINTS_SQL = """
 SELECT s.id,
-       (SELECT max(e.id) FROM digest_events e WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL),
+       (SELECT e.txid::text || '/' || e.id FROM digest_events e WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL
+        ORDER BY e.txid DESC, e.id DESC LIMIT 1),
        (SELECT max(f.updated_at) FROM feed_state f WHERE f.subscriber_id = s.id),
        (SELECT a.updated_at FROM feed_state_all a WHERE a.subscriber_id = s.id),
        s.updated_at, s.token_version

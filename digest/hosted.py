@@ -1,6 +1,6 @@
 """A sent digest's hosted copy ("View in your browser", GET /v/{token}).
 
-Re-rendered on request from the run's own events (digest_events.digest_run_id = the run), the
+Re-rendered on request from the events the run handled (digest/marks.py), the
 way the worker rendered it: nothing is stored per mail, and the digest path pays only for signing
 one more token per mail. The copy is the mail as sent — relative times and "since Tuesday" are
 worded from the send time — with direct links (no click tracking, no open pixel) and no "view in
@@ -22,8 +22,8 @@ from digest import build as digest_build
 from digest import context as digest_context
 from digest import details as digest_details
 from digest import group as digest_group
+from digest import marks, seen
 from digest import render as digest_render
-from digest import seen
 
 # The run must be this subscriber's and sent; the previous sent digest words "since …".
 _RUN_SQL = """
@@ -33,10 +33,15 @@ SELECT r.cadence, r.completed_at,
 FROM digest_runs r
 WHERE r.id = %s AND r.subscriber_id = %s AND r.status = 'sent'
 """
-_EVENTS_SQL = """
-SELECT id, category, entity_type, entity_id, actor_id, actor_name, occurred_at, high_priority
-FROM digest_events WHERE digest_run_id = %s ORDER BY id LIMIT %s
-"""
+# The events the run handled (digest/marks.py), minus the topics the subscriber has opted out of:
+# a run's cover includes the events of opted-out topics it never read.
+_EVENTS_SQL = (
+    "SELECT * FROM ("
+    + marks.run_events_sql(
+        "e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at, e.high_priority"
+    )
+    + ") e WHERE NOT (e.category = ANY (%(opt_outs)s::text[])) ORDER BY e.id LIMIT %(limit)s"
+)
 
 
 @dataclass(frozen=True)
@@ -61,11 +66,20 @@ def render(run_id: int, subscriber: dict) -> Copy | Gone | None:
         if row is None:
             return None
         cadence, sent_at, previous_at = row
-        cur.execute(_EVENTS_SQL, (run_id, settings.digest_max_events))
+        cur.execute(
+            _EVENTS_SQL,
+            {
+                "run": run_id,
+                "opt_outs": list(subscriber.get("category_opt_outs") or []),
+                "limit": settings.digest_max_events,
+            },
+        )
         events = [digest_group.Event._make(r) for r in cur.fetchall()]
         # Seen in the app before the send: handled by the run, not shown in it.
-        marks = seen.as_of(seen.load(cur, [subscriber["id"]]).get(subscriber["id"]), sent_at)
-        digest = seen.build_digest(events, marks, settings.digest_max_items, subscriber["user_id"]) if events else None
+        seen_state = seen.as_of(seen.load(cur, [subscriber["id"]]).get(subscriber["id"]), sent_at)
+        digest = (
+            seen.build_digest(events, seen_state, settings.digest_max_items, subscriber["user_id"]) if events else None
+        )
         if digest is None or digest.empty:
             return Gone(sent_at)
         digest_details.resolve(cur, [digest])

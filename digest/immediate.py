@@ -35,7 +35,7 @@ from datetime import datetime
 from app.platform import config, db
 from app.subscribers import categories, mailable
 from app.subscribers.streams import DIGESTS
-from digest import runs
+from digest import marks, runs
 
 log = logging.getLogger("digest.immediate")
 
@@ -48,13 +48,14 @@ WITH due AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), subs AS (
-    SELECT s.id, s.user_id, s.digest_cadence, s.category_opt_outs
+    SELECT s.id, s.user_id, s.digest_cadence, s.category_opt_outs, m.through
     FROM due JOIN subscribers s ON s.id = due.subscriber_id
+    {marks.JOIN_MARK}
     WHERE {mailable.may_mail(DIGESTS, "s", "%(now)s")}
 ), eligible AS (
     SELECT subs.id FROM subs
     WHERE EXISTS (SELECT 1 FROM digest_events e
-                  WHERE e.user_id = subs.user_id AND e.digest_run_id IS NULL
+                  WHERE e.user_id = subs.user_id AND {marks.pending("e", "subs.through")}
                     AND NOT (e.category = ANY (subs.category_opt_outs))
                     AND e.actor_id IS DISTINCT FROM subs.user_id
                     AND (subs.digest_cadence = 'immediately' OR e.high_priority

@@ -1,4 +1,5 @@
-"""Load a subscriber's unsent events: oldest first, keyset-paginated, capped, opt-outs excluded.
+"""Load a subscriber's events no digest has handled (digest/marks.py): oldest first, keyset-paginated,
+capped, opt-outs excluded.
 
 Many subscribers are loaded with one query (a LATERAL join takes the first page of each); only
 subscribers with more than a page of events are paged further, one query per extra page. Payloads
@@ -10,25 +11,32 @@ payloads still make a small, fast digest.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
+from app.platform.db import pg_array
+from digest import marks
 from digest.group import Event
-from digest.runs import pg_array
 
 _COLUMNS = "e.id, e.category, e.entity_type, e.entity_id, e.actor_id, e.actor_name, e.occurred_at, e.high_priority"
 
-# The subscribers row supplies the opt-outs, read at load time so a change made a second ago counts.
+# "Not handled yet" is digest/marks.py's definition. Read as of the snapshot the marks were read
+# with (a later statement's own snapshot may show more), in (txid, id) order: the order of
+# digest_events_pending_idx, so a page is an index range. The subscribers row supplies the opt-outs,
+# read at load time so a change made a second ago counts.
 _PAGE_SQL = f"""
-SELECT s.id, {_COLUMNS}
-FROM subscribers s
+SELECT v.sid, e.txid::text, {_COLUMNS}
+FROM unnest(%(subscriber_ids)s::bigint[], %(marks)s::pg_snapshot[]) AS v(sid, through)
+JOIN subscribers s ON s.id = v.sid
 CROSS JOIN LATERAL (
-    SELECT {_COLUMNS} FROM digest_events e
-    WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL AND e.id > %(after)s
+    SELECT e.txid, {_COLUMNS} FROM digest_events e
+    WHERE e.user_id = s.user_id AND {marks.pending("e", "v.through")}
+      AND pg_visible_in_snapshot(e.txid, %(snapshot)s::pg_snapshot)
+      AND (e.txid, e.id) > (%(after_txid)s::xid8, %(after_id)s::bigint)
       AND NOT (e.category = ANY (s.category_opt_outs))
-    ORDER BY e.id
+    ORDER BY e.txid, e.id
     LIMIT %(page)s
 ) e
-WHERE s.id = ANY (%(subscriber_ids)s)
-ORDER BY s.id, e.id
+ORDER BY v.sid, e.txid, e.id
 """
 
 
@@ -36,41 +44,79 @@ ORDER BY s.id, e.id
 # that cannot wait: priority high, or of a category whose delivery is `immediate`. A separate
 # statement, so the digest path's query stays as it was.
 URGENT = "AND (e.high_priority OR e.category = ANY (%(urgent_categories)s::text[]))"
-_URGENT_PAGE_SQL = _PAGE_SQL.replace("ORDER BY e.id\n    LIMIT", URGENT + "\n    ORDER BY e.id\n    LIMIT")
+_URGENT_PAGE_SQL = _PAGE_SQL.replace(
+    "ORDER BY e.txid, e.id\n    LIMIT", URGENT + "\n    ORDER BY e.txid, e.id\n    LIMIT"
+)
 assert _URGENT_PAGE_SQL != _PAGE_SQL
 
 
-def load_unsent(
+@dataclass
+class Loaded:
+    events: dict[int, list[Event]]  # {subscriber_id: [Event, ...]} oldest first
+    # {subscriber_id: what recording the run handles}: their mark moves to the snapshot read as of.
+    # Missing for a subscriber whose events are marked one by one (only urgent ones, or capped).
+    covers: dict[int, marks.Cover] = field(default_factory=dict)
+
+
+def load(
     cur,
     subscriber_ids: list[int],
     page_size: int = 1000,
     max_events: int = 100_000,
     urgent_categories: list[str] | None = None,
-) -> dict[int, list[Event]]:
-    """{subscriber_id: [Event, ...]} oldest first. At most max_events per subscriber: the rest stay
-    unsent (digest_run_id IS NULL) and go into the next digest. `urgent_categories` given: only the
-    events that go out now (high priority, or of one of these categories)."""
+) -> Loaded:
+    """Each subscriber's events no digest has handled, oldest first. At most max_events per
+    subscriber: the rest wait for the next digest. `urgent_categories` given: only the events that
+    go out now (high priority, or of one of these categories)."""
     page_size = max(1, page_size)
-    out: dict[int, list[Event]] = {sid: [] for sid in subscriber_ids}
+    out = Loaded({sid: [] for sid in subscriber_ids})
     if not subscriber_ids:
         return out
-    sql, extra = _PAGE_SQL, {}
+    snapshot, current = marks.read(cur, subscriber_ids)
+    sids = list(out.events)
+    base: dict[str, object] = {"snapshot": snapshot}
+    sql = _PAGE_SQL
     if urgent_categories is not None:
-        sql, extra = _URGENT_PAGE_SQL, {"urgent_categories": list(urgent_categories)}
-    cur.execute(sql, {"after": 0, "page": min(page_size, max_events), "subscriber_ids": list(subscriber_ids), **extra})
+        sql, base["urgent_categories"] = _URGENT_PAGE_SQL, list(urgent_categories)
+
+    def page(ids: list[int], after: tuple[str, int], n: int) -> list[tuple]:
+        cur.execute(
+            sql,
+            {
+                **base,
+                "subscriber_ids": pg_array(ids),
+                "marks": [current.get(sid) for sid in ids],
+                "after_txid": after[0],
+                "after_id": after[1],
+                "page": n,
+            },
+        )
+        return cur.fetchall()
+
+    last: dict[int, tuple[str, int]] = {}
     make = Event._make
-    for row in cur.fetchall():
-        out[row[0]].append(make(row[1:]))
-    for sid, events in out.items():
+    for row in page(sids, ("0", 0), min(page_size, max_events)):
+        out.events[row[0]].append(make(row[2:]))
+        last[row[0]] = (row[1], row[2])
+    for sid, events in out.events.items():
         # A full page means there may be more: keep paging this subscriber alone.
         while len(events) < max_events and events and len(events) % page_size == 0:
-            page = min(page_size, max_events - len(events))
-            cur.execute(sql, {"after": events[-1].id, "page": page, "subscriber_ids": [sid], **extra})
-            rows = cur.fetchall()
-            events.extend(make(row[1:]) for row in rows)
-            if len(rows) < page:
+            n = min(page_size, max_events - len(events))
+            rows = page([sid], last[sid], n)
+            events.extend(make(row[2:]) for row in rows)
+            if rows:
+                last[sid] = (rows[-1][1], rows[-1][2])
+            if len(rows) < n:
                 break
+        events.sort(key=lambda e: e.id)  # read in commit-ish (txid) order, shown in arrival order
+        if urgent_categories is None and len(events) < max_events:
+            out.covers[sid] = marks.Cover(current.get(sid), snapshot)
     return out
+
+
+def load_unsent(cur, subscriber_ids: list[int], page_size: int = 1000, max_events: int = 100_000) -> dict:
+    """{subscriber_id: [Event, ...]}: `load` without what recording would need (preview, baselines)."""
+    return load(cur, subscriber_ids, page_size, max_events).events
 
 
 _FIELD_KEY = re.compile(r"^[a-z_]{1,40}$")

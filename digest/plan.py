@@ -42,7 +42,7 @@ from zoneinfo import ZoneInfo
 
 from app.platform import config, db, metrics, queue, timezones
 from app.subscribers import records as subscribers
-from digest import immediate, messages, runs
+from digest import immediate, marks, messages, runs
 
 log = logging.getLogger("digest.plan")
 
@@ -280,10 +280,11 @@ def watchdog(now: datetime) -> tuple[int, int]:
 
 
 # -- digest-now -------------------------------------------------------------------------------
-_NOW_ALL_SQL = """
-SELECT id, timezone, digest_cadence, digest_hour, digest_weekday FROM subscribers s
-WHERE digest_cadence <> 'off' AND unsubscribed_at IS NULL
-  AND EXISTS (SELECT 1 FROM digest_events e WHERE e.user_id = s.user_id AND e.digest_run_id IS NULL)
+_NOW_ALL_SQL = f"""
+SELECT s.id, s.timezone, s.digest_cadence, s.digest_hour, s.digest_weekday FROM subscribers s
+{marks.JOIN_MARK}
+WHERE s.digest_cadence <> 'off' AND s.unsubscribed_at IS NULL
+  AND EXISTS (SELECT 1 FROM digest_events e WHERE e.user_id = s.user_id AND {marks.pending()})
 """
 _NOW_USERS_SQL = """
 SELECT id, timezone, digest_cadence, digest_hour, digest_weekday FROM subscribers

@@ -28,9 +28,12 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
+from app.platform.db import pg_array
 from app.platform.mail_stop import NOT_ENGAGED
 from app.subscribers import mailable
 from app.subscribers.streams import DIGESTS
+from digest import marks
+from digest.marks import Cover
 
 MAX_BACKOFF_SECONDS = 6 * 3600
 
@@ -68,12 +71,6 @@ TRANSITIONS = frozenset(
         (W, F),
     }
 )
-
-
-def pg_array(values) -> str:
-    """'{1,2,3}' for a ::bigint[] parameter. psycopg2 would send ARRAY[1,2,3], which Postgres parses
-    element by element: for the ~1000 event ids of a batch that doubled the statement's cost."""
-    return "{" + ",".join(map(str, values)) + "}"
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -254,8 +251,9 @@ UPDATE digest_runs r SET status = 'skipped', skip_reason = v.reason, event_count
 FROM unnest(%s::bigint[], %s::text[]) AS v(id, reason) WHERE r.id = v.id AND r.status = 'processing'
 """
 
-# `digest_run_id IS NULL`: an event is never claimed by two sent digests. In id order, the update
-# walks the heap and indexes in order instead of jumping around.
+# Runs that mark their events one by one (digest/marks.py says which). `digest_run_id IS NULL`: an
+# event is never claimed by two sent digests. In id order, the update walks the heap and indexes in
+# order instead of jumping around.
 MARK_EVENTS = """
 UPDATE digest_events e SET digest_run_id = v.run_id
 FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, run_id)
@@ -263,13 +261,30 @@ WHERE e.id = v.id AND e.digest_run_id IS NULL
 """
 
 # 'pending' too: if the watchdog gave up on a slow send that then succeeded, record the success so
-# the run is not sent again.
+# the run is not sent again. events_after/events_through: what the run handled (digest/marks.py),
+# NULL for a run that marked its events one by one.
 MARK_SENT = """
 UPDATE digest_runs r SET status = 'sent', event_count = v.n, completed_at = now(),
-       provider_message_id = v.mid, last_error = NULL, next_attempt_at = NULL
-FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS v(id, n, mid)
+       provider_message_id = v.mid, last_error = NULL, next_attempt_at = NULL,
+       events_after = v.after, events_through = v.through
+FROM unnest(%s::bigint[], %s::int[], %s::text[], %s::pg_snapshot[], %s::pg_snapshot[]) AS v(id, n, mid, after, through)
 WHERE r.id = v.id AND r.status IN ('processing', 'pending')
 RETURNING extract(epoch FROM r.completed_at - r.scheduled_for)
+"""
+
+# A run already sent when its record came (the watchdog gave it to a second worker, and both sent
+# it under the same Message-ID): what the later one read is covered by the same run.
+EXTEND_COVER = """
+UPDATE digest_runs r SET events_through = v.through
+FROM unnest(%s::bigint[], %s::pg_snapshot[]) AS v(id, through)
+WHERE r.id = v.id AND r.status = 'sent' AND r.events_through IS NOT NULL
+  AND digest_snapshot_newer(v.through, r.events_through)
+"""
+
+# A run skipped with its events handled (only own activity, or all seen in the app).
+SET_COVER = """
+UPDATE digest_runs r SET events_after = v.after, events_through = v.through
+FROM unnest(%s::bigint[], %s::pg_snapshot[], %s::pg_snapshot[]) AS v(id, after, through) WHERE r.id = v.id
 """
 
 # One statement for every way claimed work goes back: a retryable send failure, a run released
@@ -318,23 +333,50 @@ def mark_skipped(cur, skipped: list[tuple[int, str]]) -> None:
         cur.execute(MARK_SKIPPED, ([i for i, _ in skipped], [reason for _, reason in skipped]))
 
 
-def mark_events(cur, handled: list[tuple[int, list[int]]]) -> None:
+def mark_events(cur, handled: list[tuple[int, list[int]]], covers: dict[int, tuple[int, Cover]] | None = None) -> None:
     """[(run_id, event_ids)]: the events a run handled (sent, or never to be shown: the subscriber's
-    own activity in a run skipped for having nothing else) point at it and are never loaded again."""
-    pairs = sorted((eid, run_id) for run_id, ids in handled for eid in ids)
+    own activity in a run skipped for having nothing else) are never loaded again. A run in
+    `covers` ({run_id: (subscriber_id, cover)}) moves its subscriber's mark; the others mark their
+    events one by one."""
+    covers = covers or {}
+    pairs = sorted((eid, run_id) for run_id, ids in handled if run_id not in covers for eid in ids)
     if pairs:
         event_ids, run_ids = zip(*pairs)
         cur.execute(MARK_EVENTS, (pg_array(event_ids), pg_array(run_ids)))
+    covered = [(run_id, covers[run_id]) for run_id, _ in handled if run_id in covers]
+    if covered:
+        marks.advance(cur, [c for _, c in covered])
+        cur.execute(
+            SET_COVER,
+            ([r for r, _ in covered], [c.after for _, (_, c) in covered], [c.through for _, (_, c) in covered]),
+        )
 
 
-def mark_sent(cur, sent: list[tuple[int, list[int], str | None]]) -> list[float]:
-    """[(run_id, event_ids, provider message id)]: the events and the runs in one transaction.
-    Returns each marked run's lateness: seconds from scheduled_for to now."""
+def mark_sent(
+    cur, sent: list[tuple[int, list[int], str | None]], covers: dict[int, tuple[int, Cover]] | None = None
+) -> list[float]:
+    """[(run_id, event_ids, provider message id)]: the events and the runs in one transaction
+    (`covers` as in mark_events). Returns each marked run's lateness: seconds from scheduled_for to now."""
     if not sent:
         return []
-    mark_events(cur, [(run_id, ids) for run_id, ids, _ in sent])
-    cur.execute(MARK_SENT, ([r for r, _, _ in sent], [len(ids) for _, ids, _ in sent], [m for _, _, m in sent]))
-    return [float(row[0]) for row in cur.fetchall()]
+    covers = covers or {}
+    per_event = [(run_id, ids) for run_id, ids, _ in sent if run_id not in covers]
+    if per_event:
+        mark_events(cur, per_event)
+    covered = [covers[run_id] for run_id, _, _ in sent if run_id in covers]
+    if covered:
+        marks.advance(cur, covered)
+    after = [covers[r][1].after if r in covers else None for r, _, _ in sent]
+    through = [covers[r][1].through if r in covers else None for r, _, _ in sent]
+    cur.execute(
+        MARK_SENT,
+        ([r for r, _, _ in sent], [len(ids) for _, ids, _ in sent], [m for _, _, m in sent], after, through),
+    )
+    lateness = [float(row[0]) for row in cur.fetchall()]
+    if len(lateness) < len(sent) and covered:  # some were final already: keep the mark and the run agreeing
+        late = [(r, covers[r][1].through) for r, _, _ in sent if r in covers]
+        cur.execute(EXTEND_COVER, ([r for r, _ in late], [t for _, t in late]))
+    return lateness
 
 
 def retry(cur, failures: list[tuple[int, str]], max_attempts: int, base_seconds: float) -> tuple[int, int]:

@@ -18,8 +18,9 @@ mails; the runs not started go back to `pending` with no attempt counted.
 
 Crash safety: if the process dies after the provider accepted a mail but before the final commit,
 the run is still `processing`; the watchdog returns it to `pending` and the re-send carries the same
-idempotency key (and Message-ID). Events are marked only in that final commit, and only the ids this
-run loaded, so an event that arrived meanwhile waits for the next digest.
+idempotency key (and Message-ID). Events are marked only in that final commit, and only those this
+run read (digest/marks.py: the snapshot it read them as of), so an event that arrived meanwhile waits
+for the next digest.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Outcome:
     sent: list = field(default_factory=list)  # (run_id, event_ids, message_id)
     skipped: list = field(default_factory=list)  # (run_id, reason)
     handled: list = field(default_factory=list)  # (run_id, event_ids) of skipped runs: own activity only
+    covers: dict = field(default_factory=dict)  # run_id: (subscriber_id, Cover) of runs that move the mark
     retry: list = field(default_factory=list)  # (run_id, error)
     released: list = field(default_factory=list)  # run_id: not started, all mail was stopped
     failed: list = field(default_factory=list)  # (run_id, error)
@@ -97,8 +99,8 @@ def record(cur, outcome: Outcome, settings=None) -> None:
     """ONE transaction (the caller commits): mark exactly the loaded events of every sent run, and
     move every run to its final or retry state."""
     settings = settings or config.get()
-    outcome.lateness = run_rows.mark_sent(cur, outcome.sent)
-    run_rows.mark_events(cur, outcome.handled)
+    outcome.lateness = run_rows.mark_sent(cur, outcome.sent, outcome.covers)
+    run_rows.mark_events(cur, outcome.handled, outcome.covers)
     run_rows.mark_skipped(cur, outcome.skipped)
     run_rows.release(cur, outcome.released)
     _pending, failed = run_rows.retry(
@@ -151,6 +153,7 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
         log.exception("building %d digests failed", len(claimed))
         outcome.retry.extend((r.id, f"build failed: {exc!r}") for r in claimed)
         return outcome
+    outcome.covers = {r.id: (r.subscriber_id, r.cover) for r in claimed if r.cover is not None}
     for run in claimed:
         if run.digest is None:
             outcome.skipped.append((run.id, "no events"))

@@ -41,6 +41,9 @@ import redis as redis_lib
 from aiosmtpd.controller import Controller
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from digest.marks import COVERING_RUNS  # noqa: E402
+
 PY = sys.executable
 
 
@@ -310,15 +313,7 @@ class System:
             "'n' || g || '@example.test', 'N ' || g, 'off' FROM generate_series(1, %s) g",
             (n,),
         )
-        key = subprocess.run(
-            [PY, "-m", "app", "create-api-key", f"drill-{uuid.uuid4().hex[:6]}", "--scope", "admin"],
-            env=self.env,
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        headers = {"Authorization": f"Bearer {key.stdout.strip()}"}
+        headers = {"Authorization": f"Bearer {self.api_key('admin')}"}
         base = f"http://127.0.0.1:{self.web_port}"
         nl = httpx.post(
             f"{base}/v1/newsletters",
@@ -332,6 +327,17 @@ class System:
         ).json()["id"]
         r = httpx.post(f"{base}/v1/newsletters/{nl}/send", headers=headers, json={"audience": "all"}, timeout=30)
         r.raise_for_status()
+
+    def api_key(self, scope: str) -> str:
+        key = subprocess.run(
+            [PY, "-m", "app", "create-api-key", f"drill-{uuid.uuid4().hex[:6]}", "--scope", scope],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return key.stdout.strip()
 
     def expected(self) -> set[tuple[str, str]]:
         """(recipient, mail): a digest for each digest subscriber, the newsletter for everyone."""
@@ -623,6 +629,139 @@ def drill_kill_scheduler_planning(system: System, scale: float) -> Report:
     )
 
 
+INGEST_EVENTS_PER_SECOND = 2000
+INGEST_BATCH = 200
+
+
+class Ingest(threading.Thread):
+    """Posts events for the digest subscribers d0..d(n-1) over the API at `rate` events/s, in batches
+    of INGEST_BATCH, until stopped. Counts what the API accepted (a 2xx means committed)."""
+
+    def __init__(self, system: System, n: int, rate: float):
+        super().__init__(daemon=True)
+        self.url = f"http://127.0.0.1:{system.web_port}/v1/events"
+        self.headers = {"Authorization": f"Bearer {system.api_key('events')}"}
+        self.n, self.rate = n, rate
+        self.stop = threading.Event()
+        self.accepted = self.refused = 0
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        started, sent, seq = time.monotonic(), 0, itertools.count()
+        with httpx.Client(timeout=30) as client:
+            while not self.stop.is_set():
+                ahead = sent / self.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+                batch = []
+                for _ in range(INGEST_BATCH):
+                    i = next(seq)
+                    batch.append(
+                        {
+                            "id": f"live-{i}",
+                            "user_id": f"d{(i * 7919) % self.n}",
+                            "category": "comment",
+                            "entity_type": "post",
+                            "entity_id": f"live{i % 50}",
+                            "actor_id": f"b{i % 13}",
+                            "actor_name": f"Live {i % 13}",
+                            "payload": {"title": "Live post", "url": "https://example.test/live"},
+                        }
+                    )
+                try:
+                    r = client.post(self.url, headers=self.headers, json={"events": batch})
+                    if r.status_code == 202:
+                        self.accepted += r.json()["accepted"]
+                    else:
+                        self.refused += len(batch)
+                except httpx.HTTPError:
+                    self.refused += len(batch)  # not committed as far as we know: retried by nobody
+                sent += len(batch)
+        self.seconds = time.monotonic() - started
+
+
+def drill_ingest_during_wave(system: System, scale: float) -> Report:
+    """Events arrive steadily over the API (2,000/s at full scale) while a wave of 50,000 x scale
+    digests goes out, and a worker is SIGKILLed mid-wave; then one more digest per subscriber takes
+    what arrived after their first. Every event must be in exactly one sent digest (digest/marks.py:
+    an event committed while its subscriber's digest was built is in that one or the next), every
+    sent run's mail delivered, none under two Message-IDs."""
+    n = max(100, int(50_000 * scale))
+    system.start("web")
+    system.wait_web()
+    system.seed_digests(n)
+    ingest = Ingest(system, n, max(200.0, INGEST_EVENTS_PER_SECOND * min(1.0, scale * 4)))
+    system.start("scheduler")
+    worker = system.start("worker")
+    system.start("worker")
+    started, kills = time.monotonic(), [0]
+    ingest.start()
+
+    def delivered() -> int:
+        return len(system.sink.deliveries)  # resent mail counts too: only a trigger
+
+    def kill_mid_wave():
+        nonlocal worker
+        if not kills[0] and delivered() > n // 2:
+            system.kill(worker)
+            kills[0] += 1
+            worker = system.start("worker")
+        if delivered() >= n:
+            ingest.stop.set()
+
+    first_wave = run_until_settled(system, 900, kill_mid_wave, poll=0.05)
+    ingest.stop.set()
+    ingest.join()
+    # The second wave: every subscriber's next digest, due now, takes what arrived after the first.
+    system.sql(
+        "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) SELECT id, 'daily', "
+        "current_date + 1, now() FROM subscribers WHERE user_id LIKE 'd%%'"
+    )
+    second_wave = run_until_settled(system, 900, poll=0.2)
+    with system.sink.lock:
+        deliveries = list(system.sink.deliveries)
+    # Mail: each sent run's Message-ID delivered; a run under two Message-IDs is a duplicate.
+    sent_runs = {r for (r,) in system.sql("SELECT id FROM digest_runs WHERE status = 'sent'")}
+    mids_of: dict[int, set[str]] = {}
+    resent, seen = 0, set()
+    for _, rcpt, mid in deliveries:
+        resent += (rcpt, mid) in seen
+        seen.add((rcpt, mid))
+        run_id = int(mid.strip("<>").split(".", 1)[0].rsplit("-", 1)[1])
+        mids_of.setdefault(run_id, set()).add(mid)
+    mail_duplicates = sum(len(m) - 1 for m in mids_of.values()) + len(set(mids_of) - sent_runs)
+    mail_lost = len(sent_runs - set(mids_of))
+    # Events: each covered by exactly one sent run.
+    covering = system.sql(COVERING_RUNS.format(where="true"))
+    statuses = dict(system.sql("SELECT id, status FROM digest_runs"))
+    sent_cover = [[r for r in runs if statuses.get(r) == "sent"] for _, runs in covering]
+    events_lost = sum(1 for runs in sent_cover if not runs)
+    events_twice = sum(1 for runs in sent_cover if len(runs) > 1)
+    stored_live = system.sql("SELECT count(*) FROM digest_events WHERE producer_id LIKE 'live-%%'")[0][0]
+    times = [started] + sorted(t for t, _, _ in deliveries)
+    notes = (
+        f"({len(covering):,} events, {stored_live:,} of them ingested during the wave at "
+        f"{ingest.accepted / max(ingest.seconds, 1e-9):,.0f}/s, {ingest.refused} refused; events in no sent "
+        f"digest {events_lost}, in two {events_twice}; {kills[0]} kill)"
+        + ("" if first_wave and second_wave else " TIMED OUT")
+    )
+    report = Report(
+        "ingest during wave",
+        len(mids_of),
+        len(sent_runs),
+        mail_duplicates + events_twice,
+        mail_lost + events_lost + (ingest.accepted - stored_live),
+        resent,
+        max((b - a for a, b in itertools.pairwise(times)), default=0.0),
+        notes,
+        faults=kills[0],
+    )
+    return report
+
+
+# The drills that SIGKILL a worker: the only ones where a mail may arrive twice under one Message-ID.
+KILL_WORKERS = frozenset({"kill_worker", "ingest_during_wave"})
+
 DRILLS = {
     "kill_worker": drill_kill_worker,
     "redis_flush": drill_redis_flush,
@@ -630,6 +769,7 @@ DRILLS = {
     "smtp_faults": drill_smtp_faults,
     "two_of_each": drill_two_of_each,
     "kill_scheduler": drill_kill_scheduler_planning,
+    "ingest_during_wave": drill_ingest_during_wave,
 }
 
 

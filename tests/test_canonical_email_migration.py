@@ -73,10 +73,12 @@ def test_migration_keys_old_rows_merges_suppressions_and_ends_valid(scratch_url,
     ids = dict(rows(conn, "SELECT email, id FROM suppressions"))
     monkeypatch.setattr(rekey, "BATCH", 1000)
     progress = []
-    real_batch = rekey._batch
+    real_batch = migrate.batch
 
-    def watched(migrator, work):
-        result = real_batch(migrator, work)
+    def watched(migrator, work, what, retry_on=()):
+        result = real_batch(migrator, work, what, retry_on)
+        if what != "rekey":
+            return result
         # Between two batches the migrator holds no lock: another session writes at once (it
         # would fail after 100 ms otherwise), and what the batches keyed is committed.
         other = connect(scratch_url)
@@ -86,7 +88,7 @@ def test_migration_keys_old_rows_merges_suppressions_and_ends_valid(scratch_url,
         other.close()
         return result
 
-    monkeypatch.setattr(rekey, "_batch", watched)
+    monkeypatch.setattr(migrate, "batch", watched)
     applied = migrate.migrate(scratch_url)
     assert applied[:3] == ["0600", "0601", "0602"]
     assert progress[0] < progress[1] < progress[2] == 2504  # keyed in committed batches of 1,000

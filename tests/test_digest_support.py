@@ -22,6 +22,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP
 
 from app.platform import db, providers
+from digest import marks as digest_marks
 
 
 def free_port() -> int:
@@ -163,7 +164,8 @@ def run_row(run_id) -> dict:
 
 
 def marked(event_ids) -> dict:
-    return dict(db.query("SELECT id, digest_run_id FROM digest_events WHERE id = ANY (%s)", (list(event_ids),)))
+    """{event id: the run that handled it, or None} (digest/marks.py)."""
+    return digest_marks.handled_by(event_ids)
 
 
 @contextlib.contextmanager

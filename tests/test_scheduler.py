@@ -426,6 +426,7 @@ def test_cli_preview_digest_writes_html_without_marking(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "<html" in target.read_text() and "Like from Actor a1 and Actor a0" in target.read_text()
     assert db.query("SELECT count(*) FROM digest_events WHERE digest_run_id IS NOT NULL") == [(0,)]
+    assert db.query("SELECT count(*) FROM digest_marks") == [(0,)]
     assert _cli("preview-digest", "nobody").returncode == 1
 
 

@@ -19,6 +19,7 @@ OWNERS = {
     "newsletters": "app/newsletter/rows.py",
     "email_log": "app/newsletter/rows.py",
     "feed_state": "digest/seen.py",
+    "digest_marks": "digest/marks.py",
     "feed_state_all": "digest/seen.py",
 }
 

@@ -243,6 +243,23 @@ def _apply_autocommit(conn, m: Migration, pid: int) -> None:
         cur.execute("RESET lock_timeout")
 
 
+def batch(conn, work, what: str, retry_on: tuple[type[Exception], ...] = ()):
+    """work(cur) in one transaction under MIGRATION_LOCK_TIMEOUT, retried with backoff when a lock
+    (a row a request holds) is not granted in time, or on one of `retry_on`: one step of a
+    `-- migrate: python` backfill, which commits batch by batch so no lock is held across them."""
+    settings = config.get()
+    for attempt in range(1, settings.migration_retries + 1):
+        try:
+            with db.transaction(conn) as cur:
+                cur.execute("SET LOCAL lock_timeout = %s", (settings.migration_lock_timeout,))
+                return work(cur)
+        except (db.LockNotAvailable, *retry_on) as exc:
+            delay = min(0.2 * 2**attempt, 10.0)
+            log.warning("%s batch: %s (attempt %d), retrying in %.1fs", what, exc.__class__.__name__, attempt, delay)
+            time.sleep(delay)
+    raise RuntimeError(f"{what}: gave up after {settings.migration_retries} attempts")
+
+
 def _run_python_step(conn, m: Migration, pid: int) -> None:
     module, _, function = (m.python_step or "").partition(":")
     _same_session(conn, pid)

@@ -50,7 +50,7 @@ TABLES = (
         "received_at",
         "digest_event_keys",
         ("source", "producer_id"),
-        never_used="digest_run_id IS NULL",  # never included in a sent digest
+        never_used="NOT digest_event_handled(user_id, txid, digest_run_id)",  # no digest handled it (0690)
         derived_refresh="feed_entities_refresh_range",  # the in-app feed's summary (migration 0680)
     ),
     Table(

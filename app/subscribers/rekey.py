@@ -20,9 +20,8 @@ release's processes wrote while a deploy was under way, and running it again cha
 from __future__ import annotations
 
 import logging
-import time
 
-from app.platform import config, db
+from app.platform import db, migrate
 from app.platform.addresses import canonical
 from app.subscribers import suppressions
 
@@ -30,24 +29,8 @@ log = logging.getLogger("app.subscribers.rekey")
 
 BATCH = 5000
 CONSTRAINT = "subscribers_canonical_email_present"
-
-
-def _batch(conn, work):
-    """work(cur) in one transaction under MIGRATION_LOCK_TIMEOUT, retried with backoff when a lock
-    (a row a request holds) is not granted in time."""
-    settings = config.get()
-    for attempt in range(1, settings.migration_retries + 1):
-        try:
-            with db.transaction(conn) as cur:
-                cur.execute("SET LOCAL lock_timeout = %s", (settings.migration_lock_timeout,))
-                return work(cur)
-        except (db.LockNotAvailable, db.UniqueViolation) as exc:
-            # UniqueViolation: a suppression for the canonical form was added meanwhile; the
-            # retry sees it and merges into it.
-            delay = min(0.2 * 2**attempt, 10.0)
-            log.warning("rekey batch: %s (attempt %d), retrying in %.1fs", exc.__class__.__name__, attempt, delay)
-            time.sleep(delay)
-    raise RuntimeError(f"rekey: gave up after {settings.migration_retries} attempts")
+# A suppression for the canonical form was added meanwhile: the retry sees it and merges into it.
+_MERGED = (db.UniqueViolation,)
 
 
 def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
@@ -73,7 +56,7 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
         return (rows[-1][0] if rows else None), cur.rowcount if stale else 0
 
     while True:
-        last, n = _batch(conn, one_batch)
+        last, n = migrate.batch(conn, one_batch, "rekey", _MERGED)
         if last is None:
             return changed
         after, changed = last, changed + n
@@ -91,7 +74,7 @@ def _suppressions(conn) -> int:
         return (rows[-1][0] if rows else None), n
 
     while True:
-        last, n = _batch(conn, one_batch)
+        last, n = migrate.batch(conn, one_batch, "rekey", _MERGED)
         if last is None:
             return changed
         after, changed = last, changed + n
@@ -108,7 +91,7 @@ def _add_constraint(conn) -> None:
                 f"ALTER TABLE subscribers ADD CONSTRAINT {CONSTRAINT} CHECK (canonical_email IS NOT NULL) NOT VALID"
             )
 
-    _batch(conn, add)
+    migrate.batch(conn, add, "rekey", _MERGED)
 
 
 def rekey(conn) -> dict:

@@ -71,6 +71,7 @@ def steps() -> list[Step]:
             ["--rows", "300000", "--warmup", "3", "--after", "3"],
         ),
         Step("event-insert", bench("event_insert.py"), ["--rounds", "10"]),
+        Step("digest-mark", bench("digest_mark.py"), ["--subscribers", "100", "--history", "40", "--rounds", "3"]),
         Step("groupcommit", bench("groupcommit.py"), ["--seconds", "2"]),
         Step("ratelimit", bench("ratelimit.py")),
         Step("smtp-client", bench("smtp_client.py"), ["--mails", "1000"]),

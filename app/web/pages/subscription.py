@@ -44,17 +44,10 @@ def load(subscriber_id: int) -> dict | None:
     return record
 
 
-# Topics this subscriber has ever had events in. Both halves use existing indexes: the partial
-# "unsent" index on (user_id, id), and runs by subscriber -> events by digest_run_id. Sent events
-# older than the run window drop out; a category the subscriber opted out of stays via opt-outs.
+# Topics this subscriber has events in (within retention): the feed summary (migration 0680) holds
+# one row per entity and category of theirs. A category the subscriber opted out of stays via opt-outs.
 _CATEGORIES_SQL = """
-    SELECT category FROM (
-        SELECT DISTINCT category FROM digest_events WHERE user_id = %s AND digest_run_id IS NULL
-        UNION
-        SELECT DISTINCT e.category
-          FROM digest_runs r JOIN digest_events e ON e.digest_run_id = r.id
-         WHERE r.subscriber_id = %s AND r.created_at > now() - interval '180 days'
-    ) c ORDER BY category LIMIT %s
+    SELECT DISTINCT category FROM feed_entities WHERE user_id = %s ORDER BY category LIMIT %s
 """
 
 
@@ -62,7 +55,7 @@ def categories(subscriber: dict) -> list[str]:
     """Sorted topics to show: current opt-outs, registered categories (app/subscribers/categories.py) and the
     subscriber's event categories, capped in that order of precedence."""
     opt_outs = subscriber["category_opt_outs"]
-    rows = db.query(_CATEGORIES_SQL, (subscriber["user_id"], subscriber["id"], MAX_SHOWN_CATEGORIES))
+    rows = db.query(_CATEGORIES_SQL, (subscriber["user_id"], MAX_SHOWN_CATEGORIES))
     seen = set(opt_outs)
     candidates = [*sorted(category_registry.registry()), *(r[0] for r in rows)]
     extra = [c for c in dict.fromkeys(candidates) if c not in seen][: max(0, MAX_SHOWN_CATEGORIES - len(opt_outs))]

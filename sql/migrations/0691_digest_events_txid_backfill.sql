@@ -1,0 +1,7 @@
+-- migrate: python digest.marks:backfill_txid
+-- Issue 26.2, step 2 of 3: the events stored before 0690 that no digest has handled get a txid that
+-- every snapshot shows ('1': committed before anything), so the first digest after the upgrade
+-- reads them and its mark covers them. Events already marked (digest_run_id set) keep NULL: no
+-- query reads them by txid. Committed batches of 5,000 rows in id order, each under
+-- MIGRATION_LOCK_TIMEOUT and retried when a row lock is not granted; 0690's ALTER TABLE waited for
+-- every insert in flight, so every row left without a txid is committed.
