@@ -2,12 +2,15 @@
 render, rewrite links, build MIME, SMTP, record) under cProfile in one process, and the Postgres
 server's CPU for the same batches, measured from /proc.
 
-    .venv/bin/python scripts/bench/profile_digest.py [--subscribers 3000] [--tracking/--no-tracking]
+    .venv/bin/python scripts/bench/profile_digest.py [--subscribers 3000] [--tracking/--no-tracking] [--stages]
 
 Prints CPU per digest (worker vs Postgres), the worker's time by area, and the top functions by
 own time. The SMTP sink is scripts/bench/smtp_sink.py at 0 ms on a spare port. cProfile slows
 Python down by about 1.5-2x: the split by area is what to read, not the absolute figure (the
-end-to-end figure is scripts/bench/digest.py's). Its own database (notify_bench_profile).
+end-to-end figure is scripts/bench/digest.py's). --stages leaves cProfile out and sums the thread's
+CPU time inside each step of the path instead (build.render_mail, rewrite_many_with_clicks, the
+provider, ...): unslowed, but one process in a loop, so the figures are above a worker's. Its own
+database (notify_bench_profile). The collector is tuned as a worker's (gc.freeze, threshold 50,000).
 
 What it showed (2,000 subscribers x 20 events, tracking on): the biggest item was one email_links
 round trip per digest (SAVEPOINT, INSERT … RETURNING, RELEASE: 3 of the ~3.1 statements per
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import os
 import pstats
 import socket
@@ -60,6 +64,11 @@ p.add_argument("--events", type=int, default=20)
 p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=True)
 p.add_argument("--database-url", default="postgresql://127.0.0.1/notify_bench_profile")
 p.add_argument("--top", type=int, default=25)
+p.add_argument(
+    "--stages",
+    action="store_true",
+    help="no cProfile: CPU per stage (thread CPU time around each step of the worker's path), unslowed",
+)
 args = p.parse_args()
 
 with socket.socket() as s:
@@ -106,6 +115,52 @@ def area_of(filename: str, name: str) -> str:
     return "other"
 
 
+def timed_stages() -> dict[str, float]:
+    """Wrap each step of the worker's path so the thread's CPU time inside it is summed per stage
+    (a stage called inside another is subtracted from it)."""
+    import threading
+
+    from digest import build as digest_build
+    from digest import details, seen
+    from digest import load as digest_load
+
+    totals: dict[str, float] = defaultdict(float)
+    local = threading.local()
+
+    def wrap(owner, attr: str, stage: str) -> None:
+        real = getattr(owner, attr)
+
+        def timed(*a, **kw):
+            stack = getattr(local, "stack", None)
+            if stack is None:
+                stack = local.stack = []
+            stack.append(0.0)
+            started = time.thread_time()
+            try:
+                return real(*a, **kw)
+            finally:
+                spent = time.thread_time() - started
+                inner = stack.pop()
+                totals[stage] += spent - inner
+                if stack:
+                    stack[-1] += spent
+
+        setattr(owner, attr, timed)
+
+    wrap(digest_send, "claim", "claim (digest/claim.py)")
+    wrap(digest_load, "load", "load events (digest/load.py)")
+    wrap(seen, "load", "seen state (digest/seen.py load)")
+    wrap(seen, "build_digest", "group + rank (seen.build_digest)")
+    wrap(details, "resolve", "titles/links/avatars (details.resolve)")
+    wrap(digest_build, "render_mail", "render HTML (build.render_mail)")
+    wrap(digest_build, "rewrite_many_with_clicks", "tracked links (rewrite_many_with_clicks)")
+    wrap(digest_build, "render_text", "render text (build.render_text)")
+    wrap(digest_build, "outgoing_mail", "OutgoingMail (build.outgoing_mail)")
+    wrap(digest_send, "send", "provider: MIME + SMTP (send.send)")
+    wrap(digest_send, "_record_until_written", "record outcome (send.record)")
+    return totals
+
+
 def main() -> None:
     migrate.migrate(args.database_url)
     db.init(args.database_url)
@@ -121,13 +176,17 @@ def main() -> None:
     sink.stdout.readline()
     provider = providers.get_provider()
     digest_send.process(run_ids=ids[:100], provider=provider)  # warm-up: templates, connections
+    gc.freeze()  # as a worker process does after boot (actors/broker.py CollectorTuning)
+    gc.set_threshold(50_000, 20, 100)
     conn = psycopg2.connect(args.database_url)
     conn.autocommit = True
     pg = shared.PostgresCPU(conn, config.get().database_url.rsplit("/", 1)[-1])
     profiler = cProfile.Profile()
+    stages = timed_stages() if args.stages else None
     pg.start()
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    profiler.enable()
+    if not stages:
+        profiler.enable()
     for k in range(100, len(ids), 100):
         digest_send.process(run_ids=ids[k : k + 100], provider=provider)
     profiler.disable()
@@ -138,6 +197,17 @@ def main() -> None:
     providers.close_all()
     sink.terminate()
 
+    if stages is not None:
+        tracking = "on" if args.tracking else "off"
+        print(f"profile_digest --stages: {n} digests, {args.events} events each, tracking {tracking}")
+        per = 1e6 / n
+        print(f"  wall {wall:.1f} s; worker CPU {cpu * per:.0f} us/digest; Postgres CPU {pg_cpu * per:.0f} us/digest")
+        print("  worker thread CPU by stage (nested stages are not counted in their parent):")
+        for stage, seconds in sorted(stages.items(), key=lambda kv: -kv[1]):
+            print(f"    {stage:<40s} {seconds / n * 1e6:7.0f} us/digest")
+        rest = (cpu - sum(stages.values())) * per
+        print(f"    {'(rest: the batch glue, other threads)':<40s} {rest:7.0f} us/digest")
+        return
     stats = pstats.Stats(profiler)
     by_area: dict[str, float] = defaultdict(float)
     total = 0.0
