@@ -95,7 +95,7 @@ test-pure: install
 		$(BIN)/python -m pytest -m pure $(PYTEST_ARGS)
 
 # Every benchmark once, each beside its naive baseline or peer, into one report: BENCHMARKS.md,
-# docs/benchmarks.json and docs/benchmarks.png (about an hour; see README "Tests and benchmarks").
+# docs/benchmarks.json and docs/benchmarks.png (about two hours, the soak one of them; see README "Tests and benchmarks").
 bench: migrate
 	@sh scripts/dev/apt-install.sh wrk /usr/bin/wrk "the click benchmark uses its own asyncio client"
 	$(BIN)/python scripts/bench/report.py $(BENCH_ARGS)

@@ -3,7 +3,7 @@ docs/benchmarks.png — with every figure beside its target and the baseline or 
 same run, the machine's facts (cores, memory, load average before and after, versions) and one chart:
 throughput against worker processes (the scaling curve docs/scaling.md discusses).
 
-    .venv/bin/python scripts/bench/report.py              # everything (about an hour on 2 cores)
+    .venv/bin/python scripts/bench/report.py              # everything (about two hours on 2 cores: the soak is one)
     .venv/bin/python scripts/bench/report.py --quick      # small sizes: checks the report end to end
     .venv/bin/python scripts/bench/report.py --only digest,peer-0ms
 
@@ -71,6 +71,7 @@ def steps() -> list[Step]:
             ["--rows", "300000", "--warmup", "3", "--after", "3"],
         ),
         Step("event-insert", bench("event_insert.py"), ["--rounds", "10"]),
+        Step("soak", bench("soak.py"), ["--minutes", "2", "--sample", "10"], timeout=4500.0),
         Step("digest-mark", bench("digest_mark.py"), ["--subscribers", "100", "--history", "40", "--rounds", "3"]),
         Step("groupcommit", bench("groupcommit.py"), ["--seconds", "2"]),
         Step("ratelimit", bench("ratelimit.py")),

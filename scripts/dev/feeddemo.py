@@ -178,6 +178,9 @@ function render(feed) {
 async function load() { const feed = await api("/v1/feed?limit=20"); render(feed); return feed; }
 async function openFeed() {
   const feed = await load();
+  // Closed while the feed was on its way (a stream update can open it in the background): what
+  // arrived was never on screen, so it is not seen; the badge keeps counting it.
+  if (panel.hidden) return;
   const shown = feed.items.filter(i => !i.seen).map(i => ({entity_type: i.entity_type, entity_id: i.entity_id}));
   if (shown.length) { await api("/v1/feed/seen", {entities: shown}); showCount(0); refreshPreview(); }
 }
