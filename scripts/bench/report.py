@@ -6,6 +6,7 @@ throughput against worker processes (the scaling curve docs/scaling.md discusses
     .venv/bin/python scripts/bench/report.py              # everything (about two hours on 2 cores: the soak is one)
     .venv/bin/python scripts/bench/report.py --quick      # small sizes: checks the report end to end
     .venv/bin/python scripts/bench/report.py --only digest,peer-0ms
+    .venv/bin/python scripts/bench/report.py --keep --results soak=/tmp/soak.jsonl   # a run made on its own
 
 Each step is a bench script run as a subprocess with BENCH_RESULTS pointing at its own file
 (scripts/bench/shared.record writes one JSON line per figure); its output goes to
@@ -199,6 +200,24 @@ def run_step(step: Step, quick: bool) -> dict:
     }
 
 
+def standalone_step(step: Step, results: Path) -> dict:
+    """A step whose script ran on its own (BENCH_RESULTS=results): its figures, when the file was
+    last written, and how long it ran if a figure says (details `minutes`)."""
+    figures = read_records(results)
+    minutes = max((float(f["details"].get("minutes", 0)) for f in figures), default=0.0)
+    return {
+        "step": step.name,
+        "group": step.group,
+        "argv": step.argv[1:],
+        "exit": "standalone",
+        "seconds": minutes * 60,
+        "finished": datetime.fromtimestamp(results.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M"),
+        "load_before": None,
+        "load_after": None,
+        "figures": figures,
+    }
+
+
 # -- machine facts
 
 
@@ -360,9 +379,14 @@ def markdown(run: dict) -> str:
     ]
     for step in run["steps"]:
         command = " ".join(Path(a).name if a.endswith(".py") else a for a in step["argv"])
+        load = (
+            f"{step['load_before']:.1f} → {step['load_after']:.1f}"
+            if step["load_before"] is not None
+            else "run on its own"
+        )
         lines.append(
             f"| {step['step']} | `{command}` | {step['exit']} | {step['seconds'] / 60:.1f} | "
-            f"{step['load_before']:.1f} → {step['load_after']:.1f} | {step.get('finished', '')} |"
+            f"{load} | {step.get('finished', '')} |"
         )
     lines += ["", "Logs of each step: `.var/bench/logs/<step>.log` (not committed).", ""]
     return "\n".join(lines)
@@ -425,6 +449,14 @@ def main() -> int:
     p.add_argument("--only", default="", help="comma-separated step names (see the list in --list)")
     p.add_argument("--list", action="store_true", help="print the steps and exit")
     p.add_argument(
+        "--results",
+        action="append",
+        default=[],
+        metavar="STEP=FILE",
+        help="with --keep: STEP's figures from FILE, written by its script run on its own with BENCH_RESULTS=FILE "
+        "(for a long step such as the soak), instead of running it",
+    )
+    p.add_argument(
         "--keep",
         action="store_true",
         help="with --only: keep the other steps' results from the last report (each step says when it ran)",
@@ -439,7 +471,8 @@ def main() -> int:
     unknown = wanted - {s.name for s in all_steps}
     if unknown:
         p.error(f"unknown steps: {', '.join(sorted(unknown))} (see --list)")
-    chosen = [s for s in all_steps if not wanted or s.name in wanted]
+    from_files = {spec.partition("=")[0] for spec in args.results}
+    chosen = [s for s in all_steps if (s.name in wanted or not (wanted or from_files)) and s.name not in from_files]
     os.environ.setdefault("APP_ENV", "development")
     run = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -449,6 +482,12 @@ def main() -> int:
     }
     started = time.monotonic()
     run["steps"] = [run_step(step, args.quick) for step in chosen]
+    by_name = {s.name: s for s in all_steps}
+    for spec in args.results:
+        name, _, path = spec.partition("=")
+        if name not in by_name or not path or not args.keep:
+            p.error(f"--results {spec}: STEP=FILE with a step from --list, and --keep")
+        run["steps"].append(standalone_step(by_name[name], Path(path)))
     if args.keep and JSON_OUT.exists():
         previous = json.loads(JSON_OUT.read_text())
         fresh = {s["step"]: s for s in run["steps"]}
@@ -467,7 +506,7 @@ def main() -> int:
     JSON_OUT.write_text(json.dumps(run, indent=1, default=str) + "\n")
     chart(run)
     REPORT.write_text(markdown(run))
-    failed = [s["step"] for s in run["steps"] if s["exit"] != 0]
+    failed = [s["step"] for s in run["steps"] if s["exit"] not in (0, "standalone")]
     missed = [f"{f['bench']}: {f['figure']}" for s in run["steps"] for f in s["figures"] if f["met"] is False]
     print(f"wrote {REPORT.relative_to(ROOT)}, {JSON_OUT.relative_to(ROOT)}, {CHART.relative_to(ROOT)}")
     if failed:

@@ -391,7 +391,8 @@ def report(samples, latencies, waves, started, errors) -> int:
     met = peak < RSS_TARGET_MB and last <= first + 10
     label = f"mixed soak, {ARGS.minutes:g} min"
     record(label, "worker RSS, largest process, last 10 min", last, "MB", target=f"plateau < {RSS_TARGET_MB} MB",
-           met=met, higher_is_better=False, first_10_min_mb=round(first, 1), peak_mb=round(peak, 1))  # fmt: skip
+           met=met, higher_is_better=False, first_10_min_mb=round(first, 1), peak_mb=round(peak, 1),
+           minutes=ARGS.minutes)  # fmt: skip
     record(label, "ingest p99 during digest waves", p99(in_waves), "ms", baseline=p99(outside),
            baseline_label="the same outside the waves", higher_is_better=False)  # fmt: skip
     return 0 if met else 1
