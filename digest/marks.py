@@ -112,31 +112,21 @@ def run_events_sql(columns: str) -> str:
     return _RUN_EVENTS.format(columns=columns, pending=pending("e", "r.events_after"))
 
 
-_HANDLED_BY = """
-SELECT e.id, coalesce(e.digest_run_id, (
-    SELECT r.id FROM subscribers s JOIN digest_runs r ON r.subscriber_id = s.id
-    WHERE s.user_id = e.user_id AND r.events_through IS NOT NULL
-      AND pg_visible_in_snapshot(e.txid, r.events_through)
-      AND (r.events_after IS NULL OR NOT pg_visible_in_snapshot(e.txid, r.events_after))
-    ORDER BY r.id LIMIT 1))
-FROM digest_events e WHERE e.id = ANY (%s::bigint[])
-"""
-
-
 def handled_by(event_ids) -> dict[int, int | None]:
     """{event id: the run that handled it, None while none has}: for audits, drills and tests (a
     scan of the subscriber's runs per event, not a hot path)."""
-    return dict(db.query(_HANDLED_BY, (pg_array(sorted(set(event_ids))),)))
+    rows = db.query(COVERING_RUNS.format(where="e.id = ANY (%s::bigint[])"), (pg_array(sorted(set(event_ids))),))
+    return {eid: (runs[0] if runs else None) for eid, runs in rows}
 
 
 # Every run whose record covers each event: one by one, or by its snapshots. Exactly one per
 # handled event is the invariant (tests/test_digest_marks.py, scripts/drill.py check it); `{where}`
 # filters the events (alias e).
 COVERING_RUNS = """
-SELECT e.id, array_remove(array_agg(DISTINCT r.id) || e.digest_run_id, NULL)
+SELECT e.id, array_remove(ARRAY[e.digest_run_id] || array_agg(DISTINCT r.id), NULL)
 FROM digest_events e
 LEFT JOIN subscribers s ON s.user_id = e.user_id
-LEFT JOIN digest_runs r ON r.subscriber_id = s.id AND r.events_through IS NOT NULL
+LEFT JOIN digest_runs r ON r.subscriber_id = s.id AND r.events_through IS NOT NULL AND e.digest_run_id IS NULL
      AND pg_visible_in_snapshot(e.txid, r.events_through)
      AND (r.events_after IS NULL OR NOT pg_visible_in_snapshot(e.txid, r.events_after))
 WHERE {where}

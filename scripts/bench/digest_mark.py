@@ -37,13 +37,13 @@ os.environ.setdefault("APP_ENV", "development")
 import psycopg2  # noqa: E402
 import psycopg2.extras  # noqa: E402
 
-from app.platform import config, migrate  # noqa: E402
+from app.platform import config  # noqa: E402
 from app.platform.db import pg_array  # noqa: E402
 from digest import load, marks, runs  # noqa: E402
+from scripts.bench import event_insert  # noqa: E402  (its scratch-database helpers)
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
-BASE = "postgresql://127.0.0.1"
 NAME = "notify_bench_mark"
 BATCH = 100
 EVENTS = 20
@@ -81,23 +81,11 @@ FROM generate_series(0, %(users)s - 1) u, generate_series(1, %(n)s) i
 
 
 def fresh() -> str:
-    admin = psycopg2.connect(f"{BASE}/postgres")
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{NAME}" WITH (FORCE)')
-        cur.execute(f'CREATE DATABASE "{NAME}"')
-    admin.close()
-    url = f"{BASE}/{NAME}"
-    migrate.migrate(url)
-    return url
+    return event_insert.fresh(NAME, None)
 
 
 def drop() -> None:
-    admin = psycopg2.connect(f"{BASE}/postgres")
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{NAME}" WITH (FORCE)')
-    admin.close()
+    event_insert.drop(NAME)
 
 
 def read(cur, design: str, sids: list[int]) -> tuple[dict[int, list[int]], dict]:
