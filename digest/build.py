@@ -1,6 +1,7 @@
-"""Build each claimed run's mail: load its unsent events, group by entity, rank, cap, read the shown
-entities' titles/links/avatars (one statement per batch), render subject + HTML, rewrite the links
-of the whole batch in one round trip, then render the text part with the same tracked links.
+"""Build each claimed run's mail: load the batch's unsent events (one statement), then slice by
+slice (digest/send.py): group by entity, rank, cap, read the shown entities' titles/links/avatars
+(one statement), render subject + HTML, rewrite the slice's links in one round trip, then render the
+text part with the same tracked links.
 
 One recipient's problem stays that recipient's: a payload that breaks rendering or link rewriting
 fails only that run (retried with backoff, then `failed`), and the rest of the batch is sent.
@@ -9,6 +10,8 @@ fails only that run (retried with backoff, then `failed`), and the rest of the b
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from app.platform import config, db, mail, tokens
@@ -26,11 +29,40 @@ from tracking.links import LinkRewriter, rewrite_many_with_clicks
 log = logging.getLogger("digest.build")
 
 
-def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[ClaimedRun], list[tuple[int, str]]]:
-    """Load events and render each run's mail. Returns (runs with a mail to send, [(run_id, error)]
-    for runs whose own data could not be rendered); run.digest is None for runs without events, and
-    empty (no groups) for runs with only the subscriber's own activity.
-    A broken template (TemplateError) raises: every run would fail the same way."""
+@dataclass
+class Batch:
+    """A claimed batch's events, read with one statement (two with send-now runs), and what
+    building its digests needs besides."""
+
+    registry: dict
+    events: dict[int, list]  # subscriber_id -> [Event]
+    seen: dict  # subscriber_id -> seen.Marks
+
+    def slices(self, runs: list[ClaimedRun], max_events: int) -> Iterator[list[ClaimedRun]]:
+        """Consecutive runs holding at most `max_events` loaded events together (a run with more
+        goes alone), each slice's events let go once the next is asked for."""
+        part: list[ClaimedRun] = []
+        total = 0
+        for run in runs:
+            n = len(self.events.get(run.subscriber_id) or ())
+            if part and total + n > max_events:
+                yield part
+                self.drop(part)
+                part, total = [], 0
+            part.append(run)
+            total += n
+        if part:
+            yield part
+            self.drop(part)
+
+    def drop(self, runs: list[ClaimedRun]) -> None:
+        for run in runs:
+            self.events.pop(run.subscriber_id, None)
+
+
+def load_batch(cur, runs: list[ClaimedRun], settings=None) -> Batch:
+    """Every run's events no digest has handled (run.cover: what recording it moves the mark to)
+    and the subscribers' seen state."""
     settings = settings or config.get()
     registry = categories.registry(cur)  # cached in process: at most one query per batch
     loaded = digest_load.load(
@@ -54,10 +86,28 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
     for run in runs:
         run.cover = None if run.urgent_only else loaded.covers.get(run.subscriber_id)
     marks = seen.load(cur, [r.subscriber_id for r in runs])  # what was seen in the app is left out
+    return Batch(registry, events, marks)
+
+
+def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[ClaimedRun], list[tuple[int, str]]]:
+    """Load events and render each run's mail: load_batch, then build_slice of all the runs."""
+    settings = settings or config.get()
+    return build_slice(cur, runs, load_batch(cur, runs, settings), settings)
+
+
+def build_slice(
+    cur, runs: list[ClaimedRun], batch: Batch, settings=None
+) -> tuple[list[ClaimedRun], list[tuple[int, str]]]:
+    """Group, rank and render the runs' loaded events. Returns (runs with a mail to send,
+    [(run_id, error)] for runs whose own data could not be rendered); run.digest is None for runs
+    without events, and empty (no groups) for runs with only the subscriber's own activity.
+    A broken template (TemplateError) raises: every run would fail the same way."""
+    settings = settings or config.get()
+    registry = batch.registry
     for run in runs:
-        evs = events.get(run.subscriber_id) or []
+        evs = batch.events.get(run.subscriber_id) or []
         run.digest = (
-            seen.build_digest(evs, marks.get(run.subscriber_id), settings.digest_max_items, run.user_id)
+            seen.build_digest(evs, batch.seen.get(run.subscriber_id), settings.digest_max_items, run.user_id)
             if evs
             else None
         )
@@ -74,7 +124,7 @@ def build_digests(cur, runs: list[ClaimedRun], settings=None) -> tuple[list[Clai
         except Exception as exc:
             log.exception("rendering digest run %s failed", run.id)
             errors.append((run.id, f"render failed: {exc!r}"))
-    # Every run's links in one round trip (one email_links statement per batch, not per run).
+    # Every run's links in one round trip (one email_links statement per slice, not per run).
     tracked = rewrite_many_with_clicks(
         "digest",
         [

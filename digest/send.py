@@ -1,7 +1,9 @@
 """Claim → build → send → record, for one batch of digest runs: the body of build_and_send_digest.
 
 One call handles a batch (DIGEST_CLAIM_BATCH) so the fixed costs — a claim query, one event query,
-one payload query, one final transaction, pooled SMTP connections — are paid once per batch.
+one final transaction, pooled SMTP connections — are paid once per batch. It is built and sent in
+slices of about DIGEST_BUILD_EVENTS loaded events (one details query and one link statement each),
+so a thread holds one slice's mails at a time; a batch of ordinary digests is one slice.
 
 Failure isolation: every outcome is per run.
   - one run's own problem (its data cannot be rendered, its address or headers cannot be built,
@@ -9,7 +11,8 @@ Failure isolation: every outcome is per run.
     `failed` at once, the others are retried with backoff and counted;
   - a problem of the whole call (provider down, throttled, connection lost, an unexpected error in
     the provider) retries every run of the call with backoff, counted, so it cannot loop forever;
-  - a broken digest template retries the whole batch the same way.
+  - a broken digest template retries the rest of the batch the same way (slices already sent stay
+    sent).
 Only digest/runs.py writes digest_runs; the transitions are listed there.
 
 The emergency stop (app/platform/mail_stop.py) holds within a second: no run is claimed while it is engaged,
@@ -34,7 +37,7 @@ from app.platform import config, db, mail_stop, metrics
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, PermanentError, Progress, Provider, ProviderError, SendResult
 from digest import runs as run_rows
-from digest.build import build_digests
+from digest.build import Batch, build_slice, load_batch
 from digest.claim import ClaimedRun, claim
 from digest.group import Digest
 
@@ -68,14 +71,15 @@ class Outcome:
         return counts
 
 
-def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome) -> None:
+def stop_check(conn, runs: int) -> Progress:
+    """Outcomes are recorded at the end in one transaction (events and runs together); between two
+    mails only the emergency stop is checked, at most every SEND_CHECK_SECONDS."""
+    return Progress(lambda _: mail_stop.engaged_on(conn), every=runs + 1, interval=mail_stop.SEND_CHECK_SECONDS)
+
+
+def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome, progress: Progress | None = None) -> None:
     step = max(1, provider.max_batch)
-    conn = db.thread_connection.get()
-    # Outcomes are recorded at the end in one transaction (events and runs together); between two
-    # mails only the emergency stop is checked.
-    progress = Progress(
-        lambda _: mail_stop.engaged_on(conn), every=len(ready) + 1, interval=mail_stop.SEND_CHECK_SECONDS
-    )
+    progress = progress or stop_check(db.thread_connection.get(), len(ready))
     for start in range(0, len(ready), step):
         chunk = ready[start : start + step]
         try:
@@ -141,20 +145,53 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
 
 
 def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, settings) -> Outcome:
+    """Load the batch's events at once, then build and send it in slices of about
+    DIGEST_BUILD_EVENTS loaded events: a worker thread holds one slice's digests, HTML and MIME, not
+    the whole batch's. Eight threads each holding 100 large digests (75 events, 50 entities shown)
+    made a worker's memory step up by ~20 MB per thread in the largest wave and keep it
+    (docs/scaling.md); a batch of ordinary digests is still one slice."""
     outcome = Outcome()
     if not claimed:
         return outcome
     try:
-        with db.transaction(conn) as cur:  # end the read transaction: never hold one open across SMTP
-            ready, errors = build_digests(cur, claimed, settings)
+        with db.transaction(conn) as cur:
+            batch = load_batch(cur, claimed, settings)
     except db.Error:
         raise
     except Exception as exc:
-        log.exception("building %d digests failed", len(claimed))
+        log.exception("loading %d digests failed", len(claimed))
         outcome.retry.extend((r.id, f"build failed: {exc!r}") for r in claimed)
         return outcome
     outcome.covers = {r.id: (r.subscriber_id, r.cover) for r in claimed if r.cover is not None}
-    for run in claimed:
+    progress: Progress | None = None
+    for part in batch.slices(claimed, settings.digest_build_events):
+        if progress is not None:  # the emergency stop is checked between slices too, when due
+            progress.poll()
+            if progress.stop_requested():  # all mail stopped: the rest is not started
+                outcome.released.extend(r.id for r in part)
+                continue
+        ready = _build(conn, part, batch, settings, outcome)
+        if ready:
+            provider = provider or get_provider()
+            progress = progress or stop_check(conn, len(claimed))
+            send(provider, ready, outcome, progress)
+        for run in part:  # what the record needs is in `outcome` now
+            run.digest = run.mail = None
+    return outcome
+
+
+def _build(conn, part: list[ClaimedRun], batch: Batch, settings, outcome: Outcome) -> list[ClaimedRun]:
+    """The slice's runs with a mail to send; the others' outcomes go into `outcome`."""
+    try:
+        with db.transaction(conn) as cur:  # end the read transaction: never hold one open across SMTP
+            ready, errors = build_slice(cur, part, batch, settings)
+    except db.Error:
+        raise
+    except Exception as exc:
+        log.exception("building %d digests failed", len(part))
+        outcome.retry.extend((r.id, f"build failed: {exc!r}") for r in part)
+        return []
+    for run in part:
         if run.digest is None:
             outcome.skipped.append((run.id, "no events"))
         elif run.digest.empty and run.digest.seen_events:  # all seen in the app: handled, not mailed
@@ -165,9 +202,7 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
             outcome.skipped.append((run.id, "only own activity"))
             outcome.handled.append((run.id, run.digest.event_ids))
     outcome.retry.extend(errors)
-    if ready:
-        send(provider or get_provider(), ready, outcome)
-    return outcome
+    return ready
 
 
 def _record_until_written(outcome: Outcome, settings, started: float) -> None:

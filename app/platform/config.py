@@ -233,6 +233,9 @@ class Settings:
     scheduler_interval_seconds: float = setting(30.0, "scheduler tick")
     digest_template_dir: str = setting("", "override digest/templates")
     digest_claim_batch: int = setting(100, "runs claimed and sent per actor message")
+    digest_build_events: int = setting(
+        1000, "loaded events a worker thread builds and sends at a time: a batch goes out in slices (memory)"
+    )
     digest_plan_batch: int = setting(10_000, "subscribers planned per statement (each batch commits)")
     digest_event_page: int = setting(1000, "events loaded per page")
     digest_max_events: int = setting(100_000, "events per run; the rest waits for the next digest")

@@ -44,6 +44,9 @@ def parse_args():
     )
     p.add_argument("--events", type=int, default=20, help="events per subscriber")
     p.add_argument(
+        "--posts", type=int, default=6, help="posts the events are about, per subscriber (the soak's: one per event)"
+    )
+    p.add_argument(
         "--seen-percent",
         type=int,
         default=0,
@@ -127,7 +130,7 @@ def ensure_database() -> None:
 
 
 def load_data(n: int, events: int, now: datetime) -> None:
-    shared.seed_digest_data(n, events, now, args.seen_percent)
+    shared.seed_digest_data(n, events, now, args.seen_percent, args.posts)
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
@@ -259,12 +262,13 @@ def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: 
         ok, extra = drive(now, started)
         elapsed = time.monotonic() - started
         cpu = {**phase_cpu(workers, sink, phase_start), **extra}
+        peak_rss = shared.peak_rss_mb(workers.pid)[0]  # the largest worker process's VmHWM
     finally:
         stop(workers)
         received = int((stop(sink).strip().split() or ["0"])[-1] or 0)
     if not ok:
         print(f"  {label}: TIMEOUT after {args.timeout}s: {counts()}")
-    return elapsed, counts(), received, cpu
+    return elapsed, counts(), received, {**cpu, "peak_rss_mb": peak_rss}
 
 
 def drive_ours(now: datetime, started: float) -> tuple[bool, dict]:
@@ -301,7 +305,7 @@ TARGET_AT_50MS = 1500.0  # digests/s at a 50 ms relay on 2 quiet cores
 
 def cpu_per_digest_ms(cpu: dict, n: int) -> dict:
     """CPU milliseconds per sent digest by part (workers, postgres, sink); empty when nothing was sent."""
-    return {k: v / n * 1000 for k, v in cpu.items() if k != "plan_seconds"} if n else {}
+    return {k: v / n * 1000 for k, v in cpu.items() if k in ("workers", "postgres", "sink")} if n else {}
 
 
 def record_delay(delay: float, ours: dict, base: dict | None) -> None:
@@ -319,6 +323,7 @@ def record_delay(delay: float, ours: dict, base: dict | None) -> None:
         "sent": ours["sent"],
         "seconds": round(ours["seconds"], 3),
         "plan_seconds": round(ours["cpu"].get("plan_seconds", 0.0), 3),
+        "worker_peak_rss_mb": round(ours["cpu"]["peak_rss_mb"], 1),
     }
     ours_ok = ours["sent"] == args.subscribers
     goals, met = [], ours_ok
@@ -381,6 +386,7 @@ def main() -> int:
             f"CPU per digest: workers {per.get('workers', 0) * 1000:.0f} us, "
             f"postgres {per.get('postgres', 0) * 1000:.0f} us, sink {per.get('sink', 0) * 1000:.0f} us"
             + (f"; planning tick {plan:.2f} s" if plan is not None else "")
+            + f"; worker peak RSS {cpu['peak_rss_mb']:.0f} MB"
         )
 
     for delay in delays:

@@ -128,9 +128,9 @@ def seed_subscribers(n: int, log=print) -> None:
 # -- processes
 
 
-def seed_digest_data(n: int, events: int, now, seen_percent: int = 0) -> None:
+def seed_digest_data(n: int, events: int, now, seen_percent: int = 0, posts: int = 6) -> None:
     """n subscribers (bench-0..), all due at the local-hour slot ~1 h after `now`, with `events`
-    events each over 6 posts and 8 actors; vacuumed, as events waiting hours for their digest are.
+    events each over `posts` posts and 8 actors; vacuumed, as events waiting hours for their digest are.
     `seen_percent`: that share of the (subscriber, post) pairs seen in the app (issue 24's feed
     state, digest/seen.py), spread evenly."""
     from datetime import timedelta
@@ -153,7 +153,7 @@ def seed_digest_data(n: int, events: int, now, seen_percent: int = 0) -> None:
         ev_rows = []
         for i in range(n):
             for j in range(events):
-                post = j % 6
+                post = j % posts
                 ev_rows.append(
                     (
                         "bench",
