@@ -164,13 +164,24 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
         return outcome
     outcome.covers = {r.id: (r.subscriber_id, r.cover) for r in claimed if r.cover is not None}
     progress: Progress | None = None
+    started = 0  # runs of the slices begun
     for part in batch.slices(claimed, settings.digest_build_events):
         if progress is not None:  # the emergency stop is checked between slices too, when due
             progress.poll()
             if progress.stop_requested():  # all mail stopped: the rest is not started
                 outcome.released.extend(r.id for r in part)
                 continue
-        ready = _build(conn, part, batch, settings, outcome)
+        try:
+            ready = _build(conn, part, batch, settings, outcome)
+        except db.Error as exc:
+            if progress is None:  # nothing handed to the provider yet: the batch fails as a whole
+                raise
+            # Earlier slices are at the provider: their outcome is recorded once Postgres answers
+            # (never released and sent a second time); the runs not begun retry with backoff.
+            log.warning("building a slice failed after %d digests were handed over: %s", len(outcome.sent), exc)
+            outcome.retry.extend((r.id, f"build failed: {exc!r}") for r in claimed[started:])
+            break
+        started += len(part)
         if ready:
             provider = provider or get_provider()
             progress = progress or stop_check(conn, len(claimed))

@@ -50,6 +50,33 @@ class RestartAfterSend:
         return results
 
 
+def test_a_slice_sent_before_an_outage_is_recorded_once_and_the_rest_retry(postgres_through_proxy, settings, caplog):
+    """Postgres goes away after the first slice of a batch was handed over (digest/send.py slices):
+    that slice is recorded when it returns, never sent again; the runs not begun retry."""
+    settings(digest_build_events=4)  # slices of 2 runs of 2 events
+    sink = SmtpSink().start()
+    provider = SMTPProvider(sink.url, pool_size=2)
+    try:
+        runs, events = [], []
+        for i in range(5):
+            sid = factories.subscriber(f"u{i}")
+            events += factories.events(f"u{i}", 2)
+            runs.append(factories.digest_run(sid))
+        proxy = postgres_through_proxy()
+        counts = digest_send.process(runs, provider=RestartAfterSend(provider, proxy))
+        assert counts["sent"] == 2 and counts["retry"] == 3
+        assert [run_row(r)["status"] for r in runs] == ["sent", "sent", "pending", "pending", "pending"]
+        assert len(sink.raw) == 2
+        assert "database unavailable" in caplog.text  # the outage really hit the recording
+        db.query("UPDATE digest_runs SET next_attempt_at = NULL")
+        assert digest_send.process(runs, provider=provider)["sent"] == 3
+        assert len(sink.raw) == 5  # once each: nothing re-sent
+        assert set(marked(events).values()) == set(runs)
+    finally:
+        provider.close()
+        sink.stop()
+
+
 def test_digests_sent_during_an_outage_are_recorded_when_postgres_returns(postgres_through_proxy, caplog):
     sink = SmtpSink().start()
     provider = SMTPProvider(sink.url, pool_size=2)
