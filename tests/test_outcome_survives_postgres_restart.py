@@ -50,52 +50,55 @@ class RestartAfterSend:
         return results
 
 
-def test_a_slice_sent_before_an_outage_is_recorded_once_and_the_rest_retry(postgres_through_proxy, settings, caplog):
+@pytest.fixture
+def relay():
+    sink = SmtpSink().start()
+    provider = SMTPProvider(sink.url, pool_size=2)
+    yield sink, provider
+    provider.close()
+    sink.stop()
+
+
+def _five_digest_runs() -> tuple[list[int], list[int]]:
+    """(run ids, event ids): five subscribers with two events each and a run each."""
+    runs, events = [], []
+    for i in range(5):
+        sid = factories.subscriber(f"u{i}")
+        events += factories.events(f"u{i}", 2)
+        runs.append(factories.digest_run(sid))
+    return runs, events
+
+
+def test_a_slice_sent_before_an_outage_is_recorded_once_and_the_rest_retry(
+    postgres_through_proxy, relay, settings, caplog
+):
     """Postgres goes away after the first slice of a batch was handed over (digest/send.py slices):
     that slice is recorded when it returns, never sent again; the runs not begun retry."""
+    sink, provider = relay
     settings(digest_build_events=4)  # slices of 2 runs of 2 events
-    sink = SmtpSink().start()
-    provider = SMTPProvider(sink.url, pool_size=2)
-    try:
-        runs, events = [], []
-        for i in range(5):
-            sid = factories.subscriber(f"u{i}")
-            events += factories.events(f"u{i}", 2)
-            runs.append(factories.digest_run(sid))
-        proxy = postgres_through_proxy()
-        counts = digest_send.process(runs, provider=RestartAfterSend(provider, proxy))
-        assert counts["sent"] == 2 and counts["retry"] == 3
-        assert [run_row(r)["status"] for r in runs] == ["sent", "sent", "pending", "pending", "pending"]
-        assert len(sink.raw) == 2
-        assert "database unavailable" in caplog.text  # the outage really hit the recording
-        db.query("UPDATE digest_runs SET next_attempt_at = NULL")
-        assert digest_send.process(runs, provider=provider)["sent"] == 3
-        assert len(sink.raw) == 5  # once each: nothing re-sent
-        assert set(marked(events).values()) == set(runs)
-    finally:
-        provider.close()
-        sink.stop()
+    runs, events = _five_digest_runs()
+    proxy = postgres_through_proxy()
+    counts = digest_send.process(runs, provider=RestartAfterSend(provider, proxy))
+    assert counts["sent"] == 2 and counts["retry"] == 3
+    assert [run_row(r)["status"] for r in runs] == ["sent", "sent", "pending", "pending", "pending"]
+    assert len(sink.raw) == 2
+    assert "database unavailable" in caplog.text  # the outage really hit the recording
+    db.query("UPDATE digest_runs SET next_attempt_at = NULL")
+    assert digest_send.process(runs, provider=provider)["sent"] == 3
+    assert len(sink.raw) == 5  # once each: nothing re-sent
+    assert set(marked(events).values()) == set(runs)
 
 
-def test_digests_sent_during_an_outage_are_recorded_when_postgres_returns(postgres_through_proxy, caplog):
-    sink = SmtpSink().start()
-    provider = SMTPProvider(sink.url, pool_size=2)
-    try:
-        runs, events = [], []
-        for i in range(5):
-            sid = factories.subscriber(f"u{i}")
-            events += factories.events(f"u{i}", 2)
-            runs.append(factories.digest_run(sid))
-        proxy = postgres_through_proxy()
-        counts = digest_send.process(runs, provider=RestartAfterSend(provider, proxy))
-        assert counts["sent"] == 5
-        assert {run_row(r)["status"] for r in runs} == {"sent"}
-        assert len(sink.raw) == 5  # once each: nothing re-sent
-        assert set(marked(events).values()) == set(runs)
-        assert "database unavailable" in caplog.text  # the outage really hit the recording
-    finally:
-        provider.close()
-        sink.stop()
+def test_digests_sent_during_an_outage_are_recorded_when_postgres_returns(postgres_through_proxy, relay, caplog):
+    sink, provider = relay
+    runs, events = _five_digest_runs()
+    proxy = postgres_through_proxy()
+    counts = digest_send.process(runs, provider=RestartAfterSend(provider, proxy))
+    assert counts["sent"] == 5
+    assert {run_row(r)["status"] for r in runs} == {"sent"}
+    assert len(sink.raw) == 5  # once each: nothing re-sent
+    assert set(marked(events).values()) == set(runs)
+    assert "database unavailable" in caplog.text  # the outage really hit the recording
 
 
 def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(
