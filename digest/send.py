@@ -77,9 +77,8 @@ def stop_check(conn, runs: int) -> Progress:
     return Progress(lambda _: mail_stop.engaged_on(conn), every=runs + 1, interval=mail_stop.SEND_CHECK_SECONDS)
 
 
-def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome, progress: Progress | None = None) -> None:
+def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome, progress: Progress) -> None:
     step = max(1, provider.max_batch)
-    progress = progress or stop_check(db.thread_connection.get(), len(ready))
     for start in range(0, len(ready), step):
         chunk = ready[start : start + step]
         try:
