@@ -19,10 +19,12 @@ run demo: export MAIL_POSTAL_ADDRESS ?= Demo Ltd, 1 Example Street, Lisbon
 
 install: $(VENV)/.installed
 
+# uv resolves and installs the project into the venv (pip only fetches uv itself): the same
+# packages as `pip install -e '.[dev]'`, in seconds rather than most of a minute (docs/testing.md).
 $(VENV)/.installed: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet 'uv>=0.5'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]'
 	@touch $@
 
 services:

@@ -217,3 +217,11 @@ def test_a_kept_connection_whose_server_went_away_is_reopened():
 
     before, after = on_new_thread(work)
     assert before != after
+
+
+def test_server_warnings_name_autovacuum_exactly_when_the_server_has_it_off():
+    """Read off the real server (CI machines have run with autovacuum off): the scheduler logs it."""
+    ((autovacuum,),) = db.query("SELECT current_setting('autovacuum')")
+    warnings = db.server_warnings()
+    assert bool(warnings) == (autovacuum != "on")
+    assert all("autovacuum is off" in w and "docs/operations.md" in w for w in warnings)

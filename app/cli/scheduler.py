@@ -18,6 +18,7 @@ Each tick (every SCHEDULER_INTERVAL_SECONDS):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -167,6 +168,9 @@ def cmd_scheduler(args) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     log.info("scheduler up (interval %.1f s)", interval)
+    with contextlib.suppress(*db.UNAVAILABLE):  # a database not up yet is the loop's to wait for
+        for warning in db.server_warnings():
+            log.warning(warning)
     was_leader, last_tick = None, None
     try:
         leadership.acquire()

@@ -378,6 +378,20 @@ def until_written(work, deadline: float, what: str):
     return retrying(work)
 
 
+def server_warnings() -> list[str]:
+    """What in the Postgres server's own settings will hurt the service (the scheduler logs it at
+    start). Without autovacuum no event partition is ever analyzed: with no statistics the planner
+    takes `id = ANY(...)` to match 1/200 of a table, and each digest's details lookup became a
+    sequential scan once the events reached millions (docs/operations.md "Postgres settings")."""
+    ((autovacuum,),) = query("SHOW autovacuum")
+    if autovacuum == "on":
+        return []
+    return [
+        "autovacuum is off on this Postgres server: event tables go unanalyzed and digest lookups "
+        "degrade to sequential scans as they grow; turn it on (docs/operations.md)"
+    ]
+
+
 def database_name(url: str) -> str:
     return urlparse(url).path.lstrip("/") or "postgres"
 

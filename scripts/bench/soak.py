@@ -27,6 +27,7 @@ MB) against the 160 MB target, and ingest p99 overall and during waves.
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import os
 import random
@@ -125,6 +126,7 @@ class Service:
     def up(self) -> None:
         import redis
 
+        self.autovacuum_was = ensure_autovacuum()
         redis.Redis.from_url(ARGS.redis_url).flushdb()
         self.run("-m", "app", "migrate")
         self.seed()
@@ -174,6 +176,11 @@ class Service:
     def down(self) -> None:
         for proc in self.procs.values():
             stop_group(proc)
+        self.procs.clear()
+        if getattr(self, "autovacuum_was", "on") != "on":
+            self.autovacuum_was = "on"
+            server_setting("ALTER SYSTEM RESET autovacuum")
+            log("autovacuum: back to the server's own setting (off)")
 
     def worker_rss(self) -> list[float]:
         """VmRSS (MB) of each worker process (not the dramatiq parent)."""
@@ -189,6 +196,37 @@ class Service:
             except FileNotFoundError:
                 pass
         return out
+
+
+def server_setting(statement: str) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(ARGS.database_url)
+    conn.autocommit = True  # ALTER SYSTEM refuses a transaction block (and `with conn` would open one)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+            cur.execute("SELECT pg_reload_conf()")
+    finally:
+        conn.close()
+
+
+def ensure_autovacuum() -> str:
+    """A production Postgres runs autovacuum; some CI machines' servers have it off
+    (conf.d/90-ci.conf). Without it no event partition is ever analyzed: with no statistics the
+    planner takes `id = ANY(...)` to match 1/200 of the table, and at 2 million events every digest's
+    details lookup became a sequential scan (2026-11-27: ingest stalled for minutes at minute 31).
+    Turned on for the run (ALTER SYSTEM, reloaded), the server's own setting restored at the end."""
+    import psycopg2
+
+    with psycopg2.connect(ARGS.database_url) as conn, conn.cursor() as cur:
+        cur.execute("SHOW autovacuum")
+        was = cur.fetchone()[0]
+    conn.close()
+    if was != "on":
+        server_setting("ALTER SYSTEM SET autovacuum = on")
+        log("autovacuum was off on this server: on for the soak, as in production (restored at the end)")
+    return was
 
 
 class Paced(threading.Thread):
@@ -215,6 +253,7 @@ class Paced(threading.Thread):
 
 def main() -> int:
     service = Service()
+    atexit.register(service.down)  # a soak stopped early leaves no process behind, nor autovacuum changed
     service.up()
     events_h = {"Authorization": f"Bearer {service.events_key}"}
     admin_h = {"Authorization": f"Bearer {service.admin}"}
@@ -318,7 +357,8 @@ def main() -> int:
     waves: list[tuple[float, float]] = []  # (start, end) of each digest-now wave's first minutes
     samples: list[tuple[float, list[float]]] = []
     stop = {"now": False}
-    signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stopped early: the summary of what ran, then down()
+        signal.signal(sig, lambda *_: stop.update(now=True))
     while time.monotonic() < end and not stop["now"]:
         now = time.monotonic()
         if now >= next_newsletter:
@@ -336,7 +376,7 @@ def main() -> int:
             p99 = statistics.quantiles(recent, n=100)[98] * 1e3 if len(recent) >= 100 else float("nan")
             log(
                 f"{(now - started) / 60:5.1f} min  worker RSS {' / '.join(f'{r:.0f}' for r in rss)} MB  "
-                f"ingest p99 {p99:.0f} ms  errors {[t.errors for t in threads]}"
+                f"ingest p99 {p99:.0f} ms ({len(recent)} requests)  errors {[t.errors for t in threads]}"
             )
             next_sample += ARGS.sample
         time.sleep(0.5)
@@ -373,7 +413,7 @@ def report(samples, latencies, waves, started, errors) -> int:
         lo, hi = k * step, (k + 1) * step
         rss = [max(r) for t, r in samples if lo <= t < hi and r]
         lat = [s for w, s in latencies if lo <= w - started < hi]
-        if not rss and not lat:
+        if not rss:  # the requests still in flight when the run ended
             continue
         p50 = statistics.median(lat) * 1e3 if lat else float("nan")
         print(f"{lo // 60:>3}-{hi // 60:<5} | {max(rss, default=0):>17.0f} | {p50:>13.0f} | {p99(lat):>13.0f}")
