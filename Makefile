@@ -70,8 +70,10 @@ XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 
 # The integration tests (the slow ones too: real worker and scheduler processes) through a private
 # PgBouncer in transaction pooling mode on a free port (PGBOUNCER_PORT to choose one): scripts/dev/pgbouncer.py.
+# Not the `varies_input` modules (fuzzing, hostile input: the same pooled request path with other
+# input); tests/test_pooling_rules.py checks from the source what pooling forbids (docs/testing.md).
 PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
-	$(BIN)/python -m pytest $(XDIST) -m "not browser and not pure" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not browser and not pure and not varies_input" $(PYTEST_ARGS)
 
 # The checks that read the source: lint, format and types (pyproject.toml [tool.ruff], [tool.mypy]).
 lint: install

@@ -15,6 +15,8 @@ from app.platform import apikeys, db, tokens
 from app.web.admin import session, stats, suppressions, views
 from tests import factories
 
+pytestmark = pytest.mark.varies_input("sign-in, CSRF, throttling, search input of /admin: the pooled request path")
+
 PAGES = ["/admin", "/admin?range=7d", "/admin/newsletters", "/admin/suppressions"]
 
 

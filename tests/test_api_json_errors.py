@@ -16,6 +16,8 @@ from starlette.testclient import TestClient
 from app.web import create_app
 from tests.raw_http import exchange
 
+pytestmark = pytest.mark.varies_input("the router's error shapes and /docs, over the request path's pooled units")
+
 UNKNOWN_PATHS = [
     "/v1/nope",
     "/v1",

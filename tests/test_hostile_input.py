@@ -21,6 +21,8 @@ from tests.conftest import auth
 from tests.raw_http import exchange
 from tracking import signature
 
+pytestmark = pytest.mark.varies_input("hostile names, senders and headers over the request path's pooled units")
+
 # Every character str.splitlines() breaks a line at: what the email package's header folding does.
 LINE_BREAKS = [c for c in map(chr, range(sys.maxunicode + 1)) if len(f"a{c}b".splitlines()) > 1]
 # Zone database entries that are no zone: directories, data files, leap-second and POSIX variants,

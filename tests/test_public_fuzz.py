@@ -29,6 +29,8 @@ from tests import factories
 from tests.conftest import auth, wait_for
 from tracking import codes, links, recorder, resolve
 
+pytestmark = pytest.mark.varies_input("hostile paths, headers and bodies from strangers: the pooled request path")
+
 FUZZ = hsettings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 # Characters that str.isdigit() / int() treat in surprising ways, and bytes that break parsers.
