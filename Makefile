@@ -20,7 +20,7 @@ run demo: export MAIL_POSTAL_ADDRESS ?= Demo Ltd, 1 Example Street, Lisbon
 install: $(VENV)/.installed
 
 # uv resolves and installs the project into the venv (pip only fetches uv itself): the same
-# packages as `pip install -e '.[dev]'`, in seconds rather than most of a minute (docs/testing.md).
+# packages as `pip install -e '.[dev]'`, several times faster (a fresh clone's `make test` starts here).
 $(VENV)/.installed: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet 'uv>=0.5'

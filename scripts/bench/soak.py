@@ -213,10 +213,9 @@ def server_setting(statement: str) -> None:
 
 def ensure_autovacuum() -> str:
     """A production Postgres runs autovacuum; some CI machines' servers have it off
-    (conf.d/90-ci.conf). Without it no event partition is ever analyzed: with no statistics the
-    planner takes `id = ANY(...)` to match 1/200 of the table, and at 2 million events every digest's
-    details lookup became a sequential scan (2026-11-27: ingest stalled for minutes at minute 31).
-    Turned on for the run (ALTER SYSTEM, reloaded), the server's own setting restored at the end."""
+    (conf.d/90-ci.conf), and a soak without it measures a database whose event partitions are never
+    analyzed (docs/operations.md "Postgres settings"). Turned on for the run (ALTER SYSTEM,
+    reloaded), the server's own setting restored at the end."""
     import psycopg2
 
     with psycopg2.connect(ARGS.database_url) as conn, conn.cursor() as cur:
