@@ -6,6 +6,9 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import threading
+import time
+from collections.abc import Callable
 
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
@@ -64,6 +67,38 @@ class CollectorTuning(Middleware):
         gc.set_threshold(50_000, 20, 100)
 
 
+class GiveMemoryBack(Middleware):
+    """What a batch frees goes back to glibc, not to the system: RSS kept every wave's high-water
+    mark (docs/scaling.md: memory). When the last message in flight in this process ends, and the
+    previous give-back is MEMORY_GIVE_BACK_SECONDS old, the free pages are returned; a busy process
+    is using its memory, and an idle one gives it back within one message."""
+
+    def __init__(self, give_back: Callable[[], bool] = memory.give_back_free_memory) -> None:
+        self.give_back = give_back
+        self.lock = threading.Lock()
+        self.working: set[int] = set()  # thread idents with a message in hand (skips unbalance a counter)
+        self.last = time.monotonic()
+
+    def before_process_message(self, broker, message):
+        with self.lock:
+            self.working.add(threading.get_ident())
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        self._finished()
+
+    def after_skip_message(self, broker, message):
+        self._finished()
+
+    def _finished(self) -> None:
+        every = config.get().memory_give_back_seconds
+        with self.lock:
+            self.working.discard(threading.get_ident())
+            if every <= 0 or self.working or time.monotonic() - self.last < every:
+                return
+            self.last = time.monotonic()
+        self.give_back()
+
+
 class IdlePoll(Middleware):
     """An idle Dramatiq consumer backs off up to worker_timeout (1 s by default) between looks at
     its queue: the first digest batch of an hour and a send-now mail waited up to a second on
@@ -81,5 +116,7 @@ def setup(url: str | None = None) -> RedisBroker:
     observability.init_sentry("worker")
     db.init()
     return queue.install(
-        queue.make_broker(url, extra_middleware=[GracefulStop(), Metrics(), CollectorTuning(), IdlePoll()])
+        queue.make_broker(
+            url, extra_middleware=[GracefulStop(), Metrics(), CollectorTuning(), IdlePoll(), GiveMemoryBack()]
+        )
     )

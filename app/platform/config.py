@@ -83,6 +83,12 @@ class Settings:
         "SendGrid newsletter worker's peak RSS at the same speed "
         "(scripts/bench/newsletter.py)",
     )
+    memory_give_back_seconds: float = setting(
+        10.0,
+        "a worker process with no message in flight returns glibc's free pages to the system "
+        "(malloc_trim) at most this often, so memory that a digest wave or a large send freed "
+        "leaves the process between waves (docs/scaling.md: memory); 0: never",
+    )
     worker_idle_poll_ms: int = setting(
         250,
         "the longest an idle worker process waits before looking at a Redis queue "

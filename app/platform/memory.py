@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 log = logging.getLogger("app.platform.memory")
@@ -19,15 +20,33 @@ log = logging.getLogger("app.platform.memory")
 M_ARENA_MAX = -8  # glibc's <malloc.h>
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def give_back_free_memory() -> bool:
+    """Return the free pages inside glibc's arenas to the kernel (malloc_trim(0)): what a batch freed
+    stays in the process otherwise, since glibc only shrinks an arena from its top and a few live
+    chunks above the freed ones pin it. False when the C library is not glibc."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    trim(0)
+    return True
+
+
 def limit_malloc_arenas(arenas: int) -> bool:
     """Cap glibc's malloc arenas for this process (0: leave glibc's default). False when the C
     library is not glibc or refused."""
     if arenas <= 0:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # not glibc (musl, macOS): nothing to tune
         log.debug("mallopt is not available; malloc arenas left as they are")
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
