@@ -1,4 +1,5 @@
-"""Process memory tuning done at start-up, before the worker or request threads exist.
+"""Process memory tuning: the arena cap at start-up, before the worker or request threads exist,
+and giving freed pages back while a worker runs (actors/broker.py GiveMemoryBack).
 
 glibc gives each thread that contends for the allocator its own arena, up to 8 per core; freed
 memory stays in the arena that allocated it. A worker's threads allocate large, short-lived
