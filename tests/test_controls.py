@@ -261,13 +261,17 @@ def test_a_worker_killed_mid_batch_resends_at_most_what_it_had_not_recorded(slow
         "TRACKING": "0",
         "PYTHONPATH": str(ROOT),
     }
+    # Past 450 mails the relay takes each mail and never answers: every lane ends with one mail
+    # delivered that the worker cannot have recorded, whenever the kill lands against its flushes.
+    slow_relay.hold_after = 450
     worker = subprocess.Popen([sys.executable, "-c", CRASH_SCRIPT, str(nl)], env=env, cwd=ROOT)
     try:
-        wait_for(lambda: len(slow_relay.raw) >= 400, 60, "400 mails from the worker")
+        wait_for(lambda: len(slow_relay.raw) >= 450 + LANES, 60, "450 mails and one held on each lane")
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait(30)
         metrics.setup()  # as the next process of the deployment would: the dead worker's live gauges go
+        slow_relay.release()
     delivered = len(slow_relay.raw)
     recorded = counts(nl).get("sent", 0)
     assert 0 < delivered - recorded <= sender.FLUSH_EVERY + LANES + 10, (delivered, recorded)

@@ -59,6 +59,9 @@ class _Handler:
             if reply.startswith("250"):
                 self.sink.raw.append(envelope.content)
                 self.sink.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
+            held = self.sink.hold_after is not None and len(self.sink.raw) > self.sink.hold_after
+        if held:  # taken, but the client never hears so: the mail is delivered and unrecorded
+            await self.sink.released.wait()
         return reply
 
 
@@ -116,6 +119,8 @@ class SmtpSink:
         self.reject_data: dict[str, str] = {}  # recipient -> reply to the end of DATA (e.g. a 554)
         self.reply = "250 OK"
         self.delay = 0.0  # seconds before answering DATA
+        self.hold_after: int | None = None  # mails past this many are taken but left unanswered
+        self.released = asyncio.Event()  # (set on the sink's loop) answers the held ones
         self.data_at: list[float] = []  # time.monotonic() of every message's DATA, refused ones too
         self.max_connections = max_connections  # None: no cap
         self.connections = 0  # accepted so far
@@ -136,6 +141,11 @@ class SmtpSink:
 
     def stop(self):
         self.controller.stop()
+
+    def release(self) -> None:
+        """Answer the held mails and hold no more."""
+        self.hold_after = None
+        self.controller.loop.call_soon_threadsafe(self.released.set)
 
     def messages(self):
         with self.lock:
