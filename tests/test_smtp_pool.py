@@ -22,7 +22,7 @@ from app.platform import config, providers
 from app.platform.providers import smtp_sizing
 from app.platform.providers.base import OutgoingMail, TransientError
 from app.platform.providers.smtp import SMTPProvider
-from app.platform.providers.smtp_sizing import CONNECT_BURST, LaneSizer, RelayCeiling, refuses_connections
+from app.platform.providers.smtp_sizing import CONNECT_BURST, LOOP_TURNS, LaneSizer, RelayCeiling, refuses_connections
 from tests.test_digest_support import SmtpSink, free_port
 
 pytestmark = pytest.mark.pure  # no database, no Redis (make test-pure)
@@ -52,8 +52,12 @@ class ModelRelay:
         cpu_cost: float = 0.6,
         loop_cost: float = 0.3,
         host_idle: float = 0.5,
+        loop_late: float = 0.0,
+        threads_cpu: float = 0.0,
     ):
         self.now = 0.0
+        self.loop_late = loop_late  # how late the event loop gets to each turn (other threads hold the GIL)
+        self.threads_cpu = threads_cpu  # the share of a core the process's other threads use, whatever the rate
         self.round_trip, self.capacity, self.demand = round_trip, capacity, demand
         self.cpu_cost, self.loop_cost = cpu_cost, loop_cost
         self.cpu = self.loop_cpu = 0.0
@@ -76,11 +80,13 @@ class ModelRelay:
             limit = self.sizer.limit()
             self.most = max(self.most, limit)
             busy = min(limit, self.demand)
-            took = max(self.round_trip, busy / self.capacity)  # queueing once the client is the bottleneck
+            # queueing once the client is the bottleneck; a late loop delays each of a mail's turns
+            took = max(self.round_trip, busy / self.capacity) + LOOP_TURNS * self.loop_late
             rate = busy / took
             self.now += 1 / rate
-            self.cpu += self.cpu_cost / self.capacity
+            self.cpu += self.cpu_cost / self.capacity + self.threads_cpu / rate
             self.loop_cpu += self.loop_cost / self.capacity
+            self.sizer.loop_late(self.loop_late)  # the pool's heartbeat
             self.sizer.delivered(took, busy, waiting=self.demand > limit)
         return self.sizer
 
@@ -124,6 +130,19 @@ def test_a_busy_host_gives_a_relay_next_door_no_more_connections_even_when_a_ste
     far = ModelRelay(round_trip=0.05, capacity=4000, host_idle=0.0)
     far.run(60)
     assert 150 <= far.sizer.limit() <= 230
+
+
+def test_an_event_loop_starved_by_rendering_threads_does_not_make_a_relay_next_door_look_far():
+    """Threads rendering a batch hold the GIL: the loop gets a turn every 20 ms, so every mail to a
+    relay next door takes 40 ms, evenly, as a far relay's would. The heartbeat's lateness explains
+    it: no far step (the pool used to try 4x its floor here). A far relay seen through the same
+    starved loop is still far."""
+    starved = ModelRelay(round_trip=0.0002, capacity=1000, loop_late=0.02, threads_cpu=0.9)
+    starved.run(60)
+    assert starved.most == 8 and starved.sizer.steps == []
+    far = ModelRelay(round_trip=0.05, capacity=4000, loop_late=0.01, threads_cpu=0.9)
+    far.run(60)
+    assert far.sizer.limit() >= 100
 
 
 def test_the_knee_is_found_when_the_client_saturates_midway():
@@ -327,7 +346,9 @@ def test_a_fast_local_relay_keeps_the_pool_small(use_async):
             *(lambda k=k: _send_all(p, [_mails(1000, f"t{k}-{b}") for b in range(2)], retried) for k in range(4))
         )
         if use_async:
-            assert p._async.sizer.limit() <= 2 * size and p._async._pool.open <= 2 * size
+            sizer = p._async.sizer
+            assert max([sizer.limit(), *(to for _, to, _ in sizer.steps)]) <= 2 * size, sizer.steps
+            assert p._async._pool.open <= 2 * size
     finally:
         p.close()
         stats = relay.stop()

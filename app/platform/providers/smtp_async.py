@@ -31,6 +31,7 @@ log = logging.getLogger("app.platform.providers.smtp_async")
 
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 MAX_REPLY_LINES = 100
+HEARTBEAT_SECONDS = 0.005  # while lanes send, the loop's lateness is sampled this often (smtp_sizing.py)
 BATCH_OUT_OF_TIME = "not attempted: the batch ran out of time (slow SMTP relay); retried later"
 
 
@@ -141,10 +142,13 @@ class AsyncPool:
         # lanes that hold a place and wait for a connection (refused at the limit, connects under way)
         self._holders: collections.deque[asyncio.Future] = collections.deque()
         self._reaper: asyncio.TimerHandle | None = None
+        self._heartbeat: asyncio.TimerHandle | None = None
 
     async def acquire(self) -> Connection | None:
         """A place for a lane: an idle connection, or None with room to open one."""
         self.sizer.resumed()
+        if self._heartbeat is None:
+            self._beat(time.perf_counter())
         while True:
             conn = self._take_idle()
             if conn is not None or self._held + len(self._idle) < self.sizer.limit():
@@ -184,6 +188,9 @@ class AsyncPool:
         self._wake()
         if not self._held and not self._connecting:
             self.sizer.paused()
+            if self._heartbeat is not None:
+                self._heartbeat.cancel()
+                self._heartbeat = None
 
     def delivered(self, seconds: float) -> None:
         settled = not self.sizer.settling or self._settled()
@@ -192,13 +199,22 @@ class AsyncPool:
             self._wake()
 
     def close(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            self._reaper = None
+        for timer in (self._reaper, self._heartbeat):
+            if timer is not None:
+                timer.cancel()
+        self._reaper = self._heartbeat = None
         while self._idle:
             self._idle.pop().quit()
 
     # -- inside ------------------------------------------------------------------------------
+    def _beat(self, due: float) -> None:
+        """While lanes send: how late the loop runs a timer, for the sizer to tell this process's
+        lateness from the relay's round trip."""
+        now = time.perf_counter()
+        if self._heartbeat is not None:
+            self.sizer.loop_late(max(0.0, now - due))
+        self._heartbeat = asyncio.get_running_loop().call_later(HEARTBEAT_SECONDS, self._beat, now + HEARTBEAT_SECONDS)
+
     def _settled(self) -> bool:
         """No connection being opened, and as many open as the limit allows (or the work needs)."""
         limit = self.sizer.limit()

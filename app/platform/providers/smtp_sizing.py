@@ -10,13 +10,14 @@ it; idle connections were never closed; a relay's 421 only failed mails):
   holds one). When lanes waited for a connection it tries a step up and keeps it only if the
   throughput rose by GAIN_PER_DOUBLING per doubling of connections; otherwise it goes back and waits
   before trying again (HOLD_MIN_SECONDS, doubling up to HOLD_MAX_SECONDS). Steps are big only to a
-  far relay, one whose every mail takes FAR_ROUND_TRIP or more: there the round trip, not this
-  host's CPU, sets the rate, and a relay 50 ms away is filled in a few round trips. A relay next
-  door gets doublings, none while the process is at one core (the GIL's limit) or the host has no
-  idle CPU (app/platform/host.py), so the CPU being the bottleneck there, the pool stays at its
-  floor. A gain that is not clear is confirmed by one
-  more window; a step that paid less than half of what it cost is refined to the middle; above its
-  floor the pool tries fewer connections now and then and keeps them when throughput held.
+  far relay, one whose every mail takes FAR_ROUND_TRIP or more beyond what the event loop's own
+  lateness explains (a heartbeat samples it: threads that hold the GIL delay every reply alike):
+  there the round trip, not this host's CPU, sets the rate, and a relay 50 ms away is filled in a
+  few round trips. A relay next door gets doublings, none while the process is at one core (the
+  GIL's limit) or the host has no idle CPU (app/platform/host.py), so the CPU being the bottleneck
+  there, the pool stays at its floor. A gain that is not clear is confirmed by one more window; a
+  step that paid less than half of what it cost is refined to the middle; above its floor the pool
+  tries fewer connections now and then and keeps them when throughput held.
 - **Stop where the relay refuses, and remember it** (RelayCeiling, both pools). A relay that
   refuses one more connection (421 or "too many connections" at the greeting or EHLO, a connect
   refused or reset) while this process holds N is taken at its word: N is this process's most for
@@ -57,6 +58,7 @@ FAR_ROUND_TRIP = 0.01  # the relay is far when even the quickest mail of a windo
 EVEN = 0.5  # times this while the process is busy) and at least EVEN of the mean: the
 # relay's round trip, not this host's CPU, sets the rate. A process starved of
 # the CPU or the GIL also makes every mail slow, but unevenly.
+LOOP_TURNS = 2  # a mail waits for the loop once for the envelope's replies and once for the data's
 CPU_BUSY = 0.8  # the process used this share of a core (the GIL's limit is one): busy
 HOST_IDLE_MIN = 0.1  # ... or the host had less than this share of its CPU idle: busy too
 FAR_STEP = 4.0  # the step up from one far window; from two in a row CPU_TARGET / the event
@@ -148,6 +150,7 @@ class LaneSizer:
     _seconds: float
     _quickest: float
     _waited: bool
+    _late: float
 
     def __init__(
         self,
@@ -221,12 +224,19 @@ class LaneSizer:
         # Busy: this process at the GIL's limit, or a host without idle CPU, where a window's rate
         # swings with what other processes do and more connections only queue for the CPU.
         cpu_busy = (self._cpu() - self._cpu0) / elapsed >= CPU_BUSY or self._host_idle() < HOST_IDLE_MIN
-        slow = self._quickest >= FAR_ROUND_TRIP * (3 if cpu_busy else 1)
+        # The loop's own lateness is in every mail's time: a reply may wait that long for the loop
+        # at each of a mail's LOOP_TURNS. Other threads holding the GIL (rendering a batch) make
+        # every mail to a relay next door take tens of ms, evenly, like a far relay's round trip.
+        slow = self._quickest - LOOP_TURNS * self._late >= FAR_ROUND_TRIP * (3 if cpu_busy else 1)
         far, saturated = slow and self._quickest >= EVEN * self._seconds / self._mails, self._waited
         self._begin()
         changed = self._judge(rate, loop_share, cpu_busy, far, slow, saturated, limit, now)
         self._far_before, self._could_grow = far, far or not cpu_busy
         return changed
+
+    def loop_late(self, seconds: float) -> None:
+        """The event loop ran a timer `seconds` after it was due (the pool's heartbeat)."""
+        self._late = max(self._late, seconds)
 
     def waited(self) -> None:
         """A lane had to wait for a connection: more work than connections."""
@@ -260,6 +270,7 @@ class LaneSizer:
         """A new window, from now; returns its start."""
         self._start, self._cpu0, self._loop0, self._waited = self._clock(), self._cpu(), self._loop_cpu(), False
         self._mails, self._busy, self._seconds, self._quickest = 0, 0, 0.0, math.inf
+        self._late = 0.0
         return self._start
 
     def _judge(
