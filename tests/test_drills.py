@@ -2,7 +2,11 @@
 pace): the real Procfile processes on their own Postgres and Redis, one fault each, with the
 shorter windows and timeouts of drill.QUICK. No mail is lost, none is
 sent twice under two Message-IDs, and the only repeats are mail a SIGKILLed worker had already
-handed to the relay (same Message-ID)."""
+handed to the relay (same Message-ID).
+
+They share the machine with the rest of the suite: every fault waits for progress (a share of the
+mail delivered, a killed worker's successor delivering), never for a moment on the clock, so a busy
+machine makes a drill slower, not different."""
 
 from __future__ import annotations
 
@@ -15,7 +19,6 @@ from scripts import drill
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.alone("a worker killed every 5 s must make progress in between: other tests' CPU starves it"),
     pytest.mark.not_pooled("each drill starts its own Postgres and Redis"),
     pytest.mark.skipif(
         not (shutil.which("redis-server") and glob.glob("/usr/lib/postgresql/*/bin/initdb")),
