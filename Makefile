@@ -81,9 +81,15 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The API fuzz module builds its schemathesis cases while it is collected: in a process of its own
+# beside the xdist run (one more worker, gwN after the others), it is collected once instead of by
+# every worker (scripts/dev/beside.py).
+FUZZ_BESIDE = $(BIN)/python -m scripts.dev.beside --worker gw$(if $(filter 0,$(TEST_WORKERS)),1,$(TEST_WORKERS)) \
+	tests/test_api_fuzz.py --
+
 # Everything, then the integration tests once more through PgBouncer.
 test: install lint services browser pgbouncer
-	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(FUZZ_BESIDE) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 	$(PGBOUNCER_PASS)
 
 test-pgbouncer: install services pgbouncer

@@ -12,7 +12,8 @@ Under pytest-xdist (`-n N`) each worker gwK gets its own database and Redis db, 
 base URLs: database `<name>_gwK` (notify_test_gw0, notify_test_gw1, ...), a copy made with CREATE
 DATABASE ... TEMPLATE of `<name>_template`, which the first worker migrates (the others find it up
 to date); Redis db `<base> - K` (15, 14, 13, ... for the default db 15: TEST_REDIS_URL's db must be
-at least N - 1). Each worker has its own Prometheus directory and mail folder (MAIL_FILE_DIR) too.
+at least N - 1, or N under `make test`, which runs the fuzz module beside them as gwN:
+scripts/dev/beside.py). Each worker has its own Prometheus directory and mail folder (MAIL_FILE_DIR) too.
 docs/testing.md says more.
 """
 
