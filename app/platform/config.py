@@ -294,7 +294,8 @@ class Settings:
         256,
         "most SMTP connections per worker process. The async pool grows towards it "
         "only while more connections raise the measured throughput: to a relay far "
-        "away (every mail takes 10 ms or more) in a few big steps, to a relay next "
+        "away (every mail takes 10 ms or more beyond the worker's own event-loop "
+        "delays) in a few big steps, to a relay next "
         "door by doublings that are undone when they do not pay, so it stays at "
         'SMTP_POOL_SIZE. A relay that refuses one more (421 or "too many '
         "connections\" at the greeting, a refused connect) sets the process's most "
