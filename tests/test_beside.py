@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,12 @@ def beside(tmp_path, side_ok: bool, status: int) -> subprocess.CompletedProcess:
     module = tmp_path / "test_side.py"
     module.write_text(SIDE.format(name="side_passes" if side_ok else "side_fails", ok=side_ok))
     command = [sys.executable, "-c", COMMAND.format(module=module, status=status)]
+    # as `make test` starts it: from outside any xdist worker and its locks
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER", "NOTIFY_TEST_LOCK_DIR")}
     return subprocess.run(
         [sys.executable, "-m", "scripts.dev.beside", "--worker", "gw7", str(module), "--", *command],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
