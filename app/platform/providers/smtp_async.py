@@ -193,6 +193,10 @@ class AsyncPool:
                 self._heartbeat = None
 
     def delivered(self, seconds: float) -> None:
+        if self._heartbeat is not None:
+            # A late turn runs the replies it waited for before its timers: the heartbeat due during
+            # the stall has not reported yet, so how overdue it is now counts too.
+            self.sizer.loop_late(max(0.0, asyncio.get_running_loop().time() - self._heartbeat.when()))
         settled = not self.sizer.settling or self._settled()
         if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), settled):
             self._trim()
