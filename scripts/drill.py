@@ -455,7 +455,7 @@ def drill_kill_worker(system: System, scale: float) -> Report:
     system.start("scheduler")
     worker = system.start("worker")
     started, last_kill, kills = time.monotonic(), time.monotonic(), [0]
-    delivered_at_start = [0]  # deliveries when the current worker started
+    delivered_at_start = 0  # deliveries when the current worker started
     most = system.pace.worker_kills
 
     def kill_every_few_seconds():
@@ -465,18 +465,18 @@ def drill_kill_worker(system: System, scale: float) -> Report:
         # many kills, each once the worker started after the last one has delivered mail, so a slow
         # start delays the kill instead of leaving the drill without progress. Not more: every kill
         # strands the runs its worker had claimed, and five strandings fail a run.
-        nonlocal worker, last_kill
+        nonlocal worker, last_kill, delivered_at_start
         if time.monotonic() - started > KILL_WINDOW_SECONDS or progress(system) >= 0.95:
             return
         spaced = not kills[0] or time.monotonic() - last_kill > KILL_EVERY_SECONDS
         if most is None:
             due = progress(system) > 0 and spaced
         else:
-            due = kills[0] < most and len(system.sink.deliveries) > delivered_at_start[0] and spaced
+            due = kills[0] < most and len(system.sink.deliveries) > delivered_at_start and spaced
         if due and not system.settled():
             system.kill(worker)
             kills[0] += 1
-            delivered_at_start[0] = len(system.sink.deliveries)
+            delivered_at_start = len(system.sink.deliveries)
             worker = system.start("worker")
             last_kill = time.monotonic()
 

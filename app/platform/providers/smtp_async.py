@@ -148,7 +148,7 @@ class AsyncPool:
         """A place for a lane: an idle connection, or None with room to open one."""
         self.sizer.resumed()
         if self._heartbeat is None:
-            self._beat(time.perf_counter())
+            self._beat()
         while True:
             conn = self._take_idle()
             if conn is not None or self._held + len(self._idle) < self.sizer.limit():
@@ -196,7 +196,7 @@ class AsyncPool:
         if self._heartbeat is not None:
             # A late turn runs the replies it waited for before its timers: the heartbeat due during
             # the stall has not reported yet, so how overdue it is now counts too.
-            self.sizer.loop_late(max(0.0, asyncio.get_running_loop().time() - self._heartbeat.when()))
+            self._report_lateness()
         settled = not self.sizer.settling or self._settled()
         if self.sizer.delivered(seconds, self.open - len(self._idle), bool(self._waiters), settled):
             self._trim()
@@ -211,13 +211,17 @@ class AsyncPool:
             self._idle.pop().quit()
 
     # -- inside ------------------------------------------------------------------------------
-    def _beat(self, due: float) -> None:
+    def _beat(self) -> None:
         """While lanes send: how late the loop runs a timer, for the sizer to tell this process's
         lateness from the relay's round trip."""
-        now = time.perf_counter()
         if self._heartbeat is not None:
-            self.sizer.loop_late(max(0.0, now - due))
-        self._heartbeat = asyncio.get_running_loop().call_later(HEARTBEAT_SECONDS, self._beat, now + HEARTBEAT_SECONDS)
+            self._report_lateness()
+        self._heartbeat = asyncio.get_running_loop().call_later(HEARTBEAT_SECONDS, self._beat)
+
+    def _report_lateness(self) -> None:
+        """How far past its time the heartbeat is (or was, when it runs), in the loop's own clock."""
+        assert self._heartbeat is not None
+        self.sizer.loop_late(max(0.0, asyncio.get_running_loop().time() - self._heartbeat.when()))
 
     def _settled(self) -> bool:
         """No connection being opened, and as many open as the limit allows (or the work needs)."""

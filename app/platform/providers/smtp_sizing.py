@@ -235,7 +235,7 @@ class LaneSizer:
         return changed
 
     def loop_late(self, seconds: float) -> None:
-        """The event loop ran a timer `seconds` after it was due (the pool's heartbeat)."""
+        """The pool's heartbeat timer ran, or is still waiting to run, `seconds` after it was due."""
         self._late = max(self._late, seconds)
 
     def waited(self) -> None:
