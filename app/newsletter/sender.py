@@ -48,6 +48,7 @@ BACKOFF_BASE_SECONDS = 5.0  # transient failure n waits base * 2^(n-1) (capped),
 BACKOFF_MAX_SECONDS = 1800.0
 MAX_RATE_WAIT = 2.0  # sleep at most this long for the rate limiter; longer = re-enqueue later
 IDLE_RECHECK_MAX = 60.0  # rows in backoff due within this: the chain waits; later: the tick re-kicks
+HANDOFF_SECONDS = 1.0  # a chain met in a stopping worker continues after this (for the next worker)
 FLUSH_EVERY = 100  # outcomes written (and controls read) at least every this many mails
 
 
@@ -101,6 +102,14 @@ def send_batch(
     after = 0  # claim cursor (rows.CLAIM)
 
     while True:
+        # Checked before every claim, the first too: a message taken while the worker shuts down
+        # (Dramatiq still hands out the chain's own continuation) claims nothing and passes the
+        # chain on, a moment later so that this worker's other threads do not take it back at once.
+        if shutdown.requested.is_set():
+            stats["outcome"], stats["retry_in"] = "worker stopping; continuing", HANDOFF_SECONDS
+            if reenqueue:
+                kick.continue_chain(newsletter_id, delay_ms=int(HANDOFF_SECONDS * 1000))
+            return stats
         kick.mark_alive(newsletter_id)
         granted, wait = limiter.acquire(batch_size, max_wait=MAX_RATE_WAIT)
         if not granted:
@@ -135,7 +144,7 @@ def send_batch(
             stats["grew"] = growth.grow(
                 newsletter_id, settings.newsletter_send_chains, settings.newsletter_send_chains_max
             )
-        if time.monotonic() >= deadline or shutdown.requested.is_set():
+        if time.monotonic() >= deadline:  # after a batch: a budget of 0 sends one
             stats["outcome"], stats["retry_in"] = "budget used; continuing", 0.0
             if reenqueue:
                 kick.continue_chain(newsletter_id)
