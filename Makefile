@@ -62,8 +62,9 @@ pgbouncer:
 
 # pytest-xdist workers for the suite (TEST_WORKERS=0: one process). Each worker has its own
 # database and Redis db, derived from TEST_DATABASE_URL / TEST_REDIS_URL (tests/conftest.py).
-# More workers than cores: many tests wait on processes and sockets (docs/testing.md measures it).
-TEST_WORKERS ?= 3
+# Twice the cores (2 here): many tests wait on processes and sockets, and 3 workers left the CPU
+# idle a quarter of the time (docs/testing.md measures 3, 4 and 5).
+TEST_WORKERS ?= 4
 # One test at a time per worker, the slow ones first (tests/conftest.py orders them): the drills start
 # early instead of ending the run alone.
 XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
@@ -86,6 +87,12 @@ lint: install
 # every worker (scripts/dev/beside.py).
 FUZZ_BESIDE = $(BIN)/python -m scripts.dev.beside --worker gw$(if $(filter 0,$(TEST_WORKERS)),1,$(TEST_WORKERS)) \
 	tests/test_api_fuzz.py --
+
+# The suite starts dozens of Python processes (xdist workers, worker, scheduler and web processes, the
+# drills'): with bytecode caching off (PYTHONDONTWRITEBYTECODE, which some CI images set) each one
+# compiles every module it imports from source again, and each xdist worker rewrites every test
+# module's asserts again. An empty value turns it off for the suite (the caches are git-ignored).
+test test-pgbouncer test-fast test-pure: export PYTHONDONTWRITEBYTECODE =
 
 # Everything, then the integration tests once more through PgBouncer.
 test: install lint services browser pgbouncer

@@ -1,10 +1,10 @@
 """Run one test module in a pytest process of its own beside an xdist run, as one more worker.
 
-    python -m scripts.dev.beside --worker gw3 tests/test_api_fuzz.py -- PYTEST COMMAND...
+    python -m scripts.dev.beside --worker gw4 tests/test_api_fuzz.py -- PYTEST COMMAND...
 
 Why: every xdist worker collects the whole suite, and the API fuzz module builds schemathesis's
-coverage cases while it is collected (about 14 s of CPU per process): three workers paid for it
-three times. Here the module is collected once, in a process that tests/conftest.py treats as
+coverage cases while it is collected (about 14 s of CPU per process): four workers paid for it
+four times. Here the module is collected once, in a process that tests/conftest.py treats as
 worker `--worker` (its own database and Redis db, derived as for gw0, gw1, ...; the same `alone`
 locks), while the command runs with `--ignore=MODULE` appended. The command's output streams; the
 module's follows it. The exit status is the command's, or the module's run's if that failed.
