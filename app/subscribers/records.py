@@ -209,6 +209,21 @@ def get(user_id: str) -> dict | None:
     return _as_dict(rows[0]) if rows else None
 
 
+# The subscriber's own pages need more than the API shows: the token generation their links carry,
+# and the stream and cadence state they offer to restore.
+_PAGE_COLUMNS = (*COLUMNS, "token_version", "newsletters_unsubscribed_at", "digest_cadence_before_off")
+
+
+def load_by_id(subscriber_id: int) -> dict | None:
+    """The row as stored (datetimes stay datetimes), for the pages a signed link opens."""
+    rows = db.query(f"SELECT {', '.join(_PAGE_COLUMNS)} FROM subscribers WHERE id = %s", (subscriber_id,))
+    if not rows:
+        return None
+    record = dict(zip(_PAGE_COLUMNS, rows[0]))
+    record["category_opt_outs"] = list(record["category_opt_outs"] or [])
+    return record
+
+
 def _with_canonical_email(values: dict) -> dict:
     """The one place a subscriber's address gets its identity (app/platform/addresses.py `canonical`)."""
     return {**values, "canonical_email": canonical(values["email"])} if "email" in values else values

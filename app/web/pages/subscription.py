@@ -1,7 +1,8 @@
-"""The subscriber behind a page: loaded, the topics shown, their stops and restarts (sync;
-endpoints call them in a thread).
+"""The subscriber behind a page: the topics shown, their stops and restarts (sync; endpoints call
+them in a thread).
 
-The writes are app/subscribers/records.py's (the one writer of `subscribers`): unsubscribe,
+The row (records.load_by_id) and the writes are app/subscribers/records.py's (the one writer of
+`subscribers`): unsubscribe,
 resubscribe and resume are keyed on (id, token_version), so a token revoked between page load and
 submit changes nothing there; preference saves go through subscribers.update().
 """
@@ -16,33 +17,6 @@ from digest import runs as digest_runs
 
 # How many topic checkboxes the preference centre shows at most; opt-outs are always shown.
 MAX_SHOWN_CATEGORIES = subscribers.MAX_CATEGORIES
-
-_COLUMNS = (
-    "id",
-    "user_id",
-    "email",
-    "name",
-    "timezone",
-    "digest_cadence",
-    "digest_hour",
-    "digest_weekday",
-    "category_opt_outs",
-    "paused_until",
-    "unsubscribed_at",
-    "token_version",
-    "newsletters_unsubscribed_at",
-    "digest_cadence_before_off",
-)
-
-
-def load(subscriber_id: int) -> dict | None:
-    rows = db.query(f"SELECT {', '.join(_COLUMNS)} FROM subscribers WHERE id = %s", (subscriber_id,))
-    if not rows:
-        return None
-    record = dict(zip(_COLUMNS, rows[0]))
-    record["category_opt_outs"] = list(record["category_opt_outs"] or [])
-    return record
-
 
 # Topics this subscriber has events in (within retention): the feed summary (migration 0680) holds
 # one row per entity and category of theirs. A category the subscriber opted out of stays via opt-outs.
