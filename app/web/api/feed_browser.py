@@ -30,10 +30,11 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
 from app.platform import config, shutdown, tokens
 from app.platform.http import ApiError, FastJSONResponse, read_json, validation_error
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Endpoint, Operation, api_route
 from app.platform.validation import Body
 from app.web.api.feed import _USER_ID, FEED_ANSWER, feed_query, user_id_param
 from digest import feed, seen
@@ -304,6 +305,23 @@ class FeedTokenQuery(Body):
 _PREFLIGHT = Operation("CORS preflight (FEED_ALLOWED_ORIGINS)", {204: "the CORS headers, for an allowed origin"})
 _TOKEN_ONLY = "With `Authorization: Bearer <feed token>`: an API key is refused (401)."
 
+
+def _own_mark_route(state: str, endpoint: Endpoint) -> Route:
+    return api_route(
+        f"/v1/feed/{state}",
+        endpoint,
+        post=Operation(
+            f"Mark entities (or everything) {state} in the feed token's own feed",
+            {202: "committed"},
+            errors=(400, 413, 422),
+            body=seen.MarkInput,
+            bearer=True,
+            description=_TOKEN_ONLY,
+        ),
+        options=_PREFLIGHT,
+    )
+
+
 routes = [
     api_route(
         "/v1/subscribers/{user_id:str}/feed-token",
@@ -330,32 +348,8 @@ routes = [
         ),
         options=_PREFLIGHT,
     ),
-    api_route(
-        "/v1/feed/seen",
-        post_own_seen,
-        post=Operation(
-            "Mark entities (or everything) seen in the feed token's own feed",
-            {202: "committed"},
-            errors=(400, 413, 422),
-            body=seen.MarkInput,
-            bearer=True,
-            description=_TOKEN_ONLY,
-        ),
-        options=_PREFLIGHT,
-    ),
-    api_route(
-        "/v1/feed/read",
-        post_own_read,
-        post=Operation(
-            "Mark entities (or everything) read in the feed token's own feed",
-            {202: "committed"},
-            errors=(400, 413, 422),
-            body=seen.MarkInput,
-            bearer=True,
-            description=_TOKEN_ONLY,
-        ),
-        options=_PREFLIGHT,
-    ),
+    _own_mark_route("seen", post_own_seen),
+    _own_mark_route("read", post_own_read),
     api_route(
         "/v1/feed/stream",
         get_own_stream,
