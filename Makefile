@@ -62,8 +62,8 @@ pgbouncer:
 
 # pytest-xdist workers for the suite (TEST_WORKERS=0: one process). Each worker has its own
 # database and Redis db, derived from TEST_DATABASE_URL / TEST_REDIS_URL (tests/conftest.py).
-# Twice the cores (2 here): many tests wait on processes and sockets, and 3 workers left the CPU
-# idle a quarter of the time (docs/testing.md measures 3, 4 and 5).
+# 4, twice the 2 cores of the machines it runs on: many tests wait on processes and sockets, and 3
+# workers left the cores idle a quarter of the time (docs/testing.md measures 3, 4 and 5).
 TEST_WORKERS ?= 4
 # One test at a time per worker, the slow ones first (tests/conftest.py orders them): the drills start
 # early instead of ending the run alone.

@@ -2,9 +2,9 @@
 them in a thread).
 
 The row (records.load_by_id) and the writes are app/subscribers/records.py's (the one writer of
-`subscribers`): unsubscribe,
-resubscribe and resume are keyed on (id, token_version), so a token revoked between page load and
-submit changes nothing there; preference saves go through subscribers.update().
+`subscribers`): unsubscribe, resubscribe and resume are keyed on (id, token_version), so a token
+revoked between page load and submit changes nothing there; preference saves go through
+subscribers.update().
 """
 
 from __future__ import annotations
