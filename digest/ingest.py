@@ -22,7 +22,7 @@ from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
 from app.platform.openapi import free_form_values
 from app.platform.validation import NOT_BLANK, Body, Text, check, documented, fail
 from app.subscribers import categories
-from digest import immediate, messages
+from digest import events, immediate, messages
 
 log = logging.getLogger("digest.ingest")
 
@@ -166,20 +166,6 @@ class Result:
     send_now: bool = False  # the commit asked for a send-now pass (digest/immediate.py)
 
 
-# A row whose (source, producer_id) is taken is skipped by the table's trigger (the key lives in
-# digest_event_keys, migration 0520), so RETURNING lists the stored rows only. No ON CONFLICT: on
-# the partitioned table it would cost a speculative insertion per row and could never fire.
-INSERT_SQL = (
-    "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
-    "actor_id, actor_name, payload, occurred_at) VALUES %s "
-    "RETURNING source, producer_id"
-)
-INSERT_TEMPLATE = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s::timestamptz, now()))"
-# high_priority is named only when a row of the group has it: the usual statement stays as it was.
-INSERT_HIGH_SQL = INSERT_SQL.replace("occurred_at)", "occurred_at, high_priority)")
-INSERT_HIGH_TEMPLATE = INSERT_TEMPLATE[:-1] + ", %s)"
-
-
 def _high(row: tuple) -> bool:
     """Rows are Event.row() tuples; scripts may hand the ten columns without high_priority."""
     return len(row) > 10 and bool(row[10])
@@ -200,7 +186,10 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
                 owner[key] = j
                 unique_rows.append(row)
     high = any(_high(row) for row in unique_rows)
-    sql, template = (INSERT_HIGH_SQL, INSERT_HIGH_TEMPLATE) if high else (INSERT_SQL, INSERT_TEMPLATE)
+    if high:
+        sql, template = events.INSERT_HIGH_SQL, events.INSERT_HIGH_TEMPLATE
+    else:
+        sql, template = events.INSERT_SQL, events.INSERT_TEMPLATE
     inserted = db.execute_values(
         cur,
         sql,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app.platform import db, migrate
+from app.platform import db
 from app.platform.db import pg_array
 
 log = logging.getLogger("digest.marks")
@@ -132,36 +132,3 @@ LEFT JOIN digest_runs r ON r.subscriber_id = s.id AND r.events_through IS NOT NU
 WHERE {where}
 GROUP BY e.id, e.digest_run_id
 """
-
-
-# -- migration 0691 -----------------------------------------------------------------------------
-_BACKFILL_BATCH = 5000
-_BACKFILL_SQL = f"""
-WITH batch AS (
-    SELECT id, received_at FROM digest_events
-    WHERE id > %s AND digest_run_id IS NULL AND txid IS NULL
-    ORDER BY id LIMIT {_BACKFILL_BATCH}
-), done AS (
-    UPDATE digest_events e SET txid = '1' FROM batch
-    WHERE e.id = batch.id AND e.received_at = batch.received_at AND e.txid IS NULL
-)
-SELECT max(id), count(*) FROM batch
-"""
-
-
-def backfill_txid(conn) -> None:
-    """Migration 0691 (the runner passes its own connection, autocommit): the unhandled events stored
-    before 0690 get txid '1', shown by every snapshot."""
-    after, total = 0, 0
-    while True:
-        last, n = migrate.batch(conn, lambda cur, after=after: _fetch(cur, _BACKFILL_SQL, (after,)), "txid backfill")
-        total += n
-        if last is None:
-            break
-        after = last
-    log.info("txid backfill: %d unhandled events", total)
-
-
-def _fetch(cur, sql, params):
-    cur.execute(sql, params)
-    return cur.fetchone()

@@ -257,13 +257,6 @@ def _enqueue(ids: list[int], batch: int, send) -> int:
     return len(ids)
 
 
-def forget_enqueued() -> int:
-    """After the emergency stop is released: due runs whose messages found the stop are enqueued
-    again at the next tick. Returns how many."""
-    with db.raw_cursor() as cur:
-        return runs.forget_enqueued(cur)
-
-
 # -- watchdog ---------------------------------------------------------------------------------
 def watchdog(now: datetime) -> tuple[int, int]:
     """(returned to pending, failed). Returned runs are due at once: the worker that held them is

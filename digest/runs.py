@@ -32,7 +32,7 @@ from app.platform.db import pg_array
 from app.platform.mail_stop import NOT_ENGAGED
 from app.subscribers import mailable
 from app.subscribers.streams import DIGESTS
-from digest import marks
+from digest import events, marks
 from digest.marks import Cover
 
 MAX_BACKOFF_SECONDS = 6 * 3600
@@ -251,15 +251,6 @@ UPDATE digest_runs r SET status = 'skipped', skip_reason = v.reason, event_count
 FROM unnest(%s::bigint[], %s::text[]) AS v(id, reason) WHERE r.id = v.id AND r.status = 'processing'
 """
 
-# Runs that mark their events one by one (digest/marks.py says which). `digest_run_id IS NULL`: an
-# event is never claimed by two sent digests. In id order, the update walks the heap and indexes in
-# order instead of jumping around.
-MARK_EVENTS = """
-UPDATE digest_events e SET digest_run_id = v.run_id
-FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, run_id)
-WHERE e.id = v.id AND e.digest_run_id IS NULL
-"""
-
 # 'pending' too: if the watchdog gave up on a slow send that then succeeded, record the success so
 # the run is not sent again. events_after/events_through: what the run handled (digest/marks.py),
 # NULL for a run that marked its events one by one.
@@ -339,10 +330,8 @@ def mark_events(cur, handled: list[tuple[int, list[int]]], covers: dict[int, tup
     `covers` ({run_id: (subscriber_id, cover)}) moves its subscriber's mark; the others mark their
     events one by one."""
     covers = covers or {}
-    pairs = sorted((eid, run_id) for run_id, ids in handled if run_id not in covers for eid in ids)
-    if pairs:
-        event_ids, run_ids = zip(*pairs)
-        cur.execute(MARK_EVENTS, (pg_array(event_ids), pg_array(run_ids)))
+    # Runs that mark their events one by one (digest/marks.py says which).
+    events.mark_handled(cur, [(eid, run_id) for run_id, ids in handled if run_id not in covers for eid in ids])
     covered = [(run_id, covers[run_id]) for run_id, _ in handled if run_id in covers]
     if covered:
         marks.advance(cur, [c for _, c in covered])
@@ -418,3 +407,9 @@ def reclaim_stuck(cur, now: datetime, timeout_seconds: int, max_attempts: int, b
 
 def cancel_pending(cur, subscriber_id: int, reason: str) -> None:
     cur.execute(CANCEL_PENDING, (reason, subscriber_id))
+
+
+def ids_of(cur, subscriber_id: int) -> list[int]:
+    """Every run of this subscriber (right to erasure: their digests' links, history and counters go)."""
+    cur.execute("SELECT id FROM digest_runs WHERE subscriber_id = %s", (subscriber_id,))
+    return [row[0] for row in cur.fetchall()]

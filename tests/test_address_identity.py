@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from app.cli.tracking import import_legacy_links
+from app.operations.audit import Operator
+from app.operations.suppressions import remove_suppression
 from app.platform import addresses, db
 from app.platform.addresses import canonical
 from app.subscribers import records as subscribers
@@ -25,7 +26,7 @@ from tests import factories
 from tests.conftest import auth
 from tests.newsletter_support import counts, drain, start
 from tests.test_digest_support import run_row, sink_as_provider
-from tracking import webhook_apply, webhook_intake
+from tracking import legacy, webhook_apply, webhook_intake
 
 CANONICAL = "ana@xn--bcher-kva.example"
 # (how the subscriber gave it, how SendGrid / an operator / a file names it): case, U-label vs
@@ -311,7 +312,7 @@ def test_admin_remove_resets_the_soft_bounces_of_every_spelling(admin_key, store
     webhook_event("bounce", reported, type="bounce")
     ((row,),) = db.query("SELECT id FROM suppressions")
     ((key_id,),) = db.query("SELECT id FROM api_keys")
-    assert admin_suppressions.remove(row, key_id, "admin-test", None, "").email == CANONICAL
+    assert remove_suppression(Operator("admin-test", key_id), row, "").email == CANONICAL
     assert db.query("SELECT soft_bounce_count FROM subscribers") == [(0,)]
 
 
@@ -340,7 +341,7 @@ def test_legacy_link_import_finds_the_subscriber_under_another_spelling(tmp_path
     csv_file = tmp_path / "legacy.csv"
     csv_file.write_text(f"L1,https://old.example/a,newsletter:1,{reported}\n", encoding="utf-8")
     with open(csv_file, encoding="utf-8") as f:
-        report = import_legacy_links(f)
+        report = legacy.import_csv(f)
     assert (report.imported, report.unknown_recipients) == (1, 0)
     assert db.query("SELECT code, subscriber_id FROM legacy_link_codes") == [("L1", sid)]
 

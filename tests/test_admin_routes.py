@@ -11,6 +11,8 @@ from http.cookies import SimpleCookie
 import pytest
 from starlette.testclient import TestClient
 
+from app.operations import erasure
+from app.operations.audit import Operator
 from app.platform import apikeys, db, tokens
 from app.web.admin import session, stats, suppressions, views
 from tests import factories
@@ -481,14 +483,15 @@ def test_a_key_that_is_no_longer_admin_ends_its_sessions(admin):
 
 
 def test_audit_rows_outlive_the_erasure_of_the_subscriber(admin):
-    from app.subscribers import records as subscribers
-
     factories.subscriber("ana", email="ana@x.test")
     sid = factories.suppression("ana@x.test")
     token = csrf_of(admin.get(f"/admin/suppressions/{sid}/remove").text)
     admin.post(f"/admin/suppressions/{sid}/remove", data={"csrf_token": token})
-    subscribers.erase("ana")
-    assert db.query("SELECT target FROM admin_audit") == [("ana@x.test",)]
+    assert erasure.erase_subscriber("ana", Operator("admin-test"))
+    assert db.query("SELECT action, target FROM admin_audit ORDER BY id") == [
+        ("suppression.remove", "ana@x.test"),
+        ("subscriber.erase", "a subscriber"),  # names no one
+    ]
 
 
 def test_the_web_process_does_not_import_matplotlib_until_a_chart_is_drawn():

@@ -210,8 +210,9 @@ def test_emergency_stop_holds_digests_and_newsletters_within_a_second_and_loses_
     assert _digest_statuses(runs) == {"sent": 300} and counts(nl) == {"sent": 900}
     sent = message_ids(slow_relay)
     assert len(sent) == 1200 and set(sent.values()) == {1}  # each digest and newsletter mail once
-    actions = [a for (a,) in db.query("SELECT action FROM admin_audit ORDER BY id")]
-    assert actions == ["mail_stop.release"]  # the stop came from the CLI, the release from the dashboard
+    # The stop came from the CLI (audited under the login name, no API key), the release from the dashboard.
+    audit = db.query("SELECT action, api_key_id IS NULL, api_key_name LIKE 'cli%%' FROM admin_audit ORDER BY id")
+    assert audit == [("mail_stop.engage", True, True), ("mail_stop.release", False, False)]
 
 
 def test_the_dashboard_button_stops_all_mail_with_a_reason_and_is_audited(client, admin_key):
@@ -232,6 +233,8 @@ def test_the_dashboard_button_stops_all_mail_with_a_reason_and_is_audited(client
     audit = db.query("SELECT action, api_key_name, detail->>'reason' FROM admin_audit")
     assert audit == [("mail_stop.engage", "admin-test", "broken template")]
     assert cli.main(["resume-sending"]) == 0 and not db.query("SELECT 1 FROM mail_stop")
+    released = db.query("SELECT action, api_key_id, detail->>'was_stopped' FROM admin_audit ORDER BY id DESC LIMIT 1")
+    assert released == [("mail_stop.release", None, "true")]
 
 
 CRASH_SCRIPT = textwrap.dedent("""

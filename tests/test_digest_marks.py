@@ -13,7 +13,7 @@ import pytest
 
 from app.platform import db
 from app.platform.providers.base import Provider, SendResult
-from digest import marks, runs
+from digest import events, marks, runs
 from digest import send as digest_send
 from tests import factories
 
@@ -197,7 +197,7 @@ def test_events_stored_before_the_upgrade_are_sent_once():
     db.query("UPDATE digest_events SET txid = NULL")  # as stored before 0690
     conn = db.connect_raw(autocommit=True)
     try:
-        marks.backfill_txid(conn)
+        events.backfill_txid(conn)
     finally:
         conn.close()
     assert db.query("SELECT id, txid::text FROM digest_events ORDER BY id") == [

@@ -11,6 +11,8 @@ import weakref
 
 import pytest
 
+from app.operations import sending
+from app.operations.audit import Operator
 from app.platform import db, mail_stop
 from app.platform.providers.smtp import SMTPProvider
 from digest import build as digest_build
@@ -90,7 +92,7 @@ def test_the_emergency_stop_after_one_slice_leaves_the_others_unbuilt_and_pendin
     monkeypatch.setattr(digest_send, "build_slice", counting)
 
     def stop_now():  # engaged once the first slice was sent, seen at the next check between slices
-        mail_stop.engage("test", "drill")
+        sending.stop_sending(Operator("test"), "drill")
         time.sleep(mail_stop.SEND_CHECK_SECONDS + 0.05)
 
     provider.after_first = stop_now
@@ -100,7 +102,7 @@ def test_the_emergency_stop_after_one_slice_leaves_the_others_unbuilt_and_pendin
     assert len(sink.messages()) == 2
     rows = [run_row(r) for r in runs[2:]]
     assert all(r["status"] == "pending" and r["attempts"] == 0 for r in rows)
-    mail_stop.release("test")
+    sending.resume_sending(Operator("test"))
     assert digest_send.process(runs[2:], provider=provider)["sent"] == 4
     assert len(sink.messages()) == 6
 

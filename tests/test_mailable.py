@@ -12,8 +12,10 @@ from datetime import UTC, datetime
 import pytest
 
 from app.newsletter import rows, test_send
+from app.operations import erasure
+from app.operations.audit import Operator
 from app.platform import db
-from app.subscribers import mailable, records
+from app.subscribers import mailable
 from app.subscribers.streams import DIGESTS, NEWSLETTERS
 from digest import claim, immediate, runs
 from tests import factories
@@ -89,7 +91,7 @@ def make_states(cadence: str = "daily") -> dict[str, int]:
     db.query("UPDATE subscribers SET paused_until = now() + interval '1 day' WHERE id = %s", (ids["paused"],))
     db.query("UPDATE subscribers SET digest_cadence = 'off' WHERE id = %s", (ids["cadence_off"],))
     factories.suppression("suppressed@example.test", "bounce")
-    assert records.erase("erased")
+    assert erasure.erase_subscriber("erased", Operator("test"))
     ids["erased"] = factories.subscriber("erased-again", email="erased@example.test", digest_cadence=cadence)
     return ids
 

@@ -12,8 +12,9 @@ import peewee
 import psycopg2.errors
 import pytest
 
+from app.operations import erasure
+from app.operations.audit import Operator
 from app.platform import db, metrics, partitions
-from app.subscribers import records as subscribers
 from tests import factories
 from tests.conftest import auth, wait_for
 from tracking import webhook_intake
@@ -193,7 +194,7 @@ def test_erasure_and_truncate_free_the_keys(client, events_key, admin_key):
         "INSERT INTO webhook_events (sg_event_id, event, email, payload) "
         "VALUES ('sg-erased', 'open', 'u1@example.test', '{}')"
     )
-    assert subscribers.erase("u1")
+    assert erasure.erase_subscriber("u1", Operator("test"))
     assert db.query("SELECT count(*) FROM digest_event_keys") == [(0,)]
     assert db.query("SELECT count(*) FROM webhook_event_keys") == [(0,)]
     assert post(client, events_key, "gone-1") == {"accepted": 1, "duplicates": 0}  # as before partitioning

@@ -9,10 +9,9 @@ import psycopg2
 import pytest
 from starlette.testclient import TestClient
 
-from app.cli.tracking import import_legacy_links
 from app.platform import db
 from tests import factories
-from tracking import codes, links, recorder, resolve, stats
+from tracking import codes, legacy, links, recorder, resolve, stats
 
 UA_HUMAN = "Mozilla/5.0 (Macintosh; Intel Mac OS X 14_0) AppleWebKit/605.1.15 Version/17.0 Safari/605.1.15"
 
@@ -131,7 +130,7 @@ def test_import_legacy_links_csv_then_click(client, tmp_path):
         f"L6,https://old.example/a,newsletter:{nl_id},nobody@example.com\n"
     )
     with open(csv_file) as f:
-        report = import_legacy_links(f)
+        report = legacy.import_csv(f)
     assert report.imported == 4 and report.unknown_recipients == 1
     assert [e[0] for e in report.errors] == [5, 6, 7]
     # One link row per (mail, url): L1, L2 and L6 share one.
@@ -146,7 +145,7 @@ def test_import_legacy_links_csv_then_click(client, tmp_path):
         ("L6", None),
     ]
     with open(csv_file) as f:  # re-running is harmless
-        again = import_legacy_links(f)
+        again = legacy.import_csv(f)
     assert again.imported == 0 and again.already_present == 4 and again.conflicts == 0
     assert client.get("/c/L3", follow_redirects=False).headers["location"] == "https://old.example/b"
 
@@ -313,9 +312,9 @@ def test_import_reports_a_code_already_mapped_elsewhere_as_conflict(tmp_path):
     first.write_text("K1,https://old.example/a,newsletter:1,\n")
     second.write_text("K1,https://old.example/other,newsletter:1,\n")
     with open(first) as f:
-        assert import_legacy_links(f).imported == 1
+        assert legacy.import_csv(f).imported == 1
     with open(second) as f:
-        report = import_legacy_links(f)
+        report = legacy.import_csv(f)
     assert report.conflicts == 1 and report.imported == 0
     assert db.query("SELECT l.url FROM legacy_link_codes c JOIN email_links l ON l.id = c.link_id") == [
         ("https://old.example/a",)

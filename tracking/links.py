@@ -151,6 +151,12 @@ class LinkRewriter:
 _IMG_RE = re.compile(r"<img\b", re.IGNORECASE)
 
 
+def erase_mails(cur: db.Cursor, mail_kind: str, mail_ids: list[int]) -> None:
+    """The link rows of these mails (an erased subscriber's digests: their URLs came from that
+    person's events). Their legacy codes go with them (ON DELETE CASCADE)."""
+    cur.execute("DELETE FROM email_links WHERE mail_kind = %s AND mail_id = ANY(%s)", (mail_kind, mail_ids))
+
+
 def pixel_html(url: str, html: str) -> str:
     """The open pixel for this mail. A mail that shows pictures gets it as a 1x1 <img>. A mail without
     any keeps none: to a spam filter a short text with a single <img> reads as an image mail

@@ -51,7 +51,7 @@ STAGE_COLUMNS = (
 )
 # The delivery time of this recipient's copy of the mail decides the "too soon to be a human" rule.
 # A click or open by an erased subscriber (buffered while they were erased, or an old mail clicked
-# later) is kept only as an anonymous count: no subscriber id, IP or user agent (app/subscribers/records.py).
+# later) is kept only as an anonymous count: no subscriber id, IP or user agent (app/operations/erasure.py).
 INSERT_FROM_STAGE = """
 INSERT INTO email_link_history (kind, link_id, mail_kind, mail_id, subscriber_id, ip, user_agent,
                                 is_machine, machine_reason, occurred_at)
@@ -252,6 +252,17 @@ class HistoryRecorder:
 
 _recorder: HistoryRecorder | None = None
 _recorder_lock = threading.Lock()
+
+
+def erase(cur: db.Cursor, subscriber_id: int, mail_kind: str, mail_ids: list[int]) -> None:
+    """Right to erasure: the history of the subscriber's own mails (`mail_ids` of `mail_kind`, their
+    digests) goes; their clicks and opens of shared mail (newsletters) stay as anonymous counts, so
+    that mail's statistics stay right."""
+    cur.execute("DELETE FROM email_link_history WHERE mail_kind = %s AND mail_id = ANY(%s)", (mail_kind, mail_ids))
+    cur.execute(
+        "UPDATE email_link_history SET subscriber_id = NULL, ip = NULL, user_agent = NULL WHERE subscriber_id = %s",
+        (subscriber_id,),
+    )
 
 
 def recorder() -> HistoryRecorder:

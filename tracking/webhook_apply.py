@@ -53,7 +53,7 @@ from collections import Counter
 from app.platform import config, db, metrics, queue
 from app.platform.addresses import canonical
 from app.subscribers import records, suppressions
-from tracking import messages
+from tracking import messages, webhook_events
 
 log = logging.getLogger("tracking.webhook_apply")
 
@@ -191,13 +191,9 @@ def _apply_chunk(ids: list[int]) -> int:
 
 
 def _apply_rows(cur, ids: list[int]) -> int:
-    cur.execute(
-        "SELECT id, event, email, payload, canonical_email FROM webhook_events WHERE id = ANY(%s) "
-        "AND processed_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED",
-        (ids,),
-    )
     rows = [
-        (row_id, event, key or address_of(email), payload, key) for row_id, event, email, payload, key in cur.fetchall()
+        (row_id, event, key or address_of(email), payload, key)
+        for row_id, event, email, payload, key in webhook_events.claim(cur, ids)
     ]
     owners = Owners(cur, [payload for _, _, _, payload, _ in rows if isinstance(payload, dict)])
     counts: Counter = Counter()
@@ -229,35 +225,18 @@ def _apply_rows(cur, ids: list[int]) -> int:
             (kind, mail_id, event, n),
         )
     if rows:
-        cur.execute(
-            "UPDATE webhook_events SET processed_at = now(), error = (%s::jsonb ->> id::text) WHERE id = ANY(%s)",
-            (db.json({str(k): v for k, v in errors.items()}), [r[0] for r in rows]),
+        webhook_events.mark_applied(cur, [r[0] for r in rows], errors)
+        webhook_events.key_unkeyed(
+            cur, [(row_id, address) for row_id, _, address, _, key in rows if address and not key]
         )
-        _key_unkeyed(cur, [(row_id, address) for row_id, _, address, _, key in rows if address and not key])
-        _forget_erased(cur, [r[0] for r in rows])
+        webhook_events.forget_erased(cur, [r[0] for r in rows])
         metrics.webhook_events(event for _, event, *_ in rows)
     return len(rows)
 
 
-def _forget_erased(cur, ids: list[int]) -> None:
-    """SendGrid keeps reporting on mail sent before an erasure (opens, clicks, weeks later). Once
-    applied, such an event is not kept: the suppressions row is all we keep of an erased address."""
-    cur.execute(
-        "DELETE FROM webhook_events w USING suppressions s WHERE w.id = ANY(%s) "
-        "AND s.email = w.canonical_email AND s.reason = 'erased'",
-        (ids,),
-    )
-
-
-def _key_unkeyed(cur, keys: list[tuple[int, str]]) -> None:
-    """Events stored without their canonical address (by a web process of the previous release,
-    during a deploy) get it, so that an erasure finds them."""
-    if keys:
-        cur.execute(
-            "UPDATE webhook_events w SET canonical_email = v.key FROM unnest(%s::bigint[], %s::text[]) "
-            "AS v(id, key) WHERE w.id = v.id AND w.canonical_email IS NULL",
-            ([i for i, _ in keys], [k for _, k in keys]),
-        )
+def erase_counts(cur: db.Cursor, mail_kind: str, mail_ids: list[int]) -> None:
+    """The per-mail counters of these mails (an erased subscriber's digests: one person's mail)."""
+    cur.execute("DELETE FROM mail_event_counts WHERE mail_kind = %s AND mail_id = ANY(%s)", (mail_kind, mail_ids))
 
 
 def enqueue(ids: list[int]) -> None:
@@ -271,12 +250,7 @@ def enqueue(ids: list[int]) -> None:
 
 def requeue_unprocessed() -> int:
     """Scheduler tick: re-enqueue stored events still unprocessed a minute after they arrived."""
-    rows = db.query(
-        "SELECT id FROM webhook_events WHERE processed_at IS NULL "
-        "AND received_at < now() - make_interval(secs => %s) ORDER BY id LIMIT %s",
-        (REQUEUE_AFTER_SECONDS, REQUEUE_MAX),
-    )
-    ids = [r[0] for r in rows]
+    ids = webhook_events.unprocessed(REQUEUE_AFTER_SECONDS, REQUEUE_MAX)
     if ids:
         log.info("re-enqueueing %d unprocessed webhook events", len(ids))
         enqueue(ids)

@@ -23,7 +23,7 @@ import orjson
 
 from app.platform import config, db, http
 from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
-from tracking import webhook_apply
+from tracking import webhook_apply, webhook_events
 
 log = logging.getLogger("tracking.webhook_intake")
 
@@ -73,12 +73,6 @@ class StoreResult:
     new_ids: list = field(default_factory=list)
 
 
-INSERT_SQL = (
-    "INSERT INTO webhook_events (sg_event_id, event, email, payload, canonical_email) VALUES %s "
-    "RETURNING id, sg_event_id"
-)
-
-
 def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
     """Insert several requests' rows in the caller's transaction. A sg_event_id repeated within the
     group belongs to its first request; the others count it as a duplicate. Each row is stored with
@@ -97,7 +91,7 @@ def insert_jobs(cur, jobs: list[list[tuple]]) -> list[StoreResult]:
     unique.sort(key=lambda r: r[0])
     keyed = [(*row, None if row[2] is None else webhook_apply.address_of(row[2])) for row in unique]
     inserted = db.execute_values(
-        cur, INSERT_SQL, keyed, template="(%s, %s, %s, %s::jsonb, %s)", page_size=len(keyed), fetch=True
+        cur, webhook_events.INSERT_SQL, keyed, template=webhook_events.INSERT_TEMPLATE, page_size=len(keyed), fetch=True
     )
     for row_id, sg_id in inserted:
         r = results[owner[sg_id]]

@@ -1,46 +1,30 @@
 """`python -m app stop-sending --reason …` and `python -m app resume-sending`: the emergency stop
-for all outgoing mail (app/platform/mail_stop.py), from a shell."""
+for all outgoing mail (app/operations/sending.py, audited under the login name), from a shell."""
 
 from __future__ import annotations
 
-import getpass
-
 from app.cli.output import print_json
-from app.newsletter import kick
+from app.operations import sending
+from app.operations.audit import Operator
 from app.platform import db, mail_stop
-from digest import plan
-
-
-def _operator() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:
-        return "cli"
 
 
 def cmd_stop(args) -> int:
     db.init()
-    print_json(mail_stop.engage(_operator(), args.reason))
+    print_json(sending.stop_sending(Operator.shell(), args.reason))
     return 0
 
 
 def cmd_resume(args) -> int:
     db.init()
-    was_stopped = mail_stop.release(_operator())
-    print_json(
-        {
-            "stopped": False,
-            "was_stopped": was_stopped,
-            "digest_runs_requeued": plan.forget_enqueued(),
-            "newsletters_restarted": kick.restart_sending(),
-        }
-    )
+    print_json({"stopped": False, **sending.resume_sending(Operator.shell())})
     return 0
 
 
 def cmd_status(args) -> int:
     db.init()
-    print_json({"stopped": mail_stop.state() is not None, **(mail_stop.state() or {})})
+    state = mail_stop.state()
+    print_json({"stopped": state is not None, **(state or {})})
     return 0
 
 

@@ -10,7 +10,7 @@ import logging
 import redis as redis_lib
 
 from app.newsletter import messages
-from app.platform import config, db, queue
+from app.platform import config, queue
 
 log = logging.getLogger("app.newsletter.kick")
 
@@ -69,13 +69,11 @@ def continue_chain(newsletter_id: int, delay_ms: int = 0) -> None:
     queue.send(messages.SEND_BATCH, newsletter_id, delay_ms=delay_ms)
 
 
-def restart_sending() -> list[int]:
-    """After the emergency stop is released: send chains for every newsletter that is `sending`
-    (they ended when they met the stop). Extra chains only claim rows nobody holds."""
-    restarted = [row[0] for row in db.query("SELECT id FROM newsletters WHERE status = 'sending'")]
-    for newsletter_id in restarted:
+def restart_sending(newsletter_ids: list[int]) -> None:
+    """After the emergency stop is released: send chains for these newsletters (they were `sending`:
+    their chains ended when they met the stop). Extra chains only claim rows nobody holds."""
+    for newsletter_id in newsletter_ids:
         try:
             send_chains(newsletter_id)
         except Exception as exc:  # the row is the truth: the scheduler's reclaim re-kicks
             log.error("newsletter %s: could not restart its send chains (%s); the next tick will", newsletter_id, exc)
-    return restarted

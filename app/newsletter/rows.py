@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 
+from app.platform import db
 from app.platform.mail_stop import NOT_ENGAGED
 from app.subscribers import mailable
 from app.subscribers.streams import NEWSLETTERS
@@ -135,15 +136,6 @@ WHERE n.status = 'sending' AND n.outbox_completed_at IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM email_log e WHERE e.newsletter_id = n.id AND e.status IN ('pending', 'sending'))
 RETURNING n.id
 """
-
-# Erasure (app/subscribers/records.py erase, a step of it): a newsletter's audience lists user_ids
-# (jsonb {"kind": "user_ids", "user_ids": [...]}, app/newsletter/service.py). Run last, so the
-# newsletter rows it changes stay locked for the shortest time (a pause or cancel of one waits for
-# it; the outbox's inserts do not: a non-key update).
-ERASE_FROM_AUDIENCES = (
-    "UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', "
-    "(audience -> 'user_ids') - %(user_id)s) WHERE audience -> 'user_ids' ? %(user_id)s"
-)
 
 # -- email_log ---------------------------------------------------------------------------------
 # not_before: the moment the subscriber's zone reaches the newsletter's local_time, computed per zone
@@ -266,3 +258,28 @@ UPDATE email_log SET status = 'pending', attempts = 0, next_attempt_at = NULL,
        error = 'retry requested after: ' || coalesce(error, '')
 WHERE newsletter_id = %s AND status = 'failed'
 """
+
+
+def sending_ids(cur: db.Cursor) -> list[int]:
+    """The newsletters now `sending` (to restart their chains when the emergency stop is released)."""
+    cur.execute("SELECT id FROM newsletters WHERE status = 'sending' ORDER BY id")
+    return [row[0] for row in cur.fetchall()]
+
+
+# -- right to erasure: this domain's steps (app/operations/erasure.py composes every domain's) -------
+def addresses_mailed(cur: db.Cursor, subscriber_id: int) -> set[str]:
+    """Every address this subscriber was sent newsletters at (it may have changed since), as stored."""
+    cur.execute("SELECT DISTINCT email FROM email_log WHERE subscriber_id = %s", (subscriber_id,))
+    return {row[0] for row in cur.fetchall()}
+
+
+def erase_from_audiences(cur: db.Cursor, user_id: str) -> None:
+    """A newsletter's audience lists user_ids (jsonb {"kind": "user_ids", "user_ids": [...]},
+    app/newsletter/service.py): this one leaves every list. Run last in the erasure, so the newsletter
+    rows it changes stay locked for the shortest time (a pause or cancel of one waits for it; the
+    outbox's inserts do not: a non-key update)."""
+    cur.execute(
+        "UPDATE newsletters SET audience = jsonb_set(audience, '{user_ids}', (audience -> 'user_ids') - %s) "
+        "WHERE audience -> 'user_ids' ? %s",
+        (user_id, user_id),
+    )

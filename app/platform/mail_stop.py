@@ -8,25 +8,19 @@ Engaged, it is one row in `mail_stop`; released, none. Where it takes effect:
     mails not started go back to `pending` without an attempt counted;
   - test sends are refused.
 Released, nothing is lost: digest runs due meanwhile go out at the scheduler's next tick (late),
-and every newsletter that was sending continues where it stopped. The callers of release() (the
-CLI command, the dashboard) restart both: `digest.plan.forget_enqueued()` lets the checker enqueue
-runs whose messages found the stop, `app.newsletter.kick.restart_sending()` enqueues send chains
-(the scheduler's reclaim would too, once their alive marks expire).
-
-`python -m app stop-sending --reason …` / `resume-sending`, the dashboard's button, and
-`notify_mail_stopped` in /metrics are the ways in and out.
+and every newsletter that was sending continues where it stopped. Engaging and releasing are
+app/operations/sending.py's (audited, and the release restarts both senders); the CLI's
+`stop-sending --reason …` / `resume-sending` and the dashboard's button call it, and
+`notify_mail_stopped` in /metrics shows the state.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from psycopg2.extensions import connection as Connection
 
 from app.platform import db
-
-log = logging.getLogger("app.platform.mail_stop")
 
 # For the claim statements: a condition true while mail may go out.
 NOT_ENGAGED = "NOT EXISTS (SELECT 1 FROM mail_stop)"
@@ -49,27 +43,19 @@ def state() -> dict[str, Any] | None:
     return {"engaged_at": at.isoformat(), "engaged_by": by, "reason": reason}
 
 
-def engage(by: str, reason: str = "") -> dict[str, Any]:
-    """Stop all outgoing mail (idempotent: a second stop keeps the first one's time and reason)."""
-    inserted = db.query(_ENGAGE, (by, reason.strip()[:500]))
-    if inserted:
-        log.warning("EMERGENCY STOP engaged by %s: %s", by, reason or "(no reason given)")
-    return {"stopped": True, "already": not inserted, **(state() or {})}
+def engage(cur: db.Cursor, by: str, reason: str) -> bool:
+    """Stop all outgoing mail, in the caller's transaction. False if it was engaged already (a second
+    stop keeps the first one's time and reason)."""
+    cur.execute(_ENGAGE, (by, reason))
+    return cur.fetchone() is not None
 
 
-def release(by: str) -> bool:
-    """Let mail go out again (the caller restarts the senders: see above). False if it was not engaged."""
-    released = db.query(_RELEASE)
-    if released:
-        at, stopped_by, reason = released[0]
-        log.warning(
-            "emergency stop released by %s (engaged %s by %s: %s)",
-            by,
-            at.isoformat(),
-            stopped_by,
-            reason or "no reason given",
-        )
-    return bool(released)
+def release(cur: db.Cursor) -> tuple[Any, ...] | None:
+    """Let mail go out again, in the caller's transaction (who restarts the senders: see above).
+    (engaged_at, engaged_by, reason) of the stop released; None if it was not engaged."""
+    cur.execute(_RELEASE)
+    row: tuple[Any, ...] | None = cur.fetchone()
+    return row
 
 
 def engaged_on(conn: Connection) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import orjson
@@ -11,7 +10,7 @@ from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJso
 from app.platform import db, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
 from app.platform.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
-from app.subscribers import streams, suppressions
+from app.subscribers import streams
 
 CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -351,71 +350,32 @@ def reset_soft_bounces(cur, subscriber_id: int | None, address: str) -> None:
     cur.execute(f"UPDATE subscribers SET soft_bounce_count = 0 WHERE {where} AND soft_bounce_count > 0", params)
 
 
-# Right to erasure, in one transaction. What is deleted, anonymised and kept is listed in the
-# README (API, DELETE). Kept: the address in `suppressions` (reason 'erased'), the minimum needed to
-# never mail it again (honouring the objection needs the address: GDPR art. 17(3)(b), 21(3));
-# a hash would force every suppression check (claims, outbox, webhooks) to match on hashes.
-# Addresses are compared by their canonical form (README "Address identity"), so every spelling
-# SendGrid reported an event under is found and the suppression kept is the canonical one.
-# Raw SendGrid events carry the address (and our custom_args carry the subscriber id).
-ERASE_WEBHOOK_EVENTS = (
-    "DELETE FROM webhook_events WHERE canonical_email = ANY(%(addresses)s) "
-    "OR payload ->> 'subscriber_id' = %(sid_text)s"
-)
-ERASE_STEPS = (
-    suppressions.KEEP_ERASED,
-    # A digest is one person's mail: its links (URLs from their events), opens and counters go.
-    # Deleting the links cascades to their click history and legacy codes.
-    "DELETE FROM email_links WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
-    "DELETE FROM email_link_history WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
-    "DELETE FROM mail_event_counts WHERE mail_kind = 'digest' AND mail_id = ANY(%(run_ids)s)",
-    # Newsletter clicks/opens stay as anonymous counts so the newsletter's statistics stay right.
-    "UPDATE email_link_history SET subscriber_id = NULL, ip = NULL, user_agent = NULL WHERE subscriber_id = %(sid)s",
-    "UPDATE legacy_link_codes SET subscriber_id = NULL WHERE subscriber_id = %(sid)s",
-    # Cascades to digest_runs and email_log (the outbox rows, with the address at send time).
-    "DELETE FROM subscribers WHERE id = %(sid)s",
-)
+def ids_by_address(addresses: list[str]) -> dict[str, int]:
+    """{canonical address: the lowest subscriber id with it} for the addresses that have one."""
+    if not addresses:
+        return {}
+    rows = db.query(
+        "SELECT canonical_email, min(id) FROM subscribers WHERE canonical_email = ANY(%s) GROUP BY canonical_email",
+        (addresses,),
+    )
+    return dict(rows)
 
 
-def erase(user_id: str, steps_above: Sequence[str] = ()) -> bool:
-    """Right to erasure: everything about the subscriber is deleted or anonymised, their address
-    stays suppressed. True if a subscriber existed (their events, and what `steps_above` erase,
-    are deleted either way).
-
-    `steps_above`: the statements of the domains above this one that hold the user_id, each run
-    last in the same transaction with the parameter %(user_id)s — a newsletter's audience
-    (app/newsletter/rows.py ERASE_FROM_AUDIENCES, passed by the API's DELETE)."""
-    with db.raw_cursor() as cur:
-
-        def execute(sql, params):
-            cur.execute(sql, params)
-            return cur
-
-        execute("DELETE FROM digest_events WHERE user_id = %s", (user_id,))
-        row = execute("SELECT id, canonical_email FROM subscribers WHERE user_id = %s", (user_id,)).fetchone()
-        if row is None:
-            for statement in steps_above:
-                execute(statement, {"user_id": user_id})
-            return False
-        params = {"sid": row[0], "sid_text": str(row[0]), "user_id": user_id, **_erasure_scope(execute, *row)}
-        # Before any lock the webhook worker may wait for (this subscriber row, the suppression
-        # key): it locks its webhook_events rows first, so taking them first too cannot deadlock.
-        execute(ERASE_WEBHOOK_EVENTS, params)
-        locked = execute("SELECT canonical_email FROM subscribers WHERE id = %s FOR UPDATE", (row[0],)).fetchone()
-        if locked is None:  # erased concurrently
-            return False
-        params["address"] = locked[0]  # the address as of now, should it have just changed
-        for statement in (*ERASE_STEPS, *steps_above):
-            execute(statement, params)
-        return True
+# -- right to erasure: this domain's steps (app/operations/erasure.py composes every domain's) -------
+def find(cur: db.Cursor, user_id: str) -> tuple[int, str] | None:
+    """(id, canonical address) of the subscriber with this user_id, unlocked."""
+    cur.execute("SELECT id, canonical_email FROM subscribers WHERE user_id = %s", (user_id,))
+    row = cur.fetchone()
+    return (row[0], row[1]) if row else None
 
 
-def _erasure_scope(execute, sid: int, address: str) -> dict:
-    """Every address the subscriber was mailed at (it may have changed), canonical, and their
-    digest runs."""
-    addresses = {address} | {
-        canonical(e)
-        for (e,) in execute("SELECT DISTINCT email FROM email_log WHERE subscriber_id = %s", (sid,)).fetchall()
-    }
-    run_ids = [r for (r,) in execute("SELECT id FROM digest_runs WHERE subscriber_id = %s", (sid,)).fetchall()]
-    return {"addresses": sorted(addresses), "run_ids": run_ids}
+def lock(cur: db.Cursor, subscriber_id: int) -> str | None:
+    """Lock the row for the rest of the transaction; its canonical address as of now (None: gone)."""
+    cur.execute("SELECT canonical_email FROM subscribers WHERE id = %s FOR UPDATE", (subscriber_id,))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def delete(cur: db.Cursor, subscriber_id: int) -> None:
+    """The row itself; its digest runs and outbox rows (with the address at send time) cascade."""
+    cur.execute("DELETE FROM subscribers WHERE id = %s", (subscriber_id,))

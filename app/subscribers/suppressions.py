@@ -1,28 +1,30 @@
 """The suppression list: every statement that writes `suppressions` (one row per canonical
 address, README "Address identity"). Whether an address may be mailed is read through
 app/subscribers/mailable.py; the dashboard's search and audited removal are in
-app/web/admin/suppressions.py, which calls `remove` here.
+app/operations/suppressions.py, which calls `remove` here.
 
 Writers: a SendGrid event (bounce, block, spam report, unsubscribe, too many soft bounces:
-tracking/webhook_apply.py), erasure (records.erase, reason 'erased', which no later event
-replaces), an operator's removal, and the canonical-form backfill (app/subscribers/rekey.py).
+tracking/webhook_apply.py), erasure (app/operations/erasure.py, reason 'erased', which no later
+event replaces), an operator's removal, and the canonical-form backfill (app/subscribers/rekey.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
 
 from app.platform import db
 
 COLUMNS = "id, email, reason, source, created_at"
 
-# Erasure keeps the address, and any earlier reason in `source` (bounce, spamreport...: not
-# personal, useful to support). A step of records.ERASE_STEPS: named parameter %(address)s.
-KEEP_ERASED = (
-    "INSERT INTO suppressions (email, reason, source) VALUES (%(address)s, 'erased', 'erasure') "
-    "ON CONFLICT (email) DO UPDATE SET reason = 'erased', "
-    "source = 'erasure, was ' || suppressions.reason WHERE suppressions.reason <> 'erased'"
-)
+
+@dataclass(frozen=True)
+class Suppression:
+    id: int
+    email: str  # canonical
+    reason: str
+    source: str | None
+    created_at: datetime
 
 
 def suppress(cur: db.Cursor, address: str, reason: str, source: str) -> None:
@@ -34,11 +36,22 @@ def suppress(cur: db.Cursor, address: str, reason: str, source: str) -> None:
         )
 
 
-def remove(cur: db.Cursor, suppression_id: int) -> tuple[Any, ...] | None:
-    """Delete one row; returns it (COLUMNS), None when it was already gone."""
+def keep_erased(cur: db.Cursor, address: str) -> None:
+    """Erasure keeps the canonical address, and any earlier reason in `source` (bounce, spamreport...:
+    not personal, useful to support); no later event replaces 'erased'."""
+    cur.execute(
+        "INSERT INTO suppressions (email, reason, source) VALUES (%s, 'erased', 'erasure') "
+        "ON CONFLICT (email) DO UPDATE SET reason = 'erased', "
+        "source = 'erasure, was ' || suppressions.reason WHERE suppressions.reason <> 'erased'",
+        (address,),
+    )
+
+
+def remove(cur: db.Cursor, suppression_id: int) -> Suppression | None:
+    """Delete one row; returns it, None when it was already gone."""
     cur.execute(f"DELETE FROM suppressions WHERE id = %s RETURNING {COLUMNS}", (suppression_id,))
-    row: tuple[Any, ...] | None = cur.fetchone()
-    return row
+    row = cur.fetchone()
+    return Suppression(*row) if row else None
 
 
 def merge_into_canonical(cur: db.Cursor, row_id: int, key: str) -> int:

@@ -1,9 +1,9 @@
 """Database time per stored event, before and after the partitioning of digest_events: the same
-5,000-event group commits (app/ingest.insert_rows' statement shape) into
+5,000-event group commits (digest/ingest.py insert_rows' statement shape) into
 
   before   the schema before 0520: a plain table, INSERT ... ON CONFLICT (source, producer_id)
   after    the full schema: monthly partitions, the key claimed by digest_events_claim_key()
-           (migration 0520), the application's INSERT as shipped (app/ingest.INSERT_SQL)
+           (migration 0520), the application's INSERT as shipped (app/events.INSERT_SQL)
   after+oc the same with ON CONFLICT DO NOTHING appended (why the application dropped it)
   nofeed   the full schema before the feed summary (up to 0679): what feed_entities' insert
            trigger (migration 0680) costs is after - nofeed
@@ -36,13 +36,13 @@ import psycopg2  # noqa: E402
 import psycopg2.extras  # noqa: E402
 
 from app.platform import config, migrate  # noqa: E402
-from digest import ingest  # noqa: E402
+from digest import events  # noqa: E402
 from scripts.bench.shared import record  # noqa: E402
 
 config.reload()
 BASE = "postgresql://127.0.0.1"
-OLD_SQL = ingest.INSERT_SQL.replace("RETURNING", "ON CONFLICT (source, producer_id) DO NOTHING RETURNING")
-WITH_OC = ingest.INSERT_SQL.replace("RETURNING", "ON CONFLICT DO NOTHING RETURNING")
+OLD_SQL = events.INSERT_SQL.replace("RETURNING", "ON CONFLICT (source, producer_id) DO NOTHING RETURNING")
+WITH_OC = events.INSERT_SQL.replace("RETURNING", "ON CONFLICT DO NOTHING RETURNING")
 
 
 def fresh(name: str, last: str | None) -> str:
@@ -114,8 +114,8 @@ def main() -> int:
     }
     variants = {
         "before": ("before", OLD_SQL),
-        "nofeed": ("nofeed", ingest.INSERT_SQL),
-        "after": ("after", ingest.INSERT_SQL),
+        "nofeed": ("nofeed", events.INSERT_SQL),
+        "after": ("after", events.INSERT_SQL),
         "after+oc": ("after", WITH_OC),
     }
     for conn in conns.values():
@@ -123,9 +123,9 @@ def main() -> int:
             for start in range(0, args.existing, 50_000):
                 psycopg2.extras.execute_values(
                     cur,
-                    ingest.INSERT_SQL,
+                    events.INSERT_SQL,
                     rows(f"seed{start}", 50_000, None),
-                    template=ingest.INSERT_TEMPLATE,
+                    template=events.INSERT_TEMPLATE,
                     page_size=50_000,
                 )
             conn.commit()
@@ -141,7 +141,7 @@ def main() -> int:
             with conn.cursor() as cur:
                 started = time.perf_counter()
                 stored = psycopg2.extras.execute_values(
-                    cur, sql, batch, template=ingest.INSERT_TEMPLATE, page_size=len(batch), fetch=True
+                    cur, sql, batch, template=events.INSERT_TEMPLATE, page_size=len(batch), fetch=True
                 )
                 conn.commit()
                 times[variant].append((time.perf_counter() - started) * 1e6 / len(batch))

@@ -1,4 +1,4 @@
--- migrate: python digest.marks:backfill_txid
+-- migrate: python digest.events:backfill_txid
 -- Issue 26.2, step 2 of 3: the events stored before 0690 that no digest has handled get a txid that
 -- every snapshot shows ('1': committed before anything), so the first digest after the upgrade
 -- reads them and its mark covers them. Events already marked (digest_run_id set) keep NULL: no

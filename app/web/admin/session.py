@@ -2,10 +2,11 @@
 
 The browser gets `notify_admin` = a random token signed with SECRET_KEY (itsdangerous, timestamped:
 a cookie older than ADMIN_SESSION_HOURS is refused before any lookup; fallback keys still verify
-after a rotation). Only the token's sha256 is stored, in `admin_sessions`, with the API key id and
-the expiry. Every request looks the session up together with its key, so signing out, an expired
-session or a revoked (or no longer admin) key ends access at once — a copied cookie is worth
-nothing after sign-out. The API key itself is never stored in the cookie or the session.
+after a rotation). Only the token's sha256 is stored, in `admin_sessions`
+(app/platform/admin_sessions.py), with the API key id and the expiry. Every request looks the
+session up together with its key, so signing out, an expired session or a revoked (or no longer
+admin) key ends access at once — a copied cookie is worth nothing after sign-out. The API key itself
+is never stored in the cookie or the session.
 
 Cookie attributes: HttpOnly (no script reads it), SameSite=Strict (never sent on a cross-site
 request: a first line against CSRF, the form tokens are the second), Path=/admin, Max-Age = the
@@ -25,7 +26,7 @@ import itsdangerous
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.platform import config, db
+from app.platform import admin_sessions, config
 
 COOKIE = "notify_admin"
 COOKIE_PATH = "/admin"
@@ -67,13 +68,7 @@ def _printable(text: str | None) -> str:
 def start(key_id: int, ip: str | None, user_agent: str | None) -> str:
     """A new session for this admin key; the signed cookie value. Long-expired sessions are swept."""
     token = secrets.token_urlsafe(32)
-    with db.raw_cursor() as cur:
-        cur.execute("DELETE FROM admin_sessions WHERE expires_at < now() - interval '7 days'")
-        cur.execute(
-            "INSERT INTO admin_sessions (token_hash, api_key_id, expires_at, ip, user_agent) "
-            "VALUES (%s, %s, now() + make_interval(secs => %s), %s, %s)",
-            (_hash(token), key_id, lifetime_seconds(), ip, _printable(user_agent)),
-        )
+    admin_sessions.create(_hash(token), key_id, lifetime_seconds(), ip, _printable(user_agent))
     return _signer().sign(token).decode()
 
 
@@ -88,20 +83,13 @@ def token_from_cookie(request: Request) -> str | None:
         return None
 
 
-_LOOKUP_SQL = """
-SELECT s.id, k.id, k.name FROM admin_sessions s JOIN api_keys k ON k.id = s.api_key_id
-WHERE s.token_hash = %s AND s.ended_at IS NULL AND s.expires_at > now()
-  AND k.revoked_at IS NULL AND k.scope = 'admin'
-"""
-
-
 def lookup(token: str) -> AdminSession | None:
-    rows = db.query(_LOOKUP_SQL, (_hash(token),))
-    return AdminSession(*rows[0], token) if rows else None  # type: ignore[call-arg]  # every field but token
+    row = admin_sessions.lookup(_hash(token))
+    return AdminSession(*row, token) if row else None  # type: ignore[call-arg]  # every field but token
 
 
 def end(session_id: int) -> None:
-    db.query("UPDATE admin_sessions SET ended_at = now() WHERE id = %s AND ended_at IS NULL", (session_id,))
+    admin_sessions.end(session_id)
 
 
 def set_cookie(response: Response, request: Request, value: str) -> None:

@@ -27,9 +27,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.operations import audit, sending
+from app.operations.suppressions import remove_suppression
 from app.platform import apikeys, mail_stop
 from app.platform.validation import plain_int
-from app.web.admin import charts, newsletters, render, sending, session, stats, suppressions, throttle
+from app.web.admin import charts, newsletters, render, session, stats, suppressions, throttle
 from app.web.pages import common, csrf
 from tracking.machines import client_ip
 
@@ -48,6 +50,10 @@ NOTICES = {
 
 def _client(request: Request) -> str | None:
     return client_ip(request.headers.get("x-forwarded-for"), request.client.host if request.client else None)
+
+
+def _operator(request: Request, current: session.AdminSession) -> audit.Operator:
+    return audit.Operator(current.key_name, current.key_id, _client(request), current.id)
 
 
 def signed_in(endpoint):
@@ -269,7 +275,7 @@ async def suppression_list(request: Request, current) -> Response:
             400,
         )
     rows, has_next = await run_in_threadpool(suppressions.search, query, number)
-    audit = await run_in_threadpool(suppressions.recent_audit)
+    recent = await run_in_threadpool(audit.recent)
     notice = NOTICES.get(request.query_params.get("notice", ""))
     return render.page(
         request,
@@ -281,7 +287,7 @@ async def suppression_list(request: Request, current) -> Response:
             "page_number": number,
             "has_next": has_next,
             "search_error": None,
-            "audit": audit,
+            "audit": recent,
             "notice": notice,
             "fmt": render,
         },
@@ -344,9 +350,7 @@ async def suppression_remove(request: Request, current) -> Response:
             current,
             422,
         )
-    removed = await run_in_threadpool(
-        suppressions.remove, sid, current.key_id, current.key_name, _client(request), note, current.id
-    )
+    removed = await run_in_threadpool(remove_suppression, _operator(request, current), sid, note)
     if removed is None:
         return render.redirect("/admin/suppressions?notice=already-removed")
     log.info("suppression %s removed by API key %s (%s)", sid, current.key_id, current.key_name)
@@ -371,7 +375,7 @@ async def sending_stop(request: Request, current) -> Response:
             "stopped: the next operator reads it on the dashboard. Nothing changed.",
             current,
         )
-    await run_in_threadpool(sending.stop, current.key_id, current.key_name, _client(request), reason, current.id)
+    await run_in_threadpool(sending.stop_sending, _operator(request, current), reason)
     log.warning(
         "all outgoing mail stopped from /admin by API key %s (%s): %s", current.key_id, current.key_name, reason
     )
@@ -383,7 +387,7 @@ async def sending_resume(request: Request, current) -> Response:
     form = await _checked_form(request, current)
     if isinstance(form, Response):
         return form
-    await run_in_threadpool(sending.resume, current.key_id, current.key_name, _client(request), current.id)
+    await run_in_threadpool(sending.resume_sending, _operator(request, current))
     log.warning("sending resumed from /admin by API key %s (%s)", current.key_id, current.key_name)
     return render.redirect("/admin?notice=resumed")
 

@@ -8,11 +8,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.newsletter import rows as newsletter_rows
+from app.operations.audit import Operator
+from app.operations.erasure import erase_subscriber
 from app.platform.http import ApiError, FastJSONResponse, read_json, read_put_body, validation_error
 from app.platform.openapi import Operation, api_route
 from app.platform.validation import Text, check
 from app.subscribers import records as subscribers
+from tracking.machines import client_ip
 
 # What Postgres text can hold (no U+0000), declared once for the check and the OpenAPI document.
 _USER_ID = TypeAdapter(Text(200, min_length=1))
@@ -67,7 +69,10 @@ async def get_subscriber(request: Request):
 
 
 async def delete_subscriber(request: Request):
-    erased = await run_in_threadpool(subscribers.erase, _user_id(request), (newsletter_rows.ERASE_FROM_AUDIENCES,))
+    key = request.state.principal
+    peer = request.client.host if request.client else None
+    operator = Operator(key.name, key.key_id, client_ip(request.headers.get("x-forwarded-for"), peer))
+    erased = await run_in_threadpool(erase_subscriber, _user_id(request), operator)
     if not erased:
         raise ApiError(404, "not_found", "no subscriber with that user_id")
     return Response(status_code=204)

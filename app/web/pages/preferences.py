@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.operations import opt_out
 from app.platform import timezones
 from app.platform.validation import plain_int
 from app.subscribers import records as subscribers
@@ -252,11 +253,11 @@ async def preferences_submit(request: Request, token: str, subscriber: dict, cla
         await run_in_threadpool(subscription.set_paused_until, sid, version, None)
         notice = "resumed"
     elif action == "unsubscribe":
-        await run_in_threadpool(subscription.unsubscribe, sid, version, None)
+        await run_in_threadpool(opt_out.unsubscribe, sid, version, None)
         log.info("subscriber %s unsubscribed from the preference centre", sid)
         notice = "unsubscribed"
     else:
-        await run_in_threadpool(subscription.resubscribe, sid, version, None)
+        await run_in_threadpool(opt_out.resubscribe, sid, version, None)
         log.info("subscriber %s resubscribed from the preference centre", sid)
         notice = "resubscribed"
     return common.back_to(_page_url(token), notice)

@@ -2,9 +2,9 @@
 them in a thread).
 
 The row (records.load_by_id) and the writes are app/subscribers/records.py's (the one writer of
-`subscribers`): unsubscribe, resubscribe and resume are keyed on (id, token_version), so a token
-revoked between page load and submit changes nothing there; preference saves go through
-subscribers.update().
+`subscribers`); unsubscribe and resubscribe are app/operations/opt_out.py's. Both are keyed on (id,
+token_version), so a token revoked between page load and submit changes nothing; preference saves
+go through subscribers.update().
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from app.platform import db
 from app.subscribers import categories as category_registry
 from app.subscribers import records as subscribers
 from app.subscribers import streams
-from digest import runs as digest_runs
 
 # How many topic checkboxes the preference centre shows at most; opt-outs are always shown.
 MAX_SHOWN_CATEGORIES = subscribers.MAX_CATEGORIES
@@ -53,28 +52,6 @@ def save_preferences(subscriber_id: int, values: dict) -> None:
 
 def set_paused_until(subscriber_id: int, token_version: int, until) -> None:
     subscribers.set_paused_until(subscriber_id, token_version, until)
-
-
-def unsubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
-    """Idempotent; stops what the token scope names (app/subscribers/streams.py). Returns whether
-    the row matched (False = token revoked meanwhile)."""
-    target = streams.target(scope)
-    with db.raw_cursor() as cur:
-        if not subscribers.stop(cur, subscriber_id, token_version, target):
-            return False
-        if target.kind == streams.EVERYTHING:
-            # Claims check unsubscribed_at anyway; cancelling queued runs now also keeps the
-            # operator's view honest (a run will not show as pending for someone who left). A
-            # stopped digest stream needs nothing here: the schedule trigger (migration 0004)
-            # cancels the pending runs, and claims skip any other ("cadence changed").
-            digest_runs.cancel_pending(cur, subscriber_id, "unsubscribed")
-        return True
-
-
-def resubscribe(subscriber_id: int, token_version: int, scope: str | None) -> bool:
-    """Undoes unsubscribe() for the same scope (subscribers.restart)."""
-    with db.raw_cursor() as cur:
-        return subscribers.restart(cur, subscriber_id, token_version, streams.target(scope))
 
 
 def is_stopped(subscriber: dict, target: streams.Target) -> bool:

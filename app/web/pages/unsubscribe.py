@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.operations import opt_out
 from app.platform import tokens
 from app.subscribers import streams
 from app.web.pages import common, csrf, subscription
@@ -84,7 +85,7 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
     if common.text(posted, ONE_CLICK_FIELD) == ONE_CLICK_VALUE or action is None:
         # RFC 8058 one-click (a bare POST to the List-Unsubscribe URL counts too: only a mail
         # client or the user acts by POST; scanners GET). No redirect, no cookie.
-        await run_in_threadpool(subscription.unsubscribe, sid, version, scope)
+        await run_in_threadpool(opt_out.unsubscribe, sid, version, scope)
         log.info("subscriber %s unsubscribed by one-click POST (scope=%s)", sid, scope)
         target = streams.target(scope)
         return common.render(
@@ -95,7 +96,7 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
 
     if action in ("unsubscribe", "unsubscribe_all"):
         scope = scope if action == "unsubscribe" else None
-        await run_in_threadpool(subscription.unsubscribe, sid, version, scope)
+        await run_in_threadpool(opt_out.unsubscribe, sid, version, scope)
         log.info("subscriber %s unsubscribed from the confirmation page (scope=%s)", sid, scope)
         notice = "unsubscribed"
     elif action in ("resubscribe", "resubscribe_all"):
@@ -110,7 +111,7 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
                 "Open the page again and resubmit.",
                 _page_url(token),
             )
-        await run_in_threadpool(subscription.resubscribe, sid, version, scope)
+        await run_in_threadpool(opt_out.resubscribe, sid, version, scope)
         log.info("subscriber %s resubscribed (scope=%s)", sid, scope)
         notice = "resubscribed"
     else:
