@@ -63,7 +63,7 @@ pgbouncer:
 # pytest-xdist workers for the suite (TEST_WORKERS=0: one process). Each worker has its own
 # database and Redis db, derived from TEST_DATABASE_URL / TEST_REDIS_URL (tests/conftest.py).
 # 4, twice the 2 cores of the machines it runs on: many tests wait on processes and sockets, and 3
-# workers left the cores idle a quarter of the time (docs/testing.md measures 3, 4 and 5).
+# workers left the cores idle a quarter of the time (docs/history.md measures 3, 4 and 5).
 TEST_WORKERS ?= 4
 # One test at a time per worker, the slow ones first (tests/conftest.py orders them): the drills start
 # early instead of ending the run alone.
@@ -112,7 +112,7 @@ test-pure: install
 		$(BIN)/python -m pytest -m pure $(PYTEST_ARGS)
 
 # Every benchmark once, each beside its naive baseline or peer, into one report: BENCHMARKS.md,
-# docs/benchmarks.json and docs/benchmarks.png (about two hours, the soak one of them; see README "Tests and benchmarks").
+# docs/benchmarks.json and docs/benchmarks.png (about two hours, the soak one of them; see docs/testing.md "Benchmarks").
 bench: migrate
 	@sh scripts/dev/apt-install.sh wrk /usr/bin/wrk "the click benchmark uses its own asyncio client"
 	$(BIN)/python scripts/bench/report.py $(BENCH_ARGS)

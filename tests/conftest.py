@@ -199,7 +199,7 @@ WHERE t.relnamespace = 'public'::regnamespace
 class _Emptier:
     """Empties the tables a test wrote. DELETE with triggers and foreign keys off (session_replication_role,
     superusers only) plus setval of the owned sequences leaves what TRUNCATE ... RESTART IDENTITY CASCADE
-    leaves, without TRUNCATE's new files per table and their fsync: docs/testing.md has the figures.
+    leaves, without TRUNCATE's new files per table and their fsync: docs/history.md has the figures.
     Without the right to skip triggers, TRUNCATE."""
 
     def __init__(self, cur):
@@ -274,7 +274,7 @@ def process_not_stopping():
 def clean_db(request):
     """Every test starts from empty tables and ids from 1 (actors and writer threads commit on
     their own connections, so a per-test rollback cannot isolate them). Only the tables the last
-    test wrote are emptied (_Emptier; docs/testing.md compares the ways to do it). Modules
+    test wrote are emptied (_Emptier; docs/history.md compares the ways to do it). Modules
     marked `pure` (grouping, ranking, rendering, codes, templates) never touch the database:
     `make test-pure` runs them with Postgres and Redis unreachable."""
     if request.node.get_closest_marker("pure"):

@@ -1,7 +1,7 @@
 """`notify COMMAND` (the console script) or `python -m app COMMAND`: operator commands, one module
 per area, each registering its own subcommands: core (migrate, API keys, settings, metrics
-exporter), scheduler (the scheduler process), digest (digest-now, preview-digest), newsletter,
-mail_stop (the emergency stop), tracking (legacy link import)."""
+exporter, rekey-addresses), scheduler (the scheduler process), digest (digest-now, preview-digest),
+newsletter (newsletter-status), mail_stop (the emergency stop), tracking (legacy link import)."""
 
 from __future__ import annotations
 

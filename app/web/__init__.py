@@ -1,4 +1,6 @@
-"""The web process: JSON API, tracking endpoints, subscriber pages, operator dashboard. `app.web:app` for uvicorn."""
+"""The web process, `app.web:app` for uvicorn: the JSON API (api/), click and open tracking,
+SendGrid's webhook, the subscriber pages (pages/), the operator dashboard (admin/), health and
+metrics, `/` and the `/docs` API reference, and /openapi.json generated from the routes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Mail providers behind one interface (base.py); chosen by MAIL_PROVIDER.
 
-  smtp      real smtplib, pooled connections reused across batches (app/platform/providers/smtp.py)
+  smtp      pooled connections reused across batches (app/platform/providers/smtp.py), driven by one
+            asyncio loop (smtp_async.py; a thread per connection with smtplib when SMTP_ASYNC=0),
+            sized by throughput and the relay's learned limit (smtp_sizing.py)
   file      writes .eml files to MAIL_FILE_DIR, for development (app/platform/providers/file.py)
   sendgrid  SendGrid v3 mail/send (app/platform/providers/sendgrid.py)
 

@@ -1,4 +1,5 @@
-"""Subscriber pages: the preference centre and the unsubscribe page (server-rendered, no JS).
+"""Subscriber pages: the preference centre, the unsubscribe page and a sent digest in the browser
+(server-rendered, no JS).
 
 Routes: GET/POST /preferences/{token}, GET/POST /u/{token}, GET /v/{token} (a sent digest in the
 browser), and /static for their stylesheet.
