@@ -4,6 +4,8 @@
                 HTTP and route declarations, tokens, API keys, metrics, mail building, providers
   subscribers/  DOMAIN: the people we mail (records, suppressions, "may we mail", categories, streams)
   newsletter/   DOMAIN: newsletter sends through a per-recipient outbox
+  operations/   OPERATIONS: changes that span domains, one function each (erasure, opt-out, the
+                emergency stop, suppression removal), with their transaction and audit row
   web/          ENTRY: the web process (JSON API, tracking, webhooks, subscriber pages, dashboard)
   cli/          ENTRY: `notify` (= `python -m app`, __main__.py) and the scheduler process
 

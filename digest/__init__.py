@@ -2,6 +2,7 @@
 
 In the order of the flow:
   ingest      events in: the Event model and its group-commit writer (2xx = committed)
+  events      the one owner of digest_events: the insert, events marked one by one, erasure
   plan        slots and planning, the checker that enqueues due runs, the watchdog, digest-now
   immediate   send-now runs (cadence `immediately`, priority high, "send now" categories)
   claim       a batch of due runs claimed, with the claim-time checks
