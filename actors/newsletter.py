@@ -56,14 +56,14 @@ def create_outbox(newsletter_id: int) -> None:
 )
 def send_batch(newsletter_id: int) -> None:
     stats = sender.send_batch(int(newsletter_id))
-    if stats["claimed"]:
+    if stats.claimed:
         log.info(
             "newsletter %s: claimed %d sent %d failed %d retry %d suppressed %d (%s)",
             newsletter_id,
-            stats["claimed"],
-            stats["sent"],
-            stats["failed"],
-            stats["retry"],
-            stats["suppressed"],
-            stats["outcome"],
+            stats.claimed,
+            stats.sent,
+            stats.failed,
+            stats.retry,
+            stats.suppressed,
+            stats.outcome,
         )

@@ -14,16 +14,16 @@ def start(newsletter_id: int, audience=None) -> None:
     outbox.create_outbox(newsletter_id)
 
 
-def drain(newsletter_id: int, provider, max_rounds: int = 1000, max_wait: float = 10.0) -> list[dict]:
+def drain(newsletter_id: int, provider, max_rounds: int = 1000, max_wait: float = 10.0) -> list[sender.SendStats]:
     """Run the send loop in process until it would stop, sleeping where the actor would re-enqueue
     itself with a delay (throttle, backoff) — this stands in for Dramatiq's delayed message."""
     rounds = []
     for _ in range(max_rounds):
         stats = sender.send_batch(newsletter_id, provider=provider, reenqueue=False, budget_seconds=60)
         rounds.append(stats)
-        if stats["retry_in"] is None:
+        if stats.retry_in is None:
             break
-        time.sleep(min(max_wait, stats["retry_in"]))
+        time.sleep(min(max_wait, stats.retry_in))
     return rounds
 
 

@@ -19,8 +19,9 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, note
 from hypothesis import settings as hsettings
 
-from app.newsletter import sender, template
-from app.platform import apikeys, config, db, mail
+from app.newsletter import sender
+from app.newsletter.rows import Claimed
+from app.platform import apikeys, db, mail
 from app.platform.providers.file import FileProvider
 from app.platform.providers.sendgrid import SendGridProvider, build_requests
 from app.platform.providers.smtp import SMTPProvider
@@ -29,7 +30,6 @@ from app.web import app
 from digest.build import build_digests
 from digest.claim import ClaimedRun
 from tests import factories
-from tracking.links import LinkRewriter
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 PUT_SUBSCRIBER = schema["/v1/subscribers/{user_id}"]["PUT"]
@@ -95,21 +95,10 @@ def newsletter_mail(newsletter_id: int, record: dict):
     ((subject, html, text, from_addr),) = db.query(
         "SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,)
     )
-    compiled = template.compiled_for(newsletter_id, subject, html, text)
-    return sender._render(
-        newsletter_id,
-        1,
-        record["id"],
-        record["email"],
-        record["name"],
-        record["user_id"],
-        1,
-        record["tracking_opt_out"],
-        compiled,
-        LinkRewriter("newsletter", newsletter_id),
-        from_addr,
-        config.get(),
+    row = Claimed(
+        1, "sending", 1, record["id"], record["email"], record["name"], record["user_id"], 1, record["tracking_opt_out"]
     )
+    return sender.Renderer.load(newsletter_id, subject, html, text, from_addr).render(row)
 
 
 def test_every_subscriber_and_newsletter_the_api_accepts_builds_a_mail(providers):

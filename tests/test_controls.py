@@ -71,10 +71,10 @@ class Chains:
     def _chain(self) -> None:
         while True:
             stats = sender.send_batch(self.newsletter_id, reenqueue=False, budget_seconds=5)
-            self.outcomes.append((stats["claimed"], stats["sent"], stats["released"], stats["outcome"]))
-            if stats["retry_in"] is None:
+            self.outcomes.append((stats.claimed, stats.sent, stats.released, stats.outcome))
+            if stats.retry_in is None:
                 return
-            time.sleep(stats["retry_in"])
+            time.sleep(stats.retry_in)
 
     def __enter__(self):
         for t in self.threads:
@@ -191,7 +191,7 @@ def test_emergency_stop_holds_digests_and_newsletters_within_a_second_and_loses_
     # While it holds: nothing is claimed or sent, test sends are refused, and it is visible.
     before = len(slow_relay.raw)
     assert digest_send.process(run_ids=runs) == {"sent": 0, "skipped": 0, "retry": 0, "failed": 0}
-    assert "all mail is stopped" in sender.send_batch(nl, reenqueue=False)["outcome"]
+    assert "all mail is stopped" in sender.send_batch(nl, reenqueue=False).outcome
     refused = client.post(f"/v1/newsletters/{nl}/test", headers=auth(admin_key), json={"to": ["x@example.com"]})
     assert refused.status_code == 409 and refused.json()["error"] == "sending_stopped"
     assert len(slow_relay.raw) == before

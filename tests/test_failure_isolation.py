@@ -125,14 +125,14 @@ def test_newsletter_batch_sends_99_and_isolates_the_poisoned_one(kind, channel, 
     nl.start(newsletter_id)
     poison(kind, poisoned_address(kind))
     if kind == "template":
-        real = newsletter_sender._render
+        real = newsletter_sender.Renderer.render
 
-        def render(newsletter_id, row_id, sub_id, email, name, user_id, *args):
-            if user_id == f"u{POISON}":
+        def render(renderer, row):
+            if row.user_id == f"u{POISON}":
                 raise KeyError("a value nobody expected")
-            return real(newsletter_id, row_id, sub_id, email, name, user_id, *args)
+            return real(renderer, row)
 
-        monkeypatch.setattr(newsletter_sender, "_render", render)
+        monkeypatch.setattr(newsletter_sender.Renderer, "render", render)
 
     stats = newsletter_sender.send_batch(newsletter_id, provider=provider, reenqueue=False, budget_seconds=60)
 
@@ -146,9 +146,9 @@ def test_newsletter_batch_sends_99_and_isolates_the_poisoned_one(kind, channel, 
     bad = rows.pop(f"u{POISON}")
     assert set(rows.values()) == {"sent"} and len(rows) == N - 1
     if kind == "header":
-        assert stats["sent"] == N and bad == "sent" and delivered() == N
+        assert stats.sent == N and bad == "sent" and delivered() == N
         return
-    assert stats["sent"] == N - 1 and stats["failed"] == 1 and bad == "failed" and delivered() == N - 1
+    assert stats.sent == N - 1 and stats.failed == 1 and bad == "failed" and delivered() == N - 1
     (error,) = db.query(
         "SELECT error FROM email_log e JOIN subscribers s ON s.id = e.subscriber_id WHERE s.user_id = %s",
         (f"u{POISON}",),

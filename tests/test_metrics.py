@@ -227,7 +227,7 @@ def test_newsletter_provider_failures_count_as_retries(client, admin_key, fake, 
     stats = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=60)
     after = scrape(client, admin_key)
     delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
-    assert value(delta, "notify_newsletter_recipients_total", state="retry") == stats["retry"] == 3
+    assert value(delta, "notify_newsletter_recipients_total", state="retry") == stats.retry == 3
     assert value(delta, "notify_provider_calls_total", provider="sendgrid", result="transient") == 1
 
 

@@ -60,6 +60,6 @@ def test_the_send_loop_measures_its_provider_time(redis_client, settings):
         nl = factories.newsletter()
         start(nl)
         stats = sender.send_batch(nl, reenqueue=False, budget_seconds=60)
-    assert stats["sent"] == 30 and counts(nl) == {"sent": 30}
-    assert stats["provider_seconds"] >= 0.02 * 3  # three batches, each waited for at least one reply
-    assert stats["grew"] is False  # reenqueue=False: never adds chains
+    assert stats.sent == 30 and counts(nl) == {"sent": 30}
+    assert stats.provider_seconds >= 0.02 * 3  # three batches, each waited for at least one reply
+    assert stats.grew is False  # reenqueue=False: never adds chains

@@ -1,5 +1,5 @@
-"""app/newsletter/rows.py owns newsletters and email_log: every statement, applied in every status,
-makes only the transitions its docstring lists — and together they make all of them."""
+"""app/newsletter/rows.py owns newsletters and email_log: every transition function, applied in every
+status, makes only the transitions its docstring lists — and together they make all of them."""
 
 from __future__ import annotations
 
@@ -38,48 +38,46 @@ def _execute(sql, params):
         cur.execute(sql, params)
 
 
+def _call(function, *args):
+    with db.raw_cursor() as cur:
+        function(cur, *args)
+
+
 def _mark(status):
-    def apply(nid, sid, rid):
-        with db.raw_cursor() as cur:
-            psycopg2.extras.execute_values(
-                cur, rows.MARK, [(rid, status, None, None, None, 0)], template=rows.MARK_TEMPLATE
-            )
-
-    return apply
+    return lambda nid, sid, rid: _call(rows.mark, [rows.Mark(rid, status, None, None, None, 0)])
 
 
+TOMORROW = datetime.now(UTC) + timedelta(days=1)
 NEWSLETTER_OPS = {
-    "queue": lambda nid: _execute(rows.QUEUE, ('{"kind": "all"}', None, nid)),
-    "schedule": lambda nid: _execute(
-        rows.SCHEDULE, ('{"kind": "all"}', None, datetime.now(UTC) + timedelta(days=1), nid)
-    ),
-    "start_scheduled": lambda nid: _execute(rows.START_SCHEDULED, None),
-    "start_sending": lambda nid: _execute(rows.START_SENDING, (nid,)),
-    "outbox_complete": lambda nid: _execute(rows.OUTBOX_COMPLETE, (nid,)),
-    "pause": lambda nid: _execute(rows.PAUSE, (nid,)),
-    "resume": lambda nid: _execute(rows.RESUME, (nid,)),
-    "cancel": lambda nid: _execute(rows.CANCEL, (nid,)),
-    "reopen": lambda nid: _execute(rows.REOPEN, (nid,)),
-    "done_one": lambda nid: _execute(rows.DONE, {"nl": nid}),
-    "done_any": lambda nid: _execute(rows.DONE, {"nl": None}),
+    "queue": lambda nid: _call(rows.queue, nid, '{"kind": "all"}', None),
+    "schedule": lambda nid: _call(rows.schedule, nid, '{"kind": "all"}', None, TOMORROW),
+    "start_scheduled": lambda nid: _call(rows.start_scheduled),
+    "start_sending": lambda nid: _call(rows.start_sending, nid),
+    "outbox_complete": lambda nid: _call(rows.outbox_complete, nid),
+    "pause": lambda nid: _call(rows.pause, nid),
+    "resume": lambda nid: _call(rows.resume, nid),
+    "cancel": lambda nid: _call(rows.cancel, nid),
+    "reopen": lambda nid: _execute(rows.REOPEN, (nid,)),  # retry_failed's second step, on its own
+    "finish_one": lambda nid: _call(rows.finish, nid),
+    "finish_any": lambda nid: _call(rows.finish, None),
 }
 
 ROW_OPS = {
-    "insert_range": lambda nid, sid, rid: _execute(
-        rows.INSERT_RANGE, {**rows.NO_LOCAL_TIME, "nl": _newsletter(NewsletterStatus.SENDING), "lo": sid - 1, "hi": sid}
+    "fill_range": lambda nid, sid, rid: _call(
+        rows.fill_range, _newsletter(NewsletterStatus.SENDING), sid - 1, sid, rows.NO_LOCAL_TIME
     ),
-    "claim": lambda nid, sid, rid: _execute(rows.CLAIM, {"nl": nid, "limit": 10, "after": 0}),
+    "claim": lambda nid, sid, rid: _call(rows.claim, nid, 10, 0),
     "mark_sent": _mark("sent"),
     "mark_failed": _mark("failed"),
     "mark_pending": _mark("pending"),
     "mark_bogus": _mark("cancelled"),  # MARK only ever writes an outcome of a send
-    "reclaim": lambda nid, sid, rid: _execute(rows.RECLAIM, (60,)),
-    "cancel_pending": lambda nid, sid, rid: _execute(rows.CANCEL_PENDING_CHUNK, (nid, 100)),
-    "retry_failed": lambda nid, sid, rid: _execute(rows.RETRY_FAILED, (nid,)),
-    "release": lambda nid, sid, rid: _execute(rows.RELEASE, ([rid],)),
+    "reclaim": lambda nid, sid, rid: _call(rows.reclaim, 60),
+    "cancel_pending": lambda nid, sid, rid: _call(rows.cancel_pending, nid, 100),
+    "retry_failed": lambda nid, sid, rid: _call(rows.retry_failed, nid),
+    "release": lambda nid, sid, rid: _call(rows.release, [rid]),
     "release_cancelled": lambda nid, sid, rid: (
         _execute("UPDATE newsletters SET status = 'cancelled' WHERE id = %s", (nid,)),
-        _execute(rows.RELEASE, ([rid],)),
+        _call(rows.release, [rid]),
     ),
 }
 
@@ -95,7 +93,8 @@ def test_newsletter_statements_make_only_documented_transitions_and_all_of_them(
                 pair = (status, NewsletterStatus(after))
                 assert pair in NEWSLETTER_TRANSITIONS, f"{name} made {pair}"
                 seen.add(pair)
-    ((created,),) = db.query(rows.CREATE, ("s", "<p>x</p>", None, None))
+    with db.raw_cursor() as cur:
+        created = rows.create(cur, "s", "<p>x</p>", None, None)
     assert db.query("SELECT status FROM newsletters WHERE id = %s", (created,)) == [("draft",)]
     seen.add((None, NewsletterStatus.DRAFT))
     assert NEWSLETTER_TRANSITIONS - seen == set()
@@ -120,13 +119,13 @@ def test_row_statements_make_only_documented_transitions_and_all_of_them():
     sid = factories.subscriber("gone")
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
     nid = _newsletter(NewsletterStatus.SENDING)
-    _execute(rows.INSERT_RANGE, {**rows.NO_LOCAL_TIME, "nl": nid, "lo": sid - 1, "hi": sid})
+    _call(rows.fill_range, nid, sid - 1, sid, rows.NO_LOCAL_TIME)
     seen.update(
         (None, RowStatus(s)) for (s,) in db.query("SELECT status FROM email_log WHERE newsletter_id = %s", (nid,))
     )
     nid, sid, rid = _row(RowStatus.PENDING)
     db.query("UPDATE subscribers SET unsubscribed_at = now() WHERE id = %s", (sid,))
-    _execute(rows.CLAIM, {"nl": nid, "limit": 10, "after": 0})
+    _call(rows.claim, nid, 10, 0)
     ((now,),) = db.query("SELECT status FROM email_log WHERE id = %s", (rid,))
     seen.add((RowStatus.PENDING, RowStatus(now)))
     for pair in seen:

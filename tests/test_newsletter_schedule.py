@@ -50,7 +50,7 @@ def test_a_scheduled_newsletter_is_not_claimed_before_send_at_and_the_tick_start
     assert service.request_send(nl, {"kind": "all"}, send_at=_later(hours=1)) == "scheduled"
     # the outbox actor, should a message reach it, builds nothing; a send chain claims nothing
     assert outbox.create_outbox(nl) == 0
-    assert sender.send_batch(nl, provider=provider, reenqueue=False)["claimed"] == 0
+    assert sender.send_batch(nl, provider=provider, reenqueue=False).claimed == 0
     assert scheduler.run_hooks({"s": schedule.start_due}) == {"s": {"started": []}}
     assert reclaim.reclaim_stale()["outbox_kicked"] == []
     assert (newsletter_status(nl), _outbox_rows(nl), fake.calls) == ("scheduled", 0, 0)
@@ -217,7 +217,7 @@ def test_the_claim_skips_rows_until_their_local_time_and_the_send_finishes_after
     rounds = drain(nl, provider)
     assert [m["to"] for m in fake.delivered.values()] == ["utc@example.com"]
     assert counts(nl) == {"sent": 1, "pending": 1} and newsletter_status(nl) == "sending"
-    assert "not due for 60s or more" in rounds[-1]["outcome"] and rounds[-1]["retry_in"] is None
+    assert "not due for 60s or more" in rounds[-1].outcome and rounds[-1].retry_in is None
     # the tick does not wake send chains for rows not yet due
     assert reclaim.reclaim_stale()["chains_kicked"] == []
     status = service.status(nl)
@@ -235,7 +235,7 @@ def test_a_chain_sleeps_until_the_next_row_is_due_when_that_is_soon(fake, provid
     _due_in_utc_not_in_tokyo(nl)
     db.query("UPDATE email_log SET not_before = now() + interval '30 seconds'")
     stats = sender.send_batch(nl, provider=provider, reenqueue=False)
-    assert stats["claimed"] == 0 and 0.2 <= stats["retry_in"] <= 30
+    assert stats.claimed == 0 and 0.2 <= stats.retry_in <= 30
 
 
 def test_pause_and_cancel_a_partly_due_newsletter(fake, provider):
@@ -244,7 +244,7 @@ def test_pause_and_cancel_a_partly_due_newsletter(fake, provider):
     nl = factories.newsletter()
     _due_in_utc_not_in_tokyo(nl)
     assert service.pause(nl) == "paused"
-    assert sender.send_batch(nl, provider=provider, reenqueue=False)["claimed"] == 0
+    assert sender.send_batch(nl, provider=provider, reenqueue=False).claimed == 0
     assert service.resume(nl) == "sending"
     drain(nl, provider)
     assert counts(nl) == {"sent": 1, "pending": 1}

@@ -65,7 +65,7 @@ def test_default_batch_is_the_providers_own(fake, provider):
     nl = factories.newsletter()
     start(nl)
     first = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
-    assert first["claimed"] == 250 and fake.calls == 1
+    assert first.claimed == 250 and fake.calls == 1
 
 
 def test_suppressed_and_unsubscribed_are_never_sent(fake, provider):
@@ -153,7 +153,7 @@ def test_claims_move_forward_but_a_row_left_behind_is_still_sent_in_the_same_pas
     wrapped = LeavesOneBehind()
     stats = sender.send_batch(nl, provider=wrapped, reenqueue=False, budget_seconds=60)
     assert counts(nl) == {"sent": 40}
-    assert stats["claimed"] == 41 and wrapped.calls == 5  # 4 batches forward, then the one left behind
+    assert stats.claimed == 41 and wrapped.calls == 5  # 4 batches forward, then the one left behind
 
 
 def test_one_outbox_builder_at_a_time_and_a_dead_ones_lease_runs_out(monkeypatch, redis_client):
@@ -200,10 +200,10 @@ def test_pause_stops_claims_and_resume_continues_exactly(fake, provider, setting
     nl = factories.newsletter()
     start(nl)
     first = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
-    assert first["sent"] == 10
+    assert first.sent == 10
     service.pause(nl)
     paused = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=60)
-    assert paused["claimed"] == 0 and counts(nl) == {"sent": 10, "pending": 45}
+    assert paused.claimed == 0 and counts(nl) == {"sent": 10, "pending": 45}
     assert fake.calls == 1
     assert service.resume(nl) == "sending"
     drain(nl, provider)
@@ -227,7 +227,7 @@ def test_pause_mid_batch_lets_claimed_rows_finish(fake, provider, settings):
             return provider.send_batch(mails, progress)
 
     stats = sender.send_batch(nl, provider=PausingProvider(), reenqueue=False, budget_seconds=60)
-    assert stats["claimed"] == 10 and stats["sent"] == 10
+    assert stats.claimed == 10 and stats.sent == 10
     assert counts(nl) == {"sent": 10, "pending": 20}
     service.resume(nl)
     drain(nl, provider)
@@ -242,7 +242,7 @@ def test_429_storm_slows_down_then_delivers_everything_once(fake, provider, sett
     start(nl)
     fake.throttle_for(1.5)
     rounds = drain(nl, provider)
-    assert any("throttled" in r["outcome"] for r in rounds)
+    assert any("throttled" in r.outcome for r in rounds)
     assert fake.status_counts[429] >= 1
     assert counts(nl) == {"sent": 100}
     assert len(assert_each_once(fake, nl)) == 100
@@ -257,7 +257,7 @@ def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, 
     start(nl)
     fake.fail_next(1, status=503)
     stats = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
-    assert stats["retry"] == 5 and counts(nl) == {"pending": 5}
+    assert stats.retry == 5 and counts(nl) == {"pending": 5}
     assert (
         db.query("SELECT count(*) FROM email_log WHERE next_attempt_at IS NOT NULL AND error LIKE 'SendGrid 503%%'")[0][
             0
@@ -266,7 +266,7 @@ def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, 
     )
     fake.fail_next(1, status=503)
     stats = sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
-    assert stats["failed"] == 5 and counts(nl) == {"failed": 5}
+    assert stats.failed == 5 and counts(nl) == {"failed": 5}
     drain(nl, provider)
     assert newsletter_status(nl) == "done"
     assert fake.delivered_count == 0
@@ -311,7 +311,7 @@ def test_reclaim_moves_stale_sending_rows_back_and_rekicks(fake, provider, setti
     nl = factories.newsletter()
     start(nl)
     # A worker claimed a batch and died: rows stuck in `sending`.
-    claimed = db.thread_connection.run(sender.rows.CLAIM, {"nl": nl, "limit": 10, "after": 0})
+    claimed = db.thread_connection.call(sender.rows.claim, nl, 10, 0)
     assert len(claimed) == 10
     from app.newsletter import reclaim
 

@@ -117,7 +117,7 @@ def test_newsletter_rows_sent_during_an_outage_are_marked_when_postgres_returns(
             newsletter_id, provider=RestartAfterSend(provider, proxy), reenqueue=False, budget_seconds=60
         )
         provider.close()
-        assert stats["sent"] == 20
+        assert stats.sent == 20
         assert nl.counts(newsletter_id) == {"sent": 20}
         assert sum(fake.accepted_keys.values()) == 20  # once each
     assert db.query("SELECT count(*) FROM email_log WHERE attempts <> 1")[0][0] == 0

@@ -72,17 +72,16 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
 def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk, due: dict) -> int:
     started = time.monotonic()
     # Sending starts with the first chunk; chains idle-wait while the rest is written.
-    db.thread_connection.run(rows.START_SENDING, (newsletter_id,))
+    db.thread_connection.call(rows.start_sending, newsletter_id)
     inserted, kicked, analyzed_at = 0, False, 0
-    for params in _chunks(newsletter_id, audience, chunk_ids, due):
+    for fill in _chunks(newsletter_id, audience, chunk_ids, due):
         state = db.thread_connection.run("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))
         if not state or state[0][0] == "cancelled":
             # Rows written after the cancel's own sweep would otherwise linger as `pending`.
             cancel_pending_rows(newsletter_id)
             log.info("outbox: newsletter %s cancelled while building; stopped", newsletter_id)
             return inserted
-        sql = rows.INSERT_USER_IDS if "user_ids" in params else rows.INSERT_RANGE
-        inserted += db.thread_connection.run(sql, params, fetch=False)
+        inserted += db.thread_connection.call(*fill)
         if inserted and inserted >= analyzed_at * ANALYZE_GROWTH:
             refresh_planner_statistics()
             analyzed_at = inserted
@@ -93,7 +92,7 @@ def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk, due: di
             on_chunk(inserted)
     if inserted > analyzed_at:
         refresh_planner_statistics()
-    db.thread_connection.run(rows.OUTBOX_COMPLETE, (newsletter_id,))
+    db.thread_connection.call(rows.outbox_complete, newsletter_id)
     if not kicked:
         _start_sending(newsletter_id)  # re-run that inserted nothing new: pending rows may remain
     log.info(
@@ -123,14 +122,15 @@ def refresh_planner_statistics() -> bool:
 
 
 def _chunks(newsletter_id: int, audience: dict, chunk_ids: int, due: dict):
+    """(rows function, its arguments after the cursor) per chunk of the audience."""
     if audience.get("kind") == "user_ids":
         user_ids = audience.get("user_ids", [])
         for i in range(0, len(user_ids), CHUNK_USER_IDS):
-            yield {**due, "nl": newsletter_id, "user_ids": user_ids[i : i + CHUNK_USER_IDS]}
+            yield rows.fill_user_ids, newsletter_id, user_ids[i : i + CHUNK_USER_IDS], due
         return
     lo, hi = db.thread_connection.run("SELECT coalesce(min(id), 0) - 1, coalesce(max(id), 0) FROM subscribers")[0]
     while lo < hi:
-        yield {**due, "nl": newsletter_id, "lo": lo, "hi": min(lo + chunk_ids, hi)}
+        yield rows.fill_range, newsletter_id, lo, min(lo + chunk_ids, hi), due
         lo += chunk_ids
 
 
@@ -146,7 +146,7 @@ def cancel_pending_rows(newsletter_id: int) -> int:
     become one long write lock, and an interrupted cancel is still a cancel (claims stopped first)."""
     cancelled = 0
     while True:
-        n = db.execute(rows.CANCEL_PENDING_CHUNK, (newsletter_id, CANCEL_CHUNK))
+        n = db.call(rows.cancel_pending, newsletter_id, CANCEL_CHUNK)
         cancelled += n
         if n < CANCEL_CHUNK:
             return cancelled

@@ -38,9 +38,9 @@ SELECT n.id FROM newsletters n WHERE n.status = 'sending' AND CASE WHEN n.local_
 
 def reclaim_stale() -> dict:
     settings = config.get()
-    reclaimed_rows = db.thread_connection.run(rows.RECLAIM, (settings.reclaim_after_seconds,))
+    reclaimed_rows = db.thread_connection.call(rows.reclaim, settings.reclaim_after_seconds)
     reclaimed: dict[int, int] = {}
-    for (newsletter_id,) in reclaimed_rows:
+    for newsletter_id in reclaimed_rows:
         reclaimed[newsletter_id] = reclaimed.get(newsletter_id, 0) + 1
     for newsletter_id, n in reclaimed.items():
         log.warning("newsletter %s: %d stale sending row(s) back to pending", newsletter_id, n)
@@ -71,12 +71,12 @@ def reclaim_stale() -> dict:
         except Exception as exc:
             log.error("newsletter %s: could not re-kick send chains: %s", newsletter_id, exc)
     # A newsletter whose last rows were finished by a worker that died before the done check.
-    finished = db.thread_connection.run(rows.DONE, {"nl": None})
+    finished = db.thread_connection.call(rows.finish, None)
     if kicked_outbox or kicked_chains:
         log.info("reclaim: outbox re-kicked for %s, send chains for %s", kicked_outbox, kicked_chains)
     return {
         "reclaimed_rows": len(reclaimed_rows),
         "outbox_kicked": kicked_outbox,
         "chains_kicked": kicked_chains,
-        "finished": [r[0] for r in finished],
+        "finished": finished,
     }

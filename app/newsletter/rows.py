@@ -37,6 +37,8 @@ tests/test_newsletter_rows.py walks every transition and checks no statement mak
 from __future__ import annotations
 
 import enum
+from datetime import datetime, time
+from typing import Any, NamedTuple
 
 from app.platform import db
 from app.platform.mail_stop import NOT_ENGAGED
@@ -258,6 +260,139 @@ UPDATE email_log SET status = 'pending', attempts = 0, next_attempt_at = NULL,
        error = 'retry requested after: ' || coalesce(error, '')
 WHERE newsletter_id = %s AND status = 'failed'
 """
+
+
+# -- the transitions, one function each (every write of the two tables goes through one) ----------
+class Claimed(NamedTuple):
+    """An outbox row as a claim returns it, with what rendering needs of its subscriber."""
+
+    id: int
+    status: str  # 'sending', or 'suppressed' when the recipient may no longer be mailed
+    attempts: int
+    subscriber_id: int
+    email: str
+    name: str | None
+    user_id: str
+    token_version: int
+    tracking_opt_out: bool
+
+
+class Mark(NamedTuple):
+    """The outcome of one row a send loop sent (or tried to)."""
+
+    id: int
+    status: str  # 'sent', 'failed' or 'pending' (retried after next_attempt_at)
+    message_id: str | None
+    error: str | None
+    next_attempt_at: datetime | None
+    refund: int  # 1: the claim's attempt does not count (a throttle is not the row's fault)
+
+
+def create(cur: db.Cursor, subject: str, html: str, text: str | None, from_addr: str | None) -> int:
+    cur.execute(CREATE, (subject, html, text, from_addr))
+    return int(cur.fetchone()[0])
+
+
+def queue(cur: db.Cursor, newsletter_id: int, audience: str, local_time: time | None) -> bool:
+    """draft or scheduled -> queued (the outbox builder is kicked by the caller). False: not possible now."""
+    cur.execute(QUEUE, (audience, local_time, newsletter_id))
+    return cur.fetchone() is not None
+
+
+def schedule(cur: db.Cursor, newsletter_id: int, audience: str, local_time: time | None, send_at: datetime) -> bool:
+    """draft or scheduled -> scheduled, changed whole. False: not possible now."""
+    cur.execute(SCHEDULE, (audience, local_time, send_at, newsletter_id))
+    return cur.fetchone() is not None
+
+
+def start_scheduled(cur: db.Cursor) -> list[int]:
+    """scheduled -> queued for every newsletter whose send_at has come; their ids."""
+    cur.execute(START_SCHEDULED)
+    return [row[0] for row in cur.fetchall()]
+
+
+def start_sending(cur: db.Cursor, newsletter_id: int) -> None:
+    cur.execute(START_SENDING, (newsletter_id,))
+
+
+def outbox_complete(cur: db.Cursor, newsletter_id: int) -> None:
+    cur.execute(OUTBOX_COMPLETE, (newsletter_id,))
+
+
+def pause(cur: db.Cursor, newsletter_id: int) -> bool:
+    cur.execute(PAUSE, (newsletter_id,))
+    return cur.fetchone() is not None
+
+
+def resume(cur: db.Cursor, newsletter_id: int) -> tuple[bool, bool]:
+    """paused -> sending: (resumed, whether its outbox was complete)."""
+    cur.execute(RESUME, (newsletter_id,))
+    row = cur.fetchone()
+    return (row is not None, row is not None and row[0] is not None)
+
+
+def cancel(cur: db.Cursor, newsletter_id: int) -> bool:
+    cur.execute(CANCEL, (newsletter_id,))
+    return cur.fetchone() is not None
+
+
+def retry_failed(cur: db.Cursor, newsletter_id: int) -> int:
+    """failed rows -> pending (attempts start again), and a done newsletter sending again; how many."""
+    cur.execute(RETRY_FAILED, (newsletter_id,))
+    requeued = int(cur.rowcount)
+    if requeued:
+        cur.execute(REOPEN, (newsletter_id,))
+    return requeued
+
+
+def finish(cur: db.Cursor, newsletter_id: int | None) -> list[int]:
+    """sending -> done for this newsletter (None: every one) once nothing is pending or sending."""
+    cur.execute(DONE, {"nl": newsletter_id})
+    return [row[0] for row in cur.fetchall()]
+
+
+def may_send(cur: db.Cursor, newsletter_id: int) -> tuple[str, bool]:
+    """(status, whether mail may go out at all): read by a send loop between two mails."""
+    cur.execute(MAY_SEND, (newsletter_id,))
+    status, allowed = cur.fetchone()
+    return status, bool(allowed)
+
+
+def fill_range(cur: db.Cursor, newsletter_id: int, lo: int, hi: int, due: dict[str, Any]) -> int:
+    """Outbox rows for the subscribers with lo < id <= hi; `due`: schedule.due_times(). How many."""
+    cur.execute(INSERT_RANGE, {**due, "nl": newsletter_id, "lo": lo, "hi": hi})
+    return int(cur.rowcount)
+
+
+def fill_user_ids(cur: db.Cursor, newsletter_id: int, user_ids: list[str], due: dict[str, Any]) -> int:
+    """Outbox rows for the subscribers with these user_ids; how many."""
+    cur.execute(INSERT_USER_IDS, {**due, "nl": newsletter_id, "user_ids": user_ids})
+    return int(cur.rowcount)
+
+
+def claim(cur: db.Cursor, newsletter_id: int, limit: int, after: int) -> list[Claimed]:
+    cur.execute(CLAIM, {"nl": newsletter_id, "limit": limit, "after": after})
+    return [Claimed(*row) for row in cur.fetchall()]
+
+
+def mark(cur: db.Cursor, marks: list[Mark]) -> None:
+    db.execute_values(cur, MARK, marks, template=MARK_TEMPLATE, page_size=1000)
+
+
+def release(cur: db.Cursor, row_ids: list[int]) -> None:
+    cur.execute(RELEASE, (row_ids,))
+
+
+def reclaim(cur: db.Cursor, older_than_seconds: float) -> list[int]:
+    """sending rows claimed longer ago than this -> pending; the newsletter of each."""
+    cur.execute(RECLAIM, (older_than_seconds,))
+    return [row[0] for row in cur.fetchall()]
+
+
+def cancel_pending(cur: db.Cursor, newsletter_id: int, limit: int) -> int:
+    """Up to `limit` pending rows -> cancelled; how many."""
+    cur.execute(CANCEL_PENDING_CHUNK, (newsletter_id, limit))
+    return int(cur.rowcount)
 
 
 def sending_ids(cur: db.Cursor) -> list[int]:

@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, time, timedelta
 
-from app.newsletter import kick
-from app.newsletter import rows as statements
+from app.newsletter import kick, rows
 from app.platform import db, timezones
 
 log = logging.getLogger("app.newsletter.schedule")
@@ -53,7 +52,7 @@ def start_due() -> dict[str, list[int]]:
     """Scheduler hook: `scheduled` newsletters whose send_at has come start (scheduled -> queued,
     one statement) and get their outbox built. Safe to run twice: a newsletter is started once;
     should the message be lost, the reclaimer re-kicks the outbox of a queued newsletter."""
-    started = [nid for (nid,) in db.thread_connection.run(statements.START_SCHEDULED)]
+    started = db.thread_connection.call(rows.start_scheduled)
     for newsletter_id in started:
         log.info("newsletter %s: scheduled send starts", newsletter_id)
         try:

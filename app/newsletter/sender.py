@@ -3,7 +3,7 @@ few seconds, then the chain re-enqueues itself (so digests on other queues get t
 and a pause is noticed at the next claim).
 
 Exactly-once per recipient rests on: the unique outbox row; the claim (`pending → sending` under
-FOR UPDATE SKIP LOCKED, so two workers never hold the same row; the statements are in rows.py);
+FOR UPDATE SKIP LOCKED, so two workers never hold the same row; the transitions are rows.py's);
 marking only rows still `sending`;
 and the per-row idempotency key for the one window no database can close (the provider accepted a
 batch and the worker died before committing `sent`: the reclaimer re-sends that batch with the
@@ -23,17 +23,22 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from app.newsletter import growth, kick, ratelimit, rows, template
+from app.newsletter.ratelimit import AdaptiveRateLimiter
+from app.newsletter.rows import Claimed, Mark
+from app.newsletter.template import Compiled
 from app.platform import config, db, host, mail, metrics, shutdown, tokens
+from app.platform.config import Settings
 from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.platform.providers import get_provider
 from app.platform.providers.base import (
     OutgoingMail,
     PermanentError,
     Progress,
+    Provider,
     SendResult,
     ThrottledError,
     TransientError,
@@ -61,153 +66,198 @@ def _load(newsletter_id: int):
     return rows[0] if rows else None
 
 
+@dataclass
+class SendStats:
+    """What one send_batch call did (for logs and tests)."""
+
+    claimed: int = 0
+    sent: int = 0
+    failed: int = 0
+    retry: int = 0
+    suppressed: int = 0
+    released: int = 0
+    outcome: str = ""
+    retry_in: float | None = None  # seconds after which the chain continues; None: it does not
+    provider_seconds: float = 0.0  # in successful provider calls (app/newsletter/growth.py)
+    grew: bool = False  # this call added send chains
+
+
+@dataclass
+class Renderer:
+    """One newsletter's mail to each recipient: the template compiled once, links tracked per mail."""
+
+    newsletter_id: int
+    compiled: Compiled
+    rewriter: LinkRewriter
+    from_addr: str | None
+    tracking: bool  # TRACKING (a recipient may still have opted out)
+
+    @classmethod
+    def load(cls, newsletter_id: int, subject: str, html: str, text: str | None, from_addr: str | None) -> Renderer:
+        compiled = template.compiled_for(newsletter_id, subject, html, text)
+        rewriter = LinkRewriter("newsletter", newsletter_id)
+        return cls(newsletter_id, compiled, rewriter, from_addr, config.get().tracking)
+
+    def render(self, row: Claimed) -> OutgoingMail:
+        # The newsletter stream's link: a one-click unsubscribe stops newsletters, not digests.
+        sub_id, token_version = row.subscriber_id, row.token_version
+        unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version, streams.NEWSLETTER_MAIL_SCOPE)
+        rendered = self.compiled.render(
+            {
+                "name": row.name or "",
+                "email": row.email,
+                "user_id": row.user_id,
+                "unsubscribe_url": unsubscribe_url,
+                "preferences_url": tokens.preferences_url(sub_id, token_version),
+            }
+        )
+        return OutgoingMail(
+            to=row.email,
+            to_name=row.name or "",
+            subject=rendered.subject,
+            html=self.rewriter.rewrite(rendered.html, sub_id, enabled=self.tracking and not row.tracking_opt_out),
+            text=rendered.text,
+            idempotency_key=f"newsletter-{self.newsletter_id}-row-{row.id}",
+            from_addr=self.from_addr,
+            headers=mail.unsubscribe_headers(unsubscribe_url),
+            custom_args={
+                "mail_kind": "newsletter",
+                "mail_id": str(self.newsletter_id),
+                "row_id": str(row.id),
+                "subscriber_id": str(sub_id),
+            },
+        )
+
+
+@dataclass
+class _Chain:
+    """What every batch of one send_batch call shares."""
+
+    newsletter_id: int
+    renderer: Renderer
+    provider: Provider
+    limiter: AdaptiveRateLimiter
+    settings: Settings
+    stats: SendStats
+
+
 def send_batch(
     newsletter_id: int, provider=None, budget_seconds: float = BUDGET_SECONDS, reenqueue: bool = True
-) -> dict:
+) -> SendStats:
     """Send batches for up to `budget_seconds`; returns what happened (for logs and tests).
     With reenqueue=False (tests, benchmark baseline) the chain is not continued."""
     settings = config.get()
-    # retry_in: the delay (seconds) the chain continues after; None when it does not continue.
-    stats: dict[str, Any] = {
-        "claimed": 0,
-        "sent": 0,
-        "failed": 0,
-        "retry": 0,
-        "suppressed": 0,
-        "released": 0,
-        "outcome": "",
-        "retry_in": None,
-        "provider_seconds": 0.0,
-        "grew": False,
-    }
+    stats = SendStats()
     row = _load(newsletter_id)
     if row is None or row[0] != "sending":
-        stats["outcome"] = f"not sending ({row[0] if row else 'missing'})"
+        stats.outcome = f"not sending ({row[0] if row else 'missing'})"
         return stats
     if row[6]:
-        stats["outcome"] = "all mail is stopped; releasing the stop restarts this newsletter"
+        stats.outcome = "all mail is stopped; releasing the stop restarts this newsletter"
         return stats
     _, subject, html, text, from_addr, _, _ = row
     if provider is None:
         provider = get_provider()
-    compiled = template.compiled_for(newsletter_id, subject, html, text)
     limiter = ratelimit.for_provider(provider.name)
     preferred = getattr(provider, "preferred_batch", provider.max_batch)
     batch_size = max(1, min(settings.send_batch_size or preferred, provider.max_batch))
     if limiter.ceiling > 0:  # at most one second's worth per call, so a low limit paces smoothly
         batch_size = max(1, min(batch_size, int(limiter.ceiling)))
-    rewriter = LinkRewriter("newsletter", newsletter_id)
+    renderer = Renderer.load(newsletter_id, subject, html, text, from_addr)
+    chain = _Chain(newsletter_id, renderer, provider, limiter, settings, stats)
     started = time.monotonic()
     deadline = started + budget_seconds
-    after = 0  # claim cursor (rows.CLAIM)
+    after = 0  # claim cursor (rows.claim)
 
     while True:
         # Checked before every claim, the first too: a message taken while the worker shuts down
         # (Dramatiq still hands out the chain's own continuation) claims nothing and passes the
         # chain on, a moment later so that this worker's other threads do not take it back at once.
         if shutdown.requested.is_set():
-            stats["outcome"], stats["retry_in"] = "worker stopping; continuing", HANDOFF_SECONDS
+            stats.outcome, stats.retry_in = "worker stopping; continuing", HANDOFF_SECONDS
             if reenqueue:
                 kick.continue_chain(newsletter_id, delay_ms=int(HANDOFF_SECONDS * 1000))
             return stats
         kick.mark_alive(newsletter_id)
         granted, wait = limiter.acquire(batch_size, max_wait=MAX_RATE_WAIT)
         if not granted:
-            stats["outcome"], stats["retry_in"] = f"rate limited for {wait:.1f}s", wait
+            stats.outcome, stats.retry_in = f"rate limited for {wait:.1f}s", wait
             if reenqueue:
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + wait)
                 kick.continue_chain(newsletter_id, delay_ms=int(wait * 1000))
             return stats
-        claimed = db.thread_connection.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size, "after": after})
+        claimed = db.thread_connection.call(rows.claim, newsletter_id, batch_size, after)
         if not claimed and after:
             after = 0
-            claimed = db.thread_connection.run(rows.CLAIM, {"nl": newsletter_id, "limit": batch_size, "after": after})
+            claimed = db.thread_connection.call(rows.claim, newsletter_id, batch_size, after)
         if not claimed:
             break
-        after = max(r[0] for r in claimed)
+        after = max(r.id for r in claimed)
         claimed_at = time.monotonic()
-        stats["claimed"] += len(claimed)
-        retry_after = _send_claimed(
-            newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats, claimed_at
-        )
+        stats.claimed += len(claimed)
+        retry_after = _send_claimed(chain, claimed, claimed_at)
         if retry_after is not None:  # throttled: everyone waits; this chain comes back after the reset
-            stats["outcome"], stats["retry_in"] = f"throttled for {retry_after:.1f}s", retry_after
+            stats.outcome, stats.retry_in = f"throttled for {retry_after:.1f}s", retry_after
             if reenqueue:
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + retry_after)
                 kick.continue_chain(newsletter_id, delay_ms=int(retry_after * 1000))
             return stats
         if (
             reenqueue
-            and not stats["grew"]
-            and growth.wants_more(stats["provider_seconds"], time.monotonic() - started, host.host_idle.share())
+            and not stats.grew
+            and growth.wants_more(stats.provider_seconds, time.monotonic() - started, host.host_idle.share())
         ):
-            stats["grew"] = growth.grow(
+            stats.grew = growth.grow(
                 newsletter_id, settings.newsletter_send_chains, settings.newsletter_send_chains_max
             )
         if time.monotonic() >= deadline:  # after a batch: a budget of 0 sends one
-            stats["outcome"], stats["retry_in"] = "budget used; continuing", 0.0
+            stats.outcome, stats.retry_in = "budget used; continuing", 0.0
             if reenqueue:
                 kick.continue_chain(newsletter_id)
             return stats
-    stats["outcome"], stats["retry_in"] = _when_idle(newsletter_id, reenqueue)
+    stats.outcome, stats.retry_in = _when_idle(newsletter_id, reenqueue)
     return stats
 
 
-def _send_claimed(
-    newsletter_id, claimed, compiled, rewriter, from_addr, provider, limiter, settings, stats, claimed_at
-):
+def _send_claimed(chain: _Chain, claimed: list[Claimed], claimed_at: float) -> float | None:
     """Render, send and record one claimed batch, recording as it goes and stopping between two
     mails when the newsletter may not go on. Returns seconds to back off if throttled."""
-    outcomes = _Outcomes(newsletter_id, settings, stats, claimed_at)
+    newsletter_id, stats = chain.newsletter_id, chain.stats
+    outcomes = _Outcomes(newsletter_id, chain.settings, stats, claimed_at)
     mails, mail_rows = [], []
-    for row_id, status, attempts, sub_id, email, name, user_id, token_version, tracking_opt_out in claimed:
-        if status == "suppressed":
-            stats["suppressed"] += 1
+    for row in claimed:
+        if row.status == "suppressed":
+            stats.suppressed += 1
             metrics.NEWSLETTER_RECIPIENTS.labels("suppressed").inc()
             continue
         try:
-            mails.append(
-                _render(
-                    newsletter_id,
-                    row_id,
-                    sub_id,
-                    email,
-                    name,
-                    user_id,
-                    token_version,
-                    tracking_opt_out,
-                    compiled,
-                    rewriter,
-                    from_addr,
-                    settings,
-                )
-            )
-            mail_rows.append((row_id, attempts))
+            mails.append(chain.renderer.render(row))
+            mail_rows.append((row.id, row.attempts))
         except Exception as exc:  # one recipient's render problem must not hold up the batch
-            log.exception("newsletter %s row %s: render failed", newsletter_id, row_id)
-            outcomes.marks.append((row_id, "failed", None, f"render failed: {exc}"[:1000], None, 0))
-            stats["failed"] += 1
+            log.exception("newsletter %s row %s: render failed", newsletter_id, row.id)
+            outcomes.marks.append(Mark(row.id, "failed", None, f"render failed: {exc}"[:1000], None, 0))
+            stats.failed += 1
     retry_after = None
     if mails:
         outcomes.rows = mail_rows
         progress = Progress(outcomes.flush, every=FLUSH_EVERY, interval=SEND_CHECK_SECONDS)
         called = time.monotonic()
         try:
-            results = provider.send_batch(mails, progress)
+            results = chain.provider.send_batch(mails, progress)
             if len(results) != len(mails):  # never leave a row `sending` because a provider miscounted
                 raise TransientError(f"provider returned {len(results)} results for {len(mails)} mails")
-            limiter.succeeded()
-            stats["provider_seconds"] += time.monotonic() - called  # successful calls only: a failing
+            chain.limiter.succeeded()
+            stats.provider_seconds += time.monotonic() - called  # successful calls only: a failing
             # provider is not a reason to add chains (app/newsletter/growth.py)
         except ThrottledError as exc:
             outcomes.take(progress.drain())
             retry_after = exc.retry_after if exc.retry_after is not None else 1.0
-            limiter.throttled(retry_after)
+            chain.limiter.throttled(retry_after)
             until = _now() + timedelta(seconds=retry_after)
             # A throttle is not the row's fault: refund the attempt.
             unrecorded = outcomes.unrecorded()
-            outcomes.marks.extend((mail_rows[i][0], "pending", None, str(exc)[:1000], until, 1) for i in unrecorded)
-            stats["retry"] += len(unrecorded)
+            outcomes.marks.extend(Mark(mail_rows[i][0], "pending", None, str(exc)[:1000], until, 1) for i in unrecorded)
+            stats.retry += len(unrecorded)
             log.warning(
                 "newsletter %s: %d row(s) throttled, retry in %.1fs", newsletter_id, len(unrecorded), retry_after
             )
@@ -233,12 +283,12 @@ class _Outcomes:
     """One claimed batch's outcomes, written as they come (Progress calls flush() on the chain's
     thread). Each row is recorded once: what a flush wrote is skipped at the end."""
 
-    def __init__(self, newsletter_id: int, settings, stats: dict, claimed_at: float):
+    def __init__(self, newsletter_id: int, settings: Settings, stats: SendStats, claimed_at: float):
         self.newsletter_id, self.settings, self.stats = newsletter_id, settings, stats
         self.deadline = db.write_deadline(claimed_at, settings.reclaim_after_seconds)
         self.rows: list[tuple[int, int]] = []  # (row id, attempts) by position in the batch
         self.recorded: set[int] = set()  # positions taken
-        self.marks: list[tuple] = []  # MARK rows not written yet
+        self.marks: list[Mark] = []  # not written yet
         self.released: list[int] = []  # row ids not started, not written yet
 
     def take(self, results: list[tuple[int, SendResult]]) -> None:
@@ -259,7 +309,7 @@ class _Outcomes:
         """Record what arrived; True when the newsletter may not go on (the provider stops)."""
         self.take(results)
         self.write()
-        status, may_send = db.thread_connection.run(rows.MAY_SEND, (self.newsletter_id,))[0]
+        status, may_send = db.thread_connection.call(rows.may_send, self.newsletter_id)
         return status != "sending" or not may_send
 
     def write(self) -> None:
@@ -269,7 +319,7 @@ class _Outcomes:
         if self.marks:
             marks = self.marks
             db.until_written(
-                lambda: db.thread_connection.execute_values(rows.MARK, marks, rows.MARK_TEMPLATE),
+                lambda: db.thread_connection.call(rows.mark, marks),
                 self.deadline,
                 f"newsletter {nl}: recording {len(marks)} outcomes",
             )
@@ -278,77 +328,33 @@ class _Outcomes:
         if self.released:
             released = self.released
             db.until_written(
-                lambda: db.thread_connection.run(rows.RELEASE, (released,), fetch=False),
+                lambda: db.thread_connection.call(rows.release, released),
                 self.deadline,
                 f"newsletter {nl}: releasing {len(released)} rows not sent",
             )
             self.released = []
-            self.stats["released"] += len(released)
+            self.stats.released += len(released)
             log.info(
                 "newsletter %s: stopped between two mails; %d claimed row(s) not sent were released", nl, len(released)
             )
 
 
-def _marks_for(results, mail_rows, settings, stats):
+def _marks_for(results, mail_rows, settings: Settings, stats: SendStats):
     for result, (row_id, attempts) in zip(results, mail_rows):
         if result.ok:
-            stats["sent"] += 1
-            yield (row_id, "sent", result.message_id, None, None, 0)
+            stats.sent += 1
+            yield Mark(row_id, "sent", result.message_id, None, None, 0)
         elif result.permanent or attempts >= settings.newsletter_max_attempts:
-            stats["failed"] += 1
-            yield (row_id, "failed", None, (result.error or "rejected")[:1000], None, 0)
+            stats.failed += 1
+            yield Mark(row_id, "failed", None, (result.error or "rejected")[:1000], None, 0)
         else:
-            stats["retry"] += 1
-            yield (row_id, "pending", None, (result.error or "transient")[:1000], _now() + backoff(attempts), 0)
+            stats.retry += 1
+            yield Mark(row_id, "pending", None, (result.error or "transient")[:1000], _now() + backoff(attempts), 0)
 
 
 def backoff(attempts: int) -> timedelta:
     seconds = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** max(0, attempts - 1))
     return timedelta(seconds=seconds * random.uniform(0.8, 1.2))
-
-
-def _render(
-    newsletter_id,
-    row_id,
-    sub_id,
-    email,
-    name,
-    user_id,
-    token_version,
-    tracking_opt_out,
-    compiled,
-    rewriter,
-    from_addr,
-    settings,
-) -> OutgoingMail:
-    # The newsletter stream's link: a one-click unsubscribe stops newsletters, not digests.
-    unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version, streams.NEWSLETTER_MAIL_SCOPE)
-    rendered = compiled.render(
-        {
-            "name": name or "",
-            "email": email,
-            "user_id": user_id,
-            "unsubscribe_url": unsubscribe_url,
-            "preferences_url": tokens.preferences_url(sub_id, token_version),
-        }
-    )
-    html = rewriter.rewrite(rendered.html, sub_id, enabled=settings.tracking and not tracking_opt_out)
-    return OutgoingMail(
-        to=email,
-        to_name=name or "",
-        subject=rendered.subject,
-        html=html,
-        text=rendered.text,
-        idempotency_key=f"newsletter-{newsletter_id}-row-{row_id}",
-        from_addr=from_addr,
-        headers=mail.unsubscribe_headers(unsubscribe_url),
-        custom_args={
-            "mail_kind": "newsletter",
-            "mail_id": str(newsletter_id),
-            "row_id": str(row_id),
-            "subscriber_id": str(sub_id),
-        },
-    )
 
 
 def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
@@ -377,7 +383,7 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
             return f"{pending} row(s) waiting; next due in {delay:.1f}s", delay
         kick.clear_alive(newsletter_id)
         return f"{pending} row(s) not due for {IDLE_RECHECK_MAX:.0f}s or more; the scheduler tick re-kicks", None
-    if db.thread_connection.run(rows.DONE, {"nl": newsletter_id}):
+    if db.thread_connection.call(rows.finish, newsletter_id):
         log.info("newsletter %s done", newsletter_id)
         return "done", None
     return "other workers still hold rows", None

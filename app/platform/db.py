@@ -12,6 +12,7 @@ and had drifted from the schema). Every connection comes from `connect_raw()`, t
    out (peewee pings it) or whose server went away during the unit is discarded.
      * `query(sql, params)`: one statement, autocommit; its rows.
      * `execute(sql, params)`: one statement, autocommit; the rows it changed.
+     * `call(work, *args)`: work(cursor, *args), autocommit (a domain's statement function).
      * `raw_cursor()`: a cursor inside `transaction()` — several statements that commit or roll
        back together.
 
@@ -19,9 +20,10 @@ and had drifted from the schema). Every connection comes from `connect_raw()`, t
    newsletter sending, link recording, webhook apply): opening or even checking one out per
    message would cost more than the work it serves. One per thread, autocommit like the pool's
    (so `transaction(conn)` groups statements, as a savepoint when one is already open).
-   `thread_connection.run(sql)` / `.execute_values(…)`: one statement, reopened once when the
-   server went away (`retry_once(work)`: idempotent work only); `reset()` drops it after an error
-   that may have left it in an unknown state. It follows DATABASE_URL.
+   `thread_connection.run(sql)` / `.execute_values(…)`: one statement, and `.call(work, …)`: a
+   domain's statement function on its cursor; each reopened once when the server went away
+   (`retry_once(work)`: idempotent work only); `reset()` drops it after an error that may have
+   left it in an unknown state. It follows DATABASE_URL.
 
 3. Owned connections, `connect_raw()` kept by one owner, where a thread writes a stream of
    transactions of its own: the group-commit writer threads (app/platform/groupcommit.py) and the
@@ -52,7 +54,8 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, TypeAlias
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
 from urllib.parse import urlparse
 
 import peewee
@@ -80,6 +83,7 @@ UNAVAILABLE = (
 
 # A cursor, as the modules above annotate one (the driver ships no types: this is Any to mypy).
 Cursor: TypeAlias = psycopg2.extensions.cursor
+T = TypeVar("T")
 
 # The errors callers catch, named here so that no module above the platform imports psycopg2.
 Error = psycopg2.Error
@@ -254,6 +258,14 @@ def query(sql: str, params=None) -> list[Any]:
         return cursor.fetchall() if cursor.description else []
 
 
+def call(work: Callable[..., T], *args: Any) -> T:
+    """work(cursor, *args) on a pooled connection in autocommit: a domain's statement function (say
+    app/newsletter/rows.py `pause`) as its own transaction, without a BEGIN and COMMIT around it."""
+    pool = _pool()
+    with pool.connection_context(), pool.connection().cursor() as cur:
+        return work(cur, *args)
+
+
 def execute_values(cur, sql: str, rows, template: str | None = None, page_size: int = 100, fetch: bool = False):
     """`INSERT … VALUES %s` / `FROM (VALUES %s)` for many rows on `cur`: page_size rows per
     statement (page_size=len(rows): one round trip). With fetch, the rows every page returned."""
@@ -305,32 +317,41 @@ class ThreadConnection:
             except Exception:  # already broken: nothing to release
                 pass
 
-    def retry_once(self, work):
+    def retry_once(self, work: Callable[[Any], T]) -> T:
         """work(connection). A connection that died while kept open (server restart, idle
         timeout) is reopened and the work tried once more: only for idempotent work."""
-        for attempt in (1, 2):
-            try:
-                return work(self.get())
-            except (psycopg2.OperationalError, psycopg2.InterfaceError):
-                self.reset()
-                if attempt == 2:
-                    raise
-                log.warning("database connection lost; reconnecting")
+        try:
+            return work(self.get())
+        except (psycopg2.OperationalError, psycopg2.InterfaceError):
+            self.reset()
+            log.warning("database connection lost; reconnecting")
+        try:
+            return work(self.get())
+        except (psycopg2.OperationalError, psycopg2.InterfaceError):
+            self.reset()
+            raise
+
+    def call(self, work: Callable[..., T], *args: Any) -> T:
+        """work(cursor, *args) in autocommit (each statement its own transaction) on this thread's
+        connection, reopened once if it was dropped (retry_once: idempotent work only). The hot
+        loops' statements (newsletter claims and marks, reclaim) use it: no pool check-out each."""
+
+        def on(conn):
+            with conn.cursor() as cur:
+                return work(cur, *args)
+
+        return self.retry_once(on)
 
     def run(self, sql: str, params=None, fetch: bool = True):
-        """One statement in autocommit (its own transaction) on this thread's connection, reopened
-        once if it was dropped (retry_once: idempotent statements only). Rows if it returns any
-        and `fetch`, else the rows it changed. The hot loops' single statements (newsletter claims
-        and marks, reclaim) use it: no pool check-out per statement."""
+        """One statement, as call(): rows if it returns any and `fetch`, else the rows it changed."""
 
-        def work(conn):
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                if fetch and cur.description:
-                    return cur.fetchall()
-                return cur.rowcount
+        def statement(cur):
+            cur.execute(sql, params)
+            if fetch and cur.description:
+                return cur.fetchall()
+            return cur.rowcount
 
-        return self.retry_once(work)
+        return self.call(statement)
 
     def execute_values(self, sql: str, rows, template: str, page_size: int = 1000) -> int:
         """execute_values() as one autocommit statement per page on this thread's connection,

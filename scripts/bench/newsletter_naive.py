@@ -8,8 +8,8 @@ from __future__ import annotations
 import dramatiq
 
 import actors  # noqa: F401  (sets up the broker before the actor below binds to it)
-from app.newsletter import rows, sender, template
-from app.platform import config, db
+from app.newsletter import rows, sender
+from app.platform import db
 
 CLAIM_ONE = rows.CLAIM.replace("ORDER BY e.id", "AND e.id = %(row)s")
 
@@ -17,39 +17,20 @@ CLAIM_ONE = rows.CLAIM.replace("ORDER BY e.id", "AND e.id = %(row)s")
 @dramatiq.actor(queue_name="newsletter", max_retries=0)
 def naive_send_one(newsletter_id: int, row_id: int) -> None:
     from app.platform.providers import get_provider
-    from tracking.links import LinkRewriter
 
-    settings = config.get()
     subject, html, text, from_addr = db.thread_connection.run(
         "SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,)
     )[0]
-    compiled = template.compiled_for(newsletter_id, subject, html, text)
+    renderer = sender.Renderer.load(newsletter_id, subject, html, text, from_addr)
     claimed = db.thread_connection.run(CLAIM_ONE, {"nl": newsletter_id, "limit": 1, "row": row_id, "after": 0})
     if not claimed:
         return
-    row_id, status, _attempts, sub_id, email, name, user_id, token_version, opt_out = claimed[0]
-    if status != "sending":
+    row = rows.Claimed(*claimed[0])
+    if row.status != "sending":
         return
-    mail = sender._render(
-        newsletter_id,
-        row_id,
-        sub_id,
-        email,
-        name,
-        user_id,
-        token_version,
-        opt_out,
-        compiled,
-        LinkRewriter("newsletter", newsletter_id),
-        from_addr,
-        settings,
-    )
-    result = get_provider().send_batch([mail])[0]
-    db.thread_connection.execute_values(
-        rows.MARK,
-        [(row_id, "sent" if result.ok else "failed", result.message_id, result.error, None, 0)],
-        rows.MARK_TEMPLATE,
-    )
+    result = get_provider().send_batch([renderer.render(row)])[0]
+    status = "sent" if result.ok else "failed"
+    db.thread_connection.call(rows.mark, [rows.Mark(row.id, status, result.message_id, result.error, None, 0)])
 
 
 def enqueue(newsletter_id: int) -> int:
