@@ -155,15 +155,17 @@ def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
         raise ValueError(f"run {run.id}: loaded and grouped before its context is built")
     return digest_context.build(
         run.digest,
+        digest_context.Reader(
+            name=run.name,
+            cadence=run.cadence,
+            timezone=run.timezone,
+            last_digest_at=run.last_digest_at,
+            unsubscribe_url=unsubscribe_url(run.subscriber_id, run.token_version),
+            preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
+            view_url=tokens.view_url(run.subscriber_id, run.token_version, run.id),
+        ),
         categories=registry,
-        cadence=run.cadence,
-        name=run.name,
-        timezone=run.timezone,
         now=now,
-        last_digest_at=run.last_digest_at,
-        unsubscribe_url=unsubscribe_url(run.subscriber_id, run.token_version),
-        preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
-        view_url=tokens.view_url(run.subscriber_id, run.token_version, run.id),
     )
 
 
@@ -222,13 +224,15 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
     cadence = cadence if cadence != "off" else "daily"
     ctx = digest_context.build(
         digest,
+        digest_context.Reader(
+            name=name,
+            cadence=cadence,
+            timezone=tz,
+            last_digest_at=last_digest_at,
+            unsubscribe_url=unsubscribe_url(sid, token_version),
+            preferences_url=tokens.preferences_url(sid, token_version),
+        ),
         categories=registry,
-        cadence=cadence,
-        name=name,
-        timezone=tz,
         now=datetime.now(UTC),
-        last_digest_at=last_digest_at,
-        unsubscribe_url=unsubscribe_url(sid, token_version),
-        preferences_url=tokens.preferences_url(sid, token_version),
     )
     return digest_render.render(ctx)

@@ -12,6 +12,7 @@ total_groups, total_events, first_digest, the footer's links and postal address,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -94,28 +95,35 @@ def headline(digest: Digest, items: list[dict], categories: dict[str, Category])
     return clip(wording.headline(lookup(line.category, categories), names, line.count, item["title"]), 150), line.count
 
 
+@dataclass(frozen=True)
+class Reader:
+    """Who a digest is for, and the links in it that are theirs."""
+
+    name: str
+    cadence: str  # the run's: immediately, hourly, daily or weekly (the words come from digest/wording.py)
+    timezone: str | None
+    last_digest_at: datetime | None  # when the previous digest was sent (None: this is the first one)
+    unsubscribe_url: str
+    preferences_url: str
+    view_url: str = ""  # the hosted copy's link ("View in your browser"); empty on the hosted copy itself
+
+
 def build(
     digest: Digest,
+    reader: Reader,
     *,
     categories: dict[str, Category],
-    cadence: str,
-    name: str,
-    timezone: str | None,
     now: datetime,
-    last_digest_at: datetime | None,
-    unsubscribe_url: str,
-    preferences_url: str,
     postal_address: str | None = None,
-    view_url: str = "",
 ) -> dict:
-    """`last_digest_at`: when the previous digest was sent (None: this is the first one).
-    `postal_address`: MAIL_POSTAL_ADDRESS by default (empty in development/test: no line).
-    `view_url`: the hosted copy's link ("View in your browser"); empty on the hosted copy itself.
-    `cadence`: the run's (`immediately`, `hourly`, `daily`, `weekly`); the words come from digest/wording.py."""
+    """The template context of one digest. `postal_address`: MAIL_POSTAL_ADDRESS by default (empty in
+    development/test: no line)."""
+    name, cadence, last_digest_at = reader.name, reader.cadence, reader.last_digest_at
+    unsubscribe_url, preferences_url, view_url = reader.unsubscribe_url, reader.preferences_url, reader.view_url
     settings = config.get()
     if postal_address is None:
         postal_address = settings.mail_postal_address
-    tz = timezones.load(timezone)
+    tz = timezones.load(reader.timezone)
     items = [group_item(g, digest, categories, now, tz) for g in digest.groups]
     lead = wording.lead(digest.total_events, last_digest_at, now, tz, cadence)
     if items:

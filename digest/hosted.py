@@ -87,14 +87,16 @@ def render(run_id: int, subscriber: dict) -> Copy | Gone | None:
     sid, version = subscriber["id"], subscriber["token_version"]
     ctx = digest_context.build(
         digest,
+        digest_context.Reader(
+            name=subscriber["name"],
+            cadence=cadence,
+            timezone=subscriber["timezone"],
+            last_digest_at=previous_at,
+            unsubscribe_url=digest_build.unsubscribe_url(sid, version),
+            preferences_url=tokens.preferences_url(sid, version),
+        ),
         categories=registry,
-        cadence=cadence,
-        name=subscriber["name"],
-        timezone=subscriber["timezone"],
         now=sent_at,
-        last_digest_at=previous_at,
-        unsubscribe_url=digest_build.unsubscribe_url(sid, version),
-        preferences_url=tokens.preferences_url(sid, version),
     )
     subject, html, _ = digest_render.templates().render_html(ctx)
     return Copy(subject, html, sent_at)

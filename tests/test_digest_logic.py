@@ -38,14 +38,16 @@ def ev(i, entity="p1", actor="a", name=None, category="like", minutes=0):
 def ctx_of(d, now=T0 + timedelta(hours=2), last=None, tz="UTC", registry=REGISTRY):
     return context.build(
         d,
+        context.Reader(
+            name="Ana Lima",
+            cadence="daily",
+            timezone=tz,
+            last_digest_at=last,
+            unsubscribe_url="https://x.test/u/t",
+            preferences_url="https://x.test/preferences/t",
+        ),
         categories=registry,
-        cadence="daily",
-        name="Ana Lima",
-        timezone=tz,
         now=now,
-        last_digest_at=last,
-        unsubscribe_url="https://x.test/u/t",
-        preferences_url="https://x.test/preferences/t",
         postal_address="",
     )
 
@@ -308,14 +310,16 @@ def test_context_heading_and_cadence():
     d = group.build([ev(1, "p1")], 10)
     ctx = context.build(
         d,
+        context.Reader(
+            name="Ana Lima",
+            cadence="weekly",
+            timezone="Nowhere/Bogus",
+            last_digest_at=None,
+            unsubscribe_url="u",
+            preferences_url="p",
+        ),
         categories={},
-        cadence="weekly",
-        name="Ana Lima",
-        timezone="Nowhere/Bogus",
         now=T0,
-        last_digest_at=None,
-        unsubscribe_url="u",
-        preferences_url="p",
         postal_address="",
     )
     assert ctx["heading"].startswith("Hi Ana,") and ctx["cadence"] == "weekly"  # a bad zone falls back to UTC
@@ -365,14 +369,16 @@ def test_cadences_have_the_names_a_person_uses():
     d = group.build([ev(1, "p1")], 10)
     now_ctx = context.build(
         d,
+        context.Reader(
+            name="",
+            cadence="immediately",
+            timezone="UTC",
+            last_digest_at=None,
+            unsubscribe_url="u",
+            preferences_url="p",
+        ),
         categories={},
-        cadence="immediately",
-        name="",
-        timezone="UTC",
         now=T0,
-        last_digest_at=None,
-        unsubscribe_url="u",
-        preferences_url="p",
         postal_address="",
     )
     assert now_ctx["heading"] == "Hi, here is what's new" and "instant" not in str(now_ctx)

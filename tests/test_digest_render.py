@@ -33,14 +33,16 @@ def _ctx(
     registry = {"like": Category("like", label, verb="liked")}
     return context.build(
         d,
+        context.Reader(
+            name="Ana",
+            cadence="daily",
+            timezone="Europe/Lisbon",
+            last_digest_at=now - timedelta(days=1),
+            unsubscribe_url="https://x.test/u/TOKEN",
+            preferences_url="https://x.test/preferences/T",
+        ),
         categories=registry,
-        cadence="daily",
-        name="Ana",
-        timezone="Europe/Lisbon",
         now=now + timedelta(hours=3),
-        last_digest_at=now - timedelta(days=1),
-        unsubscribe_url="https://x.test/u/TOKEN",
-        preferences_url="https://x.test/preferences/T",
     )
 
 

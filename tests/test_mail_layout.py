@@ -138,15 +138,17 @@ def _digest_ctx(name: str) -> dict:
     d = group.build([group.Event(1, "like", "post", "p1", "a1", "Eli", now)], 5)
     return context.build(
         d,
+        context.Reader(
+            name=name,
+            cadence="daily",
+            timezone="UTC",
+            last_digest_at=None,
+            unsubscribe_url="https://x.test/u/T",
+            preferences_url="https://x.test/preferences/T",
+            view_url="https://x.test/v/V",
+        ),
         categories={},
-        cadence="daily",
-        name=name,
-        timezone="UTC",
         now=now,
-        last_digest_at=None,
-        unsubscribe_url="https://x.test/u/T",
-        preferences_url="https://x.test/preferences/T",
-        view_url="https://x.test/v/V",
     )
 
 

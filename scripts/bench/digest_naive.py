@@ -56,14 +56,16 @@ def naive_send_digest(run_id: int) -> None:
     unsubscribe_url = tokens.unsubscribe_url(run.subscriber_id, run.token_version)
     ctx = digest_context.build(
         digest,
+        digest_context.Reader(
+            name=run.name,
+            cadence=run.cadence,
+            timezone=run.timezone,
+            last_digest_at=run.last_digest_at,
+            unsubscribe_url=unsubscribe_url,
+            preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
+        ),
         categories=registry,
-        cadence=run.cadence,
-        name=run.name,
-        timezone=run.timezone,
         now=datetime.now(UTC),
-        last_digest_at=run.last_digest_at,
-        unsubscribe_url=unsubscribe_url,
-        preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
     )
     subject, html, text = _naive_render(ctx)
     msg = EmailMessage(policy=SMTP)

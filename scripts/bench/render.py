@@ -51,14 +51,16 @@ def digest_context() -> dict:
         g.title, g.url = f"Post {g.entity_id}", "https://example.test/p/1"
     ctx = context.build(
         d,
+        context.Reader(
+            name="Bench User",
+            cadence="daily",
+            timezone="UTC",
+            last_digest_at=now - timedelta(days=1),
+            unsubscribe_url="https://example.test/u/T",
+            preferences_url="https://example.test/p/T",
+        ),
         categories={},
-        cadence="daily",
-        name="Bench User",
-        timezone="UTC",
         now=now,
-        last_digest_at=now - timedelta(days=1),
-        unsubscribe_url="https://example.test/u/T",
-        preferences_url="https://example.test/p/T",
     )
     return {**ctx, "subject": "Your daily digest"}
 
