@@ -72,7 +72,7 @@ XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # The integration tests (the slow ones too: real worker and scheduler processes) through a private
 # PgBouncer in transaction pooling mode on a free port (PGBOUNCER_PORT to choose one): scripts/dev/pgbouncer.py.
 # Not the `varies_input` modules (fuzzing, hostile input: the same pooled request path with other
-# input); tests/test_pooling_rules.py checks from the source what pooling forbids (docs/testing.md).
+# input); tests/checks/test_pooling_rules.py checks from the source what pooling forbids (docs/testing.md).
 PGBOUNCER_PASS = $(BIN)/python -m scripts.dev.pgbouncer -- \
 	$(BIN)/python -m pytest $(XDIST) -m "not browser and not pure and not varies_input" $(PYTEST_ARGS)
 
@@ -86,7 +86,7 @@ lint: install
 # beside the xdist run (one more worker, gwN after the others), it is collected once instead of by
 # every worker (scripts/dev/beside.py).
 FUZZ_BESIDE = $(BIN)/python -m scripts.dev.beside --worker gw$(if $(filter 0,$(TEST_WORKERS)),1,$(TEST_WORKERS)) \
-	tests/test_api_fuzz.py --
+	tests/web/test_api_fuzz.py --
 
 # The suite starts dozens of Python processes (xdist workers, worker, scheduler and web processes, the
 # drills'): with bytecode caching off (PYTHONDONTWRITEBYTECODE, which some CI images set) each one

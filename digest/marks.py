@@ -120,7 +120,7 @@ def handled_by(event_ids) -> dict[int, int | None]:
 
 
 # Every run whose record covers each event: one by one, or by its snapshots. Exactly one per
-# handled event is the invariant (tests/test_digest_marks.py, scripts/drill.py check it); `{where}`
+# handled event is the invariant (tests/digest/test_marks.py, scripts/drill.py check it); `{where}`
 # filters the events (alias e).
 COVERING_RUNS = """
 SELECT e.id, array_remove(ARRAY[e.digest_run_id] || array_agg(DISTINCT r.id), NULL)

@@ -19,7 +19,7 @@ truth; Dramatiq messages are hints.
 Only an operator's emergency stop (app/platform/mail_stop.py) returns claimed work to `pending` without
 counting an attempt — the run was never tried. Everything else counts one, so a run that keeps
 failing in any way — a poisoned address, a bug, a worker killed mid-send — ends `failed` after
-DIGEST_MAX_ATTEMPTS instead of looping. tests/test_digest_runs.py walks every transition above
+DIGEST_MAX_ATTEMPTS instead of looping. tests/digest/test_runs.py walks every transition above
 and checks that no statement makes any other.
 """
 

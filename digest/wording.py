@@ -1,5 +1,5 @@
 """The words of a digest: actor lists, one line per category, relative times in the subscriber's
-zone, "since Tuesday", and the subject. Pure functions (English), tested in tests/test_digest_logic.py.
+zone, "since Tuesday", and the subject. Pure functions (English), tested in tests/digest/test_logic.py.
 """
 
 from __future__ import annotations

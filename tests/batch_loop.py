@@ -1,5 +1,5 @@
 """A thread that repeats one batch of writes until stopped: the live traffic of tests that change
-the schema under it (tests/test_partition_migration.py, tests/test_partitioned_index.py)."""
+the schema under it (tests/platform/test_partition_migration.py, tests/platform/test_partitioned_index.py)."""
 
 from __future__ import annotations
 

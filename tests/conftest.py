@@ -152,7 +152,7 @@ def _copy_template() -> None:
 # schemathesis builds every operation's coverage cases while collecting (about 25 s of CPU on 2
 # cores, in every xdist worker). Its lazy loader (schemathesis.pytest.from_fixture), which would
 # defer that to the one worker running it, fails under pytest 9 (schemathesis 4.32: Function._nodeid).
-collect_ignore = ["test_api_fuzz.py"] if THROUGH_PGBOUNCER else []
+collect_ignore = ["web/test_api_fuzz.py"] if THROUGH_PGBOUNCER else []
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,7 @@ The click and open endpoints append a row to an in-process buffer and answer at 
 background thread per web process writes the buffer every TRACKING_FLUSH_SECONDS (or sooner when
 FLUSH_ROWS are waiting) with one COPY + INSERT … SELECT per flush (group commit).
 
-Durability contract (documented in tracking/README.md, tested in tests/test_tracking_durability.py):
+Durability contract (documented in tracking/README.md, tested in tests/tracking/test_durability.py):
   * SIGTERM / normal shutdown: the buffer is flushed at interpreter exit, nothing is lost.
   * SIGKILL / crash: history rows recorded in the last TRACKING_FLUSH_SECONDS (plus the duration
     of a flush that was in flight, normally milliseconds) can be lost. Rows older than that are

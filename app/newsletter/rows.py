@@ -31,7 +31,7 @@ Life of an outbox row (email_log.status):
   pending    --newsletter cancelled-----------------------> cancelled
   failed     --retry-failed-------------------------------> pending     (attempts start again)
 
-tests/test_newsletter_rows.py walks every transition and checks no statement makes any other.
+tests/newsletter/test_rows.py walks every transition and checks no statement makes any other.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_
 # `sending` yet — expected one sending row, scanned that index and compared each of the thousands
 # of sending rows with every VALUES row: 3.4 s per 1,000-row batch at 4,000 sending rows, which
 # made whole benchmark runs 4x slower at random. Now the VALUES drive the join through the primary
-# key: 10 ms (tests/test_newsletter_rows.py checks the plan).
+# key: 10 ms (tests/newsletter/test_rows.py checks the plan).
 MARK = """
 UPDATE email_log e SET
     status = v.status,

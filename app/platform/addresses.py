@@ -61,7 +61,7 @@ def canonical(addr: str) -> str:
     `ana@xn--bcher-kva.example`). Never raises: a domain that is not IDNA (only in rows stored
     before the API checked domains, or in a webhook event) is folded like a local part; a string
     without `@` is folded whole. For an ASCII address this is exactly its lower-case form
-    (migration 0600's trigger relies on it; tests/test_address_identity.py proves it)."""
+    (migration 0600's trigger relies on it; tests/subscribers/test_address_identity.py proves it)."""
     local, at, domain = addr.rpartition("@")
     if not at:
         return _fold(addr)

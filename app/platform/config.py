@@ -1,7 +1,7 @@
 """Every setting is declared once, here: name, type, default and meaning in one field of Settings.
 The environment variable is the field name in upper case; `load()` reads and type-checks each one,
 and the configuration table in docs/configuration.md is generated from the same declarations
-(`python -m app settings --markdown`; tests/test_config.py checks they agree).
+(`python -m app settings --markdown`; tests/platform/test_config.py checks they agree).
 
 A `.env` file (ENV_FILE; `make run` writes one) is read first: each of its variables that the
 environment does not set is set from it, so every command of a checkout (the CLI, the processes)

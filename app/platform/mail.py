@@ -101,7 +101,7 @@ def unsubscribe_headers(unsubscribe_url: str) -> dict:
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # tab is folding whitespace, allowed
 # Printable ASCII with no encoded-word marker and no leading/trailing/doubled blanks is written as
 # it is: for such values under 78 columns that is byte-identical to the SMTP policy's output
-# (tests/test_address_policy.py proves it). List-Unsubscribe values stay on one line however long
+# (tests/platform/test_address_policy.py proves it). List-Unsubscribe values stay on one line however long
 # (RFC 5322 allows 998): the policy would turn a long URL into RFC 2047 encoded words, which mail
 # clients do not decode there, and one-click unsubscribe would break.
 _URL_HEADERS = {"list-unsubscribe", "list-unsubscribe-post"}
@@ -167,7 +167,7 @@ def _text_header(name: str, value: str) -> bytes:
     mangles some values (a literal "=?…?=" is decoded, blanks around encoded words are lost):
     plain ASCII words as they are, folded before 78 columns; any other text as base64 UTF-8
     encoded words (RFC 2047), never splitting a character, one per line, so every character and
-    blank comes back exactly. tests/test_mail.py parses the result back with the email package."""
+    blank comes back exactly. tests/platform/test_mail.py parses the result back with the email package."""
     value = _clean(value, name)
     if "=?" not in value and _PLAIN_VALUE.fullmatch(value):
         if len(name) + len(value) < 76:
@@ -292,7 +292,7 @@ def build(mail: OutgoingMail, now: datetime | None = None) -> bytes:
 
     Written by hand rather than through email.message.EmailMessage: that costs more per mail than
     rendering the whole digest, and the digest pipeline sends a thousand and more mails a second.
-    tests/test_mail.py parses the result with the email package to prove it equivalent."""
+    tests/platform/test_mail.py parses the result with the email package to prove it equivalent."""
     from_addr = sender(mail.from_addr)
     parse_mailbox(from_addr)  # exactly one valid mailbox, or this mail fails
     to_addr = check_address(mail.to)

@@ -16,7 +16,7 @@ without quotes, so neither can carry markup or CSS; the name is HTML-escaped.
 
 Responsive without media queries (which many mail clients drop): the card is fluid up to 600 px,
 images never exceed it and long words wrap, so a 390 px phone shows it without sideways scrolling
-(tests/test_browser_mail.py).
+(tests/browser/test_mail.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Domains enqueue with send(TARGET, …) and never import the actors: each domain names its messages
 in its own `messages` module (digest/messages.py, app/newsletter/messages.py, tracking/messages.py)
 and the actors take their names and queues from there, so imports point one way (platform ←
-domains ← actors) and this module knows no message; tests/test_queue.py checks every target is an
+domains ← actors) and this module knows no message; tests/platform/test_queue.py checks every target is an
 actor on its queue. Messages are hints — the rows
 in Postgres are the truth — so every enqueue is safe to repeat and safe to lose.
 

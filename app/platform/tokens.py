@@ -8,7 +8,7 @@ far. Verification accepts SECRET_KEY and every SECRET_KEY_FALLBACKS entry (key r
 inside the MAC, so tokens cannot be forged or enumerated.
 
 Hand-written rather than itsdangerous because tokens already in inboxes must keep verifying
-(golden fixtures: tests/test_tokens_golden.py) and because it is cheaper per mail (two tokens per
+(golden fixtures: tests/platform/test_tokens_golden.py) and because it is cheaper per mail (two tokens per
 mail) and shorter: `scripts/bench/tokens.py` measures both against itsdangerous URLSafeSerializer
 (BENCHMARKS.md, "subscriber link tokens").
 """

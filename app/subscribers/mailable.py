@@ -4,7 +4,7 @@ own statement (the digest claim, send-now runs, the newsletter outbox fill and c
 A fragment rather than a view or a SQL function: each path decides in the statement that claims
 or writes its rows (I6: an unsubscribe or suppression made a second ago counts), and a function
 with a subquery is never inlined by the planner, so it would run as a separate call per row of a
-million-row outbox fill. tests/test_mailable.py checks that every path builds its SQL from here
+million-row outbox fill. tests/subscribers/test_mailable.py checks that every path builds its SQL from here
 and that each "may not" state stops each path.
 
 The answer is NULL (mail may go) or why not, the first that applies:

@@ -11,7 +11,7 @@ Scopes (inside the signed token, app/platform/tokens.py), old ones included beca
   none                 everything (subscribers.unsubscribed_at). Every link mailed before streams
                        existed has no scope and promised "stop all emails": it keeps that meaning.
   "newsletter:<id>"    everything, as it always meant (newsletters were not separate lists then;
-                       tests/test_tokens_golden.py keeps such a token verifying).
+                       tests/platform/test_tokens_golden.py keeps such a token verifying).
 A scope this code does not know (a newer release's, after a rollback) also means everything:
 the safe reading of a link someone clicked to leave.
 """

@@ -6,7 +6,7 @@ user would reach for.
 Per token, in microseconds: make (every mail carries two) and verify (every unsubscribe and
 preference page view). itsdangerous is measured only when installed (`pip install itsdangerous`);
 it is not a project dependency. Whatever the speed, tokens already sent in mails must keep
-verifying: tests/test_pages.py and the golden tokens there pin the format.
+verifying: tests/web/test_pages.py and the golden tokens there pin the format.
 """
 
 from __future__ import annotations

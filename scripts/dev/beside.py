@@ -1,6 +1,6 @@
 """Run one test module in a pytest process of its own beside an xdist run, as one more worker.
 
-    python -m scripts.dev.beside --worker gw4 tests/test_api_fuzz.py -- PYTEST COMMAND...
+    python -m scripts.dev.beside --worker gw4 tests/web/test_api_fuzz.py -- PYTEST COMMAND...
 
 Why: every xdist worker collects the whole suite, and the API fuzz module builds schemathesis's
 coverage cases while it is collected (about 14 s of CPU per process): four workers paid for it

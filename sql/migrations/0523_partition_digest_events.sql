@@ -10,7 +10,7 @@
 --   * monthly partitions from the cutover to 3 months ahead are added (the scheduler keeps
 --     adding them: app/partitions.py).
 -- Writers blocked on the old table during the swap resolve the name again once it commits and
--- insert into the new parent; nothing is refused or lost (tests/test_partition_migration.py).
+-- insert into the new parent; nothing is refused or lost (tests/platform/test_partition_migration.py).
 -- Nothing references digest_events by foreign key; one would now need (id, received_at).
 
 ALTER TABLE digest_events RENAME TO digest_events_legacy;

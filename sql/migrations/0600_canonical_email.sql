@@ -14,7 +14,7 @@
 -- compares with), PL/Python (an untrusted language most managed Postgres services do not offer).
 --
 -- One property of the Python definition is used here: for an ASCII address the canonical form is
--- its lower-case form (tests/test_address_identity.py proves it over generated input). So a row
+-- its lower-case form (tests/subscribers/test_address_identity.py proves it over generated input). So a row
 -- written without the key — by a writer that does not know the column: the previous release's
 -- processes during a deploy, a seeding script, an operator in psql — gets it from these triggers
 -- when its address is ASCII. A non-ASCII address needs the application: a subscriber without its
