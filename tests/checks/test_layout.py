@@ -265,3 +265,30 @@ def test_every_path_named_in_code_and_docs_exists():
                 if "NNNN" not in p and not (ROOT / p).exists()
             ]
     assert not stale, "paths that are not in the tree:\n" + "\n".join(stale)
+
+
+TEST_FOLDERS = (
+    "platform",
+    "subscribers",
+    "tracking",
+    "digest",
+    "newsletter",
+    "operations",
+    "web",
+    "cli",
+    "invariants",
+    "checks",
+    "dev",
+    "drills",
+    "browser",
+)
+
+
+def test_tests_mirror_the_tree_in_the_folders_docs_testing_lists():
+    tests = ROOT / "tests"
+    assert sorted(p.name for p in tests.glob("test_*.py")) == [], "test modules belong in a folder"
+    folders = {p.parent.relative_to(tests).parts[0] for p in tests.rglob("test_*.py")}
+    assert folders == set(TEST_FOLDERS)
+    listed = (ROOT / "docs" / "testing.md").read_text()
+    assert [f for f in TEST_FOLDERS if f"`tests/{f}/`" not in listed] == []
+    assert all((tests / f / "__init__.py").exists() for f in TEST_FOLDERS)
