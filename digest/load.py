@@ -98,8 +98,7 @@ def load(
 
     last: dict[int, tuple[str, int]] = {}
     # Categories, entity types and ids, actors repeat across a batch's events: each event keeps the
-    # batch's one copy of a string, not its own (a wave of 130-event digests held ~6 MB of events
-    # per worker thread, two thirds of it repeated strings).
+    # batch's one copy of a string, not its own (repeated strings are most of a batch's event memory).
     strings: dict[Any, Any] = {}
     share = strings.setdefault
 

@@ -27,10 +27,9 @@ LEASE_SECONDS = 10.0
 LEASE_PREFIX = "newsletter-outbox:"
 # The claim's plan depends on how many pending rows the planner thinks this newsletter has. Until
 # autovacuum next analyzes email_log it thinks "a handful" (a new newsletter_id, a table of mostly
-# `sent` rows), picks a bitmap scan plus a sort of every pending row, and each claim of 100 took
-# 0.8 s at a million rows (scripts/bench/peer_postoffice.py --recipients 1000000) instead of a few
-# ms down the pending index. So the builder analyzes after its first chunk and each time the
-# outbox has grown this many times over, and at the end.
+# `sent` rows), picks a bitmap scan plus a sort of every pending row — a cost that grows with the
+# outbox — instead of walking the pending index. So the builder analyzes after its first chunk and
+# each time the outbox has grown this many times over, and at the end (docs/history.md, the cost).
 ANALYZE_GROWTH = 4
 ANALYZE_LOCK_TIMEOUT = "2s"  # a concurrent ANALYZE (autovacuum, another builder) refreshes them too
 

@@ -208,11 +208,10 @@ RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_
 # The outcome of a sent batch: (id, status, message_id, error, next_attempt_at, refund) per row,
 # only for rows still `sending` (a reclaimed row is not marked by the worker that lost it).
 # `e.status || ''`: not a condition the partial index email_log_sending_idx can serve. Written
-# plainly, the planner — whose statistics are from the outbox builder's ANALYZE, when no row was
-# `sending` yet — expected one sending row, scanned that index and compared each of the thousands
-# of sending rows with every VALUES row: 3.4 s per 1,000-row batch at 4,000 sending rows, which
-# made whole benchmark runs 4x slower at random. Now the VALUES drive the join through the primary
-# key: 10 ms (tests/newsletter/test_rows.py checks the plan).
+# plainly, the planner — whose statistics come from the outbox builder's ANALYZE, taken while no row
+# was `sending` — expects one sending row, scans that index and compares every sending row with
+# every VALUES row, which grows with the square of the batch. This way the VALUES drive the join
+# through the primary key (tests/newsletter/test_rows.py checks the plan; docs/history.md, the cost).
 MARK = """
 UPDATE email_log e SET
     status = v.status,

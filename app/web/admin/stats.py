@@ -36,7 +36,7 @@ log = logging.getLogger("app.web.admin.stats")
 RANGES = {"24h": 24, "7d": 24 * 7}  # name -> hours
 RANGE_LABELS = {"24h": "last 24 hours", "7d": "last 7 days"}
 DEFAULT_RANGE = "24h"
-STATEMENT_TIMEOUT = "10s"  # a 7 d view at 100,000 digests a day takes about 3 s (scripts/bench/admin_dashboard.py)
+STATEMENT_TIMEOUT = "10s"  # a 7 d view of a busy service takes seconds (scripts/bench/admin_dashboard.py)
 KINDS = ("digest", "newsletter")
 
 
