@@ -156,18 +156,9 @@ async def login_submit(request: Request) -> Response:
 
 @signed_in
 async def logout(request: Request, current) -> Response:
-    try:
-        form = await common.read_form(request)
-    except (common.FormTooLarge, common.BadForm):
-        return render.error(request, 400, "Bad request", "That request could not be read.", current)
-    if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
-        return render.error(
-            request,
-            403,
-            "Please try again",
-            "This form expired or was sent from somewhere else, so you are still signed in.",
-            current,
-        )
+    form = await _checked_form(request, current, "you are still signed in.")
+    if isinstance(form, Response):
+        return form
     await run_in_threadpool(session.end, current.id)
     response = render.redirect("/admin/login")
     session.clear_cookie(response, request)
@@ -316,20 +307,11 @@ async def suppression_confirm(request: Request, current) -> Response:
 
 @signed_in
 async def suppression_remove(request: Request, current) -> Response:
-    try:
-        form = await common.read_form(request)
-    except (common.FormTooLarge, common.BadForm):
-        return render.error(request, 400, "Bad request", "That request could not be read.", current)
-    if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
-        log.info("suppression removal refused: bad CSRF token (session %s)", current.id)
-        return render.error(
-            request,
-            403,
-            "Please try again",
-            "This form expired or was sent from somewhere else, so nothing changed. "
-            "Open the suppression list again and retry.",
-            current,
-        )
+    form = await _checked_form(
+        request, current, "nothing changed. Open the suppression list again and retry.", "suppression removal"
+    )
+    if isinstance(form, Response):
+        return form
     sid = _suppression_id(request)
     row = await run_in_threadpool(suppressions.get, sid) if sid else None
     if sid is None or row is None:
@@ -392,18 +374,21 @@ async def sending_resume(request: Request, current) -> Response:
     return render.redirect("/admin?notice=resumed")
 
 
-async def _checked_form(request: Request, current):
-    """The posted form if it is readable and carries this session's CSRF token; else the error page."""
+async def _checked_form(request: Request, current, unchanged: str = "nothing changed.", logged: str | None = None):
+    """The posted form if it is readable and carries this session's CSRF token; else the error page
+    (a refused token's says "…so " + `unchanged`, and is logged as `logged` when that is given)."""
     try:
         form = await common.read_form(request)
     except (common.FormTooLarge, common.BadForm):
         return render.error(request, 400, "Bad request", "That request could not be read.", current)
     if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
+        if logged:
+            log.info("%s refused: bad CSRF token (session %s)", logged, current.id)
         return render.error(
             request,
             403,
             "Please try again",
-            "This form expired or was sent from somewhere else, so nothing changed.",
+            f"This form expired or was sent from somewhere else, so {unchanged}",
             current,
         )
     return form
