@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from app.platform import config, providers
+from app.platform import config, providers, queue
 from digest import immediate, messages, render
 from digest import send as digest_send
 
@@ -43,14 +43,15 @@ if not any(isinstance(m, DigestTemplateWarmup) for m in _broker.middleware):
 
 
 # Ends a batch before the watchdog may take its runs back (config.digest_processing_timeout_seconds).
-@dramatiq.actor(
-    actor_name=messages.DIGEST_BATCH.actor,
-    queue_name=messages.DIGEST_BATCH.queue,
-    max_retries=3,
-    min_backoff=1_000,
-    max_backoff=60_000,
-    time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000,
-)
+_BATCH_OPTIONS = {
+    "max_retries": 3,
+    "min_backoff": 1_000,
+    "max_backoff": 60_000,
+    "time_limit": max(30, config.get().digest_processing_timeout_seconds - 15) * 1000,
+}
+
+
+@queue.actor(messages.DIGEST_BATCH, **_BATCH_OPTIONS)
 def build_and_send_digest(run_ids: list[int] | None = None) -> None:
     if run_ids is not None:
         if not isinstance(run_ids, list) or len(run_ids) > MAX_IDS_PER_MESSAGE:
@@ -61,14 +62,7 @@ def build_and_send_digest(run_ids: list[int] | None = None) -> None:
 
 # A hint sent after an ingest commit that asked for it (digest/ingest.py): one send-now pass, then
 # the runs it made due now are sent here. Losing it only delays them to the scheduler's next tick.
-@dramatiq.actor(
-    actor_name=messages.SEND_NOW.actor,
-    queue_name=messages.SEND_NOW.queue,
-    max_retries=3,
-    min_backoff=1_000,
-    max_backoff=60_000,
-    time_limit=max(30, config.get().digest_processing_timeout_seconds - 15) * 1000,
-)
+@queue.actor(messages.SEND_NOW, **_BATCH_OPTIONS)  # sends the same batches: the same limits
 def send_now() -> None:
     _, run_ids = immediate.plan(datetime.now(UTC), sending_now=True)
     for start in range(0, len(run_ids), MAX_IDS_PER_MESSAGE):

@@ -20,38 +20,26 @@ from __future__ import annotations
 
 import logging
 
-import dramatiq
-
 from app.newsletter import messages, outbox, sender
-from app.platform import config
+from app.platform import config, queue
 
 log = logging.getLogger("actors.newsletter")
 
 NEWSLETTER_PRIORITY = 100
+_QUEUE_OPTIONS = {"priority": NEWSLETTER_PRIORITY, "min_backoff": 1_000, "max_backoff": 60_000}
 
 
-@dramatiq.actor(
-    actor_name=messages.CREATE_OUTBOX.actor,
-    queue_name=messages.CREATE_OUTBOX.queue,
-    priority=NEWSLETTER_PRIORITY,
-    max_retries=10,
-    min_backoff=1_000,
-    max_backoff=60_000,
-    time_limit=60 * 60_000,
-)
+@queue.actor(messages.CREATE_OUTBOX, **_QUEUE_OPTIONS, max_retries=10, time_limit=60 * 60_000)
 def create_outbox(newsletter_id: int) -> None:
     """Build the outbox. Acked only after it returns: a worker killed mid-way leaves the message
     un-acked, Dramatiq redelivers it, and the re-run skips rows already written."""
     outbox.create_outbox(int(newsletter_id))
 
 
-@dramatiq.actor(
-    actor_name=messages.SEND_BATCH.actor,
-    queue_name=messages.SEND_BATCH.queue,
-    priority=NEWSLETTER_PRIORITY,
+@queue.actor(
+    messages.SEND_BATCH,
+    **_QUEUE_OPTIONS,
     max_retries=20,
-    min_backoff=1_000,
-    max_backoff=60_000,
     time_limit=max(30, config.get().reclaim_after_seconds - 15) * 1000,
 )
 def send_batch(newsletter_id: int) -> None:

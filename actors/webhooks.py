@@ -5,18 +5,10 @@ At-least-once delivery is fine: apply_events only touches rows still unprocessed
 
 from __future__ import annotations
 
-import dramatiq
-
+from app.platform import queue
 from tracking import messages, webhook_apply
 
 
-@dramatiq.actor(
-    actor_name=messages.APPLY_WEBHOOK_EVENTS.actor,
-    queue_name=messages.APPLY_WEBHOOK_EVENTS.queue,
-    max_retries=20,
-    min_backoff=1_000,
-    max_backoff=300_000,
-    time_limit=120_000,
-)
+@queue.actor(messages.APPLY_WEBHOOK_EVENTS, max_retries=20, min_backoff=1_000, max_backoff=300_000, time_limit=120_000)
 def apply_webhook_events(ids: list[int]) -> None:
     webhook_apply.apply_events(ids)

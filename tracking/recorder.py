@@ -275,30 +275,20 @@ def recorder() -> HistoryRecorder:
     return _recorder
 
 
-def record_click(
-    link_id: int,
+def record(
+    kind: str,
+    link_id: int | None,
     mail_kind: str,
     mail_id: int,
     subscriber_id: int | None,
     ip: str | None,
     user_agent: str | None,
-    is_machine: bool,
     reason: str | None,
 ) -> None:
+    """A click (kind "click", its link) or an open (kind "open", link_id None); `reason` says why it
+    is taken for a machine's, None for a person's."""
     recorder().add(
-        copy_line("click", link_id, mail_kind, mail_id, subscriber_id, ip, user_agent, is_machine, reason, time.time())
-    )
-
-
-def record_open(
-    mail_kind: str,
-    mail_id: int,
-    subscriber_id: int | None,
-    ip: str | None,
-    user_agent: str | None,
-    is_machine: bool,
-    reason: str | None,
-) -> None:
-    recorder().add(
-        copy_line("open", None, mail_kind, mail_id, subscriber_id, ip, user_agent, is_machine, reason, time.time())
+        copy_line(
+            kind, link_id, mail_kind, mail_id, subscriber_id, ip, user_agent, reason is not None, reason, time.time()
+        )
     )

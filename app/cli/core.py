@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 
+from app.cli import commands
 from app.platform import apikeys, config, db, migrate, observability
 from app.subscribers import rekey
 
 
 def cmd_migrate(args) -> int:
+    """apply pending SQL migrations (release phase)"""
     if args.status:
         rows = migrate.status()
         for r in rows:
@@ -24,6 +26,7 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_create_api_key(args) -> int:
+    """create an API key; prints it once"""
     db.init()
     try:
         key = apikeys.create(args.name, args.scope)
@@ -36,6 +39,7 @@ def cmd_create_api_key(args) -> int:
 
 
 def cmd_revoke_api_key(args) -> int:
+    """revoke keys by name or prefix"""
     db.init()
     n = apikeys.revoke(args.name)
     print(f"revoked {n} key(s)")
@@ -43,6 +47,7 @@ def cmd_revoke_api_key(args) -> int:
 
 
 def cmd_list_api_keys(args) -> int:
+    """list keys (never the keys themselves)"""
     db.init()
     for key_id, name, scope, prefix, created, revoked in apikeys.list_keys():
         print(
@@ -53,6 +58,7 @@ def cmd_list_api_keys(args) -> int:
 
 
 def cmd_settings(args) -> int:
+    """print every setting in force (secrets masked), or --markdown"""
     if args.markdown:
         print(config.markdown_table())
         return 0
@@ -65,6 +71,8 @@ def cmd_settings(args) -> int:
 
 
 def cmd_rekey_addresses(args) -> int:
+    """store every address's canonical form again where it is wrong (after a deploy that changed non-ASCII addresses
+    meanwhile)"""
     conn = db.connect_raw(migrate.target_url(), autocommit=True)
     try:
         counts = rekey.rekey(conn)
@@ -77,6 +85,7 @@ def cmd_rekey_addresses(args) -> int:
 def cmd_metrics_exporter(args) -> int:
     # Here, not at the top: the web stack would slow the start-up of every other command (migrate in
     # the release phase; python -X importtime shows it).
+    """serve GET /metrics of this host's worker processes (a host without a web process): admin key or METRICS_TOKEN"""
     import uvicorn
 
     from app.web import health
@@ -87,32 +96,17 @@ def cmd_metrics_exporter(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("settings", help="print every setting in force (secrets masked), or --markdown")
+    p = commands.add(sub, "settings", cmd_settings)
     p.add_argument("--markdown", action="store_true", help="the configuration table of docs/configuration.md")
-    p.set_defaults(func=cmd_settings)
-    p = sub.add_parser("migrate", help="apply pending SQL migrations (release phase)")
+    p = commands.add(sub, "migrate", cmd_migrate)
     p.add_argument("--status", action="store_true", help="list applied and pending migrations")
-    p.set_defaults(func=cmd_migrate)
-    p = sub.add_parser(
-        "rekey-addresses",
-        help="store every address's canonical form again where it is wrong "
-        "(after a deploy that changed non-ASCII addresses meanwhile)",
-    )
-    p.set_defaults(func=cmd_rekey_addresses)
-    p = sub.add_parser("create-api-key", help="create an API key; prints it once")
+    commands.add(sub, "rekey-addresses", cmd_rekey_addresses)
+    p = commands.add(sub, "create-api-key", cmd_create_api_key)
     p.add_argument("name")
     p.add_argument("--scope", choices=apikeys.SCOPES, required=True)
-    p.set_defaults(func=cmd_create_api_key)
-    p = sub.add_parser("revoke-api-key", help="revoke keys by name or prefix")
+    p = commands.add(sub, "revoke-api-key", cmd_revoke_api_key)
     p.add_argument("name")
-    p.set_defaults(func=cmd_revoke_api_key)
-    p = sub.add_parser("list-api-keys", help="list keys (never the keys themselves)")
-    p.set_defaults(func=cmd_list_api_keys)
-    p = sub.add_parser(
-        "metrics-exporter",
-        help="serve GET /metrics of this host's worker processes (a host "
-        "without a web process): admin key or METRICS_TOKEN",
-    )
+    commands.add(sub, "list-api-keys", cmd_list_api_keys)
+    p = commands.add(sub, "metrics-exporter", cmd_metrics_exporter)
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9191, help="listen port (default 9191)")
-    p.set_defaults(func=cmd_metrics_exporter)

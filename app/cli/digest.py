@@ -7,12 +7,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from app.cli import commands
 from app.platform import config, db
 from digest import build as digest_build
 from digest import plan as digest_plan
 
 
 def cmd_digest_now(args) -> int:
+    """make the next digest of some (or all) subscribers due now"""
     db.init()
     if not args.all and not args.user_ids:
         print("error: name USER_IDs or pass --all", file=sys.stderr)
@@ -29,6 +31,7 @@ def cmd_digest_now(args) -> int:
 
 
 def cmd_preview_digest(args) -> int:
+    """render a subscriber's digest now; sends and marks nothing"""
     db.init()
     try:
         rendered = digest_build.preview(args.user_id)
@@ -49,12 +52,10 @@ def cmd_preview_digest(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("digest-now", help="make the next digest of some (or all) subscribers due now")
+    p = commands.add(sub, "digest-now", cmd_digest_now)
     p.add_argument("user_ids", nargs="*", metavar="USER_ID")
     p.add_argument("--all", action="store_true", help="every subscriber with unsent events")
-    p.set_defaults(func=cmd_digest_now)
-    p = sub.add_parser("preview-digest", help="render a subscriber's digest now; sends and marks nothing")
+    p = commands.add(sub, "preview-digest", cmd_preview_digest)
     p.add_argument("user_id")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.add_argument("--text", action="store_true", help="the plain-text part instead of the HTML")
-    p.set_defaults(func=cmd_preview_digest)

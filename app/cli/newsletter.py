@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from app.cli import commands
 from app.newsletter import service
 from app.platform import db
 
@@ -34,6 +35,7 @@ def progress_line(s: dict, elapsed: float | None = None, rate: float | None = No
 
 
 def cmd_status(args) -> int:
+    """progress of a newsletter send (live bar until done)"""
     db.init()
     try:
         s = service.status(args.id)
@@ -64,8 +66,7 @@ def cmd_status(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("newsletter-status", help="progress of a newsletter send (live bar until done)")
+    p = commands.add(sub, "newsletter-status", cmd_status)
     p.add_argument("id", type=int)
     p.add_argument("--once", action="store_true", help="print the current state once and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    p.set_defaults(func=cmd_status)

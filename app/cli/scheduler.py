@@ -25,6 +25,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
+from app.cli import commands
 from app.cli.output import print_json
 from app.newsletter.reclaim import reclaim_stale
 from app.newsletter.schedule import start_due as start_scheduled_newsletters
@@ -138,6 +139,7 @@ def parse_now(text: str | None) -> datetime | None:
 
 
 def cmd_scheduler(args) -> int:
+    """plan, enqueue and watch digest runs (leader-elected loop)"""
     observability.init_sentry("scheduler")
     db.init()
     try:
@@ -196,7 +198,6 @@ def cmd_scheduler(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("scheduler", help="plan, enqueue and watch digest runs (leader-elected loop)")
+    p = commands.add(sub, "scheduler", cmd_scheduler)
     p.add_argument("--once", action="store_true", help="run a single tick and print its result")
     p.add_argument("--now", metavar="ISO8601", help="pin the clock, e.g. 2026-03-08T14:00:00Z")
-    p.set_defaults(func=cmd_scheduler)

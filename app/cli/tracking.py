@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import sys
 
+from app.cli import commands
 from app.platform import db
 from tracking import legacy
 
 
 def cmd_import_legacy_links(args) -> int:
+    """load click codes of a previous system from a CSV (code,url,mail,recipient)"""
     db.init()
     try:
         with open(args.file, newline="", encoding="utf-8-sig") as f:
@@ -31,8 +33,5 @@ def cmd_import_legacy_links(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "import-legacy-links", help="load click codes of a previous system from a CSV (code,url,mail,recipient)"
-    )
+    p = commands.add(sub, "import-legacy-links", cmd_import_legacy_links)
     p.add_argument("file", help="CSV file; mail column as newsletter:42 or digest:17")
-    p.set_defaults(func=cmd_import_legacy_links)

@@ -315,28 +315,28 @@ class _Outcomes:
     def write(self) -> None:
         """What the provider accepted is written once Postgres answers again, never sent twice: the
         rows stay `sending` meanwhile, which nobody else claims until the reclaimer's timeout."""
-        nl = self.newsletter_id
         if self.marks:
             marks = self.marks
-            db.until_written(
-                lambda: db.thread_connection.call(rows.mark, marks),
-                self.deadline,
-                f"newsletter {nl}: recording {len(marks)} outcomes",
-            )
+            self._until_written(rows.mark, marks, f"recording {len(marks)} outcomes")
             self.marks = []
             metrics.newsletter_marks(marks)  # committed: sent / retry / failed
         if self.released:
             released = self.released
-            db.until_written(
-                lambda: db.thread_connection.call(rows.release, released),
-                self.deadline,
-                f"newsletter {nl}: releasing {len(released)} rows not sent",
-            )
+            self._until_written(rows.release, released, f"releasing {len(released)} rows not sent")
             self.released = []
             self.stats.released += len(released)
             log.info(
-                "newsletter %s: stopped between two mails; %d claimed row(s) not sent were released", nl, len(released)
+                "newsletter %s: stopped between two mails; %d claimed row(s) not sent were released",
+                self.newsletter_id,
+                len(released),
             )
+
+    def _until_written(self, statement, items: list, what: str) -> None:
+        db.until_written(
+            lambda: db.thread_connection.call(statement, items),
+            self.deadline,
+            f"newsletter {self.newsletter_id}: {what}",
+        )
 
 
 def _marks_for(results, mail_rows, settings: Settings, stats: SendStats):

@@ -69,6 +69,16 @@ class Partition:
     detach_pending: bool
 
 
+def lock_not_granted(logger: logging.Logger, work: str, table: Table) -> None:
+    """Logs `work` on `table` skipped: a lock was not granted within MIGRATION_LOCK_TIMEOUT."""
+    logger.warning(
+        "%s of %s: lock not granted within %s; the next tick tries again",
+        work,
+        table.name,
+        config.get().migration_lock_timeout,
+    )
+
+
 def is_partitioned(cur: Cursor, table: str) -> bool:
     cur.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)", (table,))
     row = cur.fetchone()
@@ -94,11 +104,7 @@ def ensure_ahead(conn: Connection, now: datetime | None = None, months: int = AH
                 cur.execute("SELECT create_time_partitions(%s, coalesce(%s, now()), %s)", (table.name, now, months))
                 names = [row[0] for row in cur.fetchall()]
         except psycopg2.errors.LockNotAvailable:
-            log.warning(
-                "partitions of %s: lock not granted within %s; the next tick tries again",
-                table.name,
-                config.get().migration_lock_timeout,
-            )
+            lock_not_granted(log, "partitions", table)
             continue
         if names:
             log.info("created partitions %s", ", ".join(names))

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import dramatiq
+from dramatiq.actor import ActorDecorator
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import AgeLimit, Callbacks, Middleware, Pipelines, Retries, ShutdownNotifications, TimeLimit
 
@@ -35,6 +36,11 @@ class Target(NamedTuple):
 
     queue: str
     actor: str
+
+
+def actor(target: Target, **options: Any) -> ActorDecorator:
+    """dramatiq.actor declaring the actor that reads `target`: its name and queue come from there."""
+    return dramatiq.actor(actor_name=target.actor, queue_name=target.queue, **options)
 
 
 _lock = threading.Lock()

@@ -82,11 +82,7 @@ def run(conn, now: datetime | None = None, budget_seconds: float = WORK_SECONDS)
         try:
             done, left = _retire(conn, table, cutoff, deadline)
         except psycopg2.errors.LockNotAvailable:
-            log.warning(
-                "retention of %s: lock not granted within %s; the next tick tries again",
-                table.name,
-                config.get().migration_lock_timeout,
-            )
+            partitions.lock_not_granted(log, "retention", table)
             continue
         dropped += done
         unfinished += left

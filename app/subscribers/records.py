@@ -17,17 +17,11 @@ WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", 
 MAX_CATEGORIES = 100
 
 
-def _sendable(addr: str) -> bool:
-    try:
-        sendable(addr)
-        return True
-    except AddressError:
-        return False
-
-
 def _email(value: str) -> str:
-    if not _sendable(value):
-        raise fail("email", "must be a valid email address")
+    try:
+        sendable(value)
+    except AddressError:
+        raise fail("email", "must be a valid email address") from None
     try:
         check_domain(value)  # so that the address has one canonical form (README "Address identity")
     except AddressError:

@@ -19,6 +19,7 @@ release's processes wrote while a deploy was under way, and running it again cha
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from app.platform import db, migrate
@@ -45,9 +46,8 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
         f"UPDATE {table} t SET canonical_email = v.key FROM (VALUES %s) AS v(id, email, key) "
         "WHERE t.id = v.id AND t.email = v.email AND t.canonical_email IS DISTINCT FROM v.key"
     )
-    after, changed = 0, 0
 
-    def one_batch(cur):
+    def one_batch(cur, after: int):
         cur.execute(read, (after,))
         rows = cur.fetchall()
         stale = [(i, email, key) for i, email, stored in rows if (key := canonical(email)) != stored]
@@ -55,17 +55,11 @@ def _keyed_table(conn, table: str, only_missing: bool = False) -> int:
             db.execute_values(cur, write, stale, template="(%s::bigint, %s::text, %s::text)", page_size=len(stale))
         return (rows[-1][0] if rows else None), cur.rowcount if stale else 0
 
-    while True:
-        last, n = migrate.batch(conn, one_batch, "rekey", _MERGED)
-        if last is None:
-            return changed
-        after, changed = last, changed + n
+    return _in_batches(conn, one_batch)
 
 
 def _suppressions(conn) -> int:
-    after, changed = 0, 0
-
-    def one_batch(cur):
+    def one_batch(cur, after: int):
         cur.execute(f"SELECT id, email FROM suppressions WHERE id > %s ORDER BY id LIMIT {BATCH}", (after,))
         rows = cur.fetchall()
         n = sum(
@@ -73,8 +67,15 @@ def _suppressions(conn) -> int:
         )
         return (rows[-1][0] if rows else None), n
 
+    return _in_batches(conn, one_batch)
+
+
+def _in_batches(conn, one_batch) -> int:
+    """one_batch(cur, after) handles the rows after id `after`, each call in its own transaction, and
+    returns (the last id it read or None at the end, rows changed); returns the rows changed in all."""
+    after, changed = 0, 0
     while True:
-        last, n = migrate.batch(conn, one_batch, "rekey", _MERGED)
+        last, n = migrate.batch(conn, functools.partial(one_batch, after=after), "rekey", _MERGED)
         if last is None:
             return changed
         after, changed = last, changed + n

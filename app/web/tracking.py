@@ -74,6 +74,14 @@ async def not_found(send, head: bool = False) -> None:
     await _send(send, _NOT_FOUND_START, b"" if head else _NOT_FOUND_HTML)
 
 
+async def _unavailable(scope, receive, send) -> None:
+    await Response(
+        "Temporarily unavailable, try again shortly.",
+        status_code=503,
+        headers={"Retry-After": "5", "Cache-Control": "no-store"},
+    )(scope, receive, send)
+
+
 async def click(scope, receive, send) -> None:
     code = scope["path_params"]["code"]
     head = scope["method"] == "HEAD"
@@ -82,19 +90,11 @@ async def click(scope, receive, send) -> None:
     except db.UNAVAILABLE as exc:
         # Only a first sighting of a link touches the DB; if that fails we cannot know the target.
         log.warning("click code lookup failed, database unavailable: %s", str(exc).strip().splitlines()[:1])
-        await Response(
-            "Temporarily unavailable, try again shortly.",
-            status_code=503,
-            headers={"Retry-After": "5", "Cache-Control": "no-store"},
-        )(scope, receive, send)
+        await _unavailable(scope, receive, send)
         return
     except Exception:
         log.exception("click code lookup failed")
-        await Response(
-            "Temporarily unavailable, try again shortly.",
-            status_code=503,
-            headers={"Retry-After": "5", "Cache-Control": "no-store"},
-        )(scope, receive, send)
+        await _unavailable(scope, receive, send)
         return
     if target is None:
         await not_found(send, head)
@@ -102,9 +102,7 @@ async def click(scope, receive, send) -> None:
     ip, ua = _request_facts(scope)
     reason = machines.classify_click(scope["method"], ua)
     link = target.link
-    recorder.record_click(
-        link.id, link.mail_kind, link.mail_id, target.subscriber_id, ip, ua, reason is not None, reason
-    )
+    recorder.record("click", link.id, link.mail_kind, link.mail_id, target.subscriber_id, ip, ua, reason)
     metrics.tracking_hit("click", reason is not None)
     await send(
         {
@@ -126,9 +124,7 @@ async def open_pixel(scope, receive, send) -> None:
     if decoded is not None:
         ip, ua = _request_facts(scope)
         reason = machines.classify_open(scope["method"], ua, ip)
-        recorder.record_open(
-            decoded.mail_kind, decoded.mail_id, decoded.subscriber_id, ip, ua, reason is not None, reason
-        )
+        recorder.record("open", None, decoded.mail_kind, decoded.mail_id, decoded.subscriber_id, ip, ua, reason)
         metrics.tracking_hit("open", reason is not None)
     # A broken image would show in the mail: answer with the pixel even for a bad code (but 404).
     await _send(

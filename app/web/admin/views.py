@@ -74,6 +74,35 @@ def signed_in(endpoint):
     return handler
 
 
+def posted(unchanged: str = "nothing changed.", logged: str | None = None):
+    """Endpoint decorator under signed_in: called as (request, current session, posted form) once the
+    form is readable (else 400) and carries this session's CSRF token (else 403, whose page ends
+    "…so " + `unchanged`; logged as `logged` refused when that is given)."""
+
+    def decorate(endpoint):
+        @functools.wraps(endpoint)
+        async def handler(request: Request, current) -> Response:
+            try:
+                form = await common.read_form(request)
+            except (common.FormTooLarge, common.BadForm):
+                return render.error(request, 400, "Bad request", "That request could not be read.", current)
+            if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
+                if logged:
+                    log.info("%s refused: bad CSRF token (session %s)", logged, current.id)
+                return render.error(
+                    request,
+                    403,
+                    "Please try again",
+                    f"This form expired or was sent from somewhere else, so {unchanged}",
+                    current,
+                )
+            return await endpoint(request, current, form)
+
+        return handler
+
+    return decorate
+
+
 class BadParam(ValueError):
     pass
 
@@ -155,19 +184,8 @@ async def login_submit(request: Request) -> Response:
 
 
 @signed_in
-async def logout(request: Request, current) -> Response:
-    try:
-        form = await common.read_form(request)
-    except (common.FormTooLarge, common.BadForm):
-        return render.error(request, 400, "Bad request", "That request could not be read.", current)
-    if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
-        return render.error(
-            request,
-            403,
-            "Please try again",
-            "This form expired or was sent from somewhere else, so you are still signed in.",
-            current,
-        )
+@posted("you are still signed in.")
+async def logout(request: Request, current, form) -> Response:
     await run_in_threadpool(session.end, current.id)
     response = render.redirect("/admin/login")
     session.clear_cookie(response, request)
@@ -315,21 +333,8 @@ async def suppression_confirm(request: Request, current) -> Response:
 
 
 @signed_in
-async def suppression_remove(request: Request, current) -> Response:
-    try:
-        form = await common.read_form(request)
-    except (common.FormTooLarge, common.BadForm):
-        return render.error(request, 400, "Bad request", "That request could not be read.", current)
-    if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
-        log.info("suppression removal refused: bad CSRF token (session %s)", current.id)
-        return render.error(
-            request,
-            403,
-            "Please try again",
-            "This form expired or was sent from somewhere else, so nothing changed. "
-            "Open the suppression list again and retry.",
-            current,
-        )
+@posted("nothing changed. Open the suppression list again and retry.", logged="suppression removal")
+async def suppression_remove(request: Request, current, form) -> Response:
     sid = _suppression_id(request)
     row = await run_in_threadpool(suppressions.get, sid) if sid else None
     if sid is None or row is None:
@@ -361,10 +366,8 @@ async def suppression_remove(request: Request, current) -> Response:
 
 
 @signed_in
-async def sending_stop(request: Request, current) -> Response:
-    form = await _checked_form(request, current)
-    if isinstance(form, Response):
-        return form
+@posted()
+async def sending_stop(request: Request, current, form) -> Response:
     reason = (common.text(form, "reason") or "").strip()
     if not reason or len(reason) > sending.MAX_REASON_CHARS or not reason.isprintable():
         return render.error(
@@ -383,27 +386,8 @@ async def sending_stop(request: Request, current) -> Response:
 
 
 @signed_in
-async def sending_resume(request: Request, current) -> Response:
-    form = await _checked_form(request, current)
-    if isinstance(form, Response):
-        return form
+@posted()
+async def sending_resume(request: Request, current, form) -> Response:
     await run_in_threadpool(sending.resume_sending, _operator(request, current))
     log.warning("sending resumed from /admin by API key %s (%s)", current.key_id, current.key_name)
     return render.redirect("/admin?notice=resumed")
-
-
-async def _checked_form(request: Request, current):
-    """The posted form if it is readable and carries this session's CSRF token; else the error page."""
-    try:
-        form = await common.read_form(request)
-    except (common.FormTooLarge, common.BadForm):
-        return render.error(request, 400, "Bad request", "That request could not be read.", current)
-    if not render.csrf_ok(current, common.text(form, csrf.FIELD)):
-        return render.error(
-            request,
-            403,
-            "Please try again",
-            "This form expired or was sent from somewhere else, so nothing changed.",
-            current,
-        )
-    return form
