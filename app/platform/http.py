@@ -13,6 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from app.platform import apikeys, config, db
+from app.platform.errors import DomainError, Invalid, problem
 
 log = logging.getLogger("app.platform.http")
 
@@ -30,6 +31,12 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, errors: list | None = None, headers=None):
         super().__init__(message)
         self.status, self.code, self.message, self.errors, self.headers = status, code, message, errors, headers
+
+    @classmethod
+    def of(cls, exc: DomainError) -> ApiError:
+        """The one mapping of a domain error (app/platform/errors.py) to the API's answer."""
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return cls(exc.status, exc.code, exc.message, exc.problems, headers=headers)
 
     def response(self) -> Response:
         body: dict[str, object] = {"error": self.code, "message": self.message}
@@ -117,15 +124,11 @@ async def database_unavailable_handler(request: Request, exc: Exception) -> Resp
     return PlainTextResponse("Temporarily unavailable, please try again in a moment.", status_code=503, headers=headers)
 
 
-def field_error(field: str, message: str, index: int | None = None) -> dict:
-    err: dict[str, object] = {"field": field, "message": message}
-    if index is not None:
-        err = {"index": index, **err}
-    return err
+field_error = problem  # {field, message}, {index, field, message} for an item of a batch
 
 
 def validation_error(errors: list[dict]) -> ApiError:
-    return ApiError(422, "validation_failed", f"{len(errors)} problem(s) in the request; nothing was stored", errors)
+    return ApiError.of(Invalid.of(errors))
 
 
 class BadContentLength(ValueError):
