@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from app.platform import apikeys, config, db
-from app.platform.errors import DomainError, Invalid, problem
+from app.platform.errors import DomainError, Invalid
 
 log = logging.getLogger("app.platform.http")
 
@@ -124,9 +124,6 @@ async def database_unavailable_handler(request: Request, exc: Exception) -> Resp
     return PlainTextResponse("Temporarily unavailable, please try again in a moment.", status_code=503, headers=headers)
 
 
-field_error = problem  # {field, message}, {index, field, message} for an item of a batch
-
-
 def validation_error(errors: list[dict]) -> ApiError:
     return ApiError.of(Invalid.of(errors))
 
@@ -232,19 +229,6 @@ async def read_json(request: Request, limit: int | None = None):
         return parse_json(body, exact_integers=True)
     except JSONBodyError as exc:
         raise ApiError(400, "malformed_json", str(exc)) from None
-
-
-async def read_put_body(request: Request, key_field: str, key: str, validate, limit: int) -> dict:
-    """The validated body of a PUT to the resource the URL names. What GET returns can be PUT back,
-    so the body may repeat the URL's key: it is not a field, and a different value is a 422."""
-    body = await read_json(request, limit=limit)
-    echoed = body.pop(key_field, None) if isinstance(body, dict) else None
-    values, errors = validate(body)
-    if echoed not in (None, key):
-        errors.append({"field": key_field, "message": "does not match the URL"})
-    if errors:
-        raise validation_error(errors)
-    return values
 
 
 async def require_key(request: Request, scope: str) -> apikeys.Principal:

@@ -33,10 +33,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from app.platform import config, shutdown, tokens
-from app.platform.http import ApiError, FastJSONResponse, read_json, validation_error
+from app.platform.errors import NotFound
+from app.platform.http import ApiError, FastJSONResponse, validation_error
 from app.platform.openapi import Endpoint, Operation, api_route
 from app.platform.validation import Body
-from app.web.api.feed import _USER_ID, FEED_ANSWER, feed_query, user_id_param
+from app.web.api.feed import _USER_ID, FEED_ANSWER, NO_SUBSCRIBER, feed_query, mark_of
 from digest import feed, seen
 
 log = logging.getLogger("app.web.api.feed_browser")
@@ -102,8 +103,7 @@ async def feed_subscriber(request: Request) -> feed.Subscriber:
 
 
 # -- minting (server side, admin key) --------------------------------------------------------------
-async def post_feed_token(request: Request):
-    user_id = user_id_param(request)
+async def post_feed_token(request: Request, user_id: str):
     settings = config.get()
     ttl = settings.feed_token_seconds
     if "ttl_seconds" in request.query_params:
@@ -113,38 +113,32 @@ async def post_feed_token(request: Request):
         ttl = min(ttl, int(asked))  # asking for more gets FEED_TOKEN_SECONDS
     subscriber = await run_in_threadpool(feed.find, user_id)
     if subscriber is None:
-        raise ApiError(404, "not_found", "no subscriber with that user_id")
+        raise NotFound(NO_SUBSCRIBER)
     expires_at = int(time.time()) + ttl
     token = tokens.feed_token(subscriber.id, subscriber.token_version, expires_at)
     return FastJSONResponse({"token": token, "expires_at": expires_at}, status_code=201)
 
 
 # -- the front end's routes (feed token) -----------------------------------------------------------
-@with_cors
 async def get_own_feed(request: Request):
-    subscriber = await feed_subscriber(request)
+    subscriber = request.state.principal  # the feed token's (feed_subscriber, declared below)
     query = feed_query(request)
     return FastJSONResponse(await run_in_threadpool(lambda: feed.page(subscriber, **query)))
 
 
-async def _mark_own(request: Request, kind: str) -> Response:
-    subscriber = await feed_subscriber(request)
-    mark, errors = seen.validate_mark(await read_json(request))
-    if errors or mark is None:
-        raise validation_error(errors)
+async def _mark_own(request: Request, kind: str, mark: seen.MarkInput) -> Response:
+    subscriber = request.state.principal
     if not await run_in_threadpool(seen.mark_user, None, kind, mark, subscriber.id):
         raise _unauthorized("invalid or expired feed token")  # erased meanwhile
     return Response(status_code=202)
 
 
-@with_cors
-async def post_own_seen(request: Request):
-    return await _mark_own(request, seen.SEEN)
+async def post_own_seen(request: Request, body: seen.MarkInput):
+    return await _mark_own(request, seen.SEEN, body)
 
 
-@with_cors
-async def post_own_read(request: Request):
-    return await _mark_own(request, seen.READ)
+async def post_own_read(request: Request, body: seen.MarkInput):
+    return await _mark_own(request, seen.READ, body)
 
 
 class Slots:
@@ -276,9 +270,8 @@ async def stream_messages(subscriber: feed.Subscriber, last_event_id: int | None
         watcher.remove(watch)
 
 
-@with_cors
 async def get_own_stream(request: Request):
-    subscriber = await feed_subscriber(request)
+    subscriber = request.state.principal
     raw = request.headers.get("last-event-id", "").strip()
     last = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else None
     if not slots.take(max(0, config.get().feed_stream_max_connections)):
@@ -317,8 +310,11 @@ def _own_mark_route(state: str, endpoint: Endpoint) -> Route:
             body=seen.MarkInput,
             bearer=True,
             description=_TOKEN_ONLY,
+            check=mark_of,
+            authenticate=feed_subscriber,
         ),
         options=_PREFLIGHT,
+        wrap=with_cors,
     )
 
 
@@ -345,8 +341,10 @@ routes = [
             query=feed.FeedQuery,
             bearer=True,
             description=_TOKEN_ONLY,
+            authenticate=feed_subscriber,
         ),
         options=_PREFLIGHT,
+        wrap=with_cors,
     ),
     _own_mark_route("seen", post_own_seen),
     _own_mark_route("read", post_own_read),
@@ -359,7 +357,9 @@ routes = [
             errors=(503,),
             bearer=True,
             description=_TOKEN_ONLY,
+            authenticate=feed_subscriber,
         ),
         options=_PREFLIGHT,
+        wrap=with_cors,
     ),
 ]
