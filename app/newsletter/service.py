@@ -405,10 +405,6 @@ class NewsletterListQuery(Body):
     status: Literal[tuple(statements.NewsletterStatus)] | None = None
 
 
-def validate_list_query(params: dict) -> tuple[NewsletterListQuery | None, list[dict]]:
-    return check(NewsletterListQuery, params, root="query")
-
-
 def list_newsletters(query: NewsletterListQuery) -> NewsletterPage:
     """One page, newest first, with row counts: a finished newsletter's were stored when it finished;
     the others (few at any time) are counted now."""

@@ -88,6 +88,8 @@ class Operation:
     check:        check(request, parsed JSON) -> (value, problems), when the model alone does not
                   say what is accepted (a merge patch, a batch refused by its size first); by
                   default the body model validates it.
+    check_query:  the same for the query string (check_query(request, its parameters)); by default
+                  the query model validates them (a problem with them all names `query`).
     authenticate: a bearer check of the route's own (a feed token), run where a scope's would be:
                   before the body is read; its result is `request.state.principal`.
     """
@@ -104,6 +106,7 @@ class Operation:
     body_limit: int | None = None
     echo: str | None = None
     check: BodyCheck | None = None
+    check_query: BodyCheck | None = None
     authenticate: Callable[[Request], Awaitable[Any]] | None = None
     models: tuple[type[BaseModel], ...] = field(init=False, default=())
 
@@ -135,9 +138,10 @@ def api_route(
 
     Before the endpoint runs, in this order: the key's scope (or the operation's `authenticate`), its
     principal in `request.state.principal`; each path parameter validated by its declared type (a
-    422 naming it, or whatever domain error its validator raises); the body read, parsed and
-    validated as the operation declares it. The endpoint is called as `endpoint(request, **path
-    parameters, body=the validated body)` (the body only when the operation declares one). It
+    422 naming it, or whatever domain error its validator raises); the query string, when the
+    operation declares a query; the body read, parsed and validated as the operation declares it.
+    The endpoint is called as `endpoint(request, **path parameters, query=..., body=...)` (query and
+    body only when the operation declares them), and checks nothing of them itself. It
     returns a Response, or a result the route serialises with the model declared for its status:
     `result` for the one status whose model it is, or `(result, status)`. A domain error
     (app/platform/errors.py) it raises is answered as the API's error (`ApiError.of`), here only.
@@ -176,6 +180,8 @@ def _declared(endpoint: Endpoint, ops: dict[str, Operation], path_checks: dict[s
             elif op is not None and op.authenticate is not None:
                 request.state.principal = await op.authenticate(request)
             arguments = {name: _path_value(name, adapter, request) for name, adapter in path_checks.items()}
+            if op is not None and op.query is not None:
+                arguments["query"] = _query(request, op)
             if op is not None and op.body is not None:
                 arguments["body"] = await _body(request, op, arguments)
             result = await endpoint(request, **arguments)
@@ -193,6 +199,18 @@ def _path_value(name: str, adapter: TypeAdapter[Any], request: Request) -> Any:
         return adapter.validate_python(request.path_params[name])
     except ValidationError as exc:
         raise Invalid.of(problems(exc, root=name)) from None
+
+
+def _query(request: Request, op: Operation) -> Any:
+    params = dict(request.query_params)
+    if op.check_query is not None:
+        value, found = op.check_query(request, params)
+    else:
+        assert op.query is not None
+        value, found = check(op.query, params, root="query")
+    if found:
+        raise Invalid.of(found)
+    return value
 
 
 async def _body(request: Request, op: Operation, path_values: dict[str, Any]) -> Any:

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.platform.errors import NotFound, problem
-from app.platform.http import FastJSONResponse, validation_error
+from app.platform.http import FastJSONResponse
 from app.platform.openapi import Operation, api_route
 from app.platform.validation import Text, plain_int
 from digest import feed, seen
@@ -42,9 +42,10 @@ async def post_read(request: Request, user_id: str, body: seen.MarkInput):
     return await _mark(user_id, seen.READ, body)
 
 
-def feed_query(request: Request) -> dict:
-    """`limit`, `unread`, `before` of a feed request; 422 naming each bad one."""
-    params, errors = request.query_params, []
+def feed_query(request: Request, params: dict) -> tuple[dict, list[dict]]:
+    """`limit`, `unread`, `before` of a feed request as feed.page takes them, or a problem naming
+    each bad one (FeedQuery documents them; the words are these)."""
+    errors: list[dict] = []
     out: dict[str, Any] = {}
     unknown = sorted(set(params) - {"limit", "unread", "before"})
     errors += [problem(name, "unknown query parameter") for name in unknown]
@@ -62,13 +63,10 @@ def feed_query(request: Request) -> dict:
             out["before"] = feed.parse_cursor(params["before"])
         except feed.BadCursor as exc:
             errors.append(problem("before", str(exc)))
-    if errors:
-        raise validation_error(errors)
-    return out
+    return out, errors
 
 
-async def get_feed(request: Request, user_id: str):
-    query = feed_query(request)
+async def get_feed(request: Request, user_id: str, query: dict):
 
     def load() -> dict | None:  # one trip to the thread pool
         subscriber = feed.find(user_id)
@@ -97,6 +95,7 @@ routes = [
             {200: FEED_ANSWER},
             errors=(404, 422),
             query=feed.FeedQuery,
+            check_query=feed_query,
             scope="admin",
         ),
     ),

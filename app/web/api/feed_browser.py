@@ -33,8 +33,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from app.platform import config, shutdown, tokens
-from app.platform.errors import NotFound
-from app.platform.http import ApiError, FastJSONResponse, validation_error
+from app.platform.errors import NotFound, problem
+from app.platform.http import ApiError, FastJSONResponse
 from app.platform.openapi import Endpoint, Operation, api_route
 from app.platform.validation import Body
 from app.web.api.feed import _USER_ID, FEED_ANSWER, NO_SUBSCRIBER, feed_query, mark_of
@@ -103,14 +103,19 @@ async def feed_subscriber(request: Request) -> feed.Subscriber:
 
 
 # -- minting (server side, admin key) --------------------------------------------------------------
-async def post_feed_token(request: Request, user_id: str):
-    settings = config.get()
-    ttl = settings.feed_token_seconds
-    if "ttl_seconds" in request.query_params:
-        asked = request.query_params["ttl_seconds"]
+def token_ttl(request: Request, params: dict) -> tuple[int, list[dict]]:
+    """The token's lifetime in seconds: FEED_TOKEN_SECONDS, or less when `ttl_seconds` asks for less."""
+    ttl = config.get().feed_token_seconds
+    if "ttl_seconds" in params:
+        asked = params["ttl_seconds"]
         if not (asked.isascii() and asked.isdigit() and len(asked) <= 18 and int(asked) >= 1):
-            raise validation_error([{"field": "ttl_seconds", "message": "must be a whole number of seconds, >= 1"}])
+            return ttl, [problem("ttl_seconds", "must be a whole number of seconds, >= 1")]
         ttl = min(ttl, int(asked))  # asking for more gets FEED_TOKEN_SECONDS
+    return ttl, []
+
+
+async def post_feed_token(request: Request, user_id: str, query: int):
+    ttl = query
     subscriber = await run_in_threadpool(feed.find, user_id)
     if subscriber is None:
         raise NotFound(NO_SUBSCRIBER)
@@ -120,9 +125,8 @@ async def post_feed_token(request: Request, user_id: str):
 
 
 # -- the front end's routes (feed token) -----------------------------------------------------------
-async def get_own_feed(request: Request):
+async def get_own_feed(request: Request, query: dict):
     subscriber = request.state.principal  # the feed token's (feed_subscriber, declared below)
-    query = feed_query(request)
     return FastJSONResponse(await run_in_threadpool(lambda: feed.page(subscriber, **query)))
 
 
@@ -328,6 +332,7 @@ routes = [
             {201: "the token and its expiry (Unix seconds)"},
             errors=(404, 422),
             query=FeedTokenQuery,
+            check_query=token_ttl,
             scope="admin",
         ),
     ),
@@ -339,6 +344,7 @@ routes = [
             {200: FEED_ANSWER},
             errors=(422,),
             query=feed.FeedQuery,
+            check_query=feed_query,
             bearer=True,
             description=_TOKEN_ONLY,
             authenticate=feed_subscriber,

@@ -21,7 +21,6 @@ from app.newsletter.service import (
 )
 from app.newsletter.test_send import TestResult
 from app.platform.errors import NotFound
-from app.platform.http import validation_error
 from app.platform.openapi import Operation, api_route
 from app.platform.validation import plain_int
 
@@ -53,10 +52,7 @@ async def create_newsletter(request: Request, body: NewsletterInput):
     return NewsletterState(id=newsletter_id, status="draft")
 
 
-async def list_newsletters(request: Request):
-    query, errors = service.validate_list_query(dict(request.query_params))
-    if errors or query is None:
-        raise validation_error(errors)
+async def list_newsletters(request: Request, query: service.NewsletterListQuery):
     return await run_in_threadpool(service.list_newsletters, query)
 
 
