@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from app.platform import apikeys, config, db
-from app.platform.errors import DomainError, Invalid
+from app.platform.errors import DomainError
 
 log = logging.getLogger("app.platform.http")
 
@@ -122,10 +122,6 @@ async def database_unavailable_handler(request: Request, exc: Exception) -> Resp
             503, "unavailable", "the database is unavailable; nothing was changed, retry later", headers=headers
         ).response()
     return PlainTextResponse("Temporarily unavailable, please try again in a moment.", status_code=503, headers=headers)
-
-
-def validation_error(errors: list[dict]) -> ApiError:
-    return ApiError.of(Invalid.of(errors))
 
 
 class BadContentLength(ValueError):
