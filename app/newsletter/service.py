@@ -320,7 +320,7 @@ def unknown_user_ids(audience: dict) -> tuple[list[str], int]:
         return [], 0
     wanted = audience.get("user_ids", [])
     known = {r[0] for r in db.query("SELECT user_id FROM subscribers WHERE user_id = ANY(%s)", (wanted,))}
-    unknown = [u for u in wanted if u not in known]  # wanted is sorted (validate_audience)
+    unknown = [u for u in wanted if u not in known]  # wanted is sorted (NewsletterAudience.recipients)
     return unknown[:UNKNOWN_SHOWN], len(unknown)
 
 
