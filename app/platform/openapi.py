@@ -72,7 +72,8 @@ class Operation:
     """One method of a route, as the document shows it and as the route enforces it.
 
     responses: status -> description, or (description, model) for a JSON answer of that model.
-    errors:    statuses answered with the API's JSON error body (401 and 403 come with a scope).
+    errors:    statuses answered with the API's JSON error body (401 and 403 come with a scope, 400,
+               413 and 422 with a body: the route reads and validates it).
     body:      the request body's model, or a tuple of models (the body is one of them).
     scope:     the API-key scope the route requires (a bearer key, checked before the endpoint).
     bearer:    documented bearer authentication: `authenticate` checks it, or the endpoint does (GET /metrics).
@@ -306,7 +307,9 @@ def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
         else:
             responses[str(status)] = {"description": answer}
     auth_errors = (401, 403) if op.scope or op.bearer else ()
-    for status in sorted({*op.errors, *auth_errors}):
+    # A declared body is read by the route (api_route): malformed JSON, too large, or refused.
+    body_errors = (400, 413, 422) if op.body is not None else ()
+    for status in sorted({*op.errors, *auth_errors, *body_errors}):
         responses[str(status)] = _ERROR
     doc["responses"] = responses
     return doc
