@@ -64,7 +64,7 @@ def free_form_values(schema: JSON) -> None:
             option["additionalProperties"] = _VALUE_REF
 
 
-BodyCheck = Callable[[Request, Any], tuple[Any, list[dict[str, Any]]]]
+Check = Callable[[Request, Any], tuple[Any, list[dict[str, Any]]]]
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,8 @@ class Operation:
     media_types: tuple[str, ...] = ("application/json",)
     body_limit: int | None = None
     echo: str | None = None
-    check: BodyCheck | None = None
-    check_query: BodyCheck | None = None
+    check: Check | None = None
+    check_query: Check | None = None
     authenticate: Callable[[Request], Awaitable[Any]] | None = None
     models: tuple[type[BaseModel], ...] = field(init=False, default=())
 
