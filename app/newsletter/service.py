@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, Field, create_model
 
 from app.newsletter import kick, outbox, template
 from app.newsletter import rows as statements
 from app.platform import db, mail
-from app.platform.validation import Body, Text, check, documented, fail
+from app.platform.errors import Conflict, NotFound
+from app.platform.validation import Body, Text, Timestamp, as_json, check, documented, fail
 from tracking.stats import mail_stats
 
 log = logging.getLogger("app.newsletter.service")
@@ -26,14 +27,91 @@ BOUNCE_EVENTS = ("bounce", "dropped", "blocked")
 UNSUBSCRIBE_EVENTS = ("unsubscribe", "group_unsubscribe", "spamreport")
 
 
-class NotFound(Exception):
-    pass
+__all__ = ["Conflict", "NotFound"]  # the domain's errors (app/platform/errors.py), as the CLI names them
+NOT_FOUND = "no newsletter with that id"
+UNKNOWN_SHOWN = 1000  # unknown user_ids listed in a send answer (the count is always whole)
 
 
-class Conflict(Exception):
-    def __init__(self, message: str, status: str | None = None):
-        super().__init__(message)
-        self.status = status
+# -- the results: what the operations return, and the API answers as they are --------------------
+STATUSES = tuple(statements.NewsletterStatus)
+Count = Annotated[int, Field(ge=0)]
+
+
+class Engagement(BaseModel):
+    total: Count
+    human: Count
+    machine: Count
+    unique_human: Count
+
+
+class AudienceSummary(BaseModel):
+    kind: Literal["all", "user_ids"]
+    count: Count | None = None
+
+
+# One field per status, from the statuses themselves (mypy cannot follow fields given as keywords).
+RowCounts = create_model("RowCounts", **dict.fromkeys((*ROW_STATUSES, "total"), (Count, ...)))  # type: ignore[call-overload]
+
+
+class NewsletterSummary(BaseModel):
+    """One item of GET /v1/newsletters."""
+
+    id: int
+    subject: str
+    status: Literal[STATUSES]
+    audience: AudienceSummary | None
+    created_at: Timestamp
+    send_requested_at: Timestamp | None
+    send_at: Timestamp | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
+    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
+    completed_at: Timestamp | None
+    counts: RowCounts
+
+
+class NewsletterPage(BaseModel):
+    """GET /v1/newsletters: newest first; pass `next_before` as `before` for the next page (null: last page)."""
+
+    newsletters: list[NewsletterSummary]
+    next_before: int | None
+
+
+class NewsletterStatus(BaseModel):
+    """GET /v1/newsletters/{id} (service.status), declared for the document."""
+
+    id: int
+    subject: str
+    sender: str | None = Field(alias="from")
+    status: Literal[STATUSES]
+    audience: AudienceSummary | None
+    created_at: Timestamp
+    send_requested_at: Timestamp | None
+    send_at: Timestamp | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
+    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
+    outbox_completed_at: Timestamp | None
+    completed_at: Timestamp | None
+    counts: RowCounts
+    opens: Engagement
+    clicks: Engagement
+    bounces: Count
+    unsubscribes: Count
+
+
+class NewsletterState(BaseModel):
+    id: int
+    status: Literal[STATUSES]
+
+
+class SendRequested(NewsletterState):
+    unknown_user_ids: Annotated[list[str], Field(max_length=UNKNOWN_SHOWN)]
+    unknown_user_ids_count: Count
+
+
+class Cancelled(NewsletterState):
+    cancelled_rows: Count
+
+
+class Requeued(NewsletterState):
+    requeued: Count
 
 
 # The sender: "addr" or "Name <addr>" — exactly one mailbox, so the name has none of RFC 5322's
@@ -164,38 +242,22 @@ class NewsletterAudience(Body):
         | Annotated[UserIds, Field(description='shorthand for {"user_ids": [...]}')]
     )
 
-
-def validate_new(body) -> tuple[dict, list[dict]]:
-    """Values for create() (subject, html, text, from_addr), or the problems."""
-    newsletter, errors = check(NewsletterInput, body)
-    return (newsletter.model_dump() if newsletter else {}), errors
-
-
-def validate_audience(body) -> tuple[dict | None, list[dict]]:
-    """{"kind": "all"} or {"kind": "user_ids", "user_ids": sorted unique ids}, or the problems."""
-    request, errors = validate_send(body)
-    return (request["audience"] if request else None), errors
+    def recipients(self) -> dict:
+        """The audience as request_send stores it: {"kind": "all"}, or {"kind": "user_ids", "user_ids":
+        sorted unique ids}."""
+        if self.audience == "all":
+            return {"kind": "all"}
+        ids = self.audience.user_ids if isinstance(self.audience, UserIdList) else self.audience
+        return {"kind": "user_ids", "user_ids": sorted(set(ids))}
 
 
-def validate_send(body) -> tuple[dict | None, list[dict]]:
-    """{"audience": as validate_audience's, "send_at": aware datetime or None, "local_time": time or
-    None} for request_send, or the problems."""
-    request, errors = check(NewsletterAudience, body)
-    if request is None:
-        return None, errors
-    audience = request.audience
-    if audience == "all":
-        audience = {"kind": "all"}
-    else:
-        ids = audience.user_ids if isinstance(audience, UserIdList) else audience
-        audience = {"kind": "user_ids", "user_ids": sorted(set(ids))}
-    return {"audience": audience, "send_at": request.send_at, "local_time": request.local_time}, []
+def validate_new(body) -> tuple[NewsletterInput | None, list[dict]]:
+    """The newsletter for create(), or the problems (scripts and tests create from plain values)."""
+    return check(NewsletterInput, body)
 
 
-def create(values: dict) -> int:
-    created = db.query(
-        statements.CREATE, (values["subject"], values["html"], values.get("text"), values.get("from_addr"))
-    )
+def create(newsletter: NewsletterInput) -> int:
+    created = db.query(statements.CREATE, (newsletter.subject, newsletter.html, newsletter.text, newsletter.from_addr))
     log.info("newsletter %s created", created[0][0])
     return created[0][0]
 
@@ -205,7 +267,7 @@ def _current(newsletter_id: int) -> tuple:
         "SELECT status, audience, outbox_completed_at, local_time FROM newsletters WHERE id = %s", (newsletter_id,)
     )
     if not rows:
-        raise NotFound(f"no newsletter {newsletter_id}")
+        raise NotFound(NOT_FOUND)
     return rows[0]
 
 
@@ -250,9 +312,6 @@ def _same_audience(stored: dict | None, requested: dict) -> bool:
     return kept < asked and not db.query("SELECT 1 FROM subscribers WHERE user_id = ANY(%s) LIMIT 1", (gone,))
 
 
-UNKNOWN_SHOWN = 1000  # unknown user_ids listed in a send answer (the count is always whole)
-
-
 def unknown_user_ids(audience: dict) -> tuple[list[str], int]:
     """The audience's user_ids that are no subscriber: they get no outbox row, so the send answer
     names them (the first UNKNOWN_SHOWN, sorted) and counts them all rather than dropping them
@@ -261,7 +320,7 @@ def unknown_user_ids(audience: dict) -> tuple[list[str], int]:
         return [], 0
     wanted = audience.get("user_ids", [])
     known = {r[0] for r in db.query("SELECT user_id FROM subscribers WHERE user_id = ANY(%s)", (wanted,))}
-    unknown = [u for u in wanted if u not in known]  # wanted is sorted (validate_audience)
+    unknown = [u for u in wanted if u not in known]  # wanted is sorted (NewsletterAudience.recipients)
     return unknown[:UNKNOWN_SHOWN], len(unknown)
 
 
@@ -302,7 +361,7 @@ def resume(newsletter_id: int) -> str:
     return "sending"
 
 
-def cancel(newsletter_id: int) -> dict:
+def cancel(newsletter_id: int) -> Cancelled:
     """No new claims from now on; rows not yet claimed become `cancelled`. A send loop holding
     claimed rows stops between two mails within a second (app/newsletter/sender.py): the mails in
     flight finish, the rows it did not start become `cancelled` too."""
@@ -313,10 +372,10 @@ def cancel(newsletter_id: int) -> dict:
             raise Conflict("a finished newsletter cannot be cancelled", status)
     cancelled = outbox.cancel_pending_rows(newsletter_id)
     log.info("newsletter %s cancelled (%d pending rows)", newsletter_id, cancelled)
-    return {"status": "cancelled", "cancelled_rows": cancelled}
+    return Cancelled(id=newsletter_id, status="cancelled", cancelled_rows=cancelled)
 
 
-def retry_failed(newsletter_id: int) -> dict:
+def retry_failed(newsletter_id: int) -> Requeued:
     status = _current(newsletter_id)[0]
     if status not in ("sending", "paused", "done"):
         raise Conflict(f"failed rows can be retried while sending, paused or done (it is {status})", status)
@@ -329,7 +388,7 @@ def retry_failed(newsletter_id: int) -> dict:
     if requeued and status == "sending":
         _kick_safely(kick.send_chains, newsletter_id)
     log.info("newsletter %s: %d failed row(s) requeued", newsletter_id, requeued)
-    return {"status": status, "requeued": requeued}
+    return Requeued(id=newsletter_id, status=status, requeued=requeued)
 
 
 LIST_MAX = 100
@@ -346,11 +405,7 @@ class NewsletterListQuery(Body):
     status: Literal[tuple(statements.NewsletterStatus)] | None = None
 
 
-def validate_list_query(params: dict) -> tuple[NewsletterListQuery | None, list[dict]]:
-    return check(NewsletterListQuery, params, root="query")
-
-
-def list_newsletters(query: NewsletterListQuery) -> dict:
+def list_newsletters(query: NewsletterListQuery) -> NewsletterPage:
     """One page, newest first, with row counts: a finished newsletter's were stored when it finished;
     the others (few at any time) are counted now."""
     found = db.query(
@@ -373,30 +428,35 @@ def list_newsletters(query: NewsletterListQuery) -> dict:
         counts.update(final if final is not None else counted.get(nid, {}))
         counts["total"] = sum(counts[s] for s in ROW_STATUSES)
         items.append(
-            {
-                "id": nid,
-                "subject": subject,
-                "status": state,
-                "audience": _audience_summary(audience),
-                "created_at": _iso(created),
-                "send_requested_at": _iso(requested),
-                "send_at": _iso(send_at),
-                "local_time": _hhmm(local_time),
-                "completed_at": _iso(completed),
-                "counts": counts,
-            }
+            NewsletterSummary(
+                id=nid,
+                subject=subject,
+                status=state,
+                audience=_audience_summary(audience),
+                created_at=created,
+                send_requested_at=requested,
+                send_at=send_at,
+                local_time=_hhmm(local_time),
+                completed_at=completed,
+                counts=RowCounts(**counts),
+            )
         )
-    return {"newsletters": items, "next_before": page[-1][0] if more else None}
+    return NewsletterPage(newsletters=items, next_before=page[-1][0] if more else None)
 
 
-def status(newsletter_id: int) -> dict:
+def status(newsletter_id: int) -> dict[str, Any]:
+    """newsletter_status() as the API answers it (JSON values): what `newsletter-status` prints."""
+    return as_json(newsletter_status(newsletter_id))
+
+
+def newsletter_status(newsletter_id: int) -> NewsletterStatus:
     rows = db.query(
         "SELECT id, subject, from_addr, status, audience, created_at, send_requested_at, "
         "outbox_completed_at, completed_at, send_at, local_time FROM newsletters WHERE id = %s",
         (newsletter_id,),
     )
     if not rows:
-        raise NotFound(f"no newsletter {newsletter_id}")
+        raise NotFound(NOT_FOUND)
     (nid, subject, from_addr, state, audience, created, requested, outbox_done, completed, send_at, local_time) = rows[
         0
     ]
@@ -406,34 +466,34 @@ def status(newsletter_id: int) -> dict:
     ):
         counts[row_status] = n
     counts["total"] = sum(counts.values())
-    result = {
-        "id": nid,
-        "subject": subject,
-        "from": from_addr,
-        "status": state,
-        "audience": _audience_summary(audience),
-        "created_at": _iso(created),
-        "send_requested_at": _iso(requested),
-        "send_at": _iso(send_at),
-        "local_time": _hhmm(local_time),
-        "outbox_completed_at": _iso(outbox_done),
-        "completed_at": _iso(completed),
-        "counts": counts,
-    }
-    result.update(engagement(newsletter_id))
-    return result
+    return NewsletterStatus(
+        id=nid,
+        subject=subject,
+        **{"from": from_addr},
+        status=state,
+        audience=_audience_summary(audience),
+        created_at=created,
+        send_requested_at=requested,
+        send_at=send_at,
+        local_time=_hhmm(local_time),
+        outbox_completed_at=outbox_done,
+        completed_at=completed,
+        counts=RowCounts(**counts),
+        **engagement(newsletter_id),
+    )
 
 
-def engagement(newsletter_id: int) -> dict:
-    """Opens/clicks (machine = scanners/prefetch) and applied SendGrid events, from tracking's stats."""
+def engagement(newsletter_id: int) -> dict[str, Any]:
+    """Opens/clicks (machine = scanners/prefetch) and applied SendGrid events, from tracking's stats:
+    NewsletterStatus's opens, clicks, bounces and unsubscribes."""
     stats = mail_stats("newsletter", newsletter_id)
-    out = {
-        kind: {
-            "total": stats[kind]["human"] + stats[kind]["machine"],
-            "human": stats[kind]["human"],
-            "machine": stats[kind]["machine"],
-            "unique_human": stats[kind]["unique_human"],
-        }
+    out: dict[str, Any] = {
+        kind: Engagement(
+            total=stats[kind]["human"] + stats[kind]["machine"],
+            human=stats[kind]["human"],
+            machine=stats[kind]["machine"],
+            unique_human=stats[kind]["unique_human"],
+        )
         for kind in ("opens", "clicks")
     }
     events = stats["events"]
@@ -442,17 +502,13 @@ def engagement(newsletter_id: int) -> dict:
     return out
 
 
-def _audience_summary(audience):
+def _audience_summary(audience: dict | None) -> AudienceSummary | None:
     if not audience:
         return None
     if audience.get("kind") == "user_ids":
-        return {"kind": "user_ids", "count": len(audience.get("user_ids", []))}
-    return audience
+        return AudienceSummary(kind="user_ids", count=len(audience.get("user_ids", [])))
+    return AudienceSummary(**audience)
 
 
 def _hhmm(value: time | None) -> str | None:
     return value.strftime("%H:%M") if value is not None else None
-
-
-def _iso(value):
-    return value.isoformat() if value is not None else None

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from app.newsletter import template
 from app.platform import config, db, mail, mail_stop, tokens
 from app.platform.addresses import canonical
+from app.platform.errors import Conflict, NotFound, Unavailable
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, ProviderError
-from app.platform.validation import Body, check
+from app.platform.validation import Body
 from app.subscribers import mailable, streams
 from app.subscribers import records as subscribers
 
@@ -46,38 +47,45 @@ class TestSendInput(Body):
         ),
     ]
 
+    def addresses(self) -> list[str]:
+        """The addresses as given, in the given order, each address once (two spellings of one
+        address, README "Address identity", are one: the first is kept)."""
+        first: dict[str, str] = {}
+        for address in self.to:
+            first.setdefault(canonical(address), address)
+        return list(first.values())
 
-class NotFound(Exception):
-    pass
+
+class TestResult(BaseModel):
+    email: str = Field(
+        description='the address\'s canonical form (README "Address identity"); the mail went to the address as given'
+    )
+    status: Literal["sent", "failed", "suppressed"]
+    error: str | None = None
 
 
-class ProviderUnavailable(Exception):
-    pass
+class ProviderUnavailable(Unavailable):
+    """The provider call failed as a whole: nothing was sent."""
+
+    code = "provider_unavailable"
+
+    def __init__(self, reason: str):
+        super().__init__(f"the mail provider refused the test send; nothing was sent: {reason}")
 
 
-class Stopped(Exception):
+class Stopped(Conflict):
     """All outgoing mail is stopped: nothing was sent."""
 
-
-def validate(body) -> tuple[list[str] | None, list[dict]]:
-    """The addresses as given, in the given order, each address once (two spellings of one
-    address, README "Address identity", are one: the first is kept), or the problems."""
-    request, errors = check(TestSendInput, body)
-    if request is None:
-        return None, errors
-    first: dict[str, str] = {}
-    for address in request.to:
-        first.setdefault(canonical(address), address)
-    return list(first.values()), []
+    code = "sending_stopped"
 
 
-def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
-    """[{email (canonical), status: sent | failed | suppressed, error?}] in the order given; each
-    mail goes to the address as given. Raises NotFound, Stopped (the emergency stop), or
-    ProviderUnavailable when the provider call failed as a whole (nothing was sent)."""
+def send(newsletter_id: int, addresses: list[str], provider=None) -> list[TestResult]:
+    """One result per address (email: its canonical form; sent, failed with an error, or suppressed),
+    in the order given; each mail goes to the address as given. Raises NotFound, Stopped (the
+    emergency stop), or ProviderUnavailable when the provider call failed as a whole."""
     found = db.query("SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,))
     if not found:
-        raise NotFound(newsletter_id)
+        raise NotFound("no newsletter with that id")
     subject, html, text, from_addr = found[0]
     stop = mail_stop.state()
     if stop is not None:
@@ -103,7 +111,7 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
     }
     compiled = template.compiled_for(newsletter_id, subject, html, text)
     results = {
-        address: {"email": keys[address], "status": "suppressed"}
+        address: TestResult(email=keys[address], status="suppressed")
         for address in addresses
         if keys[address] in suppressed
     }
@@ -122,13 +130,11 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[dict]:
         for sent, outcome in zip(mails, outcomes):
             key = keys[sent.to]
             results[sent.to] = (
-                {"email": key, "status": "sent"}
+                TestResult(email=key, status="sent")
                 if outcome.ok
-                else {"email": key, "status": "failed", "error": outcome.error or "refused"}
+                else TestResult(email=key, status="failed", error=outcome.error or "refused")
             )
-    log.info(
-        "newsletter %s: test send %s", newsletter_id, ", ".join(f"{r['email']}={r['status']}" for r in results.values())
-    )
+    log.info("newsletter %s: test send %s", newsletter_id, ", ".join(f"{r.email}={r.status}" for r in results.values()))
     return [results[address] for address in addresses]
 
 

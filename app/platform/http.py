@@ -13,6 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from app.platform import apikeys, config, db
+from app.platform.errors import DomainError
 
 log = logging.getLogger("app.platform.http")
 
@@ -30,6 +31,12 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, errors: list | None = None, headers=None):
         super().__init__(message)
         self.status, self.code, self.message, self.errors, self.headers = status, code, message, errors, headers
+
+    @classmethod
+    def of(cls, exc: DomainError) -> ApiError:
+        """The one mapping of a domain error (app/platform/errors.py) to the API's answer."""
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return cls(exc.status, exc.code, exc.message, exc.problems, headers=headers)
 
     def response(self) -> Response:
         body: dict[str, object] = {"error": self.code, "message": self.message}
@@ -115,17 +122,6 @@ async def database_unavailable_handler(request: Request, exc: Exception) -> Resp
             503, "unavailable", "the database is unavailable; nothing was changed, retry later", headers=headers
         ).response()
     return PlainTextResponse("Temporarily unavailable, please try again in a moment.", status_code=503, headers=headers)
-
-
-def field_error(field: str, message: str, index: int | None = None) -> dict:
-    err: dict[str, object] = {"field": field, "message": message}
-    if index is not None:
-        err = {"index": index, **err}
-    return err
-
-
-def validation_error(errors: list[dict]) -> ApiError:
-    return ApiError(422, "validation_failed", f"{len(errors)} problem(s) in the request; nothing was stored", errors)
 
 
 class BadContentLength(ValueError):
@@ -229,19 +225,6 @@ async def read_json(request: Request, limit: int | None = None):
         return parse_json(body, exact_integers=True)
     except JSONBodyError as exc:
         raise ApiError(400, "malformed_json", str(exc)) from None
-
-
-async def read_put_body(request: Request, key_field: str, key: str, validate, limit: int) -> dict:
-    """The validated body of a PUT to the resource the URL names. What GET returns can be PUT back,
-    so the body may repeat the URL's key: it is not a field, and a different value is a 422."""
-    body = await read_json(request, limit=limit)
-    echoed = body.pop(key_field, None) if isinstance(body, dict) else None
-    values, errors = validate(body)
-    if echoed not in (None, key):
-        errors.append({"field": key_field, "message": "does not match the URL"})
-    if errors:
-        raise validation_error(errors)
-    return values
 
 
 async def require_key(request: Request, scope: str) -> apikeys.Principal:

@@ -10,17 +10,19 @@ that validate the requests are the schemas in the document.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from app.platform.http import FastJSONResponse, require_key
-from app.platform.validation import schema_components
+from app.platform.errors import DomainError, Invalid, problem
+from app.platform.http import ApiError, FastJSONResponse, read_json, require_key
+from app.platform.validation import as_json, check, problems, schema_components
 
 
 class Problem(BaseModel):
@@ -62,18 +64,35 @@ def free_form_values(schema: JSON) -> None:
             option["additionalProperties"] = _VALUE_REF
 
 
+Check = Callable[[Request, Any], tuple[Any, list[dict[str, Any]]]]
+
+
 @dataclass(frozen=True)
 class Operation:
     """One method of a route, as the document shows it and as the route enforces it.
 
     responses: status -> description, or (description, model) for a JSON answer of that model.
-    errors:    statuses answered with the API's JSON error body (401 and 403 come with a scope).
+    errors:    statuses answered with the API's JSON error body (401 and 403 come with a scope, 400,
+               413 and 422 with a body: the route reads and validates it).
     body:      the request body's model, or a tuple of models (the body is one of them).
     scope:     the API-key scope the route requires (a bearer key, checked before the endpoint).
-    bearer:    documented bearer authentication that the endpoint checks itself (GET /metrics).
+    bearer:    documented bearer authentication: `authenticate` checks it, or the endpoint does (GET /metrics).
     query:     a model whose fields are the query parameters.
     description: more than the summary says, when it needs saying.
-    media_types: the request body's accepted media types (PATCH takes a JSON merge patch too).
+    media_types: the request body's accepted media types (PATCH takes a JSON merge patch too); with 415
+               among the errors they are enforced (the Accept-Patch header names them).
+
+    How the route takes the body in (app/platform/openapi.py `api_route`), before the endpoint runs:
+    body_limit:   the largest body read, in bytes (413 past it); MAX_BODY_BYTES when None.
+    echo:         a path parameter the body may repeat (what GET returns can be PUT back): it is
+                  no field, and a value other than the URL's is a 422.
+    check:        check(request, parsed JSON) -> (value, problems), when the model alone does not
+                  say what is accepted (a merge patch, a batch refused by its size first); by
+                  default the body model validates it.
+    check_query:  the same for the query string (check_query(request, its parameters)); by default
+                  the query model validates them (a problem with them all names `query`).
+    authenticate: a bearer check of the route's own (a feed token), run where a scope's would be:
+                  before the body is read; its result is `request.state.principal`.
     """
 
     summary: str
@@ -85,12 +104,19 @@ class Operation:
     query: type[BaseModel] | None = None
     description: str = ""
     media_types: tuple[str, ...] = ("application/json",)
+    body_limit: int | None = None
+    echo: str | None = None
+    check: Check | None = None
+    check_query: Check | None = None
+    authenticate: Callable[[Request], Awaitable[Any]] | None = None
     models: tuple[type[BaseModel], ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         bodies = self.body if isinstance(self.body, tuple) else (self.body,) if self.body else ()
         answers = tuple(answer[1] for answer in self.responses.values() if isinstance(answer, tuple))
         object.__setattr__(self, "models", bodies + answers)
+        if self.check is None and len(bodies) > 1:
+            raise TypeError(f"{self.summary}: a body of several models needs a check")
 
 
 class ApiRoute(Route):
@@ -101,15 +127,34 @@ class ApiRoute(Route):
 
 
 def api_route(
-    path: str, endpoint: Endpoint, *, path_params: Mapping[str, Any] | None = None, **operations: Operation
+    path: str,
+    endpoint: Endpoint,
+    *,
+    path_params: Mapping[str, Any] | None = None,
+    wrap: Callable[[Endpoint], Endpoint] | None = None,
+    **operations: Operation,
 ) -> Route:
     """`api_route("/v1/things/{key}", endpoint, path_params={"key": KeyType}, get=Operation(...), ...)`.
-    One endpoint serves every method given, so a 405 names them all in its Allow header; the
-    endpoint reads the checked key's principal from `request.state.principal`."""
+    One endpoint serves every method given, so a 405 names them all in its Allow header.
+
+    Before the endpoint runs, in this order: the key's scope (or the operation's `authenticate`), its
+    principal in `request.state.principal`; each path parameter validated by its declared type (a
+    422 naming it, or whatever domain error its validator raises); the query string, when the
+    operation declares a query; the body read, parsed and validated as the operation declares it.
+    The endpoint is called as `endpoint(request, **path parameters, query=..., body=...)` (query and
+    body only when the operation declares them), and checks nothing of them itself. It
+    returns a Response, or a result the route serialises with the model declared for its status:
+    `result` for the one status whose model it is, or `(result, status)`. A domain error
+    (app/platform/errors.py) it raises is answered as the API's error (`ApiError.of`), here only.
+    `wrap` goes around all of it (CORS headers on every answer, errors included).
+    An endpoint that is no function is an ASGI app, mounted as it is."""
     ops = {method.upper(): op for method, op in operations.items()}
-    scopes = {method: op.scope for method, op in ops.items() if op.scope}
-    if scopes:
-        endpoint = _requiring(endpoint, scopes)
+    if inspect.isfunction(endpoint):
+        endpoint = _declared(endpoint, ops, _path_checks(path_params or {}))
+    elif any(op.scope or op.body or op.authenticate for op in ops.values()):
+        raise TypeError(f"{path}: an ASGI app cannot enforce a scope or take a body")
+    if wrap is not None:
+        endpoint = wrap(endpoint)
     route = ApiRoute(path, endpoint, methods=list(ops))
     missing = set(route.param_convertors) - set(path_params or {})
     if missing:
@@ -119,17 +164,93 @@ def api_route(
     return route
 
 
-def _requiring(
-    endpoint: Callable[[Request], Awaitable[Response]], scopes: dict[str, str]
-) -> Callable[[Request], Awaitable[Response]]:
-    @functools.wraps(endpoint)
-    async def authenticated(request: Request) -> Response:
-        scope = scopes.get("GET" if request.method == "HEAD" else request.method)
-        if scope is not None:
-            request.state.principal = await require_key(request, scope)
-        return await endpoint(request)
+def _path_checks(path_params: Mapping[str, Any]) -> dict[str, TypeAdapter[Any]]:
+    return {
+        name: annotation if isinstance(annotation, TypeAdapter) else TypeAdapter(annotation)
+        for name, annotation in path_params.items()
+    }
 
-    return authenticated
+
+def _declared(endpoint: Endpoint, ops: dict[str, Operation], path_checks: dict[str, TypeAdapter[Any]]) -> Endpoint:
+    @functools.wraps(endpoint)
+    async def declared(request: Request) -> Response:
+        op = ops.get("GET" if request.method == "HEAD" else request.method)
+        try:
+            if op is not None and op.scope is not None:
+                request.state.principal = await require_key(request, op.scope)
+            elif op is not None and op.authenticate is not None:
+                request.state.principal = await op.authenticate(request)
+            arguments = {name: _path_value(name, adapter, request) for name, adapter in path_checks.items()}
+            if op is not None and op.query is not None:
+                arguments["query"] = _query(request, op)
+            if op is not None and op.body is not None:
+                arguments["body"] = await _body(request, op, arguments)
+            result = await endpoint(request, **arguments)
+        except DomainError as exc:
+            raise ApiError.of(exc) from None
+        if isinstance(result, Response):
+            return result
+        return _answer(op, *(result if isinstance(result, tuple) else (result, None)))
+
+    return declared
+
+
+def _path_value(name: str, adapter: TypeAdapter[Any], request: Request) -> Any:
+    try:
+        return adapter.validate_python(request.path_params[name])
+    except ValidationError as exc:
+        raise Invalid.of(problems(exc, root=name)) from None
+
+
+def _query(request: Request, op: Operation) -> Any:
+    params = dict(request.query_params)
+    if op.check_query is not None:
+        value, found = op.check_query(request, params)
+    else:
+        assert op.query is not None
+        value, found = check(op.query, params, root="query")
+    if found:
+        raise Invalid.of(found)
+    return value
+
+
+async def _body(request: Request, op: Operation, path_values: dict[str, Any]) -> Any:
+    if 415 in op.errors:
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type not in op.media_types:
+            merge_patch = " (a JSON merge patch, RFC 7396)" if "application/merge-patch+json" in op.media_types else ""
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"send the {'patch' if merge_patch else 'body'} as {' or '.join(op.media_types)}{merge_patch}",
+                headers={"Accept-Patch": ", ".join(op.media_types)},
+            )
+    data = await read_json(request, limit=op.body_limit)
+    echoed = data.pop(op.echo, None) if op.echo and isinstance(data, dict) else None
+    if op.check is not None:
+        value, found = op.check(request, data)
+    else:
+        assert isinstance(op.body, type)
+        value, found = check(op.body, data)
+    if echoed not in (None, path_values.get(op.echo or "")):
+        found = [*found, problem(op.echo or "", "does not match the URL")]
+    if found:
+        raise Invalid.of(found)
+    return value
+
+
+def _answer(op: Operation | None, result: Any, status: int | None) -> Response:
+    """`result` as JSON of the model declared for its status (from its attributes: a dataclass will do)."""
+    answers = {s: a[1] for s, a in (op.responses.items() if op else ()) if isinstance(a, tuple)}
+    if status is None:
+        matching = [s for s, model in answers.items() if isinstance(result, model)] or list(answers)
+        if len(matching) != 1:
+            raise TypeError(f"no single declared answer for a {type(result).__name__}: return (result, status)")
+        status = matching[0]
+    model = answers[status]
+    if not isinstance(result, model):
+        result = model.model_validate(result, from_attributes=True)
+    return FastJSONResponse(as_json(result), status_code=status)
 
 
 def _schema(annotation: Any) -> JSON:
@@ -186,7 +307,9 @@ def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
         else:
             responses[str(status)] = {"description": answer}
     auth_errors = (401, 403) if op.scope or op.bearer else ()
-    for status in sorted({*op.errors, *auth_errors}):
+    # A declared body is read by the route (api_route): malformed JSON, too large, or refused.
+    body_errors = (400, 413, 422) if op.body is not None else ()
+    for status in sorted({*op.errors, *auth_errors, *body_errors}):
         responses[str(status)] = _ERROR
     doc["responses"] = responses
     return doc

@@ -15,13 +15,35 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    TypeAdapter,
+    ValidationError,
+)
 from pydantic.json_schema import models_json_schema
 from pydantic_core import PydanticCustomError
 
-__all__ = ["Body", "Integer", "Text", "ValidationError", "check", "fail", "plain_int", "problems", "schema_components"]
+__all__ = [
+    "Body",
+    "Integer",
+    "Text",
+    "Timestamp",
+    "ValidationError",
+    "as_json",
+    "check",
+    "fail",
+    "plain_int",
+    "problems",
+    "schema_components",
+]
 
 
 class Body(BaseModel):
@@ -151,6 +173,17 @@ def check(adapter: TypeAdapter | type[BaseModel], data, **where) -> tuple[Any, l
         return adapter.model_validate(data), []
     except ValidationError as exc:
         return None, problems(exc, **where)
+
+
+# A moment in an answer: ISO 8601 as datetime.isoformat() spells it ("+00:00", where pydantic's own
+# JSON says "Z"), the spelling every answer of the API has had.
+Timestamp = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str, when_used="json")]
+
+
+def as_json(result: BaseModel) -> Any:
+    """A typed result as the API answers it: JSON values, fields by their alias (`from`), and only the
+    fields it was given (an optional field left out is absent, not null)."""
+    return result.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def schema_components(models: list[type[BaseModel]]) -> dict:

@@ -83,7 +83,7 @@ def test_cancel_while_scheduled(fake, provider):
     factories.seed_subscribers(2)
     nl = factories.newsletter()
     service.request_send(nl, {"kind": "all"}, send_at=_later(hours=1))
-    assert service.cancel(nl) == {"status": "cancelled", "cancelled_rows": 0}
+    assert service.cancel(nl) == service.Cancelled(id=nl, status="cancelled", cancelled_rows=0)
     _come(nl)
     assert schedule.start_due() == {"started": []}
     assert outbox.create_outbox(nl) == 0
@@ -248,7 +248,7 @@ def test_pause_and_cancel_a_partly_due_newsletter(fake, provider):
     assert service.resume(nl) == "sending"
     drain(nl, provider)
     assert counts(nl) == {"sent": 1, "pending": 1}
-    assert service.cancel(nl) == {"status": "cancelled", "cancelled_rows": 1}
+    assert service.cancel(nl) == service.Cancelled(id=nl, status="cancelled", cancelled_rows=1)
     assert counts(nl) == {"sent": 1, "cancelled": 1}
 
 

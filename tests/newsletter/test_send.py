@@ -273,7 +273,7 @@ def test_transient_errors_back_off_then_fail_after_max_attempts(fake, provider, 
     final = "SELECT final_counts FROM newsletters WHERE id = %s"
     assert db.query(final, (nl,))[0][0] == {"failed": 5}
     result = service.retry_failed(nl)
-    assert result == {"status": "sending", "requeued": 5}
+    assert result == service.Requeued(id=nl, status="sending", requeued=5)
     assert db.query(final, (nl,))[0][0] is None  # reopened: counted live again
     drain(nl, provider)
     assert counts(nl) == {"sent": 5} and newsletter_status(nl) == "done"
@@ -298,7 +298,7 @@ def test_cancel_stops_everything_not_yet_claimed(fake, provider, settings):
     nl = factories.newsletter()
     start(nl)
     sender.send_batch(nl, provider=provider, reenqueue=False, budget_seconds=0)
-    assert service.cancel(nl) == {"status": "cancelled", "cancelled_rows": 30}
+    assert service.cancel(nl) == service.Cancelled(id=nl, status="cancelled", cancelled_rows=30)
     drain(nl, provider)
     assert counts(nl) == {"sent": 10, "cancelled": 30}
     assert fake.delivered_count == 10
@@ -420,7 +420,7 @@ def test_cancel_works_in_chunks(fake, provider, monkeypatch):
     factories.seed_subscribers(30)
     nl = factories.newsletter()
     start(nl)
-    assert service.cancel(nl)["cancelled_rows"] == 30
+    assert service.cancel(nl).cancelled_rows == 30
     assert counts(nl) == {"cancelled": 30}
 
 

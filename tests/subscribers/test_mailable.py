@@ -177,7 +177,7 @@ def test_test_sends_refuse_suppressed_and_erased_addresses(sink):
     make_states()
     nl = factories.newsletter()
     addresses = [f"{state}@example.test" for state in STATES]
-    results = {r["email"]: r["status"] for r in test_send.send(nl, addresses)}
+    results = {r.email: r.status for r in test_send.send(nl, addresses)}
     # A test send goes to an address, not to a subscription: only the address's own state counts.
     assert results == {
         **dict.fromkeys(addresses, "sent"),

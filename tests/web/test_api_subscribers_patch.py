@@ -145,6 +145,16 @@ def test_other_media_types_are_415_in_the_api_error_shape(client, admin_key, ana
     assert client.get("/v1/subscribers/u1", headers=auth(admin_key)).json()["name"] == "Ana"
 
 
+@pytest.mark.parametrize("method", ["PUT", "PATCH"])
+def test_a_body_over_64_kib_is_413_as_documented(client, admin_key, ana, method):
+    body = b'{"name": "' + b"a" * (64 * 1024) + b'"}'
+    headers = {**auth(admin_key), "Content-Type": MERGE_PATCH if method == "PATCH" else "application/json"}
+    r = client.request(method, "/v1/subscribers/u1", content=body, headers=headers)
+    assert (r.status_code, r.json()["error"]) == (413, "body_too_large")
+    operation = client.get("/openapi.json").json()["paths"]["/v1/subscribers/{user_id}"][method.lower()]
+    assert "413" in operation["responses"]
+
+
 def test_events_scope_cannot_patch(client, events_key, ana):
     assert patch(client, events_key, {"name": "Bo"}).status_code == 403
 

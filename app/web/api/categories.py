@@ -3,57 +3,56 @@ one category; GET the list."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, PlainValidator, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.platform.http import ApiError, FastJSONResponse, read_put_body, validation_error
+from app.platform.errors import NotFound
 from app.platform.openapi import Operation, api_route
+from app.platform.validation import fail
 from app.subscribers import categories
 
 BODY_LIMIT = 16 * 1024  # the largest valid body (label, description, verb at 12 bytes a character) fits
+NOT_FOUND = "no category with that key"
 
 
-def _key(request: Request) -> str:
-    key = request.path_params["key"]
-    if not categories.valid_key(key):
-        raise validation_error([{"field": "key", "message": categories.KEY_RULE}])
-    return key
+async def put_category(request: Request, key: str, body: categories.CategoryInput):
+    record, created = await run_in_threadpool(categories.upsert, key, body.model_dump())
+    return Category.model_validate(record), 201 if created else 200
 
 
-async def put_category(request: Request):
-    key = _key(request)
-    values = await read_put_body(request, "key", key, categories.validate, BODY_LIMIT)
-    record, created = await run_in_threadpool(categories.upsert, key, values)
-    return FastJSONResponse(record, status_code=201 if created else 200)
-
-
-async def get_category(request: Request):
-    record = await run_in_threadpool(categories.get, _key(request))
+async def get_category(request: Request, key: str):
+    record = await run_in_threadpool(categories.get, key)
     if record is None:
-        raise ApiError(404, "not_found", "no category with that key")
-    return FastJSONResponse(record)
+        raise NotFound(NOT_FOUND)
+    return Category.model_validate(record)
 
 
-async def delete_category(request: Request):
-    if not await run_in_threadpool(categories.delete, _key(request)):
-        raise ApiError(404, "not_found", "no category with that key")
+async def delete_category(request: Request, key: str):
+    if not await run_in_threadpool(categories.delete, key):
+        raise NotFound(NOT_FOUND)
     return Response(status_code=204)
 
 
 async def list_categories(request: Request):
-    return FastJSONResponse({"categories": await run_in_threadpool(categories.list_all)})
+    return CategoryList.model_validate({"categories": await run_in_threadpool(categories.list_all)})
 
 
-_BY_METHOD = {"GET": get_category, "HEAD": get_category, "PUT": put_category, "DELETE": delete_category}
+_BY_METHOD: dict[str, Callable[..., Awaitable[Response]]] = {
+    "GET": get_category,
+    "HEAD": get_category,
+    "PUT": put_category,
+    "DELETE": delete_category,
+}
 
 
-async def category(request: Request):
+async def category(request: Request, key: str, **declared):
     # One route for the three methods, so a 405 carries the full Allow header.
-    return await _BY_METHOD[request.method](request)
+    return await _BY_METHOD[request.method](request, key, **declared)
 
 
 class Category(BaseModel):
@@ -70,7 +69,17 @@ class CategoryList(BaseModel):
     categories: list[Category]
 
 
-CategoryKey = Annotated[str, Field(pattern=categories.KEY_PATTERN, max_length=100)]
+def _key(value: object) -> str:
+    if not categories.valid_key(value):
+        raise fail("key", categories.KEY_RULE)
+    return value  # type: ignore[return-value]  # a str: valid_key says so
+
+
+CategoryKey = Annotated[
+    str,
+    PlainValidator(_key),
+    WithJsonSchema({"type": "string", "pattern": categories.KEY_PATTERN, "maxLength": 100}),
+]
 
 routes = [
     api_route(
@@ -88,6 +97,8 @@ routes = [
             errors=(400, 413, 422),
             body=categories.CategoryInput,
             scope="admin",
+            body_limit=BODY_LIMIT,
+            echo="key",
         ),
         get=Operation("Read a category", {200: ("the category", Category)}, errors=(404, 422), scope="admin"),
         delete=Operation(

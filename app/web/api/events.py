@@ -9,34 +9,32 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from app.platform import metrics
-from app.platform.http import ApiError, FastJSONResponse, read_json, validation_error
+from app.platform.errors import Unavailable
 from app.platform.openapi import Operation, api_route
 from digest import ingest
 
 log = logging.getLogger("app.web.api.events")
 
 
-async def post_events(request: Request):
-    principal = request.state.principal  # the key the route checked (scope "events", declared below)
-    body = await read_json(request)
-    rows, errors = ingest.validate_body(body, principal.name)
+def rows_of(request: Request, body) -> tuple[list[tuple], list[dict]]:
+    """The body's rows for digest_events, from the key the route checked (scope "events"), or the
+    problems (each refused event counted)."""
+    rows, errors = ingest.validate_body(body, request.state.principal.name)
     if errors:
         batch = body.get("events") if isinstance(body, dict) else None
         metrics.EVENTS.labels("rejected").inc(len(batch) if isinstance(batch, list) else 1)
-        raise validation_error(errors)
+    return rows, errors
+
+
+async def post_events(request: Request, body: list[tuple]) -> ingest.Result:
     try:
-        result = await asyncio.wrap_future(ingest.submit(rows))
+        result = await asyncio.wrap_future(ingest.submit(body))
     except Exception as exc:
-        log.error("events from %s not stored: %s", principal.name, exc)
-        raise ApiError(
-            503,
-            "unavailable",
-            "events could not be stored; nothing was committed, retry later",
-            headers={"Retry-After": "5"},
-        ) from None
+        log.error("events from %s not stored: %s", request.state.principal.name, exc)
+        raise Unavailable("events could not be stored; nothing was committed, retry later", retry_after=5) from None
     metrics.EVENTS.labels("accepted").inc(result.accepted)
     metrics.EVENTS.labels("duplicate").inc(result.duplicates)
-    return FastJSONResponse({"accepted": result.accepted, "duplicates": result.duplicates}, status_code=202)
+    return result  # answered as EventsAccepted
 
 
 class EventsAccepted(BaseModel):
@@ -54,6 +52,7 @@ routes = [
             errors=(400, 413, 422, 503),
             body=(ingest.Event, ingest.EventBatch),
             scope="events",
+            check=rows_of,
         ),
     )
 ]

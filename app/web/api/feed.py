@@ -9,70 +9,64 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.platform.http import ApiError, FastJSONResponse, field_error, read_json, validation_error
+from app.platform.errors import NotFound, problem
+from app.platform.http import FastJSONResponse
 from app.platform.openapi import Operation, api_route
-from app.platform.validation import Text, check, plain_int
+from app.platform.validation import Text, plain_int
 from digest import feed, seen
 
 _USER_ID = TypeAdapter(Text(200, min_length=1))  # as app/web/api/subscribers.py declares it
+NO_SUBSCRIBER = "no subscriber with that user_id"
 
 
-def user_id_param(request: Request) -> str:
-    user_id, errors = check(_USER_ID, request.path_params["user_id"], root="user_id")
-    if errors:
-        raise validation_error(errors)
-    return user_id
+def mark_of(request: Request, body) -> tuple[seen.MarkInput | None, list[dict]]:
+    """A seen/read body: `entities` or `"all": true` (seen.validate_mark: more than the model says)."""
+    return seen.validate_mark(body)
 
 
 def _accepted() -> Response:
     return Response(status_code=202)
 
 
-async def _mark(request: Request, kind: str) -> Response:
-    user_id = user_id_param(request)
-    mark, errors = seen.validate_mark(await read_json(request))
-    if errors or mark is None:
-        raise validation_error(errors)
+async def _mark(user_id: str, kind: str, mark: seen.MarkInput) -> Response:
     if not await run_in_threadpool(seen.mark_user, user_id, kind, mark):
-        raise ApiError(404, "not_found", "no subscriber with that user_id")
+        raise NotFound(NO_SUBSCRIBER)
     return _accepted()
 
 
-async def post_seen(request: Request):
-    return await _mark(request, seen.SEEN)
+async def post_seen(request: Request, user_id: str, body: seen.MarkInput):
+    return await _mark(user_id, seen.SEEN, body)
 
 
-async def post_read(request: Request):
-    return await _mark(request, seen.READ)
+async def post_read(request: Request, user_id: str, body: seen.MarkInput):
+    return await _mark(user_id, seen.READ, body)
 
 
-def feed_query(request: Request) -> dict:
-    """`limit`, `unread`, `before` of a feed request; 422 naming each bad one."""
-    params, errors = request.query_params, []
+def feed_query(request: Request, params: dict) -> tuple[dict, list[dict]]:
+    """`limit`, `unread`, `before` of a feed request as feed.page takes them, or a problem naming
+    each bad one (FeedQuery documents them; the words are these)."""
+    errors: list[dict] = []
     out: dict[str, Any] = {}
     unknown = sorted(set(params) - {"limit", "unread", "before"})
-    errors += [field_error(name, "unknown query parameter") for name in unknown]
+    errors += [problem(name, "unknown query parameter") for name in unknown]
     if "limit" in params:
         limit = plain_int(params["limit"], 3)
         if limit is None or not 1 <= limit <= feed.MAX_LIMIT:
-            errors.append(field_error("limit", f"must be an integer from 1 to {feed.MAX_LIMIT}"))
+            errors.append(problem("limit", f"must be an integer from 1 to {feed.MAX_LIMIT}"))
         out["limit"] = limit
     if "unread" in params:
         if params["unread"] not in ("true", "false"):
-            errors.append(field_error("unread", "must be true or false"))
+            errors.append(problem("unread", "must be true or false"))
         out["unread_only"] = params["unread"] == "true"
     if "before" in params:
         try:
             out["before"] = feed.parse_cursor(params["before"])
         except feed.BadCursor as exc:
-            errors.append(field_error("before", str(exc)))
-    if errors:
-        raise validation_error(errors)
-    return out
+            errors.append(problem("before", str(exc)))
+    return out, errors
 
 
-async def get_feed(request: Request):
-    user_id, query = user_id_param(request), feed_query(request)
+async def get_feed(request: Request, user_id: str, query: dict):
 
     def load() -> dict | None:  # one trip to the thread pool
         subscriber = feed.find(user_id)
@@ -80,7 +74,7 @@ async def get_feed(request: Request):
 
     page = await run_in_threadpool(load)
     if page is None:
-        raise ApiError(404, "not_found", "no subscriber with that user_id")
+        raise NotFound(NO_SUBSCRIBER)
     return FastJSONResponse(page)
 
 
@@ -101,6 +95,7 @@ routes = [
             {200: FEED_ANSWER},
             errors=(404, 422),
             query=feed.FeedQuery,
+            check_query=feed_query,
             scope="admin",
         ),
     ),
@@ -114,6 +109,7 @@ routes = [
             errors=_MARK_ERRORS,
             body=seen.MarkInput,
             scope="events",
+            check=mark_of,
         ),
     ),
     api_route(
@@ -126,6 +122,7 @@ routes = [
             errors=_MARK_ERRORS,
             body=seen.MarkInput,
             scope="events",
+            check=mark_of,
         ),
     ),
 ]

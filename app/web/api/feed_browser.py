@@ -33,10 +33,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from app.platform import config, shutdown, tokens
-from app.platform.http import ApiError, FastJSONResponse, read_json, validation_error
+from app.platform.errors import NotFound, problem
+from app.platform.http import ApiError, FastJSONResponse
 from app.platform.openapi import Endpoint, Operation, api_route
 from app.platform.validation import Body
-from app.web.api.feed import _USER_ID, FEED_ANSWER, feed_query, user_id_param
+from app.web.api.feed import _USER_ID, FEED_ANSWER, NO_SUBSCRIBER, feed_query, mark_of
 from digest import feed, seen
 
 log = logging.getLogger("app.web.api.feed_browser")
@@ -102,49 +103,46 @@ async def feed_subscriber(request: Request) -> feed.Subscriber:
 
 
 # -- minting (server side, admin key) --------------------------------------------------------------
-async def post_feed_token(request: Request):
-    user_id = user_id_param(request)
-    settings = config.get()
-    ttl = settings.feed_token_seconds
-    if "ttl_seconds" in request.query_params:
-        asked = request.query_params["ttl_seconds"]
+def token_ttl(request: Request, params: dict) -> tuple[int, list[dict]]:
+    """The token's lifetime in seconds: FEED_TOKEN_SECONDS, or less when `ttl_seconds` asks for less."""
+    ttl = config.get().feed_token_seconds
+    if "ttl_seconds" in params:
+        asked = params["ttl_seconds"]
         if not (asked.isascii() and asked.isdigit() and len(asked) <= 18 and int(asked) >= 1):
-            raise validation_error([{"field": "ttl_seconds", "message": "must be a whole number of seconds, >= 1"}])
+            return ttl, [problem("ttl_seconds", "must be a whole number of seconds, >= 1")]
         ttl = min(ttl, int(asked))  # asking for more gets FEED_TOKEN_SECONDS
+    return ttl, []
+
+
+async def post_feed_token(request: Request, user_id: str, query: int):
+    ttl = query
     subscriber = await run_in_threadpool(feed.find, user_id)
     if subscriber is None:
-        raise ApiError(404, "not_found", "no subscriber with that user_id")
+        raise NotFound(NO_SUBSCRIBER)
     expires_at = int(time.time()) + ttl
     token = tokens.feed_token(subscriber.id, subscriber.token_version, expires_at)
     return FastJSONResponse({"token": token, "expires_at": expires_at}, status_code=201)
 
 
 # -- the front end's routes (feed token) -----------------------------------------------------------
-@with_cors
-async def get_own_feed(request: Request):
-    subscriber = await feed_subscriber(request)
-    query = feed_query(request)
+async def get_own_feed(request: Request, query: dict):
+    subscriber = request.state.principal  # the feed token's (feed_subscriber, declared below)
     return FastJSONResponse(await run_in_threadpool(lambda: feed.page(subscriber, **query)))
 
 
-async def _mark_own(request: Request, kind: str) -> Response:
-    subscriber = await feed_subscriber(request)
-    mark, errors = seen.validate_mark(await read_json(request))
-    if errors or mark is None:
-        raise validation_error(errors)
+async def _mark_own(request: Request, kind: str, mark: seen.MarkInput) -> Response:
+    subscriber = request.state.principal
     if not await run_in_threadpool(seen.mark_user, None, kind, mark, subscriber.id):
         raise _unauthorized("invalid or expired feed token")  # erased meanwhile
     return Response(status_code=202)
 
 
-@with_cors
-async def post_own_seen(request: Request):
-    return await _mark_own(request, seen.SEEN)
+async def post_own_seen(request: Request, body: seen.MarkInput):
+    return await _mark_own(request, seen.SEEN, body)
 
 
-@with_cors
-async def post_own_read(request: Request):
-    return await _mark_own(request, seen.READ)
+async def post_own_read(request: Request, body: seen.MarkInput):
+    return await _mark_own(request, seen.READ, body)
 
 
 class Slots:
@@ -276,9 +274,8 @@ async def stream_messages(subscriber: feed.Subscriber, last_event_id: int | None
         watcher.remove(watch)
 
 
-@with_cors
 async def get_own_stream(request: Request):
-    subscriber = await feed_subscriber(request)
+    subscriber = request.state.principal
     raw = request.headers.get("last-event-id", "").strip()
     last = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else None
     if not slots.take(max(0, config.get().feed_stream_max_connections)):
@@ -317,8 +314,11 @@ def _own_mark_route(state: str, endpoint: Endpoint) -> Route:
             body=seen.MarkInput,
             bearer=True,
             description=_TOKEN_ONLY,
+            check=mark_of,
+            authenticate=feed_subscriber,
         ),
         options=_PREFLIGHT,
+        wrap=with_cors,
     )
 
 
@@ -332,6 +332,7 @@ routes = [
             {201: "the token and its expiry (Unix seconds)"},
             errors=(404, 422),
             query=FeedTokenQuery,
+            check_query=token_ttl,
             scope="admin",
         ),
     ),
@@ -343,10 +344,13 @@ routes = [
             {200: FEED_ANSWER},
             errors=(422,),
             query=feed.FeedQuery,
+            check_query=feed_query,
             bearer=True,
             description=_TOKEN_ONLY,
+            authenticate=feed_subscriber,
         ),
         options=_PREFLIGHT,
+        wrap=with_cors,
     ),
     _own_mark_route("seen", post_own_seen),
     _own_mark_route("read", post_own_read),
@@ -359,7 +363,9 @@ routes = [
             errors=(503,),
             bearer=True,
             description=_TOKEN_ONLY,
+            authenticate=feed_subscriber,
         ),
         options=_PREFLIGHT,
+        wrap=with_cors,
     ),
 ]

@@ -3,15 +3,24 @@ and status with delivery counts and engagement. All endpoints need an admin-scop
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, BeforeValidator, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from app.newsletter import rows, service, template, test_send
-from app.platform.http import ApiError, FastJSONResponse, read_json, validation_error
+from app.newsletter import service, template, test_send
+from app.newsletter.service import (
+    Cancelled,
+    NewsletterInput,
+    NewsletterPage,
+    NewsletterState,
+    NewsletterStatus,
+    Requeued,
+    SendRequested,
+)
+from app.newsletter.test_send import TestResult
+from app.platform.errors import NotFound
 from app.platform.openapi import Operation, api_route
 from app.platform.validation import plain_int
 
@@ -29,172 +38,61 @@ TEST_BODY_LIMIT = test_send.MAX_ADDRESSES * (_JSON_BYTES_PER_CHAR * 254 + 8) + 6
 SEND_BODY_LIMIT = service.MAX_AUDIENCE_USER_IDS * (_JSON_BYTES_PER_CHAR * _USER_ID_MAX + 8) + 64 * 1024  # ~24 MB
 
 
-def _id(request: Request) -> int:
+def _newsletter_id(text: object) -> int:
     # Matched as a string (not {newsletter_id:int}), so "/v1/newsletters/abc" gets the API's JSON 404
-    # rather than the router's plain-text one.
-    newsletter_id = plain_int(request.path_params["newsletter_id"], 19)
+    # rather than the router's plain-text one: an id that is no integer names no newsletter.
+    newsletter_id = plain_int(text, 19)
     if newsletter_id is None or not 0 < newsletter_id < 2**63:
-        raise ApiError(404, "not_found", "no newsletter with that id")
+        raise NotFound(service.NOT_FOUND)
     return newsletter_id
 
 
-async def _call(fn, *args):
-    try:
-        return await run_in_threadpool(fn, *args)
-    except service.NotFound:
-        raise ApiError(404, "not_found", "no newsletter with that id") from None
-    except service.Conflict as exc:
-        raise ApiError(409, "conflict", str(exc)) from None
+async def create_newsletter(request: Request, body: NewsletterInput):
+    newsletter_id = await run_in_threadpool(service.create, body)
+    return NewsletterState(id=newsletter_id, status="draft")
 
 
-async def create_newsletter(request: Request):
-    body = await read_json(request, limit=CREATE_BODY_LIMIT)
-    values, errors = service.validate_new(body)
-    if errors:
-        raise validation_error(errors)
-    newsletter_id = await run_in_threadpool(service.create, values)
-    return FastJSONResponse({"id": newsletter_id, "status": "draft"}, status_code=201)
+async def list_newsletters(request: Request, query: service.NewsletterListQuery):
+    return await run_in_threadpool(service.list_newsletters, query)
 
 
-async def list_newsletters(request: Request):
-    query, errors = service.validate_list_query(dict(request.query_params))
-    if errors or query is None:
-        raise validation_error(errors)
-    return FastJSONResponse(await run_in_threadpool(service.list_newsletters, query))
-
-
-async def newsletters_collection(request: Request):
+async def newsletters_collection(request: Request, **declared):
     # One route for both methods, so a 405 on the path names both in its Allow header.
-    return await (list_newsletters if request.method in ("GET", "HEAD") else create_newsletter)(request)
+    return await (list_newsletters if request.method in ("GET", "HEAD") else create_newsletter)(request, **declared)
 
 
-async def get_newsletter(request: Request):
-    return FastJSONResponse(await _call(service.status, _id(request)))
+async def get_newsletter(request: Request, newsletter_id: int):
+    return await run_in_threadpool(service.newsletter_status, newsletter_id)
 
 
-async def send_newsletter(request: Request):
-    newsletter_id = _id(request)
-    body = await read_json(request, limit=SEND_BODY_LIMIT)
-    send, errors = service.validate_send(body)
-    if errors or send is None:
-        raise validation_error(errors)
-    audience = send["audience"]
-    status = await _call(service.request_send, newsletter_id, audience, send["send_at"], send["local_time"])
+async def send_newsletter(request: Request, newsletter_id: int, body: service.NewsletterAudience):
+    audience = body.recipients()
+    status = await run_in_threadpool(service.request_send, newsletter_id, audience, body.send_at, body.local_time)
     unknown, unknown_count = await run_in_threadpool(service.unknown_user_ids, audience)
-    return FastJSONResponse(
-        {"id": newsletter_id, "status": status, "unknown_user_ids": unknown, "unknown_user_ids_count": unknown_count},
-        status_code=202,
+    return SendRequested(
+        id=newsletter_id, status=status, unknown_user_ids=unknown, unknown_user_ids_count=unknown_count
     )
 
 
-async def test_newsletter(request: Request):
-    newsletter_id = _id(request)
-    body = await read_json(request, limit=TEST_BODY_LIMIT)
-    addresses, errors = test_send.validate(body)
-    if errors or addresses is None:
-        raise validation_error(errors)
-    try:
-        results = await run_in_threadpool(test_send.send, newsletter_id, addresses)
-    except test_send.NotFound:
-        raise ApiError(404, "not_found", "no newsletter with that id") from None
-    except test_send.Stopped as exc:
-        raise ApiError(409, "sending_stopped", str(exc)) from None
-    except test_send.ProviderUnavailable as exc:
-        raise ApiError(
-            503, "provider_unavailable", f"the mail provider refused the test send; nothing was sent: {exc}"
-        ) from None
-    return FastJSONResponse({"id": newsletter_id, "results": results})
+async def test_newsletter(request: Request, newsletter_id: int, body: test_send.TestSendInput):
+    results = await run_in_threadpool(test_send.send, newsletter_id, body.addresses())
+    return TestSendAnswer(id=newsletter_id, results=results)
 
 
-async def pause_newsletter(request: Request):
-    newsletter_id = _id(request)
-    return FastJSONResponse({"id": newsletter_id, "status": await _call(service.pause, newsletter_id)})
+async def pause_newsletter(request: Request, newsletter_id: int):
+    return NewsletterState(id=newsletter_id, status=await run_in_threadpool(service.pause, newsletter_id))
 
 
-async def resume_newsletter(request: Request):
-    newsletter_id = _id(request)
-    return FastJSONResponse({"id": newsletter_id, "status": await _call(service.resume, newsletter_id)})
+async def resume_newsletter(request: Request, newsletter_id: int):
+    return NewsletterState(id=newsletter_id, status=await run_in_threadpool(service.resume, newsletter_id))
 
 
-async def cancel_newsletter(request: Request):
-    newsletter_id = _id(request)
-    return FastJSONResponse({"id": newsletter_id, **await _call(service.cancel, newsletter_id)})
+async def cancel_newsletter(request: Request, newsletter_id: int):
+    return await run_in_threadpool(service.cancel, newsletter_id)
 
 
-async def retry_failed(request: Request):
-    newsletter_id = _id(request)
-    return FastJSONResponse({"id": newsletter_id, **await _call(service.retry_failed, newsletter_id)}, status_code=202)
-
-
-STATUSES = tuple(rows.NewsletterStatus)
-Count = Annotated[int, Field(ge=0)]
-
-
-class Engagement(BaseModel):
-    total: Count
-    human: Count
-    machine: Count
-    unique_human: Count
-
-
-class AudienceSummary(BaseModel):
-    kind: Literal["all", "user_ids"]
-    count: Count | None = None
-
-
-# One field per status, from the statuses themselves (mypy cannot follow fields given as keywords).
-RowCounts = create_model("RowCounts", **dict.fromkeys((*service.ROW_STATUSES, "total"), (Count, ...)))  # type: ignore[call-overload]
-
-
-class NewsletterSummary(BaseModel):
-    """One item of GET /v1/newsletters."""
-
-    id: int
-    subject: str
-    status: Literal[STATUSES]
-    audience: AudienceSummary | None
-    created_at: datetime
-    send_requested_at: datetime | None
-    send_at: datetime | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
-    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
-    completed_at: datetime | None
-    counts: RowCounts
-
-
-class NewsletterPage(BaseModel):
-    """GET /v1/newsletters: newest first; pass `next_before` as `before` for the next page (null: last page)."""
-
-    newsletters: list[NewsletterSummary]
-    next_before: int | None
-
-
-class NewsletterStatus(BaseModel):
-    """GET /v1/newsletters/{id} (service.status), declared for the document."""
-
-    id: int
-    subject: str
-    sender: str | None = Field(alias="from")
-    status: Literal[STATUSES]
-    audience: AudienceSummary | None
-    created_at: datetime
-    send_requested_at: datetime | None
-    send_at: datetime | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
-    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
-    outbox_completed_at: datetime | None
-    completed_at: datetime | None
-    counts: RowCounts
-    opens: Engagement
-    clicks: Engagement
-    bounces: Count
-    unsubscribes: Count
-
-
-class TestResult(BaseModel):
-    email: str = Field(
-        description='the address\'s canonical form (README "Address identity"); the mail went to the address as given'
-    )
-    status: Literal["sent", "failed", "suppressed"]
-    error: str | None = None
+async def retry_failed(request: Request, newsletter_id: int):
+    return await run_in_threadpool(service.retry_failed, newsletter_id)
 
 
 class TestSendAnswer(BaseModel):
@@ -205,25 +103,8 @@ class TestSendAnswer(BaseModel):
     results: list[TestResult]
 
 
-class NewsletterState(BaseModel):
-    id: int
-    status: Literal[STATUSES]
-
-
-class SendRequested(NewsletterState):
-    unknown_user_ids: Annotated[list[str], Field(max_length=service.UNKNOWN_SHOWN)]
-    unknown_user_ids_count: Count
-
-
-class Cancelled(NewsletterState):
-    cancelled_rows: Count
-
-
-class Requeued(NewsletterState):
-    requeued: Count
-
-
-NewsletterId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+# Constraints before the validator: after it, pydantic documents them as unknown keywords.
+NewsletterId = Annotated[int, Field(ge=1, le=2**63 - 1), BeforeValidator(_newsletter_id)]
 _ID = {"newsletter_id": NewsletterId}
 
 
@@ -247,8 +128,9 @@ routes = [
             "Create a newsletter (draft)",
             {201: ("created", NewsletterState)},
             errors=(400, 413, 422),
-            body=service.NewsletterInput,
+            body=NewsletterInput,
             scope="admin",
+            body_limit=CREATE_BODY_LIMIT,
         ),
     ),
     api_route(
@@ -281,6 +163,7 @@ routes = [
             errors=(400, 404, 409, 413, 422),
             body=service.NewsletterAudience,
             scope="admin",
+            body_limit=SEND_BODY_LIMIT,
         ),
     ),
     api_route(
@@ -294,6 +177,7 @@ routes = [
             errors=(400, 404, 409, 413, 422, 503),
             body=test_send.TestSendInput,
             scope="admin",
+            body_limit=TEST_BODY_LIMIT,
         ),
     ),
     _action(

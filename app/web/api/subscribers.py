@@ -3,6 +3,8 @@ erasure)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -10,9 +12,10 @@ from starlette.responses import Response
 
 from app.operations.audit import Operator
 from app.operations.erasure import erase_subscriber
-from app.platform.http import ApiError, FastJSONResponse, read_json, read_put_body, validation_error
+from app.platform.errors import NotFound
+from app.platform.http import FastJSONResponse
 from app.platform.openapi import Operation, api_route
-from app.platform.validation import Text, check
+from app.platform.validation import Text
 from app.subscribers import records as subscribers
 from tracking.machines import client_ip
 
@@ -20,17 +23,8 @@ from tracking.machines import client_ip
 _USER_ID = TypeAdapter(Text(200, min_length=1))
 
 
-def _user_id(request: Request) -> str:
-    user_id, errors = check(_USER_ID, request.path_params["user_id"], root="user_id")
-    if errors:
-        raise validation_error(errors)
-    return user_id
-
-
-async def put_subscriber(request: Request):
-    user_id = _user_id(request)
-    values = await read_put_body(request, "user_id", user_id, subscribers.validate, 64 * 1024)
-    record, created = await run_in_threadpool(subscribers.upsert, user_id, values)
+async def put_subscriber(request: Request, user_id: str, body: subscribers.SubscriberInput):
+    record, created = await run_in_threadpool(subscribers.upsert, user_id, body.model_dump())
     return FastJSONResponse(record, status_code=201 if created else 200)
 
 
@@ -38,47 +32,34 @@ PATCH_TYPES = ("application/merge-patch+json", "application/json")
 BODY_LIMIT = 64 * 1024
 
 
-async def patch_subscriber(request: Request):
-    user_id = _user_id(request)
-    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if media_type not in PATCH_TYPES:
-        raise ApiError(
-            415,
-            "unsupported_media_type",
-            f"send the patch as {' or '.join(PATCH_TYPES)} (a JSON merge patch, RFC 7396)",
-            headers={"Accept-Patch": ", ".join(PATCH_TYPES)},
-        )
-    body = await read_json(request, limit=BODY_LIMIT)
-    echoed = body.pop("user_id", None) if isinstance(body, dict) else None
-    values, errors = subscribers.validate_merge_patch(body)
-    if echoed not in (None, user_id):
-        errors.append({"field": "user_id", "message": "does not match the URL"})
-    if errors:
-        raise validation_error(errors)
-    record = await run_in_threadpool(subscribers.patch, user_id, values)
+def _merge_patch(request: Request, data) -> tuple[dict, list[dict]]:
+    return subscribers.validate_merge_patch(data)
+
+
+async def patch_subscriber(request: Request, user_id: str, body: dict):
+    record = await run_in_threadpool(subscribers.patch, user_id, body)
     if record is None:
-        raise ApiError(404, "not_found", "no subscriber with that user_id; PUT creates one")
+        raise NotFound("no subscriber with that user_id; PUT creates one")
     return FastJSONResponse(record)
 
 
-async def get_subscriber(request: Request):
-    record = await run_in_threadpool(subscribers.get, _user_id(request))
+async def get_subscriber(request: Request, user_id: str):
+    record = await run_in_threadpool(subscribers.get, user_id)
     if record is None:
-        raise ApiError(404, "not_found", "no subscriber with that user_id")
+        raise NotFound("no subscriber with that user_id")
     return FastJSONResponse(record)
 
 
-async def delete_subscriber(request: Request):
+async def delete_subscriber(request: Request, user_id: str):
     key = request.state.principal
     peer = request.client.host if request.client else None
     operator = Operator(key.name, key.key_id, client_ip(request.headers.get("x-forwarded-for"), peer))
-    erased = await run_in_threadpool(erase_subscriber, _user_id(request), operator)
-    if not erased:
-        raise ApiError(404, "not_found", "no subscriber with that user_id")
+    if not await run_in_threadpool(erase_subscriber, user_id, operator):
+        raise NotFound("no subscriber with that user_id")
     return Response(status_code=204)
 
 
-_BY_METHOD = {
+_BY_METHOD: dict[str, Callable[..., Awaitable[Response]]] = {
     "GET": get_subscriber,
     "HEAD": get_subscriber,
     "PUT": put_subscriber,
@@ -87,9 +68,9 @@ _BY_METHOD = {
 }
 
 
-async def subscriber(request: Request):
+async def subscriber(request: Request, **declared):
     # One route for every method, so a 405 carries the full Allow header.
-    return await _BY_METHOD[request.method](request)
+    return await _BY_METHOD[request.method](request, **declared)
 
 
 routes = [
@@ -103,6 +84,8 @@ routes = [
             errors=(400, 422),
             body=subscribers.SubscriberInput,
             scope="admin",
+            body_limit=BODY_LIMIT,
+            echo="user_id",
         ),
         patch=Operation(
             "Change some fields of a subscriber (JSON merge patch, RFC 7396)",
@@ -115,6 +98,9 @@ routes = [
             "email. Validation and the schedule change (pending digest runs replanned) are PUT's. Two patches of "
             "different fields at once both land (one UPDATE of the named columns).",
             media_types=PATCH_TYPES,
+            body_limit=BODY_LIMIT,
+            echo="user_id",
+            check=_merge_patch,
         ),
         get=Operation("Read a subscriber", {200: "the subscriber"}, errors=(404, 422), scope="admin"),
         delete=Operation(
