@@ -12,16 +12,16 @@ import orjson
 from pydantic import AfterValidator, BaseModel, Field, create_model
 
 from app.newsletter import kick, outbox, template
-from app.newsletter import rows as statements
+from app.newsletter import rows as newsletter_rows
 from app.platform import db, mail
 from app.platform.errors import Conflict, NotFound
-from app.platform.validation import Body, Text, Timestamp, as_json, check, documented, fail
+from app.platform.validation import Body, Text, Timestamp, check, documented, fail
 from tracking.stats import mail_stats
 
 log = logging.getLogger("app.newsletter.service")
 
 MAX_AUDIENCE_USER_IDS = 10_000
-ROW_STATUSES = ("pending", "sending", "sent", "failed", "suppressed", "cancelled")
+ROW_STATUSES = tuple(status.value for status in newsletter_rows.RowStatus)
 # Applied SendGrid events (mail_event_counts) that count as a bounce / an unsubscribe.
 BOUNCE_EVENTS = ("bounce", "dropped", "blocked")
 UNSUBSCRIBE_EVENTS = ("unsubscribe", "group_unsubscribe", "spamreport")
@@ -33,7 +33,7 @@ UNKNOWN_SHOWN = 1000  # unknown user_ids listed in a send answer (the count is a
 
 
 # -- the results: what the operations return, and the API answers as they are --------------------
-STATUSES = tuple(statements.NewsletterStatus)
+STATUSES = tuple(newsletter_rows.NewsletterStatus)
 Count = Annotated[int, Field(ge=0)]
 
 
@@ -75,21 +75,11 @@ class NewsletterPage(BaseModel):
     next_before: int | None
 
 
-class NewsletterStatus(BaseModel):
-    """GET /v1/newsletters/{id} (service.status), declared for the document."""
+class NewsletterStatus(NewsletterSummary):
+    """GET /v1/newsletters/{id}: what a list shows of it, and its sender, engagement and bounces."""
 
-    id: int
-    subject: str
     sender: str | None = Field(alias="from")
-    status: Literal[STATUSES]
-    audience: AudienceSummary | None
-    created_at: Timestamp
-    send_requested_at: Timestamp | None
-    send_at: Timestamp | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
-    local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
     outbox_completed_at: Timestamp | None
-    completed_at: Timestamp | None
-    counts: RowCounts
     opens: Engagement
     clicks: Engagement
     bounces: Count
@@ -257,9 +247,10 @@ def validate_new(body) -> tuple[NewsletterInput | None, list[dict]]:
 
 
 def create(newsletter: NewsletterInput) -> int:
-    created = db.query(statements.CREATE, (newsletter.subject, newsletter.html, newsletter.text, newsletter.from_addr))
-    log.info("newsletter %s created", created[0][0])
-    return created[0][0]
+    n = newsletter
+    created = db.call(newsletter_rows.create, n.subject, n.html, n.text, n.from_addr)
+    log.info("newsletter %s created", created)
+    return created
 
 
 def _current(newsletter_id: int) -> tuple:
@@ -279,13 +270,13 @@ def request_send(
     is harmless."""
     stored_audience = orjson.dumps(audience).decode()
     if send_at is not None:
-        if db.query(statements.SCHEDULE, (stored_audience, local_time, send_at, newsletter_id)):
+        if db.call(newsletter_rows.schedule, newsletter_id, stored_audience, local_time, send_at):
             log.info("newsletter %s scheduled for %s", newsletter_id, send_at.isoformat())
             return "scheduled"
         status = _current(newsletter_id)[0]
         raise Conflict(f"only a draft or scheduled newsletter can be scheduled (it is {status})", status)
-    rows = db.query(statements.QUEUE, (stored_audience, local_time, newsletter_id))
-    if not rows:
+    queued = db.call(newsletter_rows.queue, newsletter_id, stored_audience, local_time)
+    if not queued:
         status, stored, outbox_done, stored_time = _current(newsletter_id)
         if status in ("done", "cancelled"):
             raise Conflict(f"newsletter is {status}; create a new one to send again", status)
@@ -296,7 +287,7 @@ def request_send(
         if outbox_done is not None:
             return status
     _kick_safely(kick.outbox, newsletter_id)
-    return rows[0][0] if rows else status
+    return "queued" if queued else status
 
 
 def _same_audience(stored: dict | None, requested: dict) -> bool:
@@ -333,8 +324,7 @@ def _kick_safely(fn, newsletter_id: int, *args) -> None:
 
 
 def pause(newsletter_id: int) -> str:
-    rows = db.query(statements.PAUSE, (newsletter_id,))
-    if rows:
+    if db.call(newsletter_rows.pause, newsletter_id):
         log.info("newsletter %s paused", newsletter_id)
         return "paused"
     status = _current(newsletter_id)[0]
@@ -348,14 +338,14 @@ def pause(newsletter_id: int) -> str:
 
 
 def resume(newsletter_id: int) -> str:
-    rows = db.query(statements.RESUME, (newsletter_id,))
-    if not rows:
+    resumed, outbox_done = db.call(newsletter_rows.resume, newsletter_id)
+    if not resumed:
         status = _current(newsletter_id)[0]
         if status in ("queued", "sending"):
             return status
         raise Conflict(f"only a paused newsletter can be resumed (it is {status})", status)
     log.info("newsletter %s resumed", newsletter_id)
-    if rows[0][0] is None:
+    if not outbox_done:
         _kick_safely(kick.outbox, newsletter_id)
     _kick_safely(kick.send_chains, newsletter_id)
     return "sending"
@@ -365,8 +355,7 @@ def cancel(newsletter_id: int) -> Cancelled:
     """No new claims from now on; rows not yet claimed become `cancelled`. A send loop holding
     claimed rows stops between two mails within a second (app/newsletter/sender.py): the mails in
     flight finish, the rows it did not start become `cancelled` too."""
-    rows = db.query(statements.CANCEL, (newsletter_id,))
-    if not rows:
+    if not db.call(newsletter_rows.cancel, newsletter_id):
         status = _current(newsletter_id)[0]
         if status != "cancelled":
             raise Conflict("a finished newsletter cannot be cancelled", status)
@@ -380,10 +369,7 @@ def retry_failed(newsletter_id: int) -> Requeued:
     if status not in ("sending", "paused", "done"):
         raise Conflict(f"failed rows can be retried while sending, paused or done (it is {status})", status)
     with db.raw_cursor() as cur:
-        cur.execute(statements.RETRY_FAILED, (newsletter_id,))
-        requeued = cur.rowcount
-        if requeued:
-            cur.execute(statements.REOPEN, (newsletter_id,))
+        requeued = newsletter_rows.retry_failed(cur, newsletter_id)
     status = _current(newsletter_id)[0]
     if requeued and status == "sending":
         _kick_safely(kick.send_chains, newsletter_id)
@@ -402,20 +388,19 @@ class NewsletterListQuery(Body):
     before: Annotated[
         int | None, Field(ge=1, le=2**63 - 1, description="only ids below this (the previous page's `next_before`)")
     ] = None
-    status: Literal[tuple(statements.NewsletterStatus)] | None = None
+    status: Literal[STATUSES] | None = None
 
 
 def list_newsletters(query: NewsletterListQuery) -> NewsletterPage:
     """One page, newest first, with row counts: a finished newsletter's were stored when it finished;
     the others (few at any time) are counted now."""
     found = db.query(
-        "SELECT id, subject, status, audience, created_at, send_requested_at, completed_at, final_counts, "
-        "send_at, local_time FROM newsletters WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) "
+        f"SELECT {_SHOWN}, final_counts FROM newsletters WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) "
         "AND (%(status)s::text IS NULL OR status = %(status)s::text) ORDER BY id DESC LIMIT %(limit)s",
         {"before": query.before, "status": query.status, "limit": query.limit + 1},
     )
     page, more = found[: query.limit], len(found) > query.limit
-    live = [r[0] for r in page if r[7] is None and r[2] != "draft"]
+    live = [r[0] for r in page if r[-1] is None and r[2] != "draft"]
     counted: dict[int, dict] = {}
     if live:
         for nid, row_status, n in db.query(
@@ -423,62 +408,47 @@ def list_newsletters(query: NewsletterListQuery) -> NewsletterPage:
         ):
             counted.setdefault(nid, {})[row_status] = n
     items = []
-    for nid, subject, state, audience, created, requested, completed, final, send_at, local_time in page:
-        counts = dict.fromkeys(ROW_STATUSES, 0)
-        counts.update(final if final is not None else counted.get(nid, {}))
-        counts["total"] = sum(counts[s] for s in ROW_STATUSES)
-        items.append(
-            NewsletterSummary(
-                id=nid,
-                subject=subject,
-                status=state,
-                audience=_audience_summary(audience),
-                created_at=created,
-                send_requested_at=requested,
-                send_at=send_at,
-                local_time=_hhmm(local_time),
-                completed_at=completed,
-                counts=RowCounts(**counts),
-            )
-        )
+    for *shown, final in page:
+        counts = final if final is not None else counted.get(shown[0], {})
+        items.append(NewsletterSummary(**_shown_fields(shown, counts)))
     return NewsletterPage(newsletters=items, next_before=page[-1][0] if more else None)
 
 
-def status(newsletter_id: int) -> dict[str, Any]:
-    """newsletter_status() as the API answers it (JSON values): what `newsletter-status` prints."""
-    return as_json(newsletter_status(newsletter_id))
+# What a list item and a status both show of a newsletter: these columns, in this order.
+_SHOWN = "id, subject, status, audience, created_at, send_requested_at, send_at, local_time, completed_at"
+
+
+def _shown_fields(row, counts: dict[str, int]) -> dict[str, Any]:
+    """The fields of NewsletterSummary from a row of _SHOWN and the outbox's counts by status."""
+    nid, subject, state, audience, created, requested, send_at, local_time, completed = row
+    counted = {**dict.fromkeys(ROW_STATUSES, 0), **counts}
+    counted["total"] = sum(counted[s] for s in ROW_STATUSES)
+    return {
+        "id": nid,
+        "subject": subject,
+        "status": state,
+        "audience": _audience_summary(audience),
+        "created_at": created,
+        "send_requested_at": requested,
+        "send_at": send_at,
+        "local_time": _hhmm(local_time),
+        "completed_at": completed,
+        "counts": RowCounts(**counted),
+    }
 
 
 def newsletter_status(newsletter_id: int) -> NewsletterStatus:
-    rows = db.query(
-        "SELECT id, subject, from_addr, status, audience, created_at, send_requested_at, "
-        "outbox_completed_at, completed_at, send_at, local_time FROM newsletters WHERE id = %s",
-        (newsletter_id,),
-    )
+    rows = db.query(f"SELECT {_SHOWN}, from_addr, outbox_completed_at FROM newsletters WHERE id = %s", (newsletter_id,))
     if not rows:
         raise NotFound(NOT_FOUND)
-    (nid, subject, from_addr, state, audience, created, requested, outbox_done, completed, send_at, local_time) = rows[
-        0
-    ]
-    counts = dict.fromkeys(ROW_STATUSES, 0)
-    for row_status, n in db.query(
-        "SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status", (newsletter_id,)
-    ):
-        counts[row_status] = n
-    counts["total"] = sum(counts.values())
+    *shown, from_addr, outbox_done = rows[0]
+    counts = dict(
+        db.query("SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status", (newsletter_id,))
+    )
     return NewsletterStatus(
-        id=nid,
-        subject=subject,
+        **_shown_fields(shown, counts),
         **{"from": from_addr},
-        status=state,
-        audience=_audience_summary(audience),
-        created_at=created,
-        send_requested_at=requested,
-        send_at=send_at,
-        local_time=_hhmm(local_time),
         outbox_completed_at=outbox_done,
-        completed_at=completed,
-        counts=RowCounts(**counts),
         **engagement(newsletter_id),
     )
 

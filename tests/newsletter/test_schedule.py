@@ -220,8 +220,8 @@ def test_the_claim_skips_rows_until_their_local_time_and_the_send_finishes_after
     assert "not due for 60s or more" in rounds[-1].outcome and rounds[-1].retry_in is None
     # the tick does not wake send chains for rows not yet due
     assert reclaim.reclaim_stale()["chains_kicked"] == []
-    status = service.status(nl)
-    assert status["local_time"] == db.query("SELECT to_char(local_time, 'HH24:MI') FROM newsletters")[0][0]
+    status = service.newsletter_status(nl)
+    assert status.local_time == db.query("SELECT to_char(local_time, 'HH24:MI') FROM newsletters")[0][0]
 
     db.query("UPDATE email_log SET not_before = now() - interval '1 second' WHERE status = 'pending'")
     assert reclaim.reclaim_stale()["chains_kicked"] == [nl]

@@ -8,6 +8,7 @@ from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from app.platform.errors import NotFound, problem
 from app.platform.http import FastJSONResponse
@@ -79,7 +80,19 @@ async def get_feed(request: Request, user_id: str, query: dict):
 
 
 _PATH = {"user_id": _USER_ID}
-_MARK_ERRORS = (400, 404, 413, 422)
+
+
+def _mark_route(state: str, endpoint, summary: str) -> Route:
+    return api_route(
+        f"/v1/subscribers/{{user_id:str}}/{state}",
+        endpoint,
+        path_params=_PATH,
+        post=Operation(
+            summary, {202: "committed"}, errors=(400, 404, 413, 422), body=seen.MarkInput, scope="events", check=mark_of
+        ),
+    )
+
+
 FEED_ANSWER = (
     "one item per entity, newest activity first, worded as the digest words it: "
     "{unseen_count, unread_count, items, next_before}"
@@ -99,30 +112,6 @@ routes = [
             scope="admin",
         ),
     ),
-    api_route(
-        "/v1/subscribers/{user_id:str}/seen",
-        post_seen,
-        path_params=_PATH,
-        post=Operation(
-            "Mark entities (or everything) seen for a subscriber",
-            {202: "committed"},
-            errors=_MARK_ERRORS,
-            body=seen.MarkInput,
-            scope="events",
-            check=mark_of,
-        ),
-    ),
-    api_route(
-        "/v1/subscribers/{user_id:str}/read",
-        post_read,
-        path_params=_PATH,
-        post=Operation(
-            "Mark entities (or everything) read (and so seen) for a subscriber",
-            {202: "committed"},
-            errors=_MARK_ERRORS,
-            body=seen.MarkInput,
-            scope="events",
-            check=mark_of,
-        ),
-    ),
+    _mark_route(seen.SEEN, post_seen, "Mark entities (or everything) seen for a subscriber"),
+    _mark_route(seen.READ, post_read, "Mark entities (or everything) read (and so seen) for a subscriber"),
 ]

@@ -23,7 +23,8 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Annotated
+from dataclasses import replace
+from typing import Annotated, Any
 
 import orjson
 from pydantic import Field
@@ -303,23 +304,18 @@ _PREFLIGHT = Operation("CORS preflight (FEED_ALLOWED_ORIGINS)", {204: "the CORS 
 _TOKEN_ONLY = "With `Authorization: Bearer <feed token>`: an API key is refused (401)."
 
 
+def _own_route(path: str, endpoint: Endpoint, method: str, operation: Operation) -> Route:
+    """A route of the feed token's own feed: the token authenticates it, CORS wraps it."""
+    declared: dict[str, Any] = {
+        method: replace(operation, bearer=True, description=_TOKEN_ONLY, authenticate=feed_subscriber)
+    }
+    return api_route(path, endpoint, options=_PREFLIGHT, wrap=with_cors, **declared)
+
+
 def _own_mark_route(state: str, endpoint: Endpoint) -> Route:
-    return api_route(
-        f"/v1/feed/{state}",
-        endpoint,
-        post=Operation(
-            f"Mark entities (or everything) {state} in the feed token's own feed",
-            {202: "committed"},
-            errors=(400, 413, 422),
-            body=seen.MarkInput,
-            bearer=True,
-            description=_TOKEN_ONLY,
-            check=mark_of,
-            authenticate=feed_subscriber,
-        ),
-        options=_PREFLIGHT,
-        wrap=with_cors,
-    )
+    summary = f"Mark entities (or everything) {state} in the feed token's own feed"
+    marked = Operation(summary, {202: "committed"}, errors=(400, 413, 422), body=seen.MarkInput, check=mark_of)
+    return _own_route(f"/v1/feed/{state}", endpoint, "post", marked)
 
 
 routes = [
@@ -336,36 +332,28 @@ routes = [
             scope="admin",
         ),
     ),
-    api_route(
+    _own_route(
         "/v1/feed",
         get_own_feed,
-        get=Operation(
+        "get",
+        Operation(
             "The feed token's own feed (as GET /v1/subscribers/{user_id}/feed)",
             {200: FEED_ANSWER},
             errors=(422,),
             query=feed.FeedQuery,
             check_query=feed_query,
-            bearer=True,
-            description=_TOKEN_ONLY,
-            authenticate=feed_subscriber,
         ),
-        options=_PREFLIGHT,
-        wrap=with_cors,
     ),
     _own_mark_route("seen", post_own_seen),
     _own_mark_route("read", post_own_read),
-    api_route(
+    _own_route(
         "/v1/feed/stream",
         get_own_stream,
-        get=Operation(
+        "get",
+        Operation(
             "Server-Sent Events (text/event-stream): count changes and new items of the feed token's own feed",
             {200: "the stream"},
             errors=(503,),
-            bearer=True,
-            description=_TOKEN_ONLY,
-            authenticate=feed_subscriber,
         ),
-        options=_PREFLIGHT,
-        wrap=with_cors,
     ),
 ]
