@@ -15,7 +15,8 @@ import dramatiq
 from dramatiq.middleware import Middleware
 
 from app.platform import config, providers, queue
-from digest import immediate, messages, render
+from digest import immediate, messages
+from digest import render as digest_render
 from digest import send as digest_send
 
 MAX_IDS_PER_MESSAGE = 1000
@@ -31,7 +32,7 @@ class DigestTemplateWarmup(Middleware):
     sent again later. after_worker_shutdown runs once every in-flight message has finished."""
 
     def after_worker_boot(self, broker, worker):
-        render.warm_up_in_background()
+        digest_render.warm_up_in_background()
 
     def after_worker_shutdown(self, broker, worker):
         providers.close_all()  # QUIT pooled SMTP connections instead of dropping them

@@ -21,7 +21,7 @@ from digest import context as digest_context
 from digest import details as digest_details
 from digest import load as digest_load
 from digest import render as digest_render
-from digest import runs as run_rows
+from digest import runs as digest_runs
 from digest import seen
 from digest.claim import ClaimedRun
 from tracking.links import LinkRewriter, rewrite_many_with_clicks
@@ -208,7 +208,7 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
     with db.raw_cursor() as cur:
         cur.execute(
             "SELECT s.id, s.email, s.name, s.digest_cadence, s.token_version, s.timezone, "
-            f"{run_rows.LAST_SENT_AT} FROM subscribers s WHERE s.user_id = %s",
+            f"{digest_runs.LAST_SENT_AT} FROM subscribers s WHERE s.user_id = %s",
             (user_id,),
         )
         row = cur.fetchone()

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from app.platform.providers.base import OutgoingMail
 from digest import group as digest_group
-from digest import runs
+from digest import runs as digest_runs
 from digest.marks import Cover
 
 
@@ -52,11 +52,11 @@ def claim(
     """Claim runs (given ids, or any due ones) in the caller's transaction. Returns (runs to build,
     [(run_id, skip_reason)]); skipped runs are already written. A second run of a subscriber who
     already has one processing goes back to pending at once (attempt counted, no backoff)."""
-    claimed = sorted((ClaimedRun(*row) for row in runs.claim(cur, run_ids, limit)), key=lambda r: r.id)
+    claimed = sorted((ClaimedRun(*row) for row in digest_runs.claim(cur, run_ids, limit)), key=lambda r: r.id)
     if not claimed:
         return [], []
-    runs.lock_subscribers(cur, [r.subscriber_id for r in claimed])
-    busy = runs.subscribers_busy_elsewhere(cur, [r.subscriber_id for r in claimed], [r.id for r in claimed])
+    digest_runs.lock_subscribers(cur, [r.subscriber_id for r in claimed])
+    busy = digest_runs.subscribers_busy_elsewhere(cur, [r.subscriber_id for r in claimed], [r.id for r in claimed])
     ready, skipped, release, seen = [], [], [], set(busy)
     for run in claimed:
         reason = run.skip_reason()
@@ -67,6 +67,6 @@ def claim(
         else:
             ready.append(run)
         seen.add(run.subscriber_id)
-    runs.mark_skipped(cur, skipped)
-    runs.retry(cur, release, max_attempts, base_seconds=0)
+    digest_runs.mark_skipped(cur, skipped)
+    digest_runs.retry(cur, release, max_attempts, base_seconds=0)
     return ready, skipped

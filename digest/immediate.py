@@ -35,7 +35,8 @@ from datetime import datetime
 from app.platform import config, db
 from app.subscribers import categories, mailable
 from app.subscribers.streams import DIGESTS
-from digest import marks, runs
+from digest import marks
+from digest import runs as digest_runs
 
 log = logging.getLogger("digest.immediate")
 
@@ -76,7 +77,7 @@ WITH due AS (
                HAVING count(*) >= %(max_per_hour)s)) AS at
     FROM eligible
     WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = eligible.id)
-), inserted AS ({runs.INSERT_IMMEDIATE}
+), inserted AS ({digest_runs.INSERT_IMMEDIATE}
 ), consumed AS (
     DELETE FROM digest_send_now d USING due
     WHERE d.subscriber_id = due.subscriber_id

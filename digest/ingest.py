@@ -22,7 +22,8 @@ from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
 from app.platform.openapi import free_form_values
 from app.platform.validation import NOT_BLANK, Body, Text, check, documented, fail
 from app.subscribers import categories
-from digest import events, immediate, messages
+from digest import events as digest_events
+from digest import immediate, messages
 
 log = logging.getLogger("digest.ingest")
 
@@ -187,9 +188,9 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
                 unique_rows.append(row)
     high = any(_high(row) for row in unique_rows)
     if high:
-        sql, template = events.INSERT_HIGH_SQL, events.INSERT_HIGH_TEMPLATE
+        sql, template = digest_events.INSERT_HIGH_SQL, digest_events.INSERT_HIGH_TEMPLATE
     else:
-        sql, template = events.INSERT_SQL, events.INSERT_TEMPLATE
+        sql, template = digest_events.INSERT_SQL, digest_events.INSERT_TEMPLATE
     inserted = db.execute_values(
         cur,
         sql,

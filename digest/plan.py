@@ -41,8 +41,9 @@ from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from app.platform import config, db, metrics, queue, timezones
-from app.subscribers import records as subscribers
-from digest import immediate, marks, messages, runs
+from app.subscribers import records
+from digest import immediate, marks, messages
+from digest import runs as digest_runs
 
 log = logging.getLogger("digest.plan")
 
@@ -125,7 +126,7 @@ SELECT DISTINCT timezone, digest_cadence,
 FROM subscribers WHERE {_DUE_SLOTTED}
 """
 
-_PLANNED_SLOTTED = subscribers.set_planned_until(
+_PLANNED_SLOTTED = records.set_planned_until(
     "v.slot",
     source="""due, unnest(%(tz)s::text[], %(cadence)s::text[], %(hour)s::int[], %(weekday)s::int[],
                      %(period)s::date[], %(slot)s::timestamptz[], %(slot_no)s::int[])
@@ -135,7 +136,7 @@ _PLANNED_SLOTTED = subscribers.set_planned_until(
       AND (v.cadence <> 'weekly' OR s.digest_weekday = v.weekday)""",
     returning="s.id, s.digest_cadence AS cadence, v.period, v.slot, v.slot_no",
 )
-_PLANNED_IMMEDIATELY = subscribers.set_planned_until(
+_PLANNED_IMMEDIATELY = records.set_planned_until(
     "%(now)s + make_interval(secs => %(recheck)s)", source="due", match="s.id = due.id"
 )
 
@@ -147,7 +148,7 @@ WITH due AS (
     SELECT id FROM subscribers WHERE {_DUE_SLOTTED}
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), planned AS ({_PLANNED_SLOTTED}), inserted AS ({runs.INSERT_PLANNED})
+), planned AS ({_PLANNED_SLOTTED}), inserted AS ({digest_runs.INSERT_PLANNED})
 SELECT (SELECT count(*) FROM planned), (SELECT count(*) FROM inserted)
 """
 
@@ -231,9 +232,9 @@ def check(now: datetime, send, depth: int) -> int:
         messages = min(budget, CHECK_CHUNK_MESSAGES)
         wanted = messages * batch
         with db.raw_cursor() as cur:
-            ids = runs.select_due(cur, now, settings.digest_reenqueue_seconds, wanted)
+            ids = digest_runs.select_due(cur, now, settings.digest_reenqueue_seconds, wanted)
             if ids:
-                runs.mark_enqueued(cur, ids, now)
+                digest_runs.mark_enqueued(cur, ids, now)
         sent = _enqueue(ids, batch, send)
         enqueued += sent
         if sent < len(ids) or len(ids) < wanted:  # the queue refused, or nothing more is due
@@ -252,7 +253,7 @@ def _enqueue(ids: list[int], batch: int, send) -> int:
         except Exception:
             log.exception("enqueueing %d digest runs failed; they stay pending for the next tick", len(chunk))
             with db.raw_cursor() as cur:
-                runs.clear_enqueued(cur, ids[start:])
+                digest_runs.clear_enqueued(cur, ids[start:])
             return start
     return len(ids)
 
@@ -263,7 +264,7 @@ def watchdog(now: datetime) -> tuple[int, int]:
     gone, and a re-send carries the same idempotency key."""
     settings = config.get()
     with db.raw_cursor() as cur:
-        back, failed = runs.reclaim_stuck(
+        back, failed = digest_runs.reclaim_stuck(
             cur, now, settings.digest_processing_timeout_seconds, settings.digest_max_attempts, base_seconds=0
         )
     metrics.digest_runs({"retry": back, "failed": failed})  # committed: a rolled-back take-back is not counted
@@ -301,7 +302,9 @@ def send_next_now(user_ids: list[str] | None, now: datetime | None = None) -> li
                 send_now.append(sid)
                 continue
             period, slot = next_slot(now, tz_name, cadence, hour, weekday)
-            run_ids += runs.make_due_now(cur, sid, cadence, period, now, slot_number(cadence, period, slot, tz_name))
+            run_ids += digest_runs.make_due_now(
+                cur, sid, cadence, period, now, slot_number(cadence, period, slot, tz_name)
+            )
         if send_now:
             immediate.mark(cur, send_now)
     if send_now:

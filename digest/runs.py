@@ -32,7 +32,8 @@ from app.platform.db import pg_array
 from app.platform.mail_stop import NOT_ENGAGED
 from app.subscribers import mailable
 from app.subscribers.streams import DIGESTS
-from digest import events, marks
+from digest import events as digest_events
+from digest import marks
 from digest.marks import Cover
 
 MAX_BACKOFF_SECONDS = 6 * 3600
@@ -331,7 +332,7 @@ def mark_events(cur, handled: list[tuple[int, list[int]]], covers: dict[int, tup
     events one by one."""
     covers = covers or {}
     # Runs that mark their events one by one (digest/marks.py says which).
-    events.mark_handled(cur, [(eid, run_id) for run_id, ids in handled if run_id not in covers for eid in ids])
+    digest_events.mark_handled(cur, [(eid, run_id) for run_id, ids in handled if run_id not in covers for eid in ids])
     covered = [(run_id, covers[run_id]) for run_id, _ in handled if run_id in covers]
     if covered:
         marks.advance(cur, [c for _, c in covered])

@@ -36,7 +36,7 @@ from typing import cast
 from app.platform import config, db, mail_stop, metrics
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, PermanentError, Progress, Provider, ProviderError, SendResult
-from digest import runs as run_rows
+from digest import runs as digest_runs
 from digest.build import Batch, build_slice, load_batch
 from digest.claim import ClaimedRun, claim
 from digest.group import Digest
@@ -102,17 +102,17 @@ def record(cur, outcome: Outcome, settings=None) -> None:
     """ONE transaction (the caller commits): mark exactly the loaded events of every sent run, and
     move every run to its final or retry state."""
     settings = settings or config.get()
-    outcome.lateness = run_rows.mark_sent(cur, outcome.sent, outcome.covers)
-    run_rows.mark_events(cur, outcome.handled, outcome.covers)
-    run_rows.mark_skipped(cur, outcome.skipped)
-    run_rows.release(cur, outcome.released)
-    _pending, failed = run_rows.retry(
+    outcome.lateness = digest_runs.mark_sent(cur, outcome.sent, outcome.covers)
+    digest_runs.mark_events(cur, outcome.handled, outcome.covers)
+    digest_runs.mark_skipped(cur, outcome.skipped)
+    digest_runs.release(cur, outcome.released)
+    _pending, failed = digest_runs.retry(
         cur, outcome.retry, settings.digest_max_attempts, settings.digest_retry_base_seconds
     )
     outcome.exhausted = failed
     if failed:
         log.warning("%d digest run(s) failed for good after %d attempts", failed, settings.digest_max_attempts)
-    run_rows.fail(cur, outcome.failed)
+    digest_runs.fail(cur, outcome.failed)
 
 
 def process(run_ids: list[int] | None = None, limit: int | None = None, provider: Provider | None = None) -> dict:
@@ -246,7 +246,7 @@ def _release_after_crash(run_ids: list[int], started: float | None = None) -> No
 
     def release():
         with db.raw_cursor() as cur:
-            return run_rows.retry(
+            return digest_runs.retry(
                 cur,
                 [(i, "worker error, released") for i in run_ids],
                 settings.digest_max_attempts,

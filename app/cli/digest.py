@@ -10,7 +10,7 @@ from pathlib import Path
 from app.cli import commands
 from app.platform import config, db
 from digest import build as digest_build
-from digest import plan as digest_plan
+from digest import plan
 
 
 def cmd_digest_now(args) -> int:
@@ -19,10 +19,10 @@ def cmd_digest_now(args) -> int:
     if not args.all and not args.user_ids:
         print("error: name USER_IDs or pass --all", file=sys.stderr)
         return 2
-    run_ids = digest_plan.send_next_now(None if args.all else args.user_ids)
+    run_ids = plan.send_next_now(None if args.all else args.user_ids)
     batch = max(1, config.get().digest_claim_batch)
     for start in range(0, len(run_ids), batch):
-        digest_plan.enqueue(run_ids[start : start + batch])
+        plan.enqueue(run_ids[start : start + batch])
     print(
         f"{len(run_ids)} digest run(s) due now and enqueued; a worker sends them "
         "(make run: the mail viewer on port 8025)"

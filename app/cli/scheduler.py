@@ -30,9 +30,7 @@ from app.cli.output import print_json
 from app.newsletter.reclaim import reclaim_stale
 from app.newsletter.schedule import start_due as start_scheduled_newsletters
 from app.platform import config, db, lease, observability, retention
-from digest import immediate as digest_immediate
-from digest import plan as digest_plan
-from digest import seen
+from digest import immediate, plan, seen
 from tracking.webhook_apply import requeue_unprocessed
 
 log = logging.getLogger("app.cli.scheduler")
@@ -72,7 +70,7 @@ class Leadership:
 
 def _digest_sender():
     """send(ids) for the checker, and the current queue depth."""
-    return digest_plan.enqueue, digest_plan.queue_depth
+    return plan.enqueue, plan.queue_depth
 
 
 def _hooks() -> dict:
@@ -111,16 +109,16 @@ def tick(now: datetime | None = None, send=None, depth=None) -> dict:
             result.setdefault("errors", []).append(name)
             return default
 
-    result["planned"] = job("plan", lambda: digest_plan.plan(now), 0)
-    result["send_now"] = job("send_now", lambda: digest_immediate.plan(now)[0], 0)
-    result["reclaimed"], result["failed"] = job("watchdog", lambda: digest_plan.watchdog(now), (0, 0))
+    result["planned"] = job("plan", lambda: plan.plan(now), 0)
+    result["send_now"] = job("send_now", lambda: immediate.plan(now)[0], 0)
+    result["reclaimed"], result["failed"] = job("watchdog", lambda: plan.watchdog(now), (0, 0))
 
     def check():
         nonlocal send, depth
         if send is None or depth is None:
             default_send, default_depth = _digest_sender()
             send, depth = send or default_send, depth or default_depth
-        return digest_plan.check(now, send, depth())  # depth() fails when Redis is down
+        return plan.check(now, send, depth())  # depth() fails when Redis is down
 
     result["enqueued"] = job("checker", check, 0)
     result["hooks"] = run_hooks()

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import time
 
-from app.newsletter import kick, rows, schedule
+from app.newsletter import kick, schedule
+from app.newsletter import rows as newsletter_rows
 from app.platform import db, lease
 
 log = logging.getLogger("app.newsletter.outbox")
@@ -71,7 +72,7 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
 def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk, due: dict) -> int:
     started = time.monotonic()
     # Sending starts with the first chunk; chains idle-wait while the rest is written.
-    db.thread_connection.call(rows.start_sending, newsletter_id)
+    db.thread_connection.call(newsletter_rows.start_sending, newsletter_id)
     inserted, kicked, analyzed_at = 0, False, 0
     for fill in _chunks(newsletter_id, audience, chunk_ids, due):
         state = db.thread_connection.run("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))
@@ -91,7 +92,7 @@ def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk, due: di
             on_chunk(inserted)
     if inserted > analyzed_at:
         refresh_planner_statistics()
-    db.thread_connection.call(rows.outbox_complete, newsletter_id)
+    db.thread_connection.call(newsletter_rows.outbox_complete, newsletter_id)
     if not kicked:
         _start_sending(newsletter_id)  # re-run that inserted nothing new: pending rows may remain
     log.info(
@@ -125,11 +126,11 @@ def _chunks(newsletter_id: int, audience: dict, chunk_ids: int, due: dict):
     if audience.get("kind") == "user_ids":
         user_ids = audience.get("user_ids", [])
         for i in range(0, len(user_ids), CHUNK_USER_IDS):
-            yield rows.fill_user_ids, newsletter_id, user_ids[i : i + CHUNK_USER_IDS], due
+            yield newsletter_rows.fill_user_ids, newsletter_id, user_ids[i : i + CHUNK_USER_IDS], due
         return
     lo, hi = db.thread_connection.run("SELECT coalesce(min(id), 0) - 1, coalesce(max(id), 0) FROM subscribers")[0]
     while lo < hi:
-        yield rows.fill_range, newsletter_id, lo, min(lo + chunk_ids, hi), due
+        yield newsletter_rows.fill_range, newsletter_id, lo, min(lo + chunk_ids, hi), due
         lo += chunk_ids
 
 
@@ -145,7 +146,7 @@ def cancel_pending_rows(newsletter_id: int) -> int:
     become one long write lock, and an interrupted cancel is still a cancel (claims stopped first)."""
     cancelled = 0
     while True:
-        n = db.call(rows.cancel_pending, newsletter_id, CANCEL_CHUNK)
+        n = db.call(newsletter_rows.cancel_pending, newsletter_id, CANCEL_CHUNK)
         cancelled += n
         if n < CANCEL_CHUNK:
             return cancelled

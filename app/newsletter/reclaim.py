@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 
-from app.newsletter import kick, outbox, rows
+from app.newsletter import kick, outbox
+from app.newsletter import rows as newsletter_rows
 from app.platform import config, db
 
 log = logging.getLogger("app.newsletter.reclaim")
@@ -38,7 +39,7 @@ SELECT n.id FROM newsletters n WHERE n.status = 'sending' AND CASE WHEN n.local_
 
 def reclaim_stale() -> dict:
     settings = config.get()
-    reclaimed_rows = db.thread_connection.call(rows.reclaim, settings.reclaim_after_seconds)
+    reclaimed_rows = db.thread_connection.call(newsletter_rows.reclaim, settings.reclaim_after_seconds)
     reclaimed: dict[int, int] = {}
     for newsletter_id in reclaimed_rows:
         reclaimed[newsletter_id] = reclaimed.get(newsletter_id, 0) + 1
@@ -71,7 +72,7 @@ def reclaim_stale() -> dict:
         except Exception as exc:
             log.error("newsletter %s: could not re-kick send chains: %s", newsletter_id, exc)
     # A newsletter whose last rows were finished by a worker that died before the done check.
-    finished = db.thread_connection.call(rows.finish, None)
+    finished = db.thread_connection.call(newsletter_rows.finish, None)
     if kicked_outbox or kicked_chains:
         log.info("reclaim: outbox re-kicked for %s, send chains for %s", kicked_outbox, kicked_chains)
     return {

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, time, timedelta
 
-from app.newsletter import kick, rows
+from app.newsletter import kick
+from app.newsletter import rows as newsletter_rows
 from app.platform import db, timezones
 
 log = logging.getLogger("app.newsletter.schedule")
@@ -52,7 +53,7 @@ def start_due() -> dict[str, list[int]]:
     """Scheduler hook: `scheduled` newsletters whose send_at has come start (scheduled -> queued,
     one statement) and get their outbox built. Safe to run twice: a newsletter is started once;
     should the message be lost, the reclaimer re-kicks the outbox of a queued newsletter."""
-    started = db.thread_connection.call(rows.start_scheduled)
+    started = db.thread_connection.call(newsletter_rows.start_scheduled)
     for newsletter_id in started:
         log.info("newsletter %s: scheduled send starts", newsletter_id)
         try:

@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from app.newsletter import growth, kick, ratelimit, rows, template
+from app.newsletter import growth, kick, ratelimit, template
+from app.newsletter import rows as newsletter_rows
 from app.newsletter.ratelimit import AdaptiveRateLimiter
 from app.newsletter.rows import Claimed, Mark
 from app.newsletter.template import Compiled
@@ -186,10 +187,10 @@ def send_batch(
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + wait)
                 kick.continue_chain(newsletter_id, delay_ms=int(wait * 1000))
             return stats
-        claimed = db.thread_connection.call(rows.claim, newsletter_id, batch_size, after)
+        claimed = db.thread_connection.call(newsletter_rows.claim, newsletter_id, batch_size, after)
         if not claimed and after:
             after = 0
-            claimed = db.thread_connection.call(rows.claim, newsletter_id, batch_size, after)
+            claimed = db.thread_connection.call(newsletter_rows.claim, newsletter_id, batch_size, after)
         if not claimed:
             break
         after = max(r.id for r in claimed)
@@ -309,7 +310,7 @@ class _Outcomes:
         """Record what arrived; True when the newsletter may not go on (the provider stops)."""
         self.take(results)
         self.write()
-        status, may_send = db.thread_connection.call(rows.may_send, self.newsletter_id)
+        status, may_send = db.thread_connection.call(newsletter_rows.may_send, self.newsletter_id)
         return status != "sending" or not may_send
 
     def write(self) -> None:
@@ -317,12 +318,12 @@ class _Outcomes:
         rows stay `sending` meanwhile, which nobody else claims until the reclaimer's timeout."""
         if self.marks:
             marks = self.marks
-            self._until_written(rows.mark, marks, f"recording {len(marks)} outcomes")
+            self._until_written(newsletter_rows.mark, marks, f"recording {len(marks)} outcomes")
             self.marks = []
             metrics.newsletter_marks(marks)  # committed: sent / retry / failed
         if self.released:
             released = self.released
-            self._until_written(rows.release, released, f"releasing {len(released)} rows not sent")
+            self._until_written(newsletter_rows.release, released, f"releasing {len(released)} rows not sent")
             self.released = []
             self.stats.released += len(released)
             log.info(
@@ -383,7 +384,7 @@ def _when_idle(newsletter_id: int, reenqueue: bool) -> tuple[str, float | None]:
             return f"{pending} row(s) waiting; next due in {delay:.1f}s", delay
         kick.clear_alive(newsletter_id)
         return f"{pending} row(s) not due for {IDLE_RECHECK_MAX:.0f}s or more; the scheduler tick re-kicks", None
-    if db.thread_connection.call(rows.finish, newsletter_id):
+    if db.thread_connection.call(newsletter_rows.finish, newsletter_id):
         log.info("newsletter %s done", newsletter_id)
         return "done", None
     return "other workers still hold rows", None

@@ -25,8 +25,7 @@ from app.platform.errors import Conflict, NotFound, Unavailable
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, ProviderError
 from app.platform.validation import Body
-from app.subscribers import mailable, streams
-from app.subscribers import records as subscribers
+from app.subscribers import mailable, records, streams
 
 log = logging.getLogger("app.newsletter.test_send")
 
@@ -39,7 +38,7 @@ PLACEHOLDER_TOKEN = "test-send"
 
 class TestSendInput(Body):
     to: Annotated[
-        list[subscribers.Email],
+        list[records.Email],
         Field(
             min_length=1,
             max_length=MAX_ADDRESSES,

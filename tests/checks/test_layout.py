@@ -292,3 +292,17 @@ def test_tests_mirror_the_tree_in_the_folders_docs_testing_lists():
     listed = (ROOT / "docs" / "testing.md").read_text()
     assert [f for f in TEST_FOLDERS if f"`tests/{f}/`" not in listed] == []
     assert all((tests / f / "__init__.py").exists() for f in TEST_FOLDERS)
+
+
+def test_each_module_is_imported_under_one_name():
+    """`from digest import runs as digest_runs` everywhere, not `runs` here and `run_rows` there."""
+    names: dict[str, dict[str, set[str]]] = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    target = f"{node.module}.{alias.name}"
+                    if target in MODULES:
+                        names.setdefault(target, {}).setdefault(alias.asname or alias.name, set()).add(name)
+    several = {target: sorted(by) for target, by in names.items() if len(by) > 1}
+    assert several == {}

@@ -311,7 +311,7 @@ def test_reclaim_moves_stale_sending_rows_back_and_rekicks(fake, provider, setti
     nl = factories.newsletter()
     start(nl)
     # A worker claimed a batch and died: rows stuck in `sending`.
-    claimed = db.thread_connection.call(sender.rows.claim, nl, 10, 0)
+    claimed = db.thread_connection.call(sender.newsletter_rows.claim, nl, 10, 0)
     assert len(claimed) == 10
     from app.newsletter import reclaim
 

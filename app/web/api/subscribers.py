@@ -16,15 +16,15 @@ from app.platform.errors import NotFound
 from app.platform.http import FastJSONResponse
 from app.platform.openapi import Operation, api_route
 from app.platform.validation import Text
-from app.subscribers import records as subscribers
+from app.subscribers import records
 from tracking.machines import client_ip
 
 # What Postgres text can hold (no U+0000), declared once for the check and the OpenAPI document.
 _USER_ID = TypeAdapter(Text(200, min_length=1))
 
 
-async def put_subscriber(request: Request, user_id: str, body: subscribers.SubscriberInput):
-    record, created = await run_in_threadpool(subscribers.upsert, user_id, body.model_dump())
+async def put_subscriber(request: Request, user_id: str, body: records.SubscriberInput):
+    record, created = await run_in_threadpool(records.upsert, user_id, body.model_dump())
     return FastJSONResponse(record, status_code=201 if created else 200)
 
 
@@ -33,18 +33,18 @@ BODY_LIMIT = 64 * 1024
 
 
 def _merge_patch(request: Request, data) -> tuple[dict, list[dict]]:
-    return subscribers.validate_merge_patch(data)
+    return records.validate_merge_patch(data)
 
 
 async def patch_subscriber(request: Request, user_id: str, body: dict):
-    record = await run_in_threadpool(subscribers.patch, user_id, body)
+    record = await run_in_threadpool(records.patch, user_id, body)
     if record is None:
         raise NotFound("no subscriber with that user_id; PUT creates one")
     return FastJSONResponse(record)
 
 
 async def get_subscriber(request: Request, user_id: str):
-    record = await run_in_threadpool(subscribers.get, user_id)
+    record = await run_in_threadpool(records.get, user_id)
     if record is None:
         raise NotFound("no subscriber with that user_id")
     return FastJSONResponse(record)
@@ -82,7 +82,7 @@ routes = [
             "Create or replace a subscriber",
             {200: "replaced", 201: "created"},
             errors=(400, 422),
-            body=subscribers.SubscriberInput,
+            body=records.SubscriberInput,
             scope="admin",
             body_limit=BODY_LIMIT,
             echo="user_id",
@@ -91,7 +91,7 @@ routes = [
             "Change some fields of a subscriber (JSON merge patch, RFC 7396)",
             {200: "the subscriber after the patch"},
             errors=(400, 404, 415, 422),
-            body=subscribers.SubscriberPatch,
+            body=records.SubscriberPatch,
             scope="admin",
             description="Only the fields named change; null sets an optional field back to its default "
             "(name '', timezone UTC, cadence daily, hour 9, weekday 0, no opt-outs, tracking on) and is a 422 for "

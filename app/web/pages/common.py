@@ -16,7 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from app.platform import http, tokens
-from app.subscribers import records as subscribers
+from app.subscribers import records
 from app.web.pages import csrf
 
 log = logging.getLogger("app.web.pages")
@@ -106,7 +106,7 @@ async def subscriber_for(purpose: str, token: str) -> tuple[dict, tokens.TokenCl
     claims = tokens.verify(purpose, token)
     if claims is None:
         return None
-    subscriber = await run_in_threadpool(subscribers.load_by_id, claims.subscriber_id)
+    subscriber = await run_in_threadpool(records.load_by_id, claims.subscriber_id)
     if subscriber is None or subscriber["token_version"] != claims.token_version:
         log.info("rejected %s token for subscriber %s (revoked or erased)", purpose, claims.subscriber_id)
         return None

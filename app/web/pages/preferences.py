@@ -21,7 +21,7 @@ from starlette.responses import Response
 from app.operations import opt_out
 from app.platform import timezones
 from app.platform.validation import plain_int
-from app.subscribers import records as subscribers
+from app.subscribers import records
 from app.web.pages import common, csrf, schedule, subscription
 
 log = logging.getLogger("app.web.pages.preferences")
@@ -60,7 +60,7 @@ def _page_url(token: str) -> str:
 
 def _form_values(subscriber: dict) -> dict:
     """The form's fields as strings, from the stored row (GET) — POST re-renders what was sent."""
-    categories = subscription.categories(subscriber)
+    categories = subscription.shown_categories(subscriber)
     return {
         "topics": subscription.topics(categories),
         "digest_cadence": subscriber["digest_cadence"],
@@ -94,7 +94,7 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> 
         else NOTICES.get(notice or ""),
         "cadences": CADENCE_CHOICES,
         "hours": [(h, f"{h:02d}:00") for h in range(24)],
-        "weekdays": [(i, d.capitalize()) for i, d in enumerate(subscribers.WEEKDAYS)],
+        "weekdays": [(i, d.capitalize()) for i, d in enumerate(records.WEEKDAYS)],
         "timezones": suggested_timezones(),
         "paused_label": paused_label,
         "max_pause_days": MAX_PAUSE_DAYS,
@@ -175,7 +175,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     data: dict[str, object] = {**raw, **numbers}
     if shown:
         data["category_opt_outs"] = opt_outs
-    values, error_list = subscribers.validate(data, partial=True)
+    values, error_list = records.validate(data, partial=True)
     errors = {e["field"]: e["message"] for e in error_list}
     if "digest_cadence" in errors:
         errors["digest_cadence"] = "Choose as it happens, hourly, daily, weekly or no digests."

@@ -10,12 +10,10 @@ go through subscribers.update().
 from __future__ import annotations
 
 from app.platform import db
-from app.subscribers import categories as category_registry
-from app.subscribers import records as subscribers
-from app.subscribers import streams
+from app.subscribers import categories, records, streams
 
 # How many topic checkboxes the preference centre shows at most; opt-outs are always shown.
-MAX_SHOWN_CATEGORIES = subscribers.MAX_CATEGORIES
+MAX_SHOWN_CATEGORIES = records.MAX_CATEGORIES
 
 # Topics this subscriber has events in (within retention): the feed summary (migration 0680) holds
 # one row per entity and category of theirs. A category the subscriber opted out of stays via opt-outs.
@@ -24,21 +22,21 @@ _CATEGORIES_SQL = """
 """
 
 
-def categories(subscriber: dict) -> list[str]:
+def shown_categories(subscriber: dict) -> list[str]:
     """Sorted topics to show: current opt-outs, registered categories (app/subscribers/categories.py) and the
     subscriber's event categories, capped in that order of precedence."""
     opt_outs = subscriber["category_opt_outs"]
     rows = db.query(_CATEGORIES_SQL, (subscriber["user_id"], MAX_SHOWN_CATEGORIES))
     seen = set(opt_outs)
-    candidates = [*sorted(category_registry.registry()), *(r[0] for r in rows)]
+    candidates = [*sorted(categories.registry()), *(r[0] for r in rows)]
     extra = [c for c in dict.fromkeys(candidates) if c not in seen][: max(0, MAX_SHOWN_CATEGORIES - len(opt_outs))]
     return sorted(seen.union(extra))
 
 
 def topics(keys: list[str]) -> list[dict]:
     """Each category key with the label and description it is shown with, ordered by label."""
-    registry = category_registry.registry()
-    shown = [category_registry.lookup(key, registry) for key in keys]
+    registry = categories.registry()
+    shown = [categories.lookup(key, registry) for key in keys]
     return [
         {"key": c.key, "label": c.label, "description": c.description}
         for c in sorted(shown, key=lambda c: (c.label.casefold(), c.key))
@@ -47,11 +45,11 @@ def topics(keys: list[str]) -> list[dict]:
 
 def save_preferences(subscriber_id: int, values: dict) -> None:
     """Validated values (plus paused_until) in one transaction; cancels runs of a dropped cadence."""
-    subscribers.update(subscriber_id, values)
+    records.update(subscriber_id, values)
 
 
 def set_paused_until(subscriber_id: int, token_version: int, until) -> None:
-    subscribers.set_paused_until(subscriber_id, token_version, until)
+    records.set_paused_until(subscriber_id, token_version, until)
 
 
 def is_stopped(subscriber: dict, target: streams.Target) -> bool:
