@@ -5,7 +5,7 @@ app/operations/suppressions.py, which calls `remove` here.
 
 Writers: a SendGrid event (bounce, block, spam report, unsubscribe, too many soft bounces:
 tracking/webhook_apply.py), erasure (app/operations/erasure.py, reason 'erased', which no later
-event replaces), an operator's removal, and the canonical-form backfill (app/subscribers/rekey.py).
+event replaces), an operator's addition and removal, and the canonical-form backfill (app/subscribers/rekey.py).
 """
 
 from __future__ import annotations
@@ -27,13 +27,24 @@ class Suppression:
     created_at: datetime
 
 
-def suppress(cur: db.Cursor, address: str, reason: str, source: str) -> None:
-    """Suppress the canonical `address`; an address already suppressed keeps its first reason."""
-    if address:
-        cur.execute(
-            "INSERT INTO suppressions (email, reason, source) VALUES (%s, %s, %s) ON CONFLICT (email) DO NOTHING",
-            (address, reason, source),
-        )
+def suppress(cur: db.Cursor, address: str, reason: str, source: str) -> bool:
+    """Suppress the canonical `address`; an address already suppressed keeps its first reason. True
+    when this added it."""
+    if not address:
+        return False
+    cur.execute(
+        "INSERT INTO suppressions (email, reason, source) VALUES (%s, %s, %s) ON CONFLICT (email) DO NOTHING "
+        "RETURNING id",
+        (address, reason, source),
+    )
+    return cur.fetchone() is not None
+
+
+def find(cur: db.Cursor, address: str) -> Suppression | None:
+    """The suppression of this canonical address, if any."""
+    cur.execute(f"SELECT {COLUMNS} FROM suppressions WHERE email = %s", (address,))
+    row = cur.fetchone()
+    return Suppression(*row) if row else None
 
 
 def keep_erased(cur: db.Cursor, address: str) -> None:

@@ -221,6 +221,76 @@ def test_a_token_of_another_session_is_refused(admin, admin_key):
     assert r.status_code == 403
 
 
+# -- suppressions: add (audited) -------------------------------------------------------------------
+
+
+def _add(admin, email: str, note: str = "", token: str | None = None):
+    page = admin.get("/admin/suppressions").text
+    data = {"csrf_token": token if token is not None else csrf_of(page), "email": email, "note": note}
+    return admin.post("/admin/suppressions/add", data=data, follow_redirects=False)
+
+
+def test_add_suppresses_the_canonical_address_and_audits_it(admin):
+    sub = factories.subscriber("ana", email="ana@xn--bcher-kva.example")
+    r = _add(admin, "Ana@Bücher.example", "phoned support, ticket 7")
+    assert (r.status_code, r.headers["location"]) == (303, "/admin/suppressions?notice=added")
+    assert db.query("SELECT email, reason, source FROM suppressions") == [
+        ("ana@xn--bcher-kva.example", "manual", "operator admin:admin-test")
+    ]
+    ((key_id,),) = db.query("SELECT id FROM api_keys WHERE name = 'admin-test'")
+    ((session_id,),) = db.query("SELECT id FROM admin_sessions")
+    assert db.query("SELECT api_key_id, action, target, detail FROM admin_audit") == [
+        (
+            key_id,
+            "suppression.add",
+            "ana@xn--bcher-kva.example",
+            {"note": "phoned support, ticket 7", "already": False, "reason": "manual", "session_id": session_id},
+        )
+    ]
+    page = admin.get("/admin/suppressions?notice=added").text
+    assert "no mail goes to it" in page and "ana@xn--bcher-kva.example" in page and "suppression.add" in page
+    # May we mail them? Not from the next claim on (app/subscribers/mailable.py reads the list).
+    assert db.query(
+        "SELECT EXISTS (SELECT 1 FROM suppressions x JOIN subscribers s ON x.email = s.canonical_email WHERE s.id = %s)",
+        (sub,),
+    ) == [(True,)]
+
+
+def test_adding_an_address_suppressed_already_keeps_its_reason(admin):
+    factories.suppression("bo@x.test", reason="bounce", source="sendgrid")
+    r = _add(admin, "BO@x.test")
+    assert (r.status_code, r.headers["location"]) == (303, "/admin/suppressions?notice=already-suppressed")
+    assert db.query("SELECT email, reason, source FROM suppressions") == [("bo@x.test", "bounce", "sendgrid")]
+    assert db.query("SELECT action, detail->>'already', detail->>'reason' FROM admin_audit") == [
+        ("suppression.add", "true", "bounce")
+    ]
+
+
+@pytest.mark.parametrize(
+    "email, note, field",
+    [
+        ("not an address", "", "Address"),
+        ("", "", "Address"),
+        ("a@b_c.example", "", "Address"),  # no IDNA domain: no canonical form
+        ("a@x.test", "n" * 501, "Note"),
+        ("a@x.test", "bad\x00note", "Note"),
+        ("x" * 300 + "@x.test", "", "Address"),
+    ],
+)
+def test_add_refuses_what_is_not_an_address_and_changes_nothing(admin, email, note, field):
+    r = _add(admin, email, note)
+    assert r.status_code == 422
+    assert f"{field}: " in r.text and "Nothing changed." in r.text and 'aria-invalid="true"' in r.text
+    assert db.query("SELECT count(*) FROM suppressions") == [(0,)]
+    assert db.query("SELECT count(*) FROM admin_audit") == [(0,)]
+
+
+def test_add_without_a_valid_csrf_token_is_403_and_changes_nothing(admin):
+    for token in ("", "A" * 43):
+        assert _add(admin, "a@x.test", token=token).status_code == 403
+    assert db.query("SELECT count(*) FROM suppressions") == [(0,)]
+
+
 # -- suppressions: remove (audited) ----------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ routes = [
     Route("/admin/charts/{name:str}.svg", _views.chart, methods=["GET"]),
     Route("/admin/newsletters", _views.newsletter_list, methods=["GET"]),
     Route("/admin/suppressions", _views.suppression_list, methods=["GET"]),
+    Route("/admin/suppressions/add", _views.suppression_add, methods=["POST"]),
     Route("/admin/suppressions/{id:int}/remove", _views.suppression_confirm, methods=["GET"]),
     Route("/admin/suppressions/{id:int}/remove", _views.suppression_remove, methods=["POST"]),
     Route("/admin/sending/stop", _views.sending_stop, methods=["POST"]),

@@ -4,6 +4,7 @@
   GET  /admin/charts/{name}.svg    one chart (?range=…), image/svg+xml
   GET  /admin/newsletters          every newsletter with its send progress (?page=)
   GET  /admin/suppressions         the suppression list (?q=, ?page=)
+  POST /admin/suppressions/add     suppress an address (audited)
   GET  /admin/suppressions/{id}/remove   confirmation page;  POST: remove (audited)
   POST /admin/sending/stop         the emergency stop for all outgoing mail (reason required; audited)
   POST /admin/sending/resume       release it (audited)
@@ -28,8 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.operations import audit, sending
-from app.operations.suppressions import remove_suppression
+from app.operations.suppressions import add_suppression, remove_suppression
 from app.platform import apikeys, mail_stop
+from app.platform.errors import Invalid
 from app.platform.validation import plain_int
 from app.web.admin import charts, newsletters, render, session, stats, suppressions, throttle
 from app.web.pages import common, csrf
@@ -42,6 +44,9 @@ MAX_KEY_CHARS = 300
 NOTICES = {
     "removed": "The address was removed from the suppression list. The change is recorded in the audit log below.",
     "already-removed": "That address was no longer on the suppression list: nothing changed.",
+    "added": "The address is on the suppression list: no mail goes to it from the next send on. "
+    "The change is recorded in the audit log below.",
+    "already-suppressed": "That address was on the suppression list already: it keeps its reason.",
     "stopped": "All outgoing mail is stopped. Every sender stops within a second; nothing is lost.",
     "resumed": "Sending resumed: due digests go out at the next scheduler tick, newsletters continue "
     "where they stopped.",
@@ -276,25 +281,18 @@ async def suppression_list(request: Request, current) -> Response:
     except BadParam as exc:
         return _bad_param(request, current, exc)
     except suppressions.BadInput as exc:
-        return render.page(
-            request,
-            "suppressions.html",
-            {
-                "section": "suppressions",
-                "rows": [],
-                "query": "",
-                "page_number": 1,
-                "has_next": False,
-                "search_error": f"Search: {exc.message}.",
-                "audit": [],
-                "fmt": render,
-            },
-            current,
-            400,
-        )
-    rows, has_next = await run_in_threadpool(suppressions.search, query, number)
-    recent = await run_in_threadpool(audit.recent)
+        return await _suppressions_page(request, current, {"search_error": f"Search: {exc.message}."}, 400)
     notice = NOTICES.get(request.query_params.get("notice", ""))
+    return await _suppressions_page(request, current, {"query": query, "page_number": number, "notice": notice})
+
+
+async def _suppressions_page(request: Request, current, context: dict, status_code: int = 200) -> Response:
+    """The list (page `page_number` of what `query` finds), the add form and the audit log."""
+    query, number = context.get("query", ""), context.get("page_number", 1)
+    rows, has_next = (
+        ([], False) if "search_error" in context else await run_in_threadpool(suppressions.search, query, number)
+    )
+    recent = await run_in_threadpool(audit.recent)
     return render.page(
         request,
         "suppressions.html",
@@ -305,12 +303,40 @@ async def suppression_list(request: Request, current) -> Response:
             "page_number": number,
             "has_next": has_next,
             "search_error": None,
+            "add_error": None,
+            "add_email": "",
+            "add_note": "",
             "audit": recent,
-            "notice": notice,
             "fmt": render,
+            **context,
         },
         current,
+        status_code,
     )
+
+
+@signed_in
+@posted("nothing changed. Open the suppression list again and retry.", logged="suppression add")
+async def suppression_add(request: Request, current, form) -> Response:
+    typed = {
+        "add_email": (common.text(form, "email") or "")[: suppressions.MAX_SEARCH_CHARS],
+        "add_note": (common.text(form, "note") or "")[: suppressions.MAX_NOTE_CHARS],
+    }
+    try:
+        address = suppressions.clean_text(common.text(form, "email"), "email", suppressions.MAX_SEARCH_CHARS)
+        note = suppressions.clean_text(common.text(form, "note"), "note", suppressions.MAX_NOTE_CHARS)
+        row, added = await run_in_threadpool(add_suppression, _operator(request, current), address, note)
+    except suppressions.BadInput as exc:
+        return await _add_refused(request, current, typed, exc.field, exc.message)
+    except Invalid as exc:  # not an address
+        return await _add_refused(request, current, typed, "email", str(exc.problems[0]["message"]))
+    log.info("%s suppressed by API key %s (%s); added: %s", row.email, current.key_id, current.key_name, added)
+    return render.redirect(f"/admin/suppressions?notice={'added' if added else 'already-suppressed'}")
+
+
+async def _add_refused(request: Request, current, typed: dict, field: str, message: str) -> Response:
+    error = f"{'Address' if field == 'email' else 'Note'}: {message}. Nothing changed."
+    return await _suppressions_page(request, current, {"add_error": error, **typed}, 422)
 
 
 def _suppression_id(request: Request) -> int | None:
