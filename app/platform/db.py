@@ -11,7 +11,6 @@ and had drifted from the schema). Every connection comes from `connect_raw()`, t
    for the unit and goes back to the pool after it; a connection that does not answer when handed
    out (peewee pings it) or whose server went away during the unit is discarded.
      * `query(sql, params)`: one statement, autocommit; its rows.
-     * `execute(sql, params)`: one statement, autocommit; the rows it changed.
      * `call(work, *args)`: work(cursor, *args), autocommit (a domain's statement function).
      * `raw_cursor()`: a cursor inside `transaction()` — several statements that commit or roll
        back together.
@@ -20,8 +19,8 @@ and had drifted from the schema). Every connection comes from `connect_raw()`, t
    newsletter sending, link recording, webhook apply): opening or even checking one out per
    message would cost more than the work it serves. One per thread, autocommit like the pool's
    (so `transaction(conn)` groups statements, as a savepoint when one is already open).
-   `thread_connection.run(sql)` / `.execute_values(…)`: one statement, and `.call(work, …)`: a
-   domain's statement function on its cursor; each reopened once when the server went away
+   `thread_connection.run(sql)`: one statement, and `.call(work, …)`: a domain's statement
+   function on its cursor; each reopened once when the server went away
    (`retry_once(work)`: idempotent work only); `reset()` drops it after an error that may have
    left it in an unknown state. It follows DATABASE_URL.
 
@@ -277,13 +276,6 @@ def json(value) -> psycopg2.extras.Json:
     return psycopg2.extras.Json(value)
 
 
-def execute(sql: str, params=None) -> int:
-    """One statement on a pooled connection (autocommit) whose rows are not needed: rows it changed."""
-    pool = _pool()
-    with pool.connection_context():
-        return pool.execute_sql(sql, params).rowcount
-
-
 def close_all() -> None:
     """Close every pooled connection (shutdown; a test that restarts the server)."""
     database.close_all()
@@ -352,17 +344,6 @@ class ThreadConnection:
             return cur.rowcount
 
         return self.call(statement)
-
-    def execute_values(self, sql: str, rows, template: str, page_size: int = 1000) -> int:
-        """execute_values() as one autocommit statement per page on this thread's connection,
-        reopened once if dropped (idempotent statements only); returns rows changed."""
-
-        def work(conn):
-            with conn.cursor() as cur:
-                execute_values(cur, sql, rows, template=template, page_size=page_size)
-                return cur.rowcount
-
-        return self.retry_once(work)
 
 
 thread_connection = ThreadConnection()
