@@ -20,18 +20,15 @@ is returned unchanged: clean links and no pixel.
 from __future__ import annotations
 
 import hashlib
-import html as html_lib
 import logging
 import re
 
 from app.platform import config, db
-from tracking import codes
+from tracking import codes, hrefs
 
 log = logging.getLogger("tracking.links")
 
 MAX_URL_LENGTH = 8192
-_TAG_RE = re.compile(r"<(?:a|area)\b[^>]*>", re.IGNORECASE)
-_HREF_RE = re.compile(r"""(\bhref\s*=\s*)(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE)
 _BODY_END_RE = re.compile(r"</body\s*>", re.IGNORECASE)
 
 
@@ -114,32 +111,16 @@ class LinkRewriter:
     def rewrite(self, html: str, subscriber_id: int | None, enabled: bool = True) -> str:
         return rewrite_many(self.mail_kind, [(self, html, subscriber_id, enabled)])[0]
 
-    def _scan(self, html: str) -> list:
-        tags = []  # (tag match, href match, url)
-        for tag in _TAG_RE.finditer(html):
-            href = _HREF_RE.search(tag.group(0))
-            if not href:
-                continue
-            raw = next(g for g in href.groups()[1:] if g is not None)
-            url = html_lib.unescape(raw).strip()
-            if self._trackable(url):
-                tags.append((tag, href, url))
-        return tags
+    def _scan(self, html: str) -> list[hrefs.Href]:
+        return [href for href in hrefs.find(html) if self._trackable(href.url)]
 
-    def _apply(self, html: str, tags: list, subscriber_id: int | None) -> tuple[str, dict[str, str]]:
-        out, pos = [], 0
+    def _apply(self, html: str, found: list[hrefs.Href], subscriber_id: int | None) -> tuple[str, dict[str, str]]:
         clicks: dict[str, str] = {}
-        for tag, href, url in tags:
-            start = tag.start() + href.start()
-            out.append(html[pos:start])
-            click = clicks.get(url)
-            if click is None:  # a URL linked twice in one mail is signed once
-                click = clicks[url] = click_url(self._link_ids[url], subscriber_id)
-            # Click URLs are base64url + our base URL: nothing to escape inside the quotes.
-            out.append(f'{href.group(1)}"{click}"')
-            pos = tag.start() + href.end()
-        out.append(html[pos:])
-        result = "".join(out)
+        for href in found:
+            if href.url not in clicks:  # a URL linked twice in one mail is signed once
+                clicks[href.url] = click_url(self._link_ids[href.url], subscriber_id)
+        # Click URLs are base64url + our base URL: nothing to escape inside the quotes.
+        result = hrefs.replace(html, [(href, clicks[href.url]) for href in found])
         pixel = pixel_html(pixel_url(self.mail_kind, self.mail_id, subscriber_id), result)
         ends = list(_BODY_END_RE.finditer(result))
         if ends:
@@ -186,9 +167,9 @@ def rewrite_many_with_clicks(
     scanned = [rewriter._scan(html) if enabled and tracking_on else None for rewriter, html, _, enabled in jobs]
     new: dict[int, list[str]] = {}
     for (rewriter, _, _, _), tags in zip(jobs, scanned):
-        for _, _, url in tags or ():
-            if url not in rewriter._link_ids:
-                new.setdefault(rewriter.mail_id, []).append(url)
+        for href in tags or ():
+            if href.url not in rewriter._link_ids:
+                new.setdefault(rewriter.mail_id, []).append(href.url)
     if new:
         created = ensure_links_many(mail_kind, new)
         for rewriter, _, _, _ in jobs:
