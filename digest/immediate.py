@@ -77,7 +77,10 @@ WITH due AS (
                HAVING count(*) >= %(max_per_hour)s)) AS at
     FROM eligible
     WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = eligible.id)
+), revived AS ({digest_runs.REVIVE_IMMEDIATE}
 ), inserted AS ({digest_runs.INSERT_IMMEDIATE}
+), made AS (
+    SELECT id, scheduled_for FROM inserted UNION ALL SELECT id, scheduled_for FROM revived
 ), consumed AS (
     DELETE FROM digest_send_now d USING due
     WHERE d.subscriber_id = due.subscriber_id
@@ -85,8 +88,8 @@ WITH due AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
-       ARRAY(SELECT id FROM inserted WHERE scheduled_for <= %(now)s ORDER BY id),
-       (SELECT count(*) FROM inserted)
+       ARRAY(SELECT id FROM made WHERE scheduled_for <= %(now)s ORDER BY id),
+       (SELECT count(*) FROM made)
 """
 
 

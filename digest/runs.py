@@ -5,7 +5,7 @@ migration 0004 is the only other writer, in SQL, and makes pending → cancelled
 truth; Dramatiq messages are hints.
 
   (new)      --plan / digest-now / send now-------> pending
-  cancelled  --planned again for the same period--> pending
+  cancelled  --planned again for the same period--> pending       (a digest slot, or a send-now hour)
   pending    --enqueued / moved due now-----------> pending       (enqueued_at, scheduled_for only)
   pending    --claim------------------------------> processing
   pending    --unsubscribe, schedule change-------> cancelled
@@ -103,17 +103,37 @@ VALUES (%(subscriber_id)s, %(cadence)s, %(period)s, %(slot)s, %(now)s) ON CONFLI
 """
 
 
-# The INSERT half of the immediate planner's statement (digest/immediate.py adds the rest around
-# it): one run per subscriber in `fresh`, due at `at` (now, or when the hourly limit allows).
-# period/slot = the UTC date and millisecond of `at`, unique per run; the partial unique index
-# digest_runs_one_live_immediate turns a second live run of a subscriber into nothing. A run due now
-# that the caller sends itself is marked enqueued, so the checker does not enqueue it too.
-INSERT_IMMEDIATE = """
+# A send-now run's key: the UTC date and the millisecond of that day it is due at (`f.at`).
+_IMMEDIATE_PERIOD = "(f.at AT TIME ZONE 'UTC')::date"
+_IMMEDIATE_SLOT = (
+    "floor(extract(epoch FROM f.at - date_trunc('day', f.at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') * 1000)::int"
+)
+
+# The run-making half of the immediate planner's statement (digest/immediate.py adds the rest around
+# it): one run per subscriber in `fresh`, due at `at` (now, or when the hourly limit allows). A run
+# due now that the caller sends itself is marked enqueued, so the checker does not enqueue it too.
+#
+# First the revival: a schedule change cancels the pending runs (migration 0004), the one held at the
+# hourly limit too; the next run is due at the same allowed hour, so it has the same key, and the
+# cancelled row is revived (as the planner's INSERT_PLANNED revives its own) instead of making the
+# insert do nothing while the pass consumes the mark.
+REVIVE_IMMEDIATE = f"""
+    UPDATE digest_runs r SET status = 'pending', skip_reason = NULL, scheduled_for = f.at, next_attempt_at = NULL,
+           enqueued_at = CASE WHEN f.at <= %(now)s THEN %(enqueued_at)s::timestamptz END,
+           claimed_at = NULL, completed_at = NULL
+    FROM fresh f
+    WHERE r.subscriber_id = f.id AND r.cadence = 'immediately' AND r.status = 'cancelled'
+      AND r.period = {_IMMEDIATE_PERIOD} AND r.slot = {_IMMEDIATE_SLOT}
+    RETURNING r.id, r.scheduled_for, r.subscriber_id
+"""
+# Then the insert, for the others: the partial unique index digest_runs_one_live_immediate turns a
+# second live run of a subscriber into nothing.
+INSERT_IMMEDIATE = f"""
     INSERT INTO digest_runs (subscriber_id, cadence, period, slot, scheduled_for, enqueued_at)
-    SELECT f.id, 'immediately', (f.at AT TIME ZONE 'UTC')::date,
-           floor(extract(epoch FROM f.at - date_trunc('day', f.at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') * 1000)::int,
+    SELECT f.id, 'immediately', {_IMMEDIATE_PERIOD}, {_IMMEDIATE_SLOT},
            f.at, CASE WHEN f.at <= %(now)s THEN %(enqueued_at)s::timestamptz END
     FROM fresh f
+    WHERE NOT EXISTS (SELECT 1 FROM revived v WHERE v.subscriber_id = f.id)
     ON CONFLICT DO NOTHING
     RETURNING id, scheduled_for
 """

@@ -215,6 +215,42 @@ def test_rate_limit_holds_the_overflow_for_the_next_allowed_mail(client, events_
     assert set(event_ids("i").values()) == {r for (r,) in db.query("SELECT id FROM digest_runs WHERE status = 'sent'")}
 
 
+@pytest.mark.parametrize(
+    "change",
+    [{"timezone": "Asia/Tokyo"}, {"digest_hour": 7}, {"digest_weekday": 3}],
+    ids=lambda change: next(iter(change)),
+)
+def test_a_schedule_change_at_the_cap_leaves_one_run_due_at_the_next_allowed_hour(
+    client, events_key, sink, settings, change
+):
+    """The change cancels the held run (migration 0004's trigger); the next pass makes the same run
+    again — the same (period, slot): the hour the cap allows — so it revives the cancelled one rather
+    than inserting nothing and consuming the mark (issue 37 item 4)."""
+    settings(immediate_max_per_hour=2)
+    sid = factories.subscriber("i", digest_cadence="immediately")
+    for entity in ("one", "two"):
+        _post(client, events_key, ev(entity=entity))
+        send_now_pass()
+    _post(client, events_key, ev(entity="three"))
+    assert send_now_pass() == []  # held for the next allowed hour
+    ((held, due),) = db.query(
+        "SELECT id, scheduled_for FROM digest_runs WHERE subscriber_id = %s AND status = 'pending'", (sid,)
+    )
+    assert subscribers.patch("i", change) is not None
+    assert run_row(held)["status"] == "cancelled"
+    _post(client, events_key, ev(entity="four"))
+    assert send_now_pass() == []
+    waiting = db.query(
+        "SELECT id, scheduled_for FROM digest_runs WHERE subscriber_id = %s AND status = 'pending'", (sid,)
+    )
+    assert waiting == [(held, due)]
+    assert db.query("SELECT count(*) FROM digest_send_now") == [(0,)]  # consumed, and nothing stranded
+    db.query("UPDATE digest_runs SET scheduled_for = now() - interval '1 second' WHERE id = %s", (held,))
+    assert digest_send.process([held])["sent"] == 1
+    third = text_of(sink.messages()[2])
+    assert "Post three" in third and "Post four" in third
+
+
 def test_the_scheduler_tick_finds_send_now_work_without_redis(client, events_key, sink, redis_client):
     factories.subscriber("i", digest_cadence="immediately")
     _post(client, events_key, ev())
