@@ -216,33 +216,38 @@ def test_rate_limit_holds_the_overflow_for_the_next_allowed_mail(client, events_
 
 
 @pytest.mark.parametrize(
-    "change",
-    [{"timezone": "Asia/Tokyo"}, {"digest_hour": 7}, {"digest_weekday": 3}],
-    ids=lambda change: next(iter(change)),
+    "cadence, change, urgent",
+    [
+        ("immediately", {"timezone": "Asia/Tokyo"}, {}),
+        ("immediately", {"digest_hour": 7}, {}),
+        ("immediately", {"digest_weekday": 3}, {}),
+        ("daily", {"digest_cadence": "hourly"}, {"priority": "high"}),  # send-now mail of urgent events
+    ],
+    ids=["timezone", "digest_hour", "digest_weekday", "digest_cadence"],
 )
 def test_a_schedule_change_at_the_cap_leaves_one_run_due_at_the_next_allowed_hour(
-    client, events_key, sink, settings, change
+    client, events_key, sink, settings, cadence, change, urgent
 ):
     """The change cancels the held run (migration 0004's trigger); the next pass makes the same run
     again — the same (period, slot): the hour the cap allows — so it revives the cancelled one rather
     than inserting nothing and consuming the mark (issue 37 item 4)."""
     settings(immediate_max_per_hour=2)
-    sid = factories.subscriber("i", digest_cadence="immediately")
+    sid = factories.subscriber("i", digest_cadence=cadence)
     for entity in ("one", "two"):
-        _post(client, events_key, ev(entity=entity))
+        _post(client, events_key, ev(entity=entity, **urgent))
         send_now_pass()
-    _post(client, events_key, ev(entity="three"))
+    _post(client, events_key, ev(entity="three", **urgent))
     assert send_now_pass() == []  # held for the next allowed hour
-    ((held, due),) = db.query(
-        "SELECT id, scheduled_for FROM digest_runs WHERE subscriber_id = %s AND status = 'pending'", (sid,)
+    send_now_runs = (
+        "SELECT id, scheduled_for FROM digest_runs WHERE subscriber_id = %s AND status = 'pending' "
+        "AND cadence = 'immediately'"
     )
+    ((held, due),) = db.query(send_now_runs, (sid,))
     assert subscribers.patch("i", change) is not None
     assert run_row(held)["status"] == "cancelled"
-    _post(client, events_key, ev(entity="four"))
+    _post(client, events_key, ev(entity="four", **urgent))
     assert send_now_pass() == []
-    waiting = db.query(
-        "SELECT id, scheduled_for FROM digest_runs WHERE subscriber_id = %s AND status = 'pending'", (sid,)
-    )
+    waiting = db.query(send_now_runs, (sid,))
     assert waiting == [(held, due)]
     assert db.query("SELECT count(*) FROM digest_send_now") == [(0,)]  # consumed, and nothing stranded
     db.query("UPDATE digest_runs SET scheduled_for = now() - interval '1 second' WHERE id = %s", (held,))
