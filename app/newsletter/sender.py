@@ -132,9 +132,8 @@ class Renderer:
 
 @dataclass
 class _Chain:
-    """What every batch of one send_batch call shares."""
+    """What every batch of one send_batch call shares (the newsletter is the renderer's)."""
 
-    newsletter_id: int
     renderer: Renderer
     provider: Provider
     limiter: AdaptiveRateLimiter
@@ -165,7 +164,7 @@ def send_batch(
     if limiter.ceiling > 0:  # at most one second's worth per call, so a low limit paces smoothly
         batch_size = max(1, min(batch_size, int(limiter.ceiling)))
     renderer = Renderer.load(newsletter_id, subject, html, text, from_addr)
-    chain = _Chain(newsletter_id, renderer, provider, limiter, settings, stats)
+    chain = _Chain(renderer, provider, limiter, settings, stats)
     started = time.monotonic()
     deadline = started + budget_seconds
     after = 0  # claim cursor (rows.claim)
@@ -223,7 +222,7 @@ def send_batch(
 def _send_claimed(chain: _Chain, claimed: list[Claimed], claimed_at: float) -> float | None:
     """Render, send and record one claimed batch, recording as it goes and stopping between two
     mails when the newsletter may not go on. Returns seconds to back off if throttled."""
-    newsletter_id, stats = chain.newsletter_id, chain.stats
+    newsletter_id, stats = chain.renderer.newsletter_id, chain.stats
     outcomes = _Outcomes(newsletter_id, chain.settings, stats, claimed_at)
     mails, mail_rows = [], []
     for row in claimed:

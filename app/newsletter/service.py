@@ -247,8 +247,8 @@ def validate_new(body) -> tuple[NewsletterInput | None, list[dict]]:
 
 
 def create(newsletter: NewsletterInput) -> int:
-    n = newsletter
-    created = db.call(newsletter_rows.create, n.subject, n.html, n.text, n.from_addr)
+    fields = (newsletter.subject, newsletter.html, newsletter.text, newsletter.from_addr)
+    created = db.call(newsletter_rows.create, *fields)
     log.info("newsletter %s created", created)
     return created
 
