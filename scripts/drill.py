@@ -182,7 +182,16 @@ class System:
         self.base = base
         self.pace = pace
         self.pg, self.redis, self.sink = Postgres(base), Redis(), Sink()
-        self.smtp_port, self.web_port = free_port(), free_port()
+        self.smtp_port = free_port()
+        # The web's listening socket is bound here and held for the drill: every web process started
+        # serves it (uvicorn --fd). A port picked free and bound later by the process could be taken
+        # meanwhile by any socket on the machine (a busy test run's outgoing connections), and the
+        # web would never come up.
+        self.web_socket = socket.socket()
+        self.web_socket.bind(("127.0.0.1", 0))
+        self.web_socket.listen(128)
+        self.web_socket.set_inheritable(True)
+        self.web_port = self.web_socket.getsockname()[1]
         self.procs: dict[str, list[subprocess.Popen]] = {"worker": [], "scheduler": [], "web": []}
         self.env = {
             **os.environ,
@@ -222,6 +231,7 @@ class System:
             for proc in self.procs[name]:
                 self.kill(proc, signal.SIGKILL)
         self.controller.stop()
+        self.web_socket.close()
         with contextlib.suppress(Exception):
             self.redis.stop()
         with contextlib.suppress(Exception):
@@ -247,10 +257,8 @@ class System:
                 "-m",
                 "uvicorn",
                 "app.web:app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.web_port),
+                "--fd",
+                str(self.web_socket.fileno()),
                 "--log-level",
                 "warning",
             ],
@@ -260,6 +268,7 @@ class System:
             env=self.env,
             cwd=ROOT,
             start_new_session=True,
+            pass_fds=(self.web_socket.fileno(),) if name == "web" else (),
             stdout=subprocess.DEVNULL,
             stderr=open(self.base / f"{name}.log", "ab"),  # noqa: SIM115 - the process keeps writing to it
         )
