@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from app.platform import config, providers, queue
+from app.platform import holds, providers, queue
 from digest import immediate, messages
 from digest import render as digest_render
 from digest import send as digest_send
@@ -43,12 +43,11 @@ if not any(isinstance(m, DigestTemplateWarmup) for m in _broker.middleware):
     _broker.add_middleware(DigestTemplateWarmup())
 
 
-# Ends a batch before the watchdog may take its runs back (config.digest_processing_timeout_seconds).
 _BATCH_OPTIONS = {
     "max_retries": 3,
     "min_backoff": 1_000,
     "max_backoff": 60_000,
-    "time_limit": max(30, config.get().digest_processing_timeout_seconds - 15) * 1000,
+    "time_limit": holds.SEND_ACTOR_TIME_LIMIT_MS,  # a batch may wait for Postgres with outcomes in hand
 }
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from app.newsletter import messages, outbox, sender
-from app.platform import config, queue
+from app.platform import holds, queue
 
 log = logging.getLogger("actors.newsletter")
 
@@ -40,7 +40,7 @@ def create_outbox(newsletter_id: int) -> None:
     messages.SEND_BATCH,
     **_QUEUE_OPTIONS,
     max_retries=20,
-    time_limit=max(30, config.get().reclaim_after_seconds - 15) * 1000,
+    time_limit=holds.SEND_ACTOR_TIME_LIMIT_MS,  # a batch may wait for Postgres with outcomes in hand
 )
 def send_batch(newsletter_id: int) -> None:
     stats = sender.send_batch(int(newsletter_id))

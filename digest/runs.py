@@ -14,6 +14,7 @@ truth; Dramatiq messages are hints.
   processing --suppressed / nothing to send-------> skipped
   processing --retryable failure, stuck, released-> pending       (attempts + 1, backoff)
   processing --not started: all mail stopped------> pending       (no attempt counted, due at once)
+  processing --renewed by its live holder---------> processing    (claimed_at only: app/platform/holds.py)
   processing --permanent failure, attempts used---> failed        (last_error kept)
 
 Only an operator's emergency stop (app/platform/mail_stop.py) returns claimed work to `pending` without
@@ -70,6 +71,7 @@ TRANSITIONS = frozenset(
         (W, K),
         (W, P),
         (W, F),
+        (W, W),
     }
 )
 
@@ -335,6 +337,14 @@ WHERE status = 'processing' AND claimed_at < %(now)s - make_interval(secs => %(t
 FOR UPDATE SKIP LOCKED
 """
 
+# A live holder's claim, renewed (app/platform/holds.py): runs being recorded right now are skipped,
+# so the renewal never waits for (or deadlocks with) the holder's own writes.
+RENEW = """
+UPDATE digest_runs SET claimed_at = now() WHERE id IN (
+    SELECT id FROM digest_runs WHERE id = ANY (%s::bigint[]) AND status = 'processing' ORDER BY id
+    FOR UPDATE SKIP LOCKED)
+"""
+
 CANCEL_PENDING = """
 UPDATE digest_runs SET status = 'cancelled', skip_reason = %s WHERE subscriber_id = %s AND status = 'pending'
 """
@@ -420,10 +430,17 @@ def fail(cur, failures: list[tuple[int, str]]) -> None:
 
 
 def reclaim_stuck(cur, now: datetime, timeout_seconds: int, max_attempts: int, base_seconds: float) -> tuple[int, int]:
-    """The watchdog: runs processing longer than the timeout (their worker died) are retried like
-    any other failure. Returns (back to pending, failed)."""
+    """The watchdog: runs whose claim is older than the timeout (their worker died: a live one
+    renews it, app/platform/holds.py) are retried like any other failure. Returns (back to
+    pending, failed)."""
     cur.execute(STUCK, {"now": now, "timeout": timeout_seconds})
     return retry(cur, cur.fetchall(), max_attempts, base_seconds)
+
+
+def renew(cur, run_ids: list[int]) -> int:
+    """The claim on these runs, still `processing`, renewed by their live holder; how many."""
+    cur.execute(RENEW, (run_ids,))
+    return int(cur.rowcount)
 
 
 def cancel_pending(cur, subscriber_id: int, reason: str) -> None:

@@ -19,11 +19,18 @@ The emergency stop (app/platform/mail_stop.py) holds within a second: no run is 
 and a batch at the provider checks it at least every SEND_CHECK_SECONDS and stops between two
 mails; the runs not started go back to `pending` with no attempt counted.
 
-Crash safety: if the process dies after the provider accepted a mail but before the final commit,
-the run is still `processing`; the watchdog returns it to `pending` and the re-send carries the same
-idempotency key (and Message-ID). Events are marked only in that final commit, and only those this
-run read (digest/marks.py: the snapshot it read them as of), so an event that arrived meanwhile waits
-for the next digest.
+Recording as the batch goes (Recorder): every RECORD_EVERY results or SEND_CHECK_SECONDS, the
+outcomes so far are committed — each run with its events in one transaction, and only the events
+this run read (digest/marks.py: the snapshot it read them as of), so an event that arrived meanwhile
+waits for the next digest.
+
+Crash safety: if the process dies after the provider accepted a mail but before its outcome was
+committed, the run is still `processing`; the watchdog returns it to `pending` and the re-send
+carries the same idempotency key (and Message-ID) — at most about RECORD_EVERY digests per worker
+thread. A live process never sends twice because Postgres blinked: a flush that cannot be written
+stops the batch (no further mail is started), the outcomes stay in the process until Postgres
+answers again, and the claim on the runs is renewed meanwhile (app/platform/holds.py), so the
+watchdog leaves them alone.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-from app.platform import config, db, mail_stop, metrics
+from app.platform import config, db, holds, mail_stop, metrics
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, PermanentError, Progress, Provider, ProviderError, SendResult
 from digest import runs as digest_runs
@@ -42,6 +49,14 @@ from digest.claim import ClaimedRun, claim
 from digest.group import Digest
 
 log = logging.getLogger("digest.send")
+
+# Outcomes committed at least every this many digests a thread has sent: what a SIGKILL can make it
+# send twice. 20 and not 100 (a whole batch, as before): ~4 short transactions a batch instead of one
+# (scripts/bench/digest.py measured the cost, docs/history.md).
+RECORD_EVERY = 20
+
+
+_RECORDED = ("sent", "skipped", "handled", "retry", "released", "failed")  # the lists record() writes
 
 
 @dataclass
@@ -56,6 +71,24 @@ class Outcome:
     lateness: list = field(default_factory=list)  # seconds from scheduled_for to sent, per sent run
     exhausted: int = 0  # retries that used the last attempt (now failed)
     skipped_seen: int = 0  # of `skipped`: everything in them was seen in the app already
+    written: dict = field(default_factory=dict)  # list name: how many of its first items are recorded
+
+    def unwritten(self) -> Outcome:
+        """What is not recorded yet, as an Outcome of its own (record() writes one)."""
+        part = Outcome(covers=self.covers)
+        for name in _RECORDED:
+            setattr(part, name, getattr(self, name)[self.written.get(name, 0) :])
+        return part
+
+    def wrote(self, part: Outcome) -> None:
+        """`part` (from unwritten()) is committed."""
+        for name in _RECORDED:
+            self.written[name] = self.written.get(name, 0) + len(getattr(part, name))
+        self.lateness += part.lateness
+        self.exhausted += part.exhausted
+
+    def all_written(self) -> bool:
+        return all(self.written.get(name, 0) == len(getattr(self, name)) for name in _RECORDED)
 
     def counts(self) -> dict:
         counts = {
@@ -71,23 +104,34 @@ class Outcome:
         return counts
 
 
-def stop_check(conn, runs: int) -> Progress:
-    """Outcomes are recorded at the end in one transaction (events and runs together); between two
-    mails only the emergency stop is checked, at most every SEND_CHECK_SECONDS."""
-    return Progress(lambda _: mail_stop.engaged_on(conn), every=runs + 1, interval=mail_stop.SEND_CHECK_SECONDS)
+class Recorder:
+    """A batch's outcomes, recorded as they come: Progress calls flush() on the batch's thread every
+    RECORD_EVERY results or SEND_CHECK_SECONDS, which writes what arrived (one transaction: runs and
+    their events together) and reads the emergency stop. A worker killed mid-batch so leaves at most
+    about RECORD_EVERY accepted digests of a thread unrecorded (sent again, same Message-IDs).
+    A flush that cannot be written raises, and the provider starts no further mail (Progress): the
+    outcomes stay here until Postgres answers again (write_all)."""
 
+    def __init__(self, conn, settings):
+        self.conn, self.settings = conn, settings
+        self.outcome = Outcome()
+        self._chunk: list[ClaimedRun] = []  # the runs of the provider call under way, by position
+        self._taken: set[int] = set()  # positions of that call already in `outcome`
 
-def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome, progress: Progress) -> None:
-    step = max(1, provider.max_batch)
-    for start in range(0, len(ready), step):
-        chunk = ready[start : start + step]
-        try:
-            results = provider.send_batch([cast(OutgoingMail, r.mail) for r in chunk], progress)  # built: has one
-        except ProviderError as exc:  # the whole call: every run of it shares the outcome
-            log.warning("provider %s failed for %d digest(s): %s", provider.name, len(chunk), exc)
-            permanent = isinstance(exc, PermanentError)
-            results = [SendResult(ok=False, error=str(exc), permanent=permanent)] * len(chunk)
-        for run, result in zip(chunk, results):
+    def progress(self) -> Progress:
+        return Progress(self.flush, every=RECORD_EVERY, interval=mail_stop.SEND_CHECK_SECONDS)
+
+    def calling(self, chunk: list[ClaimedRun]) -> None:
+        self._chunk, self._taken = chunk, set()
+
+    def take(self, results) -> None:
+        """[(position in the call, SendResult)], each position once."""
+        outcome = self.outcome
+        for i, result in results:
+            if i in self._taken:
+                continue
+            self._taken.add(i)
+            run = self._chunk[i]
             if result.stopped:
                 outcome.released.append(run.id)
             elif result.ok:
@@ -96,6 +140,52 @@ def send(provider: Provider, ready: list[ClaimedRun], outcome: Outcome, progress
                 outcome.failed.append((run.id, result.error or "permanent provider error"))
             else:
                 outcome.retry.append((run.id, result.error or "transient provider error"))
+
+    def flush(self, results) -> bool:
+        self.take(results)
+        self.write()
+        return mail_stop.engaged_on(self.conn)
+
+    def write(self) -> None:
+        """What is not recorded yet, in one transaction, once (raises when it cannot be written)."""
+        part = self.outcome.unwritten()
+        if part.all_written():  # nothing new
+            return
+        with db.transaction(self.conn) as cur:
+            record(cur, part, self.settings)
+        self.outcome.wrote(part)
+
+    def write_all(self) -> None:
+        """What the provider accepted is written once Postgres answers again, however long that
+        takes — never thrown away and sent a second time: the runs stay `processing` and this
+        process renews its claim on them meanwhile (app/platform/holds.py)."""
+        if self.outcome.unwritten().all_written():
+            return
+
+        def reconnecting():
+            self.conn = db.thread_connection.get()
+            try:
+                self.write()
+            except db.UNAVAILABLE:
+                db.thread_connection.reset()
+                raise
+
+        db.until_written(reconnecting, None, f"recording {len(self.outcome.sent)} sent digests")
+
+
+def send(provider: Provider, ready: list[ClaimedRun], recorder: Recorder, progress: Progress) -> None:
+    step = max(1, provider.max_batch)
+    for start in range(0, len(ready), step):
+        chunk = ready[start : start + step]
+        recorder.calling(chunk)
+        try:
+            results = provider.send_batch([cast(OutgoingMail, r.mail) for r in chunk], progress)  # built: has one
+        except ProviderError as exc:  # the whole call: every run of it not reported shares the outcome
+            log.warning("provider %s failed for %d digest(s): %s", provider.name, len(chunk), exc)
+            recorder.take(progress.drain())  # accepted before the error: recorded as such
+            permanent = isinstance(exc, PermanentError)
+            results = [SendResult(ok=False, error=str(exc), permanent=permanent)] * len(chunk)
+        recorder.take(enumerate(results))
 
 
 def record(cur, outcome: Outcome, settings=None) -> None:
@@ -129,8 +219,12 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
     try:
         with db.transaction(conn) as cur:
             claimed, skipped = claim(cur, run_ids, limit, settings.digest_max_attempts)
-        outcome = _build_and_send(conn, claimed, provider, settings)
-        _record_until_written(outcome, settings, started)
+        timeout = settings.digest_processing_timeout_seconds
+        with holds.hold("digest runs", [r.id for r in claimed], digest_runs.renew, timeout):
+            recorder = Recorder(conn, settings)
+            _build_and_send(recorder, claimed, provider, settings)
+            recorder.write_all()
+        outcome = recorder.outcome
         counts = outcome.counts()
         counts["skipped"] += len(skipped)
         metrics.digest_batch(counts, outcome.exhausted, outcome.lateness)  # committed: counted once
@@ -143,15 +237,15 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         raise
 
 
-def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, settings) -> Outcome:
+def _build_and_send(recorder: Recorder, claimed: list[ClaimedRun], provider: Provider | None, settings) -> None:
     """Load the batch's events at once, then build and send it in slices of about
     DIGEST_BUILD_EVENTS loaded events: a worker thread holds one slice's digests, HTML and MIME, not
     the whole batch's. Eight threads each holding 100 large digests (75 events, 50 entities shown)
     made a worker's memory step up by ~20 MB per thread in the largest wave and keep it
     (docs/scaling.md); a batch of ordinary digests is still one slice."""
-    outcome = Outcome()
+    outcome, conn = recorder.outcome, recorder.conn
     if not claimed:
-        return outcome
+        return
     try:
         with db.transaction(conn) as cur:
             batch = load_batch(cur, claimed, settings)
@@ -160,7 +254,7 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
     except Exception as exc:
         log.exception("loading %d digests failed", len(claimed))
         outcome.retry.extend((r.id, f"build failed: {exc!r}") for r in claimed)
-        return outcome
+        return
     outcome.covers = {r.id: (r.subscriber_id, r.cover) for r in claimed if r.cover is not None}
     progress: Progress | None = None
     started = 0  # runs of the slices begun
@@ -183,11 +277,10 @@ def _build_and_send(conn, claimed: list[ClaimedRun], provider: Provider | None, 
         started += len(part)
         if ready:
             provider = provider or get_provider()
-            progress = progress or stop_check(conn, len(claimed))
-            send(provider, ready, outcome, progress)
+            progress = progress or recorder.progress()
+            send(provider, ready, recorder, progress)
         for run in part:  # what the record needs is in `outcome` now
             run.digest = run.mail = None
-    return outcome
 
 
 def _build(conn, part: list[ClaimedRun], batch: Batch, settings, outcome: Outcome) -> list[ClaimedRun]:
@@ -213,25 +306,6 @@ def _build(conn, part: list[ClaimedRun], batch: Batch, settings, outcome: Outcom
             outcome.handled.append((run.id, run.digest.event_ids))
     outcome.retry.extend(errors)
     return ready
-
-
-def _record_until_written(outcome: Outcome, settings, started: float) -> None:
-    """What the provider accepted is written once Postgres answers again — never thrown away and
-    sent a second time. While it is down, the runs stay `processing`, so nothing else claims them."""
-
-    def write():
-        with db.transaction(db.thread_connection.get()) as cur:
-            record(cur, outcome, settings)
-
-    def reconnecting():
-        try:
-            write()
-        except db.UNAVAILABLE:
-            db.thread_connection.reset()
-            raise
-
-    deadline = db.write_deadline(started, settings.digest_processing_timeout_seconds)
-    db.until_written(reconnecting, deadline, f"recording {len(outcome.sent)} sent digests")
 
 
 def _release_after_crash(run_ids: list[int], started: float | None = None) -> None:

@@ -8,7 +8,8 @@ a brief overlap could not double-send.
 
 Each tick (every SCHEDULER_INTERVAL_SECONDS):
   1. plan digest runs (digest/plan.py), then send-now runs (digest/immediate.py)
-  2. watchdog: stuck `processing` runs back to `pending` / `failed`
+  2. watchdog: stuck `processing` runs back to `pending` / `failed` (a claim no live worker renews;
+     after an outage, not before live holders had holds.GRACE_SECONDS to renew theirs)
   3. checker: enqueue due pending runs to the digest queue, bounded by queue depth
   4. hooks of other domains, if installed: scheduled newsletters whose send_at came (started),
      stale newsletter sends, unapplied webhook events,
@@ -19,6 +20,7 @@ Each tick (every SCHEDULER_INTERVAL_SECONDS):
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -29,7 +31,7 @@ from app.cli import commands
 from app.cli.output import print_json
 from app.newsletter.reclaim import reclaim_stale
 from app.newsletter.schedule import start_due as start_scheduled_newsletters
-from app.platform import config, db, lease, observability, retention
+from app.platform import config, db, holds, lease, observability, retention
 from digest import immediate, plan, seen
 from tracking.webhook_apply import requeue_unprocessed
 
@@ -73,11 +75,11 @@ def _digest_sender():
     return plan.enqueue, plan.queue_depth
 
 
-def _hooks() -> dict:
+def _hooks(may_reclaim: bool = True) -> dict:
     """Jobs owned by other packages, run each tick as plain functions."""
     return {
         "newsletter_scheduled": start_scheduled_newsletters,
-        "newsletter_reclaim": reclaim_stale,
+        "newsletter_reclaim": reclaim_stale if may_reclaim else functools.partial(reclaim_stale, take_back=False),
         "webhook_requeue": requeue_unprocessed,
         "partitions": retention.maintain,
         "feed_state_prune": seen.prune_expired,
@@ -95,11 +97,18 @@ def run_hooks(hooks: dict | None = None) -> dict:
     return results
 
 
-def tick(now: datetime | None = None, send=None, depth=None) -> dict:
+def tick(now: datetime | None = None, send=None, depth=None, watched: float | None = None) -> dict:
     """One pass of every job. `send`/`depth` default to the real digest actor and Redis queue.
-    Jobs are independent: one failing (logged, reported as "error") does not skip the others."""
+    Jobs are independent: one failing (logged, reported as "error") does not skip the others.
+
+    `watched`: seconds the scheduler has seen the database without a break (db.watched_seconds).
+    Below holds.GRACE_SECONDS — Postgres just came back, and every claim looks old, the live ones
+    too — nothing is taken back from its holder this tick (the watchdog, the newsletter reclaim):
+    live holders renew their claims first (app/platform/holds.py). None: no such wait (one tick by
+    hand, tests)."""
     now = now or datetime.now(UTC)
     result: dict = {"now": now.isoformat()}
+    may_reclaim = watched is None or watched >= holds.GRACE_SECONDS
 
     def job(name, fn, default):
         try:
@@ -111,7 +120,11 @@ def tick(now: datetime | None = None, send=None, depth=None) -> dict:
 
     result["planned"] = job("plan", lambda: plan.plan(now), 0)
     result["send_now"] = job("send_now", lambda: immediate.plan(now)[0], 0)
-    result["reclaimed"], result["failed"] = job("watchdog", lambda: plan.watchdog(now), (0, 0))
+    if may_reclaim:
+        result["reclaimed"], result["failed"] = job("watchdog", lambda: plan.watchdog(now), (0, 0))
+    else:
+        result["reclaimed"], result["failed"] = 0, 0
+        result["reclaim_waits"] = f"the database is back since {watched:.1f} s; live holders renew first"
 
     def check():
         nonlocal send, depth
@@ -121,10 +134,20 @@ def tick(now: datetime | None = None, send=None, depth=None) -> dict:
         return plan.check(now, send, depth())  # depth() fails when Redis is down
 
     result["enqueued"] = job("checker", check, 0)
-    result["hooks"] = run_hooks()
-    if any(result[k] for k in ("planned", "send_now", "enqueued", "reclaimed", "failed")) or "errors" in result:
+    result["hooks"] = run_hooks(_hooks(may_reclaim))
+    if any(result[k] for k in ("planned", "send_now", "enqueued", "reclaimed", "failed")) or (
+        "errors" in result or "reclaim_waits" in result
+    ):
         log.info("tick: %s", result)
     return result
+
+
+def _watched() -> float:
+    """db.watched_seconds(), 0 while the database does not answer."""
+    try:
+        return db.watched_seconds()
+    except db.Error:
+        return 0.0
 
 
 def parse_now(text: str | None) -> datetime | None:
@@ -183,7 +206,7 @@ def cmd_scheduler(args) -> int:
             if leader and (last_tick is None or time.monotonic() - last_tick >= interval):
                 last_tick = time.monotonic()
                 try:
-                    tick(clock())
+                    tick(clock(), watched=_watched())
                 except Exception:
                     log.exception("tick failed; retrying next interval")
             time.sleep(min(0.5, interval))

@@ -1,8 +1,9 @@
 """Scheduler-tick hook ("app.newsletter.reclaim:reclaim_stale"): repair what crashed workers and a
 flushed Redis leave behind. Postgres is the truth; this turns it back into work.
 
-1. `sending` rows claimed more than RECLAIM_AFTER_SECONDS ago (their worker died mid-batch) go
-   back to `pending`; they are re-sent with the same idempotency keys.
+1. `sending` rows whose claim is older than RECLAIM_AFTER_SECONDS (their worker died mid-batch: a
+   live one renews it, app/platform/holds.py) go back to `pending`; they are re-sent with the same
+   idempotency keys.
 2. Newsletters that should be making progress get messages again: an unfinished outbox whose
    builder is gone (its lease in `leases` ran out or was released) gets create_outbox; a `sending`
    newsletter with due pending rows and no live send chain (its Redis alive mark expired) gets
@@ -37,9 +38,13 @@ SELECT n.id FROM newsletters n WHERE n.status = 'sending' AND CASE WHEN n.local_
 """
 
 
-def reclaim_stale() -> dict:
+def reclaim_stale(take_back: bool = True) -> dict:
+    """Both repairs; with take_back=False only the second (the scheduler waits after an outage until
+    live holders renewed their claims: app/platform/holds.py)."""
     settings = config.get()
-    reclaimed_rows = db.thread_connection.call(newsletter_rows.reclaim, settings.reclaim_after_seconds)
+    reclaimed_rows = (
+        db.thread_connection.call(newsletter_rows.reclaim, settings.reclaim_after_seconds) if take_back else []
+    )
     reclaimed: dict[int, int] = {}
     for newsletter_id in reclaimed_rows:
         reclaimed[newsletter_id] = reclaimed.get(newsletter_id, 0) + 1

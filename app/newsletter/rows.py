@@ -235,9 +235,16 @@ WHERE e.id = ANY (%s) AND e.status || '' = 'sending' AND n.id = e.newsletter_id
 
 RECLAIM = """
 UPDATE email_log SET status = 'pending', next_attempt_at = NULL,
-       error = 'reclaimed: claimed at ' || claimed_at || ' and never marked (worker died?)'
+       error = 'reclaimed: claimed or last renewed at ' || claimed_at || ' and never marked (worker died?)'
 WHERE status = 'sending' AND claimed_at < now() - make_interval(secs => %s)
 RETURNING newsletter_id
+"""
+
+# A live holder's claim, renewed (app/platform/holds.py): rows being marked right now are skipped, so
+# the renewal never waits for (or deadlocks with) the holder's own writes.
+RENEW = """
+UPDATE email_log SET claimed_at = now() WHERE id IN (
+    SELECT id FROM email_log WHERE id = ANY (%s::bigint[]) AND status = 'sending' ORDER BY id FOR UPDATE SKIP LOCKED)
 """
 
 # pending → cancelled in chunks, each its own short transaction (see outbox.cancel_pending_rows).
@@ -378,6 +385,12 @@ def reclaim(cur: db.Cursor, older_than_seconds: float) -> list[int]:
     """sending rows claimed longer ago than this -> pending; the newsletter of each."""
     cur.execute(RECLAIM, (older_than_seconds,))
     return [row[0] for row in cur.fetchall()]
+
+
+def renew(cur: db.Cursor, row_ids: list[int]) -> int:
+    """The claim on these rows, still `sending`, renewed by their live holder; how many."""
+    cur.execute(RENEW, (row_ids,))
+    return int(cur.rowcount)
 
 
 def cancel_pending(cur: db.Cursor, newsletter_id: int, limit: int) -> int:

@@ -16,6 +16,11 @@ reads the newsletter's status and the emergency stop; when it may not go on, the
 not started go back to `pending` (or `cancelled`) with their attempt refunded. The same rhythm
 bounds a crash: a worker killed mid-batch leaves at most that many accepted mails unrecorded (the
 reclaimer re-sends them with the same keys).
+
+A database that blinks never makes a live worker send twice: when a flush cannot be written the
+batch starts no further mail, the outcomes stay in the process and are written once Postgres
+answers again, and the claim on the rows is renewed meanwhile (app/platform/holds.py), so the
+reclaimer leaves them alone. Only a dead worker's rows are sent again.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from app.newsletter import rows as newsletter_rows
 from app.newsletter.ratelimit import AdaptiveRateLimiter
 from app.newsletter.rows import Claimed, Mark
 from app.newsletter.template import Compiled
-from app.platform import config, db, host, mail, metrics, shutdown, tokens
+from app.platform import config, db, holds, host, mail, metrics, shutdown, tokens
 from app.platform.config import Settings
 from app.platform.mail_stop import SEND_CHECK_SECONDS
 from app.platform.providers import get_provider
@@ -193,9 +198,8 @@ def send_batch(
         if not claimed:
             break
         after = max(r.id for r in claimed)
-        claimed_at = time.monotonic()
         stats.claimed += len(claimed)
-        retry_after = _send_claimed(chain, claimed, claimed_at)
+        retry_after = _send_claimed(chain, claimed)
         if retry_after is not None:  # throttled: everyone waits; this chain comes back after the reset
             stats.outcome, stats.retry_in = f"throttled for {retry_after:.1f}s", retry_after
             if reenqueue:
@@ -219,11 +223,18 @@ def send_batch(
     return stats
 
 
-def _send_claimed(chain: _Chain, claimed: list[Claimed], claimed_at: float) -> float | None:
+def _send_claimed(chain: _Chain, claimed: list[Claimed]) -> float | None:
     """Render, send and record one claimed batch, recording as it goes and stopping between two
-    mails when the newsletter may not go on. Returns seconds to back off if throttled."""
+    mails when the newsletter may not go on. Returns seconds to back off if throttled. The claim is
+    held (renewed) until every outcome is written."""
+    sending = [row.id for row in claimed if row.status == "sending"]
+    with holds.hold("newsletter rows", sending, newsletter_rows.renew, chain.settings.reclaim_after_seconds):
+        return _send_held(chain, claimed)
+
+
+def _send_held(chain: _Chain, claimed: list[Claimed]) -> float | None:
     newsletter_id, stats = chain.renderer.newsletter_id, chain.stats
-    outcomes = _Outcomes(newsletter_id, chain.settings, stats, claimed_at)
+    outcomes = _Outcomes(newsletter_id, chain.settings, stats)
     mails, mail_rows = [], []
     for row in claimed:
         if row.status == "suppressed":
@@ -283,9 +294,8 @@ class _Outcomes:
     """One claimed batch's outcomes, written as they come (Progress calls flush() on the chain's
     thread). Each row is recorded once: what a flush wrote is skipped at the end."""
 
-    def __init__(self, newsletter_id: int, settings: Settings, stats: SendStats, claimed_at: float):
+    def __init__(self, newsletter_id: int, settings: Settings, stats: SendStats):
         self.newsletter_id, self.settings, self.stats = newsletter_id, settings, stats
-        self.deadline = db.write_deadline(claimed_at, settings.reclaim_after_seconds)
         self.rows: list[tuple[int, int]] = []  # (row id, attempts) by position in the batch
         self.recorded: set[int] = set()  # positions taken
         self.marks: list[Mark] = []  # not written yet
@@ -306,23 +316,25 @@ class _Outcomes:
         return [i for i in range(len(self.rows)) if i not in self.recorded]
 
     def flush(self, results: list[tuple[int, SendResult]]) -> bool:
-        """Record what arrived; True when the newsletter may not go on (the provider stops)."""
+        """Record what arrived; True when the newsletter may not go on (the provider stops). Written
+        once, not retried: when it cannot be, this raises and the provider starts no further mail."""
         self.take(results)
-        self.write()
+        self.write(until_written=False)
         status, may_send = db.thread_connection.call(newsletter_rows.may_send, self.newsletter_id)
         return status != "sending" or not may_send
 
-    def write(self) -> None:
-        """What the provider accepted is written once Postgres answers again, never sent twice: the
-        rows stay `sending` meanwhile, which nobody else claims until the reclaimer's timeout."""
+    def write(self, until_written: bool = True) -> None:
+        """What the provider accepted is written — at the end of the batch, once Postgres answers
+        again, however long that takes: the rows stay `sending` and this process renews its claim
+        meanwhile (app/platform/holds.py), so nobody else sends them."""
         if self.marks:
             marks = self.marks
-            self._until_written(newsletter_rows.mark, marks, f"recording {len(marks)} outcomes")
+            self._write(newsletter_rows.mark, marks, f"recording {len(marks)} outcomes", until_written)
             self.marks = []
             metrics.newsletter_marks(marks)  # committed: sent / retry / failed
         if self.released:
             released = self.released
-            self._until_written(newsletter_rows.release, released, f"releasing {len(released)} rows not sent")
+            self._write(newsletter_rows.release, released, f"releasing {len(released)} rows not sent", until_written)
             self.released = []
             self.stats.released += len(released)
             log.info(
@@ -331,12 +343,14 @@ class _Outcomes:
                 len(released),
             )
 
-    def _until_written(self, statement, items: list, what: str) -> None:
-        db.until_written(
-            lambda: db.thread_connection.call(statement, items),
-            self.deadline,
-            f"newsletter {self.newsletter_id}: {what}",
-        )
+    def _write(self, statement, items: list, what: str, until_written: bool) -> None:
+        def work():
+            return db.thread_connection.call(statement, items)
+
+        if until_written:
+            db.until_written(work, None, f"newsletter {self.newsletter_id}: {what}")
+        else:
+            work()
 
 
 def _marks_for(results, mail_rows, settings: Settings, stats: SendStats):

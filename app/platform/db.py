@@ -296,8 +296,16 @@ class ThreadConnection:
             conn = None
         if conn is None:
             conn = connect_raw(url, autocommit=True)
-            self._local.conn, self._local.url = conn, url
+            self._local.conn, self._local.url, self._local.opened = conn, url, time.monotonic()
         return conn
+
+    def connected_seconds(self) -> float:
+        """How long this thread's connection has been open (0 without one): a connection the
+        server dropped (a restart, an outage) is reopened by the next statement, so this is how long
+        this thread has seen the database without a break."""
+        if getattr(self._local, "conn", None) is None:
+            return 0.0
+        return time.monotonic() - self._local.opened
 
     def reset(self) -> None:
         """Drop this thread's connection (after an error that may have left it in an unknown state)."""
@@ -350,17 +358,18 @@ thread_connection = ThreadConnection()
 
 
 def write_deadline(claimed_at: float, timeout_seconds: float) -> float:
-    """Until when a worker keeps retrying the write of outcomes it claimed at `claimed_at`
-    (time.monotonic()): comfortably before the watchdog or reclaimer may take the rows back after
-    `timeout_seconds` — 30 s before, or a fifth of the timeout when that is shorter."""
+    """Until when a worker keeps retrying a write that can also be left to the watchdog or the
+    reclaimer (giving back runs it claimed at `claimed_at`, time.monotonic()): comfortably before they
+    may take the rows back after `timeout_seconds` — 30 s before, or a fifth of the timeout."""
     return claimed_at + timeout_seconds - min(30.0, timeout_seconds / 5)
 
 
-def until_written(work, deadline: float, what: str):
+def until_written(work, deadline: float | None, what: str):
     """work() — a write whose outcome must not be lost (mail the provider already accepted) —
-    retried while the database is unavailable, with backoff, until `deadline` (time.monotonic()).
-    Past it the last error is raised: the caller's rows are then returned by the watchdog or the
-    reclaimer, whose timeouts are chosen to come after this deadline."""
+    retried while the database is unavailable, with backoff, until `deadline` (time.monotonic());
+    with None, for as long as this process lives: the caller holds its rows meanwhile
+    (app/platform/holds.py renews their claim), so nobody else sends them. Past a deadline the last
+    error is raised."""
 
     def log_wait(state):
         log.warning(
@@ -370,14 +379,24 @@ def until_written(work, deadline: float, what: str):
             state.next_action.sleep,
         )
 
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    stop = tenacity.stop_never if left is None else tenacity.stop_before_delay(left)
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(UNAVAILABLE),
-        stop=tenacity.stop_before_delay(max(0.0, deadline - time.monotonic())),
+        stop=stop,
         wait=tenacity.wait_exponential_jitter(multiplier=0.2, max=5.0),
         before_sleep=log_wait,
         reraise=True,
     )
     return retrying(work)
+
+
+def watched_seconds() -> float:
+    """How long the calling thread has seen the database without a break: its kept connection's
+    age, and no longer than the server has been up (behind a pooler the client's connection may
+    outlive a server restart). The reclaimers wait for this after an outage (app/platform/holds.py)."""
+    ((up,),) = thread_connection.run("SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8")
+    return min(thread_connection.connected_seconds(), float(up))
 
 
 def server_warnings() -> list[str]:

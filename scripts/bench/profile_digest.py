@@ -157,7 +157,7 @@ def timed_stages() -> dict[str, float]:
     wrap(digest_build, "render_text", "render text (build.render_text)")
     wrap(digest_build, "outgoing_mail", "OutgoingMail (build.outgoing_mail)")
     wrap(digest_send, "send", "provider: MIME + SMTP (send.send)")
-    wrap(digest_send, "_record_until_written", "record outcome (send.record)")
+    wrap(digest_send, "record", "record outcomes (send.record)")
     return totals
 
 

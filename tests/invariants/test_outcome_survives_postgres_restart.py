@@ -4,6 +4,7 @@ away and sent a second time (Postgres restarting between the send and the commit
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -177,3 +178,127 @@ def test_runs_whose_release_hit_the_outage_are_released_as_soon_as_postgres_retu
     assert isinstance(outcome[0], psycopg2.OperationalError)
     rows = [run_row(r) for r in runs]
     assert {(r["status"], r["attempts"]) for r in rows} == {("pending", 1)}  # back, without the watchdog
+
+
+# -- an outage longer than the claim timeout, mid-send, with the reclaimers running -------------------
+BLINK_TIMEOUT_SECONDS = 3  # RECLAIM_AFTER_SECONDS / DIGEST_PROCESSING_TIMEOUT_SECONDS in these tests
+LONG_OUTAGE_SECONDS = 5  # longer than the timeout, and than the old write deadline (2.4 s)
+
+
+class Scheduler:
+    """The scheduler's loop, on its own thread and connections through the proxy: a tick every 0.2 s
+    with how long it has seen the database (its reclaimers wait after an outage)."""
+
+    def __init__(self):
+        self.stop, self.errors = threading.Event(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        from datetime import UTC, datetime
+
+        from app.cli import scheduler
+
+        while not self.stop.wait(0.2):
+            try:
+                scheduler.tick(datetime.now(UTC), send=lambda ids: None, depth=lambda: 0, watched=scheduler._watched())
+            except Exception:
+                self.errors += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+
+
+@pytest.fixture
+def long_outage(postgres_through_proxy, settings, monkeypatch):
+    """cut_after(sink, n): Postgres goes away once the sink took n mails, for LONG_OUTAGE_SECONDS;
+    claims time out after BLINK_TIMEOUT_SECONDS, and the renewer and the reclaimers' grace run at
+    test speed."""
+    from app.platform import holds
+
+    settings(reclaim_after_seconds=BLINK_TIMEOUT_SECONDS, digest_processing_timeout_seconds=BLINK_TIMEOUT_SECONDS)
+    monkeypatch.setattr(holds, "CHECK_SECONDS", 0.1)
+    monkeypatch.setattr(holds, "GRACE_SECONDS", 1.0)
+    proxy = postgres_through_proxy()
+    db.init(config.get().database_url)  # the scheduler's pooled jobs too go through the proxy
+    timers: list[threading.Thread] = []
+
+    def cut_after(sink, n: int):
+        def watch():
+            wait_for(lambda: len(sink.raw) >= n, 60, f"{n} mails at the relay")
+            proxy.cut()
+            time.sleep(LONG_OUTAGE_SECONDS)
+            proxy.restore()
+
+        timers.append(threading.Thread(target=watch, daemon=True))
+        timers[-1].start()
+
+    yield cut_after
+    for t in timers:
+        t.join(60)
+
+
+def _until(work, done, seconds: float = 90):
+    """work() again until done(), through the outage (a claim fails while Postgres is away)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert time.monotonic() < deadline, "the send did not finish"
+        try:
+            if done():
+                return
+            work()
+        except db.UNAVAILABLE:
+            db.thread_connection.reset()
+            time.sleep(0.2)
+
+
+def test_a_newsletter_batch_cut_off_longer_than_the_claim_timeout_sends_nobody_twice(long_outage, relay, caplog):
+    """Postgres goes away mid-batch for longer than RECLAIM_AFTER_SECONDS while the scheduler runs:
+    the batch starts no further mail once it cannot record, keeps what the relay accepted until
+    Postgres answers, and the reclaimer leaves the live worker's rows alone. Everyone gets one copy."""
+    from app.newsletter import sender
+
+    sink, provider = relay
+    sink.delay = 0.02
+    factories.seed_subscribers(60)
+    newsletter_id = factories.newsletter()
+    nl.start(newsletter_id)
+    long_outage(sink, 10)
+    stats: list[sender.SendStats] = []
+
+    def send():
+        stats.append(sender.send_batch(newsletter_id, provider=provider, reenqueue=False, budget_seconds=60))
+
+    with Scheduler():
+        _until(send, lambda: nl.counts(newsletter_id) == {"sent": 60})
+    delivered = [m["Message-ID"] for m in sink.messages()]
+    assert len(delivered) == 60 and len(set(delivered)) == 60  # one copy each
+    assert "no further mail of the batch is started" in caplog.text  # the outage hit a flush
+    assert sum(s.released for s in stats) > 0  # the batch stopped: rows not started went back
+    assert "back to pending" not in caplog.text  # nothing was reclaimed from the live worker
+
+
+def test_a_digest_batch_cut_off_longer_than_the_claim_timeout_sends_nobody_twice(long_outage, relay, settings, caplog):
+    """The same for a digest batch: recorded as it goes, stopped when it cannot record, the rest kept
+    until Postgres answers; the watchdog leaves the live worker's runs alone."""
+    sink, provider = relay
+    sink.delay = 0.02
+    runs = []
+    for i in range(40):
+        sid = factories.subscriber(f"u{i}")
+        factories.events(f"u{i}", 2)
+        runs.append(factories.digest_run(sid))
+    long_outage(sink, 5)
+    with Scheduler():
+        _until(
+            lambda: digest_send.process(runs, provider=provider),
+            lambda: {run_row(r)["status"] for r in runs} == {"sent"},
+        )
+    delivered = [m["Message-ID"] for m in sink.messages()]
+    assert len(delivered) == 40 and len(set(delivered)) == 40  # one copy each
+    assert "no further mail of the batch is started" in caplog.text  # the outage hit a flush
+    assert "watchdog" not in caplog.text  # nothing was taken back from the live worker

@@ -20,7 +20,9 @@ cancel, the emergency stop) and record what was accepted as it goes passes a Pro
 provider reports each result as it arrives and starts no mail once a stop was requested; the mails
 it did not start come back as `SendResult(stopped=True)`, never attempted. While the provider
 works, the calling thread runs `Progress.poll()` (the provider calls it for the caller), which every
-`every` results or `interval` seconds hands the new results to the caller's `flush` callback.
+`every` results or `interval` seconds hands the new results to the caller's `flush` callback. A
+flush that raises (the outcomes cannot be recorded: Postgres is away) stops the batch as a stop
+request does: a sender never goes on starting mail it could not record.
 """
 
 from __future__ import annotations
@@ -125,9 +127,11 @@ class Progress:
         self._last = now
         try:
             stop = self._flush(new)
-        except Exception:
-            log.exception("recording or checking a batch's progress failed; the batch goes on")
-            return
+        except Exception as exc:
+            # What cannot be recorded must not grow: no mail is started until the caller has written
+            # what it holds (it keeps the results and its claim; app/platform/holds.py).
+            log.warning("recording a batch's progress failed (%s); no further mail of the batch is started", exc)
+            stop = True
         if stop:
             self._stop.set()
 
