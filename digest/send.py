@@ -117,6 +117,7 @@ class Recorder:
         self.outcome = Outcome()
         self._chunk: list[ClaimedRun] = []  # the runs of the provider call under way, by position
         self._taken: set[int] = set()  # positions of that call already in `outcome`
+        self._stop_checked = time.monotonic()
 
     def progress(self) -> Progress:
         return Progress(self.flush, every=RECORD_EVERY, interval=mail_stop.SEND_CHECK_SECONDS)
@@ -144,6 +145,9 @@ class Recorder:
     def flush(self, results) -> bool:
         self.take(results)
         self.write()
+        if time.monotonic() - self._stop_checked < mail_stop.SEND_CHECK_SECONDS:
+            return False  # a flush for the count: the emergency stop was read a moment ago
+        self._stop_checked = time.monotonic()
         return mail_stop.engaged_on(self.conn)
 
     def write(self) -> None:

@@ -233,7 +233,9 @@ class Settings:
     digest_max_items: int = setting(50, 'entities shown per digest ("and N more")')
     digest_stagger_seconds: int = setting(3600, "spread of a slot's sends (stable per subscriber)")
     digest_processing_timeout_seconds: int = setting(
-        300, 'a batch\'s worker is presumed dead after this (docs/operations.md "Failure handling": how it was chosen)'
+        300,
+        "a batch's worker is presumed dead when its claim was not renewed this long (a live one renews "
+        'it, app/platform/holds.py; docs/operations.md "Failure handling": how it was chosen)',
     )
     digest_max_attempts: int = setting(5, "attempts before a run is `failed`")
     scheduler_interval_seconds: float = setting(30.0, "scheduler tick")
@@ -318,7 +320,9 @@ class Settings:
         "scripts/bench/knobs.py), capped by what the provider accepts",
         shown="0 (provider's own)",
     )
-    reclaim_after_seconds: int = setting(300, "a `sending` row is presumed lost after this")
+    reclaim_after_seconds: int = setting(
+        300, "a `sending` row is presumed lost when its claim was not renewed this long (a live worker renews it)"
+    )
     provider_rate_per_second: float = setting(0.0, "shared send ceiling (0: none); 429s lower it adaptively")
     soft_bounce_limit: int = setting(3, "deferrals before an address is suppressed")
     newsletter_send_chains: int = setting(

@@ -2,7 +2,7 @@
 pace): the real Procfile processes on their own Postgres and Redis, one fault each, with the
 shorter windows and timeouts of drill.QUICK. No mail is lost, none is
 sent twice under two Message-IDs, and the only repeats are mail a SIGKILLed worker had already
-handed to the relay (same Message-ID).
+handed to the relay (same Message-ID): at most 25 per worker thread and kill.
 
 They share the machine with the rest of the suite: every fault waits for progress (a share of the
 mail delivered, a killed worker's successor delivering), never for a moment on the clock, so a busy
@@ -36,3 +36,6 @@ def test_drill(name):
     assert report.faults > 0, f"the fault never happened: {report.line()}"
     if name not in drill.KILL_WORKERS:
         assert report.resent_after_kill == 0, report.line()
+    else:  # what a killed worker had handed over unrecorded: a few per thread (issue 37)
+        bound = drill.RESENT_PER_THREAD_MAX * drill.WORKER_THREADS * report.faults
+        assert report.resent_after_kill <= bound, report.line()
