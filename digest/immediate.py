@@ -20,7 +20,8 @@ so two passes never take the same row):
     app meanwhile is left out of it (digest/seen.py), and a run left with nothing is skipped;
   * the row is consumed, except while a send-now run of the subscriber is `processing`: that run
     may have loaded its events before this row's events committed, so the row stays for the pass
-    after it.
+    after it; and while the subscriber's row is held FOR UPDATE (an erasure): skipped, not waited
+    for (the lock order below).
 The runs then take the ordinary way: checker, claim (I6 checks), build, send with
 `digest-run-<id>`, mark run and events in one transaction. A daily/weekly/hourly subscriber's
 send-now run loads only the urgent events (digest/load.py); the rest waits for their digest, and
@@ -48,9 +49,16 @@ WITH due AS (
     ORDER BY since, subscriber_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), held AS (
+    -- The subscribers' rows, KEY SHARE (what the runs' foreign key checks take anyway, but at the
+    -- statement's end, after the marks were deleted): taken now and never waited for. One held
+    -- FOR UPDATE (an erasure) waits for its digest_send_now row, so its mark stays for a later pass.
+    SELECT s.id FROM subscribers s WHERE s.id IN (SELECT subscriber_id FROM due)
+    ORDER BY s.id
+    FOR KEY SHARE SKIP LOCKED
 ), subs AS (
     SELECT s.id, s.user_id, s.digest_cadence, s.category_opt_outs, m.through
-    FROM due JOIN subscribers s ON s.id = due.subscriber_id
+    FROM held JOIN subscribers s ON s.id = held.id
     {marks.JOIN_MARK}
     WHERE {mailable.may_mail(DIGESTS, "s", "%(now)s")}
 ), eligible AS (
@@ -82,9 +90,9 @@ WITH due AS (
 ), made AS (
     SELECT id, scheduled_for FROM inserted UNION ALL SELECT id, scheduled_for FROM revived
 ), consumed AS (
-    DELETE FROM digest_send_now d USING due
-    WHERE d.subscriber_id = due.subscriber_id
-      AND NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = due.subscriber_id AND live.status = 'processing')
+    DELETE FROM digest_send_now d USING held
+    WHERE d.subscriber_id = held.id
+      AND NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = held.id AND live.status = 'processing')
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),

@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from app.operations import erasure
+from app.operations.audit import Operator
 from app.platform import db
 from app.subscribers import records
 from digest import immediate, ingest
@@ -171,3 +173,51 @@ def test_the_hourly_hand_off_and_a_send_now_pass_do_not_deadlock(sessions):
     assert [r[0] for r in runs] == [a, b]  # the pass made both runs
     # The hand-off marked them again after the pass had consumed their marks: the next pass looks.
     assert send_now_rows() == [a, b] and handed_off(a, b) == [True, True]
+
+
+@pytest.fixture
+def erasure_held_after_lock(monkeypatch):
+    """erase(user_id) starts a real erasure in a Session; it stops right after records.lock took the
+    subscriber's row (FOR UPDATE) until go() is called. Returns (erase, go, the erasure's pid)."""
+    locked, released, pids = threading.Event(), threading.Event(), []
+    lock = records.lock
+
+    def lock_and_hold(cur, subscriber_id):
+        address = lock(cur, subscriber_id)
+        cur.execute("SELECT pg_backend_pid()")
+        pids.append(cur.fetchone()[0])
+        locked.set()
+        released.wait(30)
+        return address
+
+    monkeypatch.setattr(records, "lock", lock_and_hold)
+
+    def erase(user_id: str) -> Session:
+        session = Session("erasure", lambda: erasure.erase_subscriber(user_id, Operator("test")))
+        session.start()
+        assert locked.wait(30)
+        return session
+
+    yield erase, released.set, pids
+    released.set()
+
+
+def test_an_erasure_and_a_send_now_pass_do_not_deadlock(sessions, erasure_held_after_lock):
+    """An erasure holds A's row (records.lock) while the send-now pass consumes A's mark and makes
+    A's run. Before the fix the pass waited for A's row in its foreign key check, and the erasure's
+    delete of A (its digest_send_now row cascades) waited for the pass's delete of that row."""
+    _, waiting_for, finish = sessions
+    erase, go, erasure_pid = erasure_held_after_lock
+    a = factories.subscriber("ua", digest_cadence="immediately")
+    factories.events("ua")
+    with db.raw_cursor() as cur:
+        immediate.mark(cur, [a])
+    erasing = erase("ua")
+    send_now = Session("send-now pass", lambda: immediate.plan(datetime.now(UTC)))
+    send_now.start()
+    wait_for(lambda: not send_now.is_alive() or waiting_for(erasure_pid[0]), timeout=30, what="the pass to run")
+    go()
+
+    finish(erasing, send_now)
+    assert db.query("SELECT count(*) FROM subscribers") == [(0,)]
+    assert send_now_rows() == [] and db.query("SELECT count(*) FROM digest_runs") == [(0,)]
