@@ -106,9 +106,16 @@ SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
 # NOTHING: a row a pass holds (FOR UPDATE) may be about to be deleted by it, its snapshot older
 # than what the marker saw; updating waits for that pass and then inserts the row again, so the
 # next pass looks at it. The subscribers join: only ids that exist (an erasure may have come first).
+#
+# Lock order (issue 37): a path that may wait takes a subscriber's row before that subscriber's
+# digest_send_now row, ids ascending, as the planner's hand-off (digest/plan.py) and an erasure (its
+# delete cascades) do; the pass takes both without waiting. Here FOR KEY SHARE: the lock the foreign
+# key check takes anyway, but only at the statement's end, after the rows were inserted. A subscriber
+# erased meanwhile is skipped instead of failing the statement (and ingest's whole group commit) with
+# a foreign key violation.
 _MARK_SQL = """
 INSERT INTO digest_send_now (subscriber_id)
-SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id
+SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id FOR KEY SHARE
 ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since
 """
 

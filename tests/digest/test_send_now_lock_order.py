@@ -221,3 +221,24 @@ def test_an_erasure_and_a_send_now_pass_do_not_deadlock(sessions, erasure_held_a
     finish(erasing, send_now)
     assert db.query("SELECT count(*) FROM subscribers") == [(0,)]
     assert send_now_rows() == [] and db.query("SELECT count(*) FROM digest_runs") == [(0,)]
+
+
+def test_an_erasure_while_ingest_marks_the_subscriber_does_not_fail_the_group_commit(sessions, erasure_held_after_lock):
+    """Ingest marks A and B while A is being erased. Before the fix ingest inserted A's
+    digest_send_now row, waited for A in its foreign key check and, the erasure committed, failed
+    with a foreign key violation: the whole group commit (every request in it) rolled back. Taking
+    the subscribers' rows first, it finds A gone and marks B only."""
+    connect, waiting_for, finish = sessions
+    erase, go, erasure_pid = erasure_held_after_lock
+    factories.subscriber("ua", digest_cadence="immediately")
+    b = factories.subscriber("ub", digest_cadence="immediately")
+    erasing = erase("ua")
+    ingesting = connect()
+    ingest_session = Session("ingest", ingest_on(ingesting, "ua", "ub"))
+    ingest_session.start()
+    wait_for(lambda: waiting_for(erasure_pid[0]), timeout=30, what="ingest to wait for A's row")
+    go()
+
+    finish(erasing, ingest_session)
+    assert send_now_rows() == [b]
+    assert db.query("SELECT user_id FROM digest_events ORDER BY 1") == [("ua",), ("ub",)]
