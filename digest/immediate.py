@@ -20,7 +20,8 @@ so two passes never take the same row):
     app meanwhile is left out of it (digest/seen.py), and a run left with nothing is skipped;
   * the row is consumed, except while a send-now run of the subscriber is `processing`: that run
     may have loaded its events before this row's events committed, so the row stays for the pass
-    after it.
+    after it; and while the subscriber's row is held FOR UPDATE (an erasure): skipped, not waited
+    for (the lock order below).
 The runs then take the ordinary way: checker, claim (I6 checks), build, send with
 `digest-run-<id>`, mark run and events in one transaction. A daily/weekly/hourly subscriber's
 send-now run loads only the urgent events (digest/load.py); the rest waits for their digest, and
@@ -48,9 +49,16 @@ WITH due AS (
     ORDER BY since, subscriber_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), held AS (
+    -- The subscribers' rows, KEY SHARE (what the runs' foreign key checks take anyway, but at the
+    -- statement's end, after the marks were deleted): taken now and never waited for. One held
+    -- FOR UPDATE (an erasure) waits for its digest_send_now row, so its mark stays for a later pass.
+    SELECT s.id FROM subscribers s WHERE s.id IN (SELECT subscriber_id FROM due)
+    ORDER BY s.id
+    FOR KEY SHARE SKIP LOCKED
 ), subs AS (
     SELECT s.id, s.user_id, s.digest_cadence, s.category_opt_outs, m.through
-    FROM due JOIN subscribers s ON s.id = due.subscriber_id
+    FROM held JOIN subscribers s ON s.id = held.id
     {marks.JOIN_MARK}
     WHERE {mailable.may_mail(DIGESTS, "s", "%(now)s")}
 ), eligible AS (
@@ -82,9 +90,9 @@ WITH due AS (
 ), made AS (
     SELECT id, scheduled_for FROM inserted UNION ALL SELECT id, scheduled_for FROM revived
 ), consumed AS (
-    DELETE FROM digest_send_now d USING due
-    WHERE d.subscriber_id = due.subscriber_id
-      AND NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = due.subscriber_id AND live.status = 'processing')
+    DELETE FROM digest_send_now d USING held
+    WHERE d.subscriber_id = held.id
+      AND NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = held.id AND live.status = 'processing')
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
@@ -98,9 +106,16 @@ SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM consumed),
 # NOTHING: a row a pass holds (FOR UPDATE) may be about to be deleted by it, its snapshot older
 # than what the marker saw; updating waits for that pass and then inserts the row again, so the
 # next pass looks at it. The subscribers join: only ids that exist (an erasure may have come first).
+#
+# Lock order (issue 37): a path that may wait takes a subscriber's row before that subscriber's
+# digest_send_now row, ids ascending, as the planner's hand-off (digest/plan.py) and an erasure (its
+# delete cascades) do; the pass takes both without waiting. Here FOR KEY SHARE: the lock the foreign
+# key check takes anyway, but only at the statement's end, after the rows were inserted. A subscriber
+# erased meanwhile is skipped instead of failing the statement (and ingest's whole group commit) with
+# a foreign key violation.
 _MARK_SQL = """
 INSERT INTO digest_send_now (subscriber_id)
-SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id
+SELECT id FROM subscribers WHERE id = ANY (%s::bigint[]) ORDER BY id FOR KEY SHARE
 ON CONFLICT (subscriber_id) DO UPDATE SET since = digest_send_now.since
 """
 

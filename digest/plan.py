@@ -140,6 +140,13 @@ _PLANNED_IMMEDIATELY = records.set_planned_until(
     "%(now)s + make_interval(secs => %(recheck)s)", source="due", match="s.id = due.id"
 )
 
+# How a planning batch takes its subscribers: SKIP LOCKED, so two planners never take the same one;
+# NO KEY UPDATE, the lock its UPDATE of digest_planned_until (no key column) takes anyway. Not FOR
+# UPDATE: that conflicts with the KEY SHARE every foreign key check of a row naming the subscriber
+# takes (digest_send_now, digest_runs, digest_marks), and ingest and the send-now pass take those
+# after their own digest_send_now rows, which the hand-off then waits for: a deadlock (issue 37).
+_TAKE_DUE = "FOR NO KEY UPDATE SKIP LOCKED"
+
 # One statement per batch, so a subscriber's planned_until and their run commit together. A row
 # whose schedule changed since the combinations were read joins no combination: it stays due and
 # the next tick plans it.
@@ -147,7 +154,7 @@ _PLAN_SQL = f"""
 WITH due AS (
     SELECT id FROM subscribers WHERE {_DUE_SLOTTED}
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    {_TAKE_DUE}
 ), planned AS ({_PLANNED_SLOTTED}), inserted AS ({digest_runs.INSERT_PLANNED})
 SELECT (SELECT count(*) FROM planned), (SELECT count(*) FROM inserted)
 """
@@ -158,7 +165,7 @@ _PLAN_IMMEDIATELY_SQL = f"""
 WITH due AS (
     SELECT id FROM subscribers WHERE {_DUE} AND digest_cadence = 'immediately'
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    {_TAKE_DUE}
 ), planned AS ({_PLANNED_IMMEDIATELY}), hinted AS ({immediate.mark_from("planned")}
 )
 SELECT count(*) FROM planned
