@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,7 +324,27 @@ def operations(routes: Iterable[BaseRoute]) -> dict[str, dict[str, Operation]]:
     return out
 
 
-def build(routes: Iterable[BaseRoute]) -> JSON:
+@dataclass(frozen=True)
+class Tag:
+    """A group of operations in the reference (/docs): every path starting with one of `prefixes`
+    (the longest prefix of any tag wins). Tags are listed, and their paths ordered, as declared."""
+
+    name: str
+    description: str
+    prefixes: tuple[str, ...]
+
+
+def tag_of(path: str, tags: Sequence[Tag]) -> Tag:
+    """The tag whose prefix of `path` is longest; a path no tag claims is a declaration error."""
+    matches = [(len(p), tag) for tag in tags for p in tag.prefixes if path == p or path.startswith(p.rstrip("/") + "/")]
+    if not matches:
+        raise ValueError(f"no OpenAPI tag claims {path}: add its prefix to one")
+    return max(matches, key=lambda m: m[0])[1]
+
+
+def build(routes: Iterable[BaseRoute], tags: Sequence[Tag] = ()) -> JSON:
+    """The OpenAPI document of every declared route; with `tags`, each operation is tagged and the
+    paths go in the tags' order (the public API first, tracking and health last)."""
     paths: dict[str, JSON] = {}
     models: list[type[BaseModel]] = [Error]
     for route in routes:
@@ -334,13 +354,27 @@ def build(routes: Iterable[BaseRoute]) -> JSON:
             {"name": name, "in": "path", "required": True, "schema": _schema(annotation)}
             for name, annotation in route.path_types.items()
         ]
+        tagged = [tag_of(route.path_format, tags).name] if tags else []
         for method, op in route.operations.items():
-            paths.setdefault(route.path_format, {})[method.lower()] = _operation(op, path_parameters)
+            doc = _operation(op, path_parameters)
+            if tagged:
+                doc = {"tags": tagged, **doc}
+            paths.setdefault(route.path_format, {})[method.lower()] = doc
             models.extend(m for m in op.models if m not in models)
-    return {
+    order = {tag.name: i for i, tag in enumerate(tags)}
+
+    def place(path: str) -> tuple[int, str]:
+        return (order[tag_of(path, tags).name] if tags else 0, path)
+
+    document: JSON = {
         "openapi": "3.1.0",
         "info": {"title": "Notify: digest-first notification service", "version": "1.0.0"},
-        "paths": dict(sorted(paths.items())),
+    }
+    if tags:
+        document["tags"] = [{"name": tag.name, "description": tag.description} for tag in tags]
+    return {
+        **document,
+        "paths": {path: paths[path] for path in sorted(paths, key=place)},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {**schema_components(models), "JsonValue": JSON_VALUE},

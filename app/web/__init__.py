@@ -34,6 +34,52 @@ ROUTE_MODULES = (
 )
 
 
+# The API reference's groups, in the order /docs shows them: the public API first, what mail and
+# providers call next, health last. Every documented path belongs to one (openapi.tag_of).
+API_TAGS = (
+    openapi.Tag(
+        "events",
+        "Product services post what happened to whom; each event waits for its subscriber's next digest "
+        "(or goes now, when urgent).",
+        ("/v1/events",),
+    ),
+    openapi.Tag(
+        "subscribers",
+        "Who receives what: address, cadence, hour and time zone, opt-outs; erasure.",
+        ("/v1/subscribers",),
+    ),
+    openapi.Tag(
+        "categories",
+        "The kinds of events: their label and verb in mail, and whether they can wait for the digest.",
+        ("/v1/categories",),
+    ),
+    openapi.Tag(
+        "feed",
+        "The same events in the product's own UI: the in-app feed, read and seen marks (a seen event "
+        "stays out of the digest), a token for the browser.",
+        (
+            "/v1/feed",
+            "/v1/subscribers/{user_id}/feed",
+            "/v1/subscribers/{user_id}/feed-token",
+            "/v1/subscribers/{user_id}/read",
+            "/v1/subscribers/{user_id}/seen",
+        ),
+    ),
+    openapi.Tag(
+        "newsletters",
+        "One mail to many: create, test, send (now or at a time), pause, resume, cancel, retry failures.",
+        ("/v1/newsletters",),
+    ),
+    openapi.Tag("webhooks", "What providers report back: deliveries, bounces, complaints, opens.", ("/webhooks",)),
+    openapi.Tag(
+        "tracking",
+        "The links and the open pixel inside every mail (no authentication: the codes are signed).",
+        ("/c", "/o"),
+    ),
+    openapi.Tag("operations", "Health for load balancers, metrics for Prometheus.", ("/healthz", "/metrics")),
+)
+
+
 def create_app() -> Starlette:
     settings = config.get()
     observability.setup_logging()
@@ -46,7 +92,7 @@ def create_app() -> Starlette:
         if hasattr(module, "check_config"):
             module.check_config(settings)
     routes = [route for module in modules for route in module.routes]
-    routes.append(Route("/openapi.json", openapi.endpoint(openapi.build(routes)), methods=["GET"]))
+    routes.append(Route("/openapi.json", openapi.endpoint(openapi.build(routes, API_TAGS)), methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from app.web import API_TAGS
 from tests.browser.test_pages import (  # noqa: F401 - browser, live_server, page and pytestmark are used by pytest
     browser,
     live_server,
@@ -29,7 +30,22 @@ def test_docs_renders_the_api_from_the_app_alone(live_server, page):
     assert not problems, problems  # CSP violations are console errors
     hosts = {urlsplit(url).netloc for url in requested if not url.startswith("data:")}
     assert hosts == {urlsplit(live_server).netloc}, hosts
+    # Grouped by purpose, the public API first: no "default" group, tracking and health last.
+    groups = [name.strip().split()[0] for name in page.locator("h3.opblock-tag").all_inner_texts()]
+    assert groups == [tag.name for tag in API_TAGS], groups
     shot(page, "api-docs-1280")
+
+
+def test_the_reference_reads_on_a_phone(live_server, browser):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, locale="en-US")
+    try:
+        phone = context.new_page()
+        phone.goto(f"{live_server}/docs")
+        phone.wait_for_selector("h3.opblock-tag")
+        assert phone.locator("h3.opblock-tag").first.inner_text().strip().startswith("events")
+        shot(phone, "api-docs-390")
+    finally:
+        context.close()
 
 
 def test_home_page_links_lead_somewhere(live_server, page):
