@@ -188,7 +188,7 @@ def test_every_quick_start_block_runs_and_the_mails_arrive(tmp_path, instance):
         f"(exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
 
-    name = "Ana"  # the PATCH block renamed the subscriber
+    name = "Sam"  # the PATCH block renamed the subscriber (not "Ana": the demo has an Ana Lima)
 
     def arrived():
         rows = _viewer_rows(instance["viewer"])

@@ -638,3 +638,13 @@ def test_newsletter_subjects_read_as_a_sample_reader_gets_them(admin):
     assert "What&#39;s new, Ana Lima &amp; more" in page
     assert '<span class="template">What&#39;s new{{#name}}, {{name}}{{/name}} &amp; more</span>' in page
     assert page.count('<span class="template">') == 1  # a subject without tags is shown once
+
+
+@pytest.mark.parametrize("env, names_the_demo_key", [("development", True), ("production", False)])
+def test_the_sign_in_hint_names_the_command_a_newcomer_has(client, settings, env, names_the_demo_key):
+    """The venv's console script (not `python -m app`), and in development the demo key `make run`
+    already wrote to .env."""
+    settings(env=env)
+    page = client.get("/admin/login").text
+    assert ".venv/bin/notify create-api-key NAME --scope admin" in page and "python -m app" not in page
+    assert ("NOTIFY_ADMIN_KEY" in page) is names_the_demo_key

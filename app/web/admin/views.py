@@ -30,7 +30,7 @@ from starlette.responses import Response
 
 from app.operations import audit, sending
 from app.operations.suppressions import add_suppression, remove_suppression
-from app.platform import apikeys, mail_stop
+from app.platform import apikeys, config, mail_stop
 from app.platform.errors import Invalid
 from app.platform.validation import plain_int
 from app.web.admin import charts, newsletters, render, session, stats, suppressions, throttle
@@ -137,7 +137,8 @@ def _login_page(
     request: Request, error: str | None = None, status_code: int = 200, headers: dict | None = None
 ) -> Response:
     token, fresh = csrf.issue(request, 0, render.LOGIN_CSRF_PURPOSE)
-    response = render.page(request, "login.html", {"error": error, "login_csrf": token}, None, status_code, headers)
+    context = {"error": error, "login_csrf": token, "development": config.get().env == "development"}
+    response = render.page(request, "login.html", context, None, status_code, headers)
     csrf.set_cookie(response, fresh)
     return response
 
