@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from app.platform import config
+from app.platform import config, favicon
 from app.web.pages import common
 
 SWAGGER_UI_DIR = str(swagger_ui_bundle.swagger_ui_path)
@@ -46,6 +46,7 @@ def docs(request: Request) -> Response:
 
 
 routes = [
+    favicon.route,
     Route("/", home, methods=["GET"]),
     Route("/docs", docs, methods=["GET"]),
     Mount(ASSETS, StaticFiles(directory=SWAGGER_UI_DIR), name="docs-assets"),

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from app.platform import config, db, observability, tokens
+from app.platform import config, db, favicon, observability, tokens
 from digest import build as digest_build
 from digest import feed
 from digest import plan as digest_plan
@@ -92,6 +92,7 @@ def send_now(request: Request):
 
 
 routes = [
+    favicon.route,
     Route("/", index, methods=["GET"]),
     Route("/demo/preview", preview, methods=["GET"]),
     Route("/demo/send-now", send_now, methods=["POST"]),
@@ -104,6 +105,7 @@ def demo_app() -> Starlette:
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" type="image/svg+xml" href="/favicon.ico">
 <title>Feed demo — __USER__</title>
 <style>
   body { font-family: system-ui, sans-serif; margin: 0; background: #f4f5f7; color: #222; }

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from app.platform import config, observability
+from app.platform import config, favicon, observability
 
 log = logging.getLogger("scripts.dev.mailviewer")
 
@@ -139,7 +139,11 @@ def _mail_path(mail_id: str) -> Path | None:
 def _page(title: str, body: str) -> HTMLResponse:
     return HTMLResponse(
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        "<meta name='viewport' content='width=device-width, initial-scale=1'><title>" + html.escape(title) + "</title>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        + favicon.LINK
+        + "<title>"
+        + html.escape(title)
+        + "</title>"
         "<style>body{font-family:system-ui,sans-serif;margin:24px;color:#1f2933}table{border-collapse:collapse;"
         "width:100%}td,th{border-bottom:1px solid #e4e7eb;padding:6px 8px;text-align:left;font-size:14px;"
         "overflow-wrap:anywhere}iframe{display:block;width:100%;height:70vh;border:1px solid #cbd2d9;"
@@ -251,6 +255,7 @@ def mail_raw(request: Request):
 
 
 routes = [
+    favicon.route,
     Route("/", lambda request: RedirectResponse("/dev/mail"), methods=["GET"]),
     Route("/dev/mail", list_mail, methods=["GET"]),
     Route("/dev/mail/{mail_id}", show_mail, methods=["GET"]),
