@@ -18,6 +18,29 @@ from app.platform import config, db, memory, metrics, observability, queue, shut
 log = logging.getLogger("actors.broker")
 
 
+# The parent's forwarded copy of a SIGTERM arrives within moments of the group's own: one stop, not
+# news. A SIGTERM later than this is someone asking again, and is answered in the log.
+ECHO_SECONDS = 2.0
+
+
+def stop_once(stop, clock=time.monotonic):
+    """A SIGTERM handler that calls stop() on the first SIGTERM only. A later one is logged (the
+    worker is still finishing in-flight work), unless it is the echo of the first (ECHO_SECONDS): one
+    Ctrl-C under honcho reaches a worker process twice and said "SIGTERM again" every time."""
+    first: list[float] = []
+
+    def once(signum, frame):
+        if first:
+            if clock() - first[0] > ECHO_SECONDS:
+                log.warning("SIGTERM again: still finishing in-flight work (SIGKILL to force)")
+            return
+        first.append(clock())
+        stop(signum, frame)
+
+    once.graceful = True  # type: ignore[attr-defined]  # marks our handler: installed once
+    return once
+
+
 class GracefulStop(Middleware):
     """A deploy sends SIGTERM to every process of the worker (Heroku, honcho and systemd signal the
     whole group) and Dramatiq's parent forwards its own: a worker process receives SIGTERM twice,
@@ -30,17 +53,7 @@ class GracefulStop(Middleware):
         stop = signal.getsignal(signal.SIGTERM)
         if not callable(stop) or getattr(stop, "graceful", False):
             return
-        stopping: list[int] = []
-
-        def once(signum, frame):
-            if stopping:
-                log.warning("SIGTERM again: still finishing in-flight work (SIGKILL to force)")
-                return
-            stopping.append(signum)
-            stop(signum, frame)
-
-        once.graceful = True  # type: ignore[attr-defined]  # marks our handler: installed once
-        signal.signal(signal.SIGTERM, once)
+        signal.signal(signal.SIGTERM, stop_once(stop))
 
     def before_worker_shutdown(self, broker, worker):
         shutdown.requested.set()  # send loops stop claiming; their batches in hand still finish

@@ -153,5 +153,12 @@ def plan(now: datetime, sending_now: bool = False) -> tuple[int, list[int]]:
         if seen < params["limit"] or consumed == 0:
             break
     if created:
-        log.info("send now: %d run(s) created, %d due now", created, len(due_now))
+        later = created - len(due_now)
+        log.info(
+            "send now: %d run(s) created, %s",
+            created,
+            f"{len(due_now)} due at once and {later} after UNSEEN_GRACE_SECONDS or the hourly cap"
+            if later > 0
+            else "all due at once",
+        )
     return created, due_now

@@ -24,7 +24,7 @@ def cmd_digest_now(args) -> int:
     for start in range(0, len(run_ids), batch):
         plan.enqueue(run_ids[start : start + batch])
     print(
-        f"{len(run_ids)} digest run(s) due now and enqueued; a worker sends them "
+        f"{len(run_ids)} digest run(s) made due now and enqueued; a worker sends them "
         "(make run: the mail viewer on port 8025)"
     )
     return 0

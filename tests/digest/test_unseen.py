@@ -145,14 +145,17 @@ def due_now(run_id):
     db.query("UPDATE digest_runs SET scheduled_for = now() - interval '1 second' WHERE id = %s", (run_id,))
 
 
-def test_send_now_waits_the_grace_and_drops_what_was_seen(client, events_key, sink, settings):
+def test_send_now_waits_the_grace_and_drops_what_was_seen(client, events_key, sink, settings, caplog):
     settings(unseen_grace_seconds=60)
     sid = factories.subscriber("i", digest_cadence="immediately")
     post_event(client, events_key, "p1")
     post_event(client, events_key, "p2")
     now = datetime.now(UTC)
+    caplog.set_level("INFO", logger="digest.immediate")
     created, due = immediate.plan(now, sending_now=True)
     assert created == 1 and due == []  # not due before the grace
+    # The log says why none is due now (it said "1 run(s) created, 0 due now", which read as a fault).
+    assert "send now: 1 run(s) created, 0 due at once and 1 after UNSEEN_GRACE_SECONDS" in caplog.text
     ((rid, scheduled_for),) = db.query("SELECT id, scheduled_for FROM digest_runs WHERE subscriber_id = %s", (sid,))
     assert scheduled_for == now + timedelta(seconds=60)
     mark(sid, "read", [("post", "p1")])  # opened in the app meanwhile
