@@ -5,21 +5,16 @@ Message-IDs). Recorded once per batch of 100 (as before), a thread left up to 10
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from app.platform import config, db
 from tests.conftest import wait_for
 from tests.digest_support import SmtpSink
-from tests.newsletter.test_workers import kill_worker
+from tests.newsletter.test_workers import kill_worker, start_worker
 
-ROOT = Path(__file__).resolve().parents[2]
-THREADS = 2
+THREADS = 2  # start_worker's
 RUNS = 800
 PER_THREAD = 25
 
@@ -45,31 +40,15 @@ def _seed_wave(n: int) -> None:
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_wave_leaves_at_most_25_accepted_digests_a_thread_unrecorded(redis_client, tmp_path):
+def test_a_worker_killed_mid_wave_leaves_at_most_25_accepted_digests_a_thread_unrecorded(redis_client):
     from actors import digest as digest_actors
 
     _seed_wave(RUNS)
     sink = SmtpSink().start()
     sink.delay = 0.005
     settings = config.get()
-    env = {
-        **os.environ,
-        "APP_ENV": "test",
-        "DATABASE_URL": settings.database_url,
-        "REDIS_URL": settings.redis_url,
-        "MAIL_PROVIDER": "smtp",
-        "SMTP_URL": sink.url,
-        "LOG_LEVEL": "WARNING",
-    }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "dramatiq", "actors", "--processes", "1", "--threads", str(THREADS)]
-        + ["--queues", "digest"],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "worker.log", "wb"),  # noqa: SIM115 - the process writes to it
-    )
+    # The newsletter tests' worker process (2 threads), on the digest queue and sending over SMTP.
+    worker = start_worker("http://127.0.0.1:9", queues=("digest",), MAIL_PROVIDER="smtp", SMTP_URL=sink.url)
     try:
         for _ in range(RUNS // settings.digest_claim_batch + THREADS):  # each claims a batch of what is due
             digest_actors.build_and_send_digest.send()
