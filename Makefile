@@ -41,16 +41,26 @@ demo: migrate
 # (`.venv/bin/notify …` in the next terminal) and honcho hands to each process.
 run: export MAIL_PROVIDER ?= smtp
 run: export SMTP_URL ?= smtp://127.0.0.1:1025
+# One host for everything the developer opens: the web process (BASE_URL starts every link in mails
+# and pages), the mail viewer and the feed demo, on the ports below; the banner prints the same.
+run: export DEV_PORT ?= 8000
+run: export MAIL_VIEWER_PORT ?= 8025
+run: export FEED_DEMO_PORT ?= 8026
+run: export BASE_URL ?= http://127.0.0.1:$(DEV_PORT)
+run: export MAIL_VIEWER_URL ?= http://127.0.0.1:$(MAIL_VIEWER_PORT)/dev/mail
+run: export FEED_DEMO_URL ?= http://127.0.0.1:$(FEED_DEMO_PORT)/?user=demo-ana
 # The feed demo page (scripts/dev/feeddemo.py) calls the API from its own origin; send-now mail
 # waits a minute for what the person sees in the feed meanwhile.
-run: export FEED_ALLOWED_ORIGINS ?= http://127.0.0.1:8026
+run: export FEED_ALLOWED_ORIGINS ?= http://127.0.0.1:$(FEED_DEMO_PORT)
 run: export UNSEEN_GRACE_SECONDS ?= 60
 run: demo
-	$(BIN)/python -m scripts.dev.env_file APP_ENV DATABASE_URL REDIS_URL MAIL_PROVIDER SMTP_URL MAIL_POSTAL_ADDRESS
+	$(BIN)/python -m scripts.dev.env_file $(DEV_SETTINGS)
 	$(BIN)/python -m app digest-now --all
-	@echo "web: http://127.0.0.1:$${DEV_PORT:-8000}  dashboard: http://127.0.0.1:$${DEV_PORT:-8000}/admin  mail viewer: http://127.0.0.1:$${MAIL_VIEWER_PORT:-8025}/dev/mail  feed demo: http://127.0.0.1:8026/?user=demo-ana"
-	@echo "API reference: http://127.0.0.1:$${DEV_PORT:-8000}/docs  keys and settings: .env (another terminal: . ./.env; .venv/bin/notify --help)"
+	@$(BIN)/python -m scripts.dev.banner
 	$(BIN)/honcho -f Procfile.dev start
+
+# What `make run` writes to .env (tests/dev/test_banner.py reads this line).
+DEV_SETTINGS = APP_ENV DATABASE_URL REDIS_URL MAIL_PROVIDER SMTP_URL MAIL_POSTAL_ADDRESS BASE_URL MAIL_VIEWER_URL FEED_DEMO_URL FEED_ALLOWED_ORIGINS
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.
 browser:

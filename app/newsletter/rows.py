@@ -99,14 +99,16 @@ CREATE = "INSERT INTO newsletters (subject, html, text, from_addr) VALUES (%s, %
 # newsletter is changed whole by a new request (audience, time), until the tick starts it.
 QUEUE = (
     "UPDATE newsletters SET status = 'queued', audience = %s, local_time = %s, send_at = NULL, "
-    "send_requested_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
+    "send_requested_at = now(), started_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
 )
 SCHEDULE = (
     "UPDATE newsletters SET status = 'scheduled', audience = %s, local_time = %s, send_at = %s, "
     "send_requested_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
 )
+# send_at stays: what the newsletter was scheduled for, beside when it started (started_at).
 START_SCHEDULED = (
-    "UPDATE newsletters SET status = 'queued' WHERE status = 'scheduled' AND send_at <= now() RETURNING id"
+    "UPDATE newsletters SET status = 'queued', started_at = now() "
+    "WHERE status = 'scheduled' AND send_at <= now() RETURNING id"
 )
 START_SENDING = "UPDATE newsletters SET status = 'sending' WHERE id = %s AND status = 'queued'"
 OUTBOX_COMPLETE = "UPDATE newsletters SET outbox_completed_at = now() WHERE id = %s AND outbox_completed_at IS NULL"

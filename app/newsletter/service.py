@@ -62,7 +62,12 @@ class NewsletterSummary(BaseModel):
     audience: AudienceSummary | None
     created_at: Timestamp
     send_requested_at: Timestamp | None
-    send_at: Timestamp | None = Field(description="when a scheduled newsletter starts (null: sent when requested)")
+    send_at: Timestamp | None = Field(
+        description="what a scheduled newsletter is (or was) scheduled for (null: sent when requested)"
+    )
+    started_at: Timestamp | None = Field(
+        description="when the send started: at the request, or when send_at came (null: not started)"
+    )
     local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
     completed_at: Timestamp | None
     counts: RowCounts
@@ -415,12 +420,12 @@ def list_newsletters(query: NewsletterListQuery) -> NewsletterPage:
 
 
 # What a list item and a status both show of a newsletter: these columns, in this order.
-_SHOWN = "id, subject, status, audience, created_at, send_requested_at, send_at, local_time, completed_at"
+_SHOWN = "id, subject, status, audience, created_at, send_requested_at, send_at, started_at, local_time, completed_at"
 
 
 def _shown_fields(row, counts: dict[str, int]) -> dict[str, Any]:
     """The fields of NewsletterSummary from a row of _SHOWN and the outbox's counts by status."""
-    nid, subject, state, audience, created, requested, send_at, local_time, completed = row
+    nid, subject, state, audience, created, requested, send_at, started, local_time, completed = row
     counted = {**dict.fromkeys(ROW_STATUSES, 0), **counts}
     counted["total"] = sum(counted[s] for s in ROW_STATUSES)
     return {
@@ -431,6 +436,7 @@ def _shown_fields(row, counts: dict[str, int]) -> dict[str, Any]:
         "created_at": created,
         "send_requested_at": requested,
         "send_at": send_at,
+        "started_at": started,
         "local_time": _hhmm(local_time),
         "completed_at": completed,
         "counts": RowCounts(**counted),

@@ -72,7 +72,10 @@ class Settings:
         shown="dev key (development/test only)",
     )
     secret_key_fallbacks: tuple = setting((), "older keys (comma separated) that still verify after a rotation")
-    base_url: str = setting("http://localhost:8000", "public URL used in mails")
+    base_url: str = setting(
+        "http://127.0.0.1:8000",
+        "public URL of the web process: every link in mails and pages starts with it (`make run` writes it to `.env`)",
+    )
     sentry_dsn: str = setting("", "when set, web and workers report errors (Starlette + Dramatiq integrations)")
     db_pool_size: int = setting(10, "peewee pool per process")
     db_pool_timeout_seconds: float = setting(10.0, "how long a request waits for a pooled connection")
@@ -174,6 +177,11 @@ class Settings:
         "http://127.0.0.1:8025/dev/mail",
         "where the page at `/` links the development mail viewer (`scripts/dev/mailviewer.py`; "
         "its port is MAIL_VIEWER_PORT); shown in development only",
+    )
+    feed_demo_url: str = setting(
+        "http://127.0.0.1:8026/?user=demo-ana",
+        "where the page at `/` links the in-app feed demo (`scripts/dev/feeddemo.py`; its port is FEED_DEMO_PORT); "
+        "shown in development only",
     )
     unsubscribe_mailto: str = setting("", "adds a mailto: target to List-Unsubscribe")
     mail_postal_address: str = setting(

@@ -1,5 +1,5 @@
 """What a person finds at the root of the web process: `/`, a small page linking the API reference,
-the OpenAPI document, the dashboard and (in development) the mail viewer; `/docs`, the interactive
+the OpenAPI document, the dashboard and (in development) the mail viewer and the feed demo; `/docs`, the interactive
 API reference — Swagger UI from a packaged copy (swagger-ui-bundle-v2) served by this app, so it
 works offline and loads nothing from a CDN."""
 
@@ -31,9 +31,15 @@ DOCS_HEADERS = {
 
 def home(request: Request) -> Response:
     settings = config.get()
-    viewer = settings.mail_viewer_url if settings.is_development else ""  # the viewer is a development tool
+    dev = settings.is_development  # the viewer and the feed demo are development tools
     response = common.templates.TemplateResponse(
-        request, "home/index.html", {"css_url": common.CSS_URL, "mail_viewer_url": viewer}
+        request,
+        "home/index.html",
+        {
+            "css_url": common.CSS_URL,
+            "mail_viewer_url": settings.mail_viewer_url if dev else "",
+            "feed_demo_url": settings.feed_demo_url if dev else "",
+        },
     )
     response.headers.update(DOCS_HEADERS)
     return response

@@ -9,8 +9,8 @@ Server-Sent Events stream, and beside it the subscriber's next digest as it woul
 now" makes it due at once; it arrives in the mail viewer (http://127.0.0.1:8025/dev/mail).
 
 This process mints the page's feed token itself (as the product's server would, with POST
-/v1/subscribers/{user_id}/feed-token) and the page calls the API at FEED_DEMO_API (default: the web
-process on DEV_PORT); the web process must list this page's origin in FEED_ALLOWED_ORIGINS
+/v1/subscribers/{user_id}/feed-token) and the page calls the API at FEED_DEMO_API (default: BASE_URL,
+the web process); the web process must list this page's origin in FEED_ALLOWED_ORIGINS
 (Procfile.dev does). It refuses to run outside APP_ENV=development/test.
 """
 
@@ -41,7 +41,7 @@ DEFAULT_USER = "demo-ana"
 
 
 def api_base() -> str:
-    return os.environ.get("FEED_DEMO_API") or f"http://127.0.0.1:{os.environ.get('DEV_PORT', '8000')}"
+    return os.environ.get("FEED_DEMO_API") or config.get().base_url
 
 
 def _dev_only() -> Response | None:
@@ -59,12 +59,11 @@ def index(request: Request):
         return denied
     subscriber = _subscriber(request)
     if subscriber is None:
-        return HTMLResponse(
-            "<p>No such subscriber. <code>make run</code> loads the demo users (demo-ana, …).</p>", status_code=404
-        )
+        return HTMLResponse(NOTE.replace("__NOTE__", NO_SUCH_USER), status_code=404)
     token = tokens.feed_token(subscriber.id, subscriber.token_version, int(time.time()) + 3600)
     boot = json.dumps({"api": api_base(), "token": token, "user": subscriber.user_id})
-    page = PAGE.replace("__BOOT__", html.escape(boot, quote=True)).replace("__USER__", html.escape(subscriber.user_id))
+    page = PAGE.replace("__FONT__", FONT).replace("__BOOT__", html.escape(boot, quote=True))
+    page = page.replace("__USER__", html.escape(subscriber.user_id))
     return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
 
@@ -74,8 +73,7 @@ def preview(request: Request):
         return denied
     subscriber = _subscriber(request)
     rendered = digest_build.preview(subscriber.user_id) if subscriber else None
-    nothing = "<p style='font-family:sans-serif'>Nothing unseen: no digest would be sent.</p>"
-    body = rendered.html if rendered else nothing
+    body = rendered.html if rendered else NOTE.replace("__NOTE__", "Nothing unseen: no digest would be sent.")
     return HTMLResponse(body, headers={"Content-Security-Policy": "sandbox", "Cache-Control": "no-store"})
 
 
@@ -103,12 +101,22 @@ def demo_app() -> Starlette:
     return Starlette(routes=routes)
 
 
+FONT = "system-ui, sans-serif"
+NO_SUCH_USER = "No such subscriber. <code>make run</code> loads the demo users: demo-ana, demo-bo, …"
+# The demo's short answers (an unknown user, an empty preview) in the page's own type.
+NOTE = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Feed demo</title></head>
+<body style="font-family: {FONT}; margin: 0; padding: 12px 14px; color: #555; font-size: 15px; line-height: 1.5">
+<p style="margin: 0">__NOTE__</p></body></html>
+"""
+
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" type="image/svg+xml" href="/favicon.ico">
 <title>Feed demo — __USER__</title>
 <style>
-  body { font-family: system-ui, sans-serif; margin: 0; background: #f4f5f7; color: #222; }
+  body { font-family: __FONT__; margin: 0; background: #f4f5f7; color: #222; }
   header { display: flex; align-items: center; justify-content: space-between; padding: 12px 20px;
            background: #1f2a44; color: #fff; }
   #bell { position: relative; font-size: 24px; background: none; border: 0; color: #fff; cursor: pointer; }
@@ -116,9 +124,17 @@ PAGE = """<!doctype html>
            background: #e5484d; color: #fff; font-size: 12px; font-weight: 700; }
   #badge[hidden] { display: none; }
   main { display: grid; grid-template-columns: minmax(280px, 420px) 1fr; gap: 20px; padding: 20px; }
-  #panel { background: #fff; border-radius: 8px; box-shadow: 0 1px 4px rgba(0,0,0,.15); }
+  #panel { align-self: start; background: #fff; border-radius: 8px; box-shadow: 0 1px 4px rgba(0,0,0,.15); }
   #panel[hidden] { display: none; }
-  #panel h2, #next h2 { font-size: 15px; margin: 0; padding: 12px 14px; border-bottom: 1px solid #e3e5e8; }
+  #panel h2 { font-size: 15px; margin: 0; padding: 12px 14px; border-bottom: 1px solid #e3e5e8; }
+  #next .bar { display: flex; flex-wrap: wrap; align-items: center; justify-content: space-between; gap: 8px;
+               padding: 8px 14px; border-bottom: 1px solid #e3e5e8; }
+  #next h2 { font-size: 15px; margin: 0; padding: 4px 0; }
+  #send-now { font: inherit; font-size: 13px; font-weight: 600; padding: 6px 12px; border: 0; border-radius: 6px;
+              background: #2f6fed; color: #fff; cursor: pointer; }
+  #send-now:hover { background: #2559c8; }
+  #send-now:focus-visible { outline: 2px solid #1f2a44; outline-offset: 2px; }
+  #items li.empty { cursor: default; color: #555; }
   #items { list-style: none; margin: 0; padding: 0; }
   #items li { padding: 10px 14px; border-bottom: 1px solid #eef0f2; cursor: pointer; }
   #items li.unread { background: #eef4ff; }
@@ -127,7 +143,6 @@ PAGE = """<!doctype html>
   #items .summary { font-size: 13px; color: #555; margin-top: 2px; }
   #next iframe { width: 100%; height: 640px; border: 0; background: #fff; border-radius: 0 0 8px 8px; }
   #next { grid-column: 2; background: #fff; border-radius: 8px; box-shadow: 0 1px 4px rgba(0,0,0,.15); }
-  #next h2 button { float: right; }
   #status { font-size: 12px; color: #cfd6e6; }
   @media (max-width: 700px) { main { grid-template-columns: 1fr; } #next { grid-column: 1; } }
 </style></head>
@@ -139,8 +154,8 @@ PAGE = """<!doctype html>
   </button></header>
 <main>
   <section id="panel" hidden><h2>Notifications</h2><ul id="items"></ul></section>
-  <section id="next"><h2>Next digest, if it were built now
-    <button id="send-now" type="button">Send my digest now</button></h2>
+  <section id="next"><div class="bar"><h2>Next digest, if it were built now</h2>
+    <button id="send-now" type="button">Send my digest now</button></div>
     <iframe id="preview" sandbox="" title="next digest" src="/demo/preview?user=__USER__"></iframe></section>
 </main>
 <script>
@@ -161,6 +176,13 @@ async function api(path, body) {
 }
 function render(feed) {
   showCount(feed.unseen_count);
+  if (!feed.items.length) {
+    const empty = document.createElement("li"); empty.className = "empty";
+    empty.textContent = "No notifications yet: events for " + boot.user + " show up here.";
+    list.replaceChildren(empty);
+    document.body.dataset.loaded = "1";
+    return;
+  }
   list.replaceChildren(...feed.items.map(item => {
     const li = document.createElement("li");
     li.className = item.unread ? "unread" : "read";
@@ -235,7 +257,7 @@ load().then(() => stream(null));
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="the in-app feed demo page (development only)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8026)
+    p.add_argument("--port", type=int, default=int(os.environ.get("FEED_DEMO_PORT", "8026")))
     args = p.parse_args(argv)
     config.reload()
     if config.get().env not in config.DEVELOPMENT_ENVS:

@@ -184,6 +184,6 @@ def test_every_dashboard_page_fits_the_width_without_sideways_scrolling(live_ser
         label = page.evaluate(
             "() => getComputedStyle(document.querySelector('table.newsletters tbody td.nowrap'), '::before').content"
         )
-        assert label == ('"Send started"' if width < 600 else "none")
+        assert label == ('"Started"' if width < 600 else "none")
     finally:
         context.close()

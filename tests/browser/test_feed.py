@@ -7,6 +7,7 @@ hand: a test run never changes the checkout."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -130,5 +131,68 @@ def test_the_bell_the_feed_and_the_next_digest(demo, browser):
         page.wait_for_function("document.querySelectorAll('#items li').length === 3", timeout=WAIT_MS)
         page.screenshot(path=str(ARTIFACTS / "feed-demo-open.png"), full_page=True)
         assert errors == []
+    finally:
+        context.close()
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return not (
+        a["x"] + a["width"] <= b["x"]
+        or b["x"] + b["width"] <= a["x"]
+        or a["y"] + a["height"] <= b["y"]
+        or b["y"] + b["height"] <= a["y"]
+    )
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_demo_fits_a_phone_and_a_desktop(demo, browser, width):
+    """Issue 41: at 390 px the send-now button sat on the panel's heading. Every heading, button and
+    panel keeps its own box, nothing scrolls sideways, and the empty states are styled like the rest."""
+    factories.subscriber(USER, name="Ana Lima")
+    factories.events(USER, 2, entity_id="p1")
+    context = browser.new_context(viewport={"width": width, "height": 800}, locale="en-US")
+    try:
+        page = context.new_page()
+        page.goto(f"{demo}/?user={USER}")
+        page.wait_for_selector("body[data-loaded='1']", timeout=WAIT_MS)
+        page.click("#bell")
+        page.wait_for_selector("#items li", timeout=WAIT_MS)
+        boxes = {
+            sel: page.locator(sel).bounding_box()
+            for sel in ("header", "#panel h2", "#items", "#next h2", "#send-now", "#preview")
+        }
+        for (a, box_a), (b, box_b) in itertools.combinations(boxes.items(), 2):
+            assert not _overlap(box_a, box_b), (width, a, box_a, b, box_b)
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), width
+        page.screenshot(path=str(ARTIFACTS / f"feed-demo-{width}.png"), full_page=True)
+
+        # nothing unseen: the preview says so in the page's own type
+        page.frame_locator("#preview").locator("text=Nothing unseen").wait_for(timeout=WAIT_MS)
+        font = page.evaluate("getComputedStyle(document.body).fontFamily")
+        preview_font = page.frame_locator("#preview").locator("body").evaluate("b => getComputedStyle(b).fontFamily")
+        assert preview_font == font, (preview_font, font)
+        button = page.locator("#send-now").evaluate("b => getComputedStyle(b).backgroundColor")
+        assert button not in ("rgb(239, 239, 239)", "rgb(240, 240, 240)", "rgba(0, 0, 0, 0)"), button
+        page.screenshot(path=str(ARTIFACTS / f"feed-demo-empty-{width}.png"), full_page=True)
+    finally:
+        context.close()
+
+
+def test_empty_feed_and_unknown_user_read_as_the_page_does(demo, browser):
+    factories.subscriber(USER, name="Ana Lima")
+    context = browser.new_context(viewport={"width": 390, "height": 800})
+    try:
+        page = context.new_page()
+        page.goto(f"{demo}/?user={USER}")
+        page.wait_for_selector("body[data-loaded='1']", timeout=WAIT_MS)
+        page.click("#bell")
+        assert page.locator("#items li.empty").inner_text().startswith("No notifications yet")
+        page.screenshot(path=str(ARTIFACTS / "feed-demo-no-events-390.png"), full_page=True)
+        font = page.evaluate("getComputedStyle(document.body).fontFamily")
+
+        answer = page.goto(f"{demo}/?user=nobody-here")
+        assert answer is not None and answer.status == 404
+        assert "make run" in page.inner_text("body")
+        assert page.evaluate("getComputedStyle(document.body).fontFamily") == font
     finally:
         context.close()

@@ -12,6 +12,8 @@ starts with nothing exported but PATH and HOME, as a new terminal would.
 
 from __future__ import annotations
 
+import email
+import email.policy
 import os
 import re
 import signal
@@ -205,3 +207,12 @@ def test_every_quick_start_block_runs_and_the_mails_arrive(tmp_path, instance):
     # Subjects read as a person writes them: no word left hanging where a value was empty.
     hanging = [s for _, s in _viewer_rows(instance["viewer"]) if re.search(r"(\s|\b(for|to|of|and|from|,))$", s)]
     assert not hanging, f"subjects that end mid-sentence: {hanging}"
+    # One base URL: every link and picture in the quick start's mails points at the web process.
+    links = [
+        url
+        for eml in instance["mail_dir"].rglob("*.eml")
+        for part in email.message_from_bytes(eml.read_bytes(), policy=email.policy.default).walk()
+        if part.get_content_type() in ("text/html", "text/plain")
+        for url in re.findall(r"https?://[^\s\"'<>)]+", part.get_content())
+    ]
+    assert links and all(url.startswith(instance["web"] + "/") for url in links), sorted(set(links))[:20]

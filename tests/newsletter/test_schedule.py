@@ -324,3 +324,30 @@ def test_the_dashboard_and_the_newsletter_list_show_the_schedule(admin):
         assert f'<td data-label="#">{nl}</td>' in page
         assert '<span class="status status-scheduled">scheduled</span>' in page
         assert "starts 2999-03-29 08:00 UTC" in page and "at 09:00 recipient's local time" in page
+
+
+def test_a_started_schedule_shows_what_it_was_for_and_when_it_started(admin, client, admin_key):
+    """Issue 41: "Send started" showed when the request was made, and send_at vanished once the send
+    began. Now send_at stays and started_at is the moment the tick started it."""
+    factories.seed_subscribers(1)
+    nl = factories.newsletter()
+    service.request_send(nl, {"kind": "all"}, send_at=_later(hours=1))
+    assert client.get(f"/v1/newsletters/{nl}", headers=auth(admin_key)).json()["started_at"] is None
+    assert "not yet" in admin.get("/admin/newsletters").text
+    db.query(
+        "UPDATE newsletters SET send_requested_at = %s, send_at = %s WHERE id = %s",
+        (utc(2026, 3, 1, 9), utc(2026, 3, 3, 8), nl),
+    )
+    schedule.start_due()
+    status = client.get(f"/v1/newsletters/{nl}", headers=auth(admin_key)).json()
+    started = datetime.fromisoformat(status["started_at"])
+    assert status["send_at"].startswith("2026-03-03T08:00") and abs(started - datetime.now(UTC)) < timedelta(minutes=1)
+    page = admin.get("/admin/newsletters").text
+    assert "scheduled for 2026-03-03 08:00 UTC" in page and "2026-03-01 09:00" not in page
+    assert f'data-label="Started">{started.astimezone(UTC):%Y-%m-%d %H:%M} UTC<' in page
+
+    # a send now starts when it is asked for, with no schedule to show
+    now = factories.newsletter()
+    service.request_send(now, {"kind": "all"})
+    shown = client.get(f"/v1/newsletters/{now}", headers=auth(admin_key)).json()
+    assert shown["send_at"] is None and shown["started_at"] == shown["send_requested_at"]

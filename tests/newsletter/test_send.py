@@ -7,7 +7,7 @@ import collections
 import pytest
 
 from app.newsletter import outbox, ratelimit, rows, sender, service
-from app.platform import db
+from app.platform import config, db
 from tests import factories
 from tests.newsletter_support import counts, drain, newsletter_status, start
 
@@ -411,7 +411,7 @@ def test_works_with_the_file_provider_too(tmp_path, redis_client):
     assert len(files) == 3
     message = email.message_from_bytes(files[0].read_bytes())
     assert message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
-    assert message["List-Unsubscribe"].startswith("<http://localhost:8000/u/")
+    assert message["List-Unsubscribe"].startswith(f"<{config.get().base_url}/u/")
     assert message["Subject"] == "Hi User 1"
 
 

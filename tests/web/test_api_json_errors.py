@@ -108,20 +108,27 @@ def test_odd_path_bytes_get_the_json_shape(live_server):
 
 
 def test_root_page_links_the_ways_in(client, settings):
-    settings(mail_viewer_url="http://127.0.0.1:18025/dev/mail")  # APP_ENV=test: a development env
+    settings(  # APP_ENV=test: a development env
+        mail_viewer_url="http://127.0.0.1:18025/dev/mail", feed_demo_url="http://127.0.0.1:18026/?user=demo-ana"
+    )
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    links = set(re.findall(r'href="([^"]+)"', page.text))
-    assert {"/docs", "/openapi.json", "/admin", "http://127.0.0.1:18025/dev/mail"} <= links
+    links = set(re.findall(r'href="([^"]+)"', page.text.replace("&amp;", "&")))
+    expected = {"/docs", "/openapi.json", "/admin", "http://127.0.0.1:18025/dev/mail"}
+    assert expected | {"http://127.0.0.1:18026/?user=demo-ana"} <= links
     for link in ("/docs", "/openapi.json"):
         assert client.get(link).status_code == 200, link
 
 
-def test_root_page_shows_no_mail_viewer_in_production(client, settings):
-    settings(env="production", mail_viewer_url="http://127.0.0.1:18025/dev/mail")
+def test_root_page_shows_no_development_tools_in_production(client, settings):
+    settings(
+        env="production",
+        mail_viewer_url="http://127.0.0.1:18025/dev/mail",
+        feed_demo_url="http://127.0.0.1:18026/?user=demo-ana",
+    )
     page = client.get("/")
     assert page.status_code == 200
-    assert "18025" not in page.text and "/docs" in page.text
+    assert "18025" not in page.text and "18026" not in page.text and "/docs" in page.text
 
 
 def test_docs_page_and_every_asset_come_from_the_app(client):

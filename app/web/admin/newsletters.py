@@ -45,7 +45,8 @@ class Row:
     created_at: object
     send_requested_at: object
     completed_at: object
-    send_at: object  # a scheduled newsletter's start
+    send_at: object  # what a scheduled newsletter is (or was) scheduled for
+    started_at: object  # when its send started (None: not yet)
     local_time: object  # each recipient's wall-clock time, in their own zone
     counts: dict  # email_log status -> rows
 
@@ -75,7 +76,8 @@ class Row:
 def page(number: int, size: int = PAGE_SIZE) -> tuple[list[Row], bool]:
     """Newsletters of page `number` (1-based) and whether a next page exists."""
     found = db.query(
-        "SELECT id, subject, status, created_at, send_requested_at, completed_at, send_at, local_time FROM newsletters "
+        "SELECT id, subject, status, created_at, send_requested_at, completed_at, send_at, started_at, local_time "
+        "FROM newsletters "
         "ORDER BY id DESC LIMIT %s OFFSET %s",
         (size + 1, (number - 1) * size),
     )
