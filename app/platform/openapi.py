@@ -68,6 +68,26 @@ Check = Callable[[Request, Any], tuple[Any, list[dict[str, Any]]]]
 
 
 @dataclass(frozen=True)
+class Answer:
+    """An example answer that is not (only) a JSON body: its media type and body, or its headers
+    (a redirect's Location, a preflight's Access-Control-*)."""
+
+    media_type: str | None = None
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One call of an operation: `params` (path and query parameters by name), `request` (the JSON
+    body, when the operation takes one) and `answers` (status -> the JSON body, or an Answer)."""
+
+    params: Mapping[str, Any] = field(default_factory=dict)
+    request: Any = None
+    answers: Mapping[int, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Operation:
     """One method of a route, as the document shows it and as the route enforces it.
 
@@ -93,6 +113,10 @@ class Operation:
                   the query model validates them (a problem with them all names `query`).
     authenticate: a bearer check of the route's own (a feed token), run where a scope's would be:
                   before the body is read; its result is `request.state.principal`.
+
+    example:      one call as a user makes it (its parameters, its body) and what it answers, shown in
+                  the reference beside the schemas (tests/web/test_openapi_examples.py holds every
+                  example to the models that validate the call and its answer).
     """
 
     summary: str
@@ -109,9 +133,16 @@ class Operation:
     check: Check | None = None
     check_query: Check | None = None
     authenticate: Callable[[Request], Awaitable[Any]] | None = None
+    example: Example | None = None
     models: tuple[type[BaseModel], ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
+        if self.example is not None:
+            unknown = set(self.example.answers) - set(self.responses)
+            if unknown:
+                raise TypeError(f"{self.summary}: an example answers {sorted(unknown)}, which it does not declare")
+            if self.body is not None and self.example.request is None:
+                raise TypeError(f"{self.summary}: the operation takes a body, its example shows none")
         bodies = self.body if isinstance(self.body, tuple) else (self.body,) if self.body else ()
         answers = tuple(answer[1] for answer in self.responses.values() if isinstance(answer, tuple))
         object.__setattr__(self, "models", bodies + answers)
@@ -293,12 +324,25 @@ def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
     if op.scope or op.bearer:
         doc["security"] = [{"bearer": []}]
     parameters = path_parameters + (_query_parameters(op.query) if op.query else [])
+    example = op.example or Example()
+    unknown = set(example.params) - {p["name"] for p in parameters}
+    if unknown:
+        raise TypeError(f"{op.summary}: an example names parameters it does not have: {sorted(unknown)}")
     if parameters:
-        doc["parameters"] = parameters
+        doc["parameters"] = [
+            {**p, "example": example.params[p["name"]]} if p["name"] in example.params else p for p in parameters
+        ]
     if op.body is not None:
         bodies = op.body if isinstance(op.body, tuple) else (op.body,)
         schema = _ref(bodies[0]) if len(bodies) == 1 else {"oneOf": [_ref(m) for m in bodies]}
-        doc["requestBody"] = {"required": True, "content": {media: {"schema": schema} for media in op.media_types}}
+        shown = {"example": example.request} if op.example is not None else {}
+        doc["requestBody"] = {
+            "required": True,
+            "content": {media: {"schema": schema, **shown} for media in op.media_types},
+        }
+    elif example.request is not None:  # a body the endpoint reads and checks itself (a provider's webhook)
+        shown = {"schema": {"$ref": "#/components/schemas/JsonValue"}, "example": example.request}
+        doc["requestBody"] = {"required": True, "content": {media: shown for media in op.media_types}}
     responses: dict[str, Any] = {}
     for status, answer in op.responses.items():
         if isinstance(answer, tuple):
@@ -306,6 +350,8 @@ def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
             responses[str(status)] = {"description": description, "content": _json(_ref(model))}
         else:
             responses[str(status)] = {"description": answer}
+        if status in example.answers:
+            _add_example(responses[str(status)], example.answers[status])
     auth_errors = (401, 403) if op.scope or op.bearer else ()
     # A declared body is read by the route (api_route): malformed JSON, too large, or refused.
     body_errors = (400, 413, 422) if op.body is not None else ()
@@ -313,6 +359,20 @@ def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
         responses[str(status)] = _ERROR
     doc["responses"] = responses
     return doc
+
+
+def _add_example(response: dict[str, Any], answer: Any) -> None:
+    """An example answer into a response object: a JSON body beside its schema, or an Answer's
+    body under its media type and its headers."""
+    if not isinstance(answer, Answer):
+        answer = Answer("application/json", answer)
+    if answer.media_type is not None:
+        content = response.setdefault("content", {})
+        content[answer.media_type] = {**content.get(answer.media_type, {}), "example": answer.body}
+    if answer.headers:
+        response["headers"] = {
+            name: {"schema": {"type": "string"}, "example": value} for name, value in answer.headers.items()
+        }
 
 
 def operations(routes: Iterable[BaseRoute]) -> dict[str, dict[str, Operation]]:

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from app.platform import config, db, metrics
 from app.platform.http import FastJSONResponse, exception_handlers, require_key
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Answer, Example, Operation, api_route
 
 
 def check() -> dict:
@@ -53,7 +53,20 @@ routes = [
     api_route(
         "/healthz",
         healthz,
-        get=Operation("Postgres and Redis reachability", {200: "both answer", 503: "one does not"}),
+        get=Operation(
+            "Postgres and Redis reachability",
+            {200: "both answer", 503: "one does not"},
+            example=Example(
+                answers={
+                    200: {"status": "ok", "postgres": "ok", "redis": "ok"},
+                    503: {
+                        "status": "degraded",
+                        "postgres": "ok",
+                        "redis": "error: ConnectionError: Error 111 connecting to 127.0.0.1:6379. Connection refused.",
+                    },
+                }
+            ),
+        ),
     ),
     api_route(
         "/metrics",
@@ -63,6 +76,16 @@ routes = [
             "Prometheus metrics of every process (admin key or METRICS_TOKEN)",
             {200: "text exposition format"},
             bearer=True,
+            example=Example(
+                answers={
+                    200: Answer(
+                        metrics.CONTENT_TYPE,
+                        "# HELP notify_events_total Events by outcome of POST /v1/events\n"
+                        "# TYPE notify_events_total counter\n"
+                        'notify_events_total{result="accepted"} 2.0\n',
+                    )
+                }
+            ),
         ),
     ),
 ]

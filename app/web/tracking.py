@@ -19,7 +19,7 @@ import logging
 from starlette.responses import Response
 
 from app.platform import db, metrics
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Answer, Example, Operation, api_route
 from tracking import codes, machines, recorder, resolve
 
 log = logging.getLogger("app.web.tracking")
@@ -150,13 +150,23 @@ def on_shutdown() -> None:
     recorder.recorder().flush_at_exit()
 
 
+# The reference's examples: codes as tracking/codes.py makes them (link 1 and newsletter 1, for
+# subscriber 1, signed with the development key).
+CLICK_CODE_EXAMPLE = "1AQEdB9Wu19PXu8xu"
+OPEN_CODE_EXAMPLE = "1bgEBqyhX9PLnvhVYVg"
+
 routes = [
     api_route(
         "/c/{code}",
         _Asgi(click),
         path_params={"code": str},
         get=Operation(
-            "Click redirect: 302 to the link's URL, 404 for unknown/forged codes", {302: "redirect", 404: "unknown"}
+            "Click redirect: 302 to the link's URL, 404 for unknown/forged codes",
+            {302: "redirect", 404: "unknown"},
+            example=Example(
+                {"code": CLICK_CODE_EXAMPLE},
+                answers={302: Answer(headers={"Location": "https://example.test/posts/p1"})},
+            ),
         ),
     ),
     api_route(
@@ -166,6 +176,7 @@ routes = [
         get=Operation(
             "Open pixel (1x1 GIF); the same pixel with 404 for unknown/forged codes",
             {200: "pixel", 404: "unknown code (still a pixel)"},
+            example=Example({"code": OPEN_CODE_EXAMPLE}, answers={200: Answer("image/gif", "(43 bytes: a 1x1 GIF)")}),
         ),
     ),
 ]

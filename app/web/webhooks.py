@@ -25,7 +25,7 @@ from starlette.requests import Request
 
 from app.platform import config
 from app.platform.http import ApiError, FastJSONResponse, read_body
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Example, Operation, api_route
 from tracking import signature, webhook_intake
 
 log = logging.getLogger("app.web.webhooks")
@@ -106,6 +106,18 @@ routes = [
             "SendGrid Event Webhook (signed); 200 only once the batch is committed",
             {200: ("committed", WebhookStored)},
             errors=(400, 403, 413, 503),
+            example=Example(
+                request=[
+                    {
+                        "email": "you@example.test",
+                        "event": "delivered",
+                        "sg_event_id": "ZGVsaXZlcmVkLTAtMTIzNDU2Nzg5",
+                        "sg_message_id": "14c5d75ce93.dfd.64b469.filter0001.16648.5515E0B88.0",
+                        "timestamp": 1764320400,
+                    }
+                ],
+                answers={200: {"stored": 1, "duplicates": 0}},
+            ),
         ),
     )
 ]

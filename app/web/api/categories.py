@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.platform.errors import NotFound
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Example, Operation, api_route
 from app.platform.validation import fail
 from app.subscribers import categories
 
@@ -81,11 +81,21 @@ CategoryKey = Annotated[
     WithJsonSchema({"type": "string", "pattern": categories.KEY_PATTERN, "maxLength": 100}),
 ]
 
+# The reference's examples: the quick start's own category (README).
+_CHEER_INPUT = {"label": "Cheers", "verb": "cheered", "description": "Someone cheers a post of yours"}
+_CHEER = {"key": "cheer", **_CHEER_INPUT, "delivery": "digest"}
+_KEY = {"key": "cheer"}
+
 routes = [
     api_route(
         "/v1/categories",
         list_categories,
-        get=Operation("Every registered category", {200: ("the registry", CategoryList)}, scope="admin"),
+        get=Operation(
+            "Every registered category",
+            {200: ("the registry", CategoryList)},
+            scope="admin",
+            example=Example(answers={200: {"categories": [_CHEER]}}),
+        ),
     ),
     api_route(
         "/v1/categories/{key:str}",
@@ -99,13 +109,21 @@ routes = [
             scope="admin",
             body_limit=BODY_LIMIT,
             echo="key",
+            example=Example(_KEY, _CHEER_INPUT, {201: _CHEER, 200: _CHEER}),
         ),
-        get=Operation("Read a category", {200: ("the category", Category)}, errors=(404, 422), scope="admin"),
+        get=Operation(
+            "Read a category",
+            {200: ("the category", Category)},
+            errors=(404, 422),
+            scope="admin",
+            example=Example(_KEY, answers={200: _CHEER}),
+        ),
         delete=Operation(
             "Forget a category (digests and pages fall back to its humanised key)",
             {204: "deleted"},
             errors=(404, 422),
             scope="admin",
+            example=Example(_KEY),
         ),
     ),
 ]

@@ -10,7 +10,7 @@ from starlette.requests import Request
 
 from app.platform import metrics
 from app.platform.errors import Unavailable
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Example, Operation, api_route
 from digest import ingest
 
 log = logging.getLogger("app.web.api.events")
@@ -42,6 +42,22 @@ class EventsAccepted(BaseModel):
     duplicates: int
 
 
+# The reference's example: the quick start's two events (README).
+_EVENTS = {
+    "events": [
+        {
+            "id": id_,
+            "user_id": "you",
+            "category": "cheer",
+            "entity_type": "post",
+            "entity_id": "p1",
+            "actor_name": actor,
+            "entity_title": "Launch notes",
+        }
+        for id_, actor in (("e1", "Bo"), ("e2", "Cy"))
+    ]
+}
+
 routes = [
     api_route(
         "/v1/events",
@@ -53,6 +69,7 @@ routes = [
             body=(ingest.Event, ingest.EventBatch),
             scope="events",
             check=rows_of,
+            example=Example(request=_EVENTS, answers={202: {"accepted": 2, "duplicates": 0}}),
         ),
     )
 ]

@@ -12,7 +12,7 @@ from starlette.routing import Route
 
 from app.platform.errors import NotFound, problem
 from app.platform.http import FastJSONResponse
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Example, Operation, api_route
 from app.platform.validation import Text, plain_int
 from digest import feed, seen
 
@@ -82,13 +82,49 @@ async def get_feed(request: Request, user_id: str, query: dict):
 _PATH = {"user_id": _USER_ID}
 
 
+# The reference's examples: the feed after the quick start's two events (README).
+FEED_ITEM = {
+    "title": "Launch notes",
+    "url": "",
+    "has_url": False,
+    "lines": [
+        {
+            "summary": "Bo and Cy cheered",
+            "when": "just now",
+            "category": "cheer",
+            "label": "Cheers",
+            "count": 2,
+            "avatar_url": "",
+            "has_avatar": False,
+        }
+    ],
+    "summary": "Bo and Cy cheered",
+    "count": 2,
+    "count_label": "2 updates",
+    "entity_type": "post",
+    "entity_id": "p1",
+    "latest_at": "2026-11-28T09:00:00+00:00",
+    "latest_event_id": 2,
+    "seen": False,
+    "unread": True,
+}
+FEED_EXAMPLE = {"unseen_count": 1, "unread_count": 1, "items": [FEED_ITEM], "next_before": None}
+MARK_EXAMPLE = {"entities": [{"entity_type": "post", "entity_id": "p1"}]}
+
+
 def _mark_route(state: str, endpoint, summary: str) -> Route:
     return api_route(
         f"/v1/subscribers/{{user_id:str}}/{state}",
         endpoint,
         path_params=_PATH,
         post=Operation(
-            summary, {202: "committed"}, errors=(400, 404, 413, 422), body=seen.MarkInput, scope="events", check=mark_of
+            summary,
+            {202: "committed"},
+            errors=(400, 404, 413, 422),
+            body=seen.MarkInput,
+            scope="events",
+            check=mark_of,
+            example=Example({"user_id": "you"}, MARK_EXAMPLE),
         ),
     )
 
@@ -110,6 +146,7 @@ routes = [
             query=feed.FeedQuery,
             check_query=feed_query,
             scope="admin",
+            example=Example({"user_id": "you", "limit": 20}, answers={200: FEED_EXAMPLE}),
         ),
     ),
     _mark_route(seen.SEEN, post_seen, "Mark entities (or everything) seen for a subscriber"),

@@ -36,9 +36,9 @@ from starlette.routing import Route
 from app.platform import config, shutdown, tokens
 from app.platform.errors import NotFound, problem
 from app.platform.http import ApiError, FastJSONResponse
-from app.platform.openapi import Endpoint, Operation, api_route
+from app.platform.openapi import Answer, Endpoint, Example, Operation, api_route
 from app.platform.validation import Body
-from app.web.api.feed import _USER_ID, FEED_ANSWER, NO_SUBSCRIBER, feed_query, mark_of
+from app.web.api.feed import _USER_ID, FEED_ANSWER, FEED_EXAMPLE, MARK_EXAMPLE, NO_SUBSCRIBER, feed_query, mark_of
 from digest import feed, seen
 
 log = logging.getLogger("app.web.api.feed_browser")
@@ -300,7 +300,22 @@ class FeedTokenQuery(Body):
 
 # The preflight: 204 with the CORS headers for an allowed origin, 204 without them for any other
 # (which the browser then refuses).
-_PREFLIGHT = Operation("CORS preflight (FEED_ALLOWED_ORIGINS)", {204: "the CORS headers, for an allowed origin"})
+_PREFLIGHT = Operation(
+    "CORS preflight (FEED_ALLOWED_ORIGINS)",
+    {204: "the CORS headers, for an allowed origin"},
+    example=Example(
+        answers={
+            204: Answer(
+                headers={
+                    "Access-Control-Allow-Origin": "http://127.0.0.1:8026",
+                    "Access-Control-Allow-Methods": "GET, POST",
+                    "Access-Control-Allow-Headers": _ALLOW_HEADERS,
+                    "Access-Control-Max-Age": "600",
+                }
+            )
+        }
+    ),
+)
 _TOKEN_ONLY = "With `Authorization: Bearer <feed token>`: an API key is refused (401)."
 
 
@@ -314,9 +329,23 @@ def _own_route(path: str, endpoint: Endpoint, method: str, operation: Operation)
 
 def _own_mark_route(state: str, endpoint: Endpoint) -> Route:
     summary = f"Mark entities (or everything) {state} in the feed token's own feed"
-    marked = Operation(summary, {202: "committed"}, errors=(400, 413, 422), body=seen.MarkInput, check=mark_of)
+    marked = Operation(
+        summary,
+        {202: "committed"},
+        errors=(400, 413, 422),
+        body=seen.MarkInput,
+        check=mark_of,
+        example=Example(request=MARK_EXAMPLE),
+    )
     return _own_route(f"/v1/feed/{state}", endpoint, "post", marked)
 
+
+# One message of the stream, as _message writes it (the feed after a second cheer arrived).
+STREAM_EXAMPLE = (
+    "id: 2\nevent: feed\ndata: "
+    + orjson.dumps({key: FEED_EXAMPLE[key] for key in ("unseen_count", "unread_count", "items")}).decode()
+    + "\n\n"
+)
 
 routes = [
     api_route(
@@ -330,6 +359,12 @@ routes = [
             query=FeedTokenQuery,
             check_query=token_ttl,
             scope="admin",
+            example=Example(
+                {"user_id": "you", "ttl_seconds": 3600},
+                answers={
+                    201: {"token": "djE6MToxOmV4cDoxNzk1ODgzNzEx.yiq0L68pzXeqwUu-wCmMRA", "expires_at": 1795883711}
+                },
+            ),
         ),
     ),
     _own_route(
@@ -342,6 +377,7 @@ routes = [
             errors=(422,),
             query=feed.FeedQuery,
             check_query=feed_query,
+            example=Example({"limit": 20}, answers={200: FEED_EXAMPLE}),
         ),
     ),
     _own_mark_route("seen", post_own_seen),
@@ -354,6 +390,7 @@ routes = [
             "Server-Sent Events (text/event-stream): count changes and new items of the feed token's own feed",
             {200: "the stream"},
             errors=(503,),
+            example=Example(answers={200: Answer("text/event-stream", STREAM_EXAMPLE)}),
         ),
     ),
 ]

@@ -21,7 +21,7 @@ from app.newsletter.service import (
 )
 from app.newsletter.test_send import TestResult
 from app.platform.errors import NotFound
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Example, Operation, api_route
 from app.platform.validation import plain_int
 
 # Body limits are derived from the documented maxLength/maxItems, so every schema-valid request fits
@@ -108,8 +108,43 @@ NewsletterId = Annotated[int, Field(ge=1, le=2**63 - 1), BeforeValidator(_newsle
 _ID = {"newsletter_id": NewsletterId}
 
 
-def _action(path: str, endpoint, summary: str, status: int, answer: tuple[str, type[BaseModel]]):
-    operation = Operation(summary, {status: answer}, errors=(404, 409), scope="admin")
+# The reference's examples: the quick start's newsletter (README), sent to its one subscriber.
+_SUBJECT = "News{{#name}} for {{name}}{{/name}}"
+_CREATE = {"subject": _SUBJECT, "html": "<p>{{greeting}} we shipped.</p>"}
+_NEWSLETTER = {"newsletter_id": 1}
+_SUMMARY = {
+    "id": 1,
+    "subject": _SUBJECT,
+    "status": "done",
+    "audience": {"kind": "user_ids", "count": 1},
+    "created_at": "2026-11-28T09:00:00+00:00",
+    "send_requested_at": "2026-11-28T09:01:00+00:00",
+    "send_at": None,
+    "started_at": "2026-11-28T09:01:00+00:00",
+    "local_time": None,
+    "completed_at": "2026-11-28T09:01:02+00:00",
+    "counts": {"pending": 0, "sending": 0, "sent": 1, "failed": 0, "suppressed": 0, "cancelled": 0, "total": 1},
+}
+_ENGAGED = {"total": 2, "human": 1, "machine": 1, "unique_human": 1}
+_STATUS = {
+    **_SUMMARY,
+    "from": None,
+    "outbox_completed_at": "2026-11-28T09:01:01+00:00",
+    "opens": _ENGAGED,
+    "clicks": {"total": 0, "human": 0, "machine": 0, "unique_human": 0},
+    "bounces": 0,
+    "unsubscribes": 0,
+}
+
+
+def _action(path: str, endpoint, summary: str, status: int, answer: tuple[str, type[BaseModel]], example: dict):
+    operation = Operation(
+        summary,
+        {status: answer},
+        errors=(404, 409),
+        scope="admin",
+        example=Example(_NEWSLETTER, answers={status: example}),
+    )
     return api_route(f"/v1/newsletters/{{newsletter_id}}/{path}", endpoint, path_params=_ID, post=operation)
 
 
@@ -123,6 +158,7 @@ routes = [
             errors=(422,),
             query=service.NewsletterListQuery,
             scope="admin",
+            example=Example({"limit": 1}, answers={200: {"newsletters": [_SUMMARY], "next_before": 1}}),
         ),
         post=Operation(
             "Create a newsletter (draft)",
@@ -131,6 +167,7 @@ routes = [
             body=NewsletterInput,
             scope="admin",
             body_limit=CREATE_BODY_LIMIT,
+            example=Example(request=_CREATE, answers={201: {"id": 1, "status": "draft"}}),
         ),
     ),
     api_route(
@@ -143,6 +180,7 @@ routes = [
             {200: ("status", NewsletterStatus)},
             errors=(404,),
             scope="admin",
+            example=Example(_NEWSLETTER, answers={200: _STATUS}),
         ),
     ),
     api_route(
@@ -164,6 +202,11 @@ routes = [
             body=service.NewsletterAudience,
             scope="admin",
             body_limit=SEND_BODY_LIMIT,
+            example=Example(
+                _NEWSLETTER,
+                {"audience": {"user_ids": ["you"]}},
+                {202: {"id": 1, "status": "queued", "unknown_user_ids": [], "unknown_user_ids_count": 0}},
+            ),
         ),
     ),
     api_route(
@@ -178,6 +221,11 @@ routes = [
             body=test_send.TestSendInput,
             scope="admin",
             body_limit=TEST_BODY_LIMIT,
+            example=Example(
+                _NEWSLETTER,
+                {"to": ["editor@example.test"]},
+                {200: {"id": 1, "results": [{"email": "editor@example.test", "status": "sent"}]}},
+            ),
         ),
     ),
     _action(
@@ -186,6 +234,7 @@ routes = [
         "Stop sending within a second, between two mails; recipients claimed but not sent go back to pending",
         200,
         ("paused (or already paused)", NewsletterState),
+        {"id": 1, "status": "paused"},
     ),
     _action(
         "resume",
@@ -193,6 +242,7 @@ routes = [
         "Continue where the send stopped",
         200,
         ("sending (or already queued/sending)", NewsletterState),
+        {"id": 1, "status": "sending"},
     ),
     _action(
         "cancel",
@@ -200,6 +250,14 @@ routes = [
         "Cancel within a second, between two mails: recipients not yet sent are never sent",
         200,
         ("cancelled", Cancelled),
+        {"id": 1, "status": "cancelled", "cancelled_rows": 0},
     ),
-    _action("retry-failed", retry_failed, "Put failed rows back to pending", 202, ("failed rows requeued", Requeued)),
+    _action(
+        "retry-failed",
+        retry_failed,
+        "Put failed rows back to pending",
+        202,
+        ("failed rows requeued", Requeued),
+        {"id": 1, "status": "sending", "requeued": 1},
+    ),
 ]

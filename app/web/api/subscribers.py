@@ -14,7 +14,7 @@ from app.operations.audit import Operator
 from app.operations.erasure import erase_subscriber
 from app.platform.errors import NotFound
 from app.platform.http import FastJSONResponse
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Example, Operation, api_route
 from app.platform.validation import Text
 from app.subscribers import records
 from tracking.machines import client_ip
@@ -59,6 +59,29 @@ async def delete_subscriber(request: Request, user_id: str):
     return Response(status_code=204)
 
 
+# The reference's examples: the quick start's subscriber (README), as PUT makes it and PATCH changes it.
+_INPUT = {"email": "you@example.test", "name": "You", "timezone": "Europe/Lisbon"}
+_RECORD = {
+    "id": 1,
+    "user_id": "you",
+    "email": "you@example.test",
+    "name": "You",
+    "timezone": "Europe/Lisbon",
+    "digest_cadence": "daily",
+    "digest_hour": 9,
+    "digest_weekday": 0,
+    "category_opt_outs": [],
+    "tracking_opt_out": False,
+    "paused_until": None,
+    "unsubscribed_at": None,
+    "created_at": "2026-11-28T09:00:00+00:00",
+    "updated_at": "2026-11-28T09:00:00+00:00",
+    "digest_weekday_name": "monday",
+}
+_PATCHED = {**_RECORD, "name": "Sam", "digest_hour": 8, "updated_at": "2026-11-28T09:05:00+00:00"}
+_YOU = {"user_id": "you"}
+
+
 _BY_METHOD: dict[str, Callable[..., Awaitable[Response]]] = {
     "GET": get_subscriber,
     "HEAD": get_subscriber,
@@ -86,6 +109,7 @@ routes = [
             scope="admin",
             body_limit=BODY_LIMIT,
             echo="user_id",
+            example=Example(_YOU, _INPUT, {201: _RECORD, 200: _RECORD}),
         ),
         patch=Operation(
             "Change some fields of a subscriber (JSON merge patch, RFC 7396)",
@@ -101,14 +125,22 @@ routes = [
             body_limit=BODY_LIMIT,
             echo="user_id",
             check=_merge_patch,
+            example=Example(_YOU, {"name": "Sam", "digest_hour": 8}, {200: _PATCHED}),
         ),
-        get=Operation("Read a subscriber", {200: "the subscriber"}, errors=(404, 422), scope="admin"),
+        get=Operation(
+            "Read a subscriber",
+            {200: "the subscriber"},
+            errors=(404, 422),
+            scope="admin",
+            example=Example(_YOU, answers={200: _PATCHED}),
+        ),
         delete=Operation(
             "Erase a subscriber (right to erasure): their events, runs, outbox rows, webhook events and "
             "digest links are deleted, click/open history anonymised, the address suppressed",
             {204: "erased"},
             errors=(404, 422),
             scope="admin",
+            example=Example(_YOU),
         ),
     )
 ]
