@@ -102,7 +102,7 @@ def load(now: datetime | None = None, seed: int = 11) -> dict:
             done = share >= 1.0
             ((nid,),) = _values(
                 cur,
-                "INSERT INTO newsletters (subject, html, status, audience, send_requested_at, "
+                "INSERT INTO newsletters (subject, html, status, audience, send_requested_at, started_at, "
                 "outbox_completed_at, completed_at) VALUES %s RETURNING id",
                 [
                     (
@@ -110,6 +110,7 @@ def load(now: datetime | None = None, seed: int = 11) -> dict:
                         "<p>Hello {{name}}</p>",
                         "done" if done else "paused",
                         '{"kind": "all"}',
+                        started,
                         started,
                         started,
                         started + timedelta(minutes=40) if done else None,

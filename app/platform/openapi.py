@@ -342,7 +342,7 @@ def _operation(op: Operation, path_parameters: list[JSON]) -> JSON:
         }
     elif example.request is not None:  # a body the endpoint reads and checks itself (a provider's webhook)
         shown = {"schema": {"$ref": "#/components/schemas/JsonValue"}, "example": example.request}
-        doc["requestBody"] = {"required": True, "content": {media: shown for media in op.media_types}}
+        doc["requestBody"] = {"required": True, "content": dict.fromkeys(op.media_types, shown)}
     responses: dict[str, Any] = {}
     for status, answer in op.responses.items():
         if isinstance(answer, tuple):

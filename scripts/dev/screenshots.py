@@ -1,6 +1,7 @@
-"""Screenshots of what a newcomer sees after `make run`: the dashboard, its newsletter and
-suppression lists, the mail viewer with a digest and the demo newsletter, the preference centre and
-the unsubscribe page, each at a phone's 390 px and a desktop's 1280 px.
+"""Screenshots of what a newcomer sees after `make run`: the page at `/`, the dashboard's sign-in, the
+dashboard, its newsletter and suppression lists, the mail viewer with a digest and the demo
+newsletter, the preference centre, the unsubscribe page and the feed demo, each at a phone's 390 px
+and a desktop's 1280 px.
 
     make run                                   # in one terminal (the demo data and its keys)
     .venv/bin/python -m scripts.dev.screenshots --key ADMIN_KEY --label after
@@ -60,6 +61,22 @@ def mail_pages(page, viewer: str) -> dict[str, str]:
     return found
 
 
+def shoot(page, path: Path, streams: bool = False) -> str:
+    """The whole page into `path`; its name, and how far it scrolls sideways if it does. A page that
+    `streams` (the feed demo) is never network-idle: it is shot once loaded, its feed open."""
+    if streams:
+        page.wait_for_selector("body[data-loaded='1']")
+        page.click("#bell")
+        page.wait_for_selector("#items li")
+        page.wait_for_function("document.body.dataset.events >= 1")  # the stream is up
+        page.frame_locator("#preview").locator("body p, body table").first.wait_for()
+    else:
+        page.wait_for_load_state("networkidle")
+    page.screenshot(path=str(path), full_page=True)
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    return f"{path.name}{f'  (scrolls sideways by {overflow} px)' if overflow > 0 else ''}"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from playwright.sync_api import sync_playwright
@@ -74,23 +91,22 @@ def main(argv=None) -> int:
             context = browser.new_context(viewport={"width": width, "height": 900}, locale="en-GB")
             page = context.new_page()
             page.goto(base + "/admin/login")
+            written.append(shoot(page, out / f"{args.label}-login-{width}.png"))
             page.get_by_label("Admin API key").fill(args.key)
             page.get_by_role("button", name="Sign in").click()
             page.wait_for_url(base + "/admin")
             targets = {
+                "home": base + "/",
                 "dashboard": base + "/admin",
                 "newsletters": base + "/admin/newsletters",
                 "suppressions": base + "/admin/suppressions",
                 **subscriber_pages(DEMO_USER),
                 **mail_pages(page, args.viewer),
+                "feed-demo": config.get().feed_demo_url,
             }
             for name, url in targets.items():
                 page.goto(url)
-                page.wait_for_load_state("networkidle")
-                path = out / f"{args.label}-{name}-{width}.png"
-                page.screenshot(path=str(path), full_page=True)
-                overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-                written.append(f"{path.name}{f'  (scrolls sideways by {overflow} px)' if overflow > 0 else ''}")
+                written.append(shoot(page, out / f"{args.label}-{name}-{width}.png", streams=name == "feed-demo"))
             context.close()
         browser.close()
     print("\n".join(written))

@@ -36,6 +36,25 @@ def test_docs_renders_the_api_from_the_app_alone(live_server, page):
     shot(page, "api-docs-1280")
 
 
+def test_an_operation_shows_its_example_call_and_answer(live_server, browser):
+    """Issue 41: every operation shows an example request and answer; Swagger UI renders the quick
+    start's events as the request and `{"accepted": 2, …}` as the answer."""
+    for width in (1280, 390):
+        context = browser.new_context(viewport={"width": width, "height": 1000}, locale="en-US")
+        try:
+            page = context.new_page()
+            page.goto(f"{live_server}/docs")
+            page.locator(".opblock-summary-path", has_text="/v1/events").first.click()
+            block = page.locator(".opblock.is-open")
+            block.locator(".body-param__example, .highlight-code").first.wait_for()
+            shown = block.inner_text()
+            assert "Launch notes" in shown and '"accepted": 2' in shown, shown[:2000]
+            block.scroll_into_view_if_needed()
+            shot(page, f"api-docs-example-{width}")
+        finally:
+            context.close()
+
+
 def test_the_reference_reads_on_a_phone(live_server, browser):
     context = browser.new_context(viewport={"width": 390, "height": 844}, locale="en-US")
     try:

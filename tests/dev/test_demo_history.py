@@ -29,5 +29,7 @@ def test_demo_history_fills_every_chart_and_reloads_in_place():
         ("done",),
         ("paused",),
     ]
+    # the dashboard says when each started (issue 41: a started send never shows "not yet")
+    assert db.query("SELECT count(*) FROM newsletters WHERE subject LIKE '[demo]%%' AND started_at IS NULL") == [(0,)]
     assert db.query("SELECT id FROM subscribers WHERE user_id = 'someone-else'") == [(mine,)]
     assert db.query("SELECT count(*) FROM suppressions WHERE email = 'keep@x.test'") == [(1,)]
