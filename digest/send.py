@@ -186,9 +186,12 @@ def send(provider: Provider, ready: list[ClaimedRun], recorder: Recorder, progre
             results = provider.send_batch([cast(OutgoingMail, r.mail) for r in chunk], progress)  # built: has one
         except ProviderError as exc:  # the whole call: every run of it not reported shares the outcome
             log.warning("provider %s failed for %d digest(s): %s", provider.name, len(chunk), exc)
-            recorder.take(progress.drain())  # accepted before the error: recorded as such
             permanent = isinstance(exc, PermanentError)
             results = [SendResult(ok=False, error=str(exc), permanent=permanent)] * len(chunk)
+        # Reported during the call but not flushed yet: this chunk's, so taken now, first (a reported
+        # result wins; after an error, what was accepted before it is recorded as such). Left in the
+        # Progress, the next call's flush would read them by its own chunk's positions.
+        recorder.take(progress.drain())
         recorder.take(enumerate(results))
 
 
