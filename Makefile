@@ -9,7 +9,7 @@ export TEST_DATABASE_URL ?= postgresql://localhost/notify_test
 export TEST_REDIS_URL ?= redis://localhost:6379/15
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test lint test-fast test-pure test-pgbouncer install services migrate demo bench drill clean browser pgbouncer
+.PHONY: run test lint test-fast test-pure test-pgbouncer install services migrate demo bench drill clean browser pgbouncer messages
 
 # Unset APP_ENV means production (app/platform/config.py): the local targets say development explicitly,
 # and reach their prerequisites too (run -> demo -> migrate). Tests set APP_ENV=test themselves.
@@ -61,6 +61,11 @@ run: demo
 
 # What `make run` writes to .env (tests/dev/test_banner.py reads this line).
 DEV_SETTINGS = APP_ENV DATABASE_URL REDIS_URL MAIL_PROVIDER SMTP_URL MAIL_POSTAL_ADDRESS BASE_URL MAIL_VIEWER_URL FEED_DEMO_URL FEED_ALLOWED_ORIGINS
+
+# The message catalogs (app/locale/, docs/i18n.md): extract the code's messages, add the new ones to
+# every locale (to translate), remake the pseudo-locale en-XA.
+messages: install
+	$(BIN)/python -m scripts.dev.messages
 
 # Browser tests drive Debian's chromium (no browser download); install it once, as root.
 browser:

@@ -163,6 +163,7 @@ def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
             unsubscribe_url=unsubscribe_url(run.subscriber_id, run.token_version),
             preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
             view_url=tokens.view_url(run.subscriber_id, run.token_version, run.id),
+            locale=run.locale,
         ),
         categories=registry,
         now=now,
@@ -208,13 +209,13 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
     with db.raw_cursor() as cur:
         cur.execute(
             "SELECT s.id, s.email, s.name, s.digest_cadence, s.token_version, s.timezone, "
-            f"{digest_runs.LAST_SENT_AT} FROM subscribers s WHERE s.user_id = %s",
+            f"{digest_runs.LAST_SENT_AT}, s.locale FROM subscribers s WHERE s.user_id = %s",
             (user_id,),
         )
         row = cur.fetchone()
         if row is None:
             raise LookupError(f"no subscriber with user_id {user_id!r}")
-        sid, _email, name, cadence, token_version, tz, last_digest_at = row
+        sid, _email, name, cadence, token_version, tz, last_digest_at, locale = row
         events = digest_load.load_unsent(cur, [sid], settings.digest_event_page, settings.digest_max_events)[sid]
         digest = seen.build_digest(events, seen.load(cur, [sid]).get(sid), settings.digest_max_items, user_id)
         if digest.empty:
@@ -231,6 +232,7 @@ def preview(user_id: str, settings=None) -> digest_render.Rendered | None:
             last_digest_at=last_digest_at,
             unsubscribe_url=unsubscribe_url(sid, token_version),
             preferences_url=tokens.preferences_url(sid, token_version),
+            locale=locale,
         ),
         categories=registry,
         now=datetime.now(UTC),

@@ -7,7 +7,9 @@ count, avatar_url/has_avatar), summary (the lines joined), count, count_label. P
 (filled from subject.txt), subject_line, headline, greeting, heading, reason (the footer's why), lead,
 preheader, has_more/more_groups/more (the last line: "…and 7 more updates on 3 other posts"),
 total_groups, total_events, first_digest, the footer's links and postal address, view_url/has_view_url
-(the hosted copy, digest/hosted.py).
+(the hosted copy, digest/hosted.py). Every word is in the reader's locale (`Reader.locale`, through
+app/platform/i18n.py); `lang` and `dir` go on the mail's <html>, and the template's own words
+(view_in_browser, change_cadence, unsubscribe) come from here, translated, too.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from app.platform import config, greeting, timezones
+from app.platform import config, greeting, i18n, timezones
 from app.subscribers.categories import Category, humanise, lookup
 from digest import wording
 from digest.group import Digest, Group
@@ -39,8 +41,12 @@ def clip(text: str, limit: int = MAX_TITLE) -> str:
 
 
 @lru_cache(maxsize=1024)
-def entity_title(group: Group) -> str:
-    return clip(group.title or f"{humanise(group.entity_type)} {group.entity_id}")
+def entity_title(group: Group, t: i18n.Translator | None = None) -> str:
+    """The entity's title, or its kind and id ("Post p9") when the events gave none."""
+    if group.title:
+        return clip(group.title)
+    t = t or i18n.translator(i18n.SOURCE)
+    return clip(t.gettext("{kind} {id}", kind=humanise(group.entity_type), id=group.entity_id))
 
 
 def ordered_lines(group: Group, categories: dict[str, Category]) -> list:
@@ -52,7 +58,10 @@ def ordered_lines(group: Group, categories: dict[str, Category]) -> list:
     return sorted(ranked, key=lambda line: not (line.high or lookup(line.category, categories).delivery == "immediate"))
 
 
-def group_item(group: Group, digest: Digest, categories: dict[str, Category], now: datetime, tz) -> dict:
+def group_item(
+    group: Group, digest: Digest, categories: dict[str, Category], now: datetime, tz, t: i18n.Translator | None = None
+) -> dict:
+    t = t or i18n.translator(i18n.SOURCE)
     lines: list[dict[str, Any]] = []
     for line in ordered_lines(group, categories):
         category = lookup(line.category, categories)
@@ -61,8 +70,8 @@ def group_item(group: Group, digest: Digest, categories: dict[str, Category], no
         avatar = digest.avatars.get(keys[0], "") if keys else ""
         lines.append(
             {
-                "summary": clip(wording.line_text(category, names, line.count), MAX_LINE),
-                "when": wording.relative_time(line.latest_at, now, tz),
+                "summary": clip(wording.line_text(category, names, line.count, t), MAX_LINE),
+                "when": wording.relative_time(line.latest_at, now, tz, t),
                 "category": line.category,
                 "label": category.label,
                 "count": line.count,
@@ -74,25 +83,28 @@ def group_item(group: Group, digest: Digest, categories: dict[str, Category], no
     # Sections test booleans, never the strings: inside {{#url}} a renderer that resolves attributes
     # (chevron, which the tests compare against) would resolve {{title}} against the str (str.title).
     return {
-        "title": entity_title(group),
+        "title": entity_title(group, t),
         "url": url,
         "has_url": bool(url),
         "lines": lines,
         "summary": " · ".join(line["summary"] for line in lines),
         "count": group.count,
-        "count_label": wording.updates(group.count),
+        "count_label": wording.updates(group.count, t),
         "entity_type": group.entity_type,
         "entity_id": group.entity_id,
     }
 
 
-def headline(digest: Digest, items: list[dict], categories: dict[str, Category]) -> tuple[str, int]:
+def headline(
+    digest: Digest, items: list[dict], categories: dict[str, Category], t: i18n.Translator | None = None
+) -> tuple[str, int]:
     """The top entity's top line, naming it ("Eli and 5 others followed Launch notes"), and the
     number of updates it stands for."""
     group, item = digest.groups[0], items[0]
     line = ordered_lines(group, categories)[0]
     names = [line.actors[k][1] for k in line.actor_keys()]
-    return clip(wording.headline(lookup(line.category, categories), names, line.count, item["title"]), 150), line.count
+    top = wording.headline(lookup(line.category, categories), names, line.count, item["title"], t)
+    return clip(top, 150), line.count
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,7 @@ class Reader:
     unsubscribe_url: str
     preferences_url: str
     view_url: str = ""  # the hosted copy's link ("View in your browser"); empty on the hosted copy itself
+    locale: str | None = None  # the subscriber's (None: DEFAULT_LOCALE)
 
 
 def build(
@@ -124,23 +137,29 @@ def build(
     if postal_address is None:
         postal_address = settings.mail_postal_address
     tz = timezones.load(reader.timezone)
-    items = [group_item(g, digest, categories, now, tz) for g in digest.groups]
-    lead = wording.lead(digest.total_events, last_digest_at, now, tz, cadence)
+    t = i18n.translator(reader.locale)
+    items = [group_item(g, digest, categories, now, tz, t) for g in digest.groups]
+    lead = wording.lead(digest.total_events, last_digest_at, now, tz, cadence, t)
     if items:
-        top, told = headline(digest, items, categories)
-        subject_line = wording.subject(top, digest.total_events - told)
+        top, told = headline(digest, items, categories, t)
+        subject_line = wording.subject(top, digest.total_events - told, t)
         others = [item["title"] for item in items[1:3]]
-        preheader = clip(f"{lead} Also: {', '.join(others)}" if others else lead, 150)
+        preheader = clip(t.gettext("{lead} Also: {titles}", lead=lead, titles=t.join(others)) if others else lead, 150)
     else:
         top = subject_line = preheader = lead
-    hello = clip(greeting.greeting(name, settings.name_fallback), 70)
+    hello = clip(greeting.greeting(name, settings.name_fallback, t), 70)
     return {
+        "lang": t.language,
+        "dir": t.direction,
+        "view_in_browser": t.gettext("View in your browser"),
+        "change_cadence": t.gettext("Change how often you get it"),
+        "unsubscribe": t.gettext("Unsubscribe"),
         "subject": "",  # filled after the subject template ran (the HTML <title>)
         "subject_line": subject_line,
         "headline": top,
         "greeting": hello,
-        "heading": wording.heading(hello, cadence),
-        "reason": wording.reason(cadence),
+        "heading": wording.heading(hello, cadence, t),
+        "reason": wording.reason(cadence, t),
         "lead": lead,
         "first_digest": last_digest_at is None,
         "preheader": preheader,
@@ -148,7 +167,9 @@ def build(
         "groups": items,
         "has_more": digest.more_groups > 0,
         "more_groups": digest.more_groups,
-        "more": wording.more(digest.more_events, digest.more_groups, {humanise(k).lower() for k in digest.more_kinds})
+        "more": wording.more(
+            digest.more_events, digest.more_groups, {humanise(k).lower() for k in digest.more_kinds}, t
+        )
         if digest.more_groups
         else "",
         "total_groups": digest.total_groups,

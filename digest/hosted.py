@@ -91,6 +91,7 @@ def render(run_id: int, subscriber: dict) -> Copy | Gone | None:
             name=subscriber["name"],
             cadence=cadence,
             timezone=subscriber["timezone"],
+            locale=subscriber.get("locale"),
             last_digest_at=previous_at,
             unsubscribe_url=digest_build.unsubscribe_url(sid, version),
             preferences_url=tokens.preferences_url(sid, version),

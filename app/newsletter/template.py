@@ -31,7 +31,7 @@ import re
 import threading
 from dataclasses import dataclass
 
-from app.platform import config, greeting, mail, mail_layout, mustache
+from app.platform import config, greeting, i18n, mail, mail_layout, mustache
 from app.platform.css_inline import inline_css as _inline_css
 
 log = logging.getLogger("app.newsletter.template")
@@ -237,10 +237,13 @@ class Compiled:
     def render(self, context: dict) -> Rendered:
         if DISPLAY_NAME not in context:
             name = context.get("name")
+            t = i18n.translator(context.get("locale"))
             context = {
                 **context,
                 DISPLAY_NAME: name or self.name_fallback,
-                "greeting": greeting.greeting(name, self.name_fallback),
+                "greeting": greeting.greeting(name, self.name_fallback, t),
+                "lang": t.language,
+                "dir": t.direction,
             }
         return Rendered(
             # One line whatever the variables hold (a user_id may hold a control character).

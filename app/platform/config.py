@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field, fields
 from urllib.parse import urlsplit
 
+import babel
 import dotenv
 
 
@@ -219,6 +220,11 @@ class Settings:
         "#1f5fbf", "accent colour of links, the name and the card's top edge (`#rgb` or `#rrggbb`)"
     )
     brand_background: str = setting("#f4f5f7", "colour around the card (`#rgb` or `#rrggbb`)")
+    default_locale: str = setting(
+        "en",
+        "the language of a subscriber who has set none, and the last step before English of every "
+        "locale's fallback chain (a BCP 47 tag: `en`, `pt-BR`, `de`; docs/i18n.md)",
+    )
     name_fallback: str = setting(
         "",
         "what `{{name}}` shows for a subscriber without a name, in newsletters and the greeting of "
@@ -476,6 +482,7 @@ def load() -> Settings:
     )
     values["mail_postal_address"] = _postal_address(env, os.environ.get("MAIL_POSTAL_ADDRESS", ""))
     values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
+    values["default_locale"] = _default_locale(values.get("default_locale", Settings.default_locale))
     values.update({name: raw.strip() for name in _BRAND if (raw := os.environ.get(env_name(name)))})
     retention = values.get("retention_days", Settings.retention_days)
     if retention < 0 or 0 < retention < MIN_RETENTION_DAYS:
@@ -485,6 +492,19 @@ def load() -> Settings:
     settings = Settings(**values)
     check_brand(settings)
     return settings
+
+
+def _default_locale(raw: str) -> str:
+    """DEFAULT_LOCALE in its one spelling (`pt_br` -> `pt-BR`; app/platform/i18n.py normalises
+    subscribers' tags the same way), or a ConfigError: every mail of a subscriber without a locale
+    would otherwise fall back to English without a word."""
+    try:
+        parsed = babel.Locale.parse(raw.strip().replace("-", "_"))
+    except (babel.UnknownLocaleError, ValueError) as exc:
+        raise ConfigError(
+            f"DEFAULT_LOCALE must be a locale such as `en`, `pt-BR` or `de`, got {raw!r}: {exc}"
+        ) from None
+    return "-".join(part for part in (parsed.language, parsed.script, parsed.territory, parsed.variant) if part)
 
 
 _COLOUR = re.compile(r"#(?:[0-9a-fA-F]{3}){1,2}")

@@ -9,7 +9,9 @@ did the layout). In a fragment:
   <!-- layout:card -->                     what follows goes in the card (also where unmarked text goes)
   <!-- layout:after -->                    what follows goes under the card, small and centred
                                           (footers)
-Markers are optional and are written in that order. Wrapping happens when a template is compiled,
+Markers are optional and are written in that order. The document's language and direction are the
+reader's (`{{lang}}`, `{{dir}}`: every digest and newsletter context holds them, app/platform/i18n.py).
+Wrapping happens when a template is compiled,
 before premailer inlines the CSS, so a mail pays nothing for it. The brand values were validated
 at start-up (app/platform/config.py check_brand): colours are #rgb/#rrggbb and the logo an https URL
 without quotes, so neither can carry markup or CSS; the name is HTML-escaped.
@@ -96,7 +98,7 @@ def wrap(fragment: str, brand: Brand | None = None) -> str:
         mark = f'<span class="layout-brand">{name}</span>'
     after = f'<div class="layout-after">\n{parts["after"].strip()}\n</div>\n' if parts["after"].strip() else ""
     return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<!DOCTYPE html>\n<html lang="{{lang}}" dir="{{dir}}">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"{head}\n{_css(brand)}</head>\n<body>\n"
         '<div class="layout">\n'

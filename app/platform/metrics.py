@@ -91,6 +91,12 @@ DIGEST_LATENESS = Histogram(
     "Seconds from a run's scheduled_for to its send",
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400),
 )
+# -- languages
+I18N_FALLBACKS = Counter(
+    "notify_i18n_fallbacks",
+    "Messages a locale's own catalog lacked, by locale: the next locale of its chain was used",
+    ["locale"],
+)
 # -- newsletters
 NEWSLETTER_RECIPIENTS = Counter(
     "notify_newsletter_recipients",

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
 
-from app.platform import db, timezones
+from app.platform import db, i18n, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
 from app.platform.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
 from app.subscribers import streams
@@ -61,6 +61,25 @@ _WEEKDAY_SCHEMA = {
 Category = Text(100, min_length=1)
 
 
+def _locale(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return i18n.normalize(value)
+    except i18n.LocaleError:
+        raise fail("locale", "must be a BCP 47 language tag this service knows, e.g. en, pt-BR, de or ar") from None
+
+
+def _locale_schema(schema: dict) -> None:
+    schema.clear()
+    schema.update(
+        anyOf=[{"type": "string", "minLength": 2, "maxLength": i18n.MAX_TAG}, {"type": "null"}],
+        description="the subscriber's language, a BCP 47 tag (`pt-BR`, `de`, `ar`; `pt_br` is stored as `pt-BR`); "
+        f"null: DEFAULT_LOCALE. Shipped translations: {', '.join(i18n.SHIPPED)}; another known tag gets its "
+        "dates and numbers, and the words of its language's fallback chain",
+    )
+
+
 # A deliverable address, as the API takes it wherever one is given (subscribers, test sends).
 # `idn-email` (JSON Schema: RFC 6531, its domain an IDNA name) says what the pattern cannot: the domain
 # check, which refuses what a pattern-valid address may still have (a label over 63 characters, an `_`).
@@ -94,6 +113,7 @@ class SubscriberInput(Body):
         list[Category], Field(max_length=MAX_CATEGORIES), AfterValidator(lambda v: sorted(set(v)))
     ] = []
     tracking_opt_out: bool = False
+    locale: Annotated[str | None, *documented(_locale_schema, _locale)] = None
 
 
 FIELDS = tuple(SubscriberInput.model_fields)
@@ -181,6 +201,7 @@ COLUMNS = (
     "digest_weekday",
     "category_opt_outs",
     "tracking_opt_out",
+    "locale",
     "paused_until",
     "unsubscribed_at",
     "created_at",

@@ -205,7 +205,7 @@ def test_no_imports_hidden_in_functions_except_the_measured_ones():
 
 
 def _listed_paths(text: str) -> set[str]:
-    return set(re.findall(r"(?<![\w/.])((?:app|digest|tracking|actors)/(?:[a-z_]+/)*(?:[a-z_]+\.py)?)", text))
+    return set(re.findall(r"(?<![\w/.])((?:app|digest|tracking|actors)/(?:[a-z0-9_]+/)*(?:[a-z0-9_]+\.py)?)", text))
 
 
 def test_docs_layout_lists_every_module_and_nothing_that_is_not_there():

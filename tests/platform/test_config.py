@@ -28,7 +28,7 @@ def test_every_setting_has_a_doc_and_reads_its_own_variable(monkeypatch):
     expected = {"int": 7, "float": 0.5, "bool": False, "str": "x", "tuple": ("a", "b")}
     for f in fields(config.Settings):
         assert f.metadata.get("doc"), f.name
-        if f.name in ("base_url", *config._SPECIAL):  # read by load() with their own rules
+        if f.name in ("base_url", "default_locale", *config._SPECIAL):  # read by load() with their own rules
             continue
         monkeypatch.setenv(config.env_name(f.name), samples[f.type])
         assert getattr(config.load(), f.name) == expected[f.type], f.name
@@ -38,4 +38,12 @@ def test_every_setting_has_a_doc_and_reads_its_own_variable(monkeypatch):
 def test_a_malformed_number_names_its_variable(monkeypatch):
     monkeypatch.setenv("DIGEST_MAX_ITEMS", "fifty")
     with pytest.raises(config.ConfigError, match="DIGEST_MAX_ITEMS must be an integer"):
+        config.load()
+
+
+def test_default_locale_is_stored_in_one_spelling_and_an_unknown_one_refused(monkeypatch):
+    monkeypatch.setenv("DEFAULT_LOCALE", "pt_br")
+    assert config.load().default_locale == "pt-BR"
+    monkeypatch.setenv("DEFAULT_LOCALE", "klingon")
+    with pytest.raises(config.ConfigError, match="DEFAULT_LOCALE must be a locale"):
         config.load()

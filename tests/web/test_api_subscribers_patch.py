@@ -23,6 +23,7 @@ START = {
     "digest_weekday": 4,
     "category_opt_outs": ["likes"],
     "tracking_opt_out": True,
+    "locale": "de",
 }
 
 
@@ -58,6 +59,8 @@ def _fields(record: dict) -> dict:
         ("digest_weekday", "sunday", 6),
         ("category_opt_outs", ["b", "a", "a"], ["a", "b"]),
         ("tracking_opt_out", False, False),
+        ("locale", "pt_br", "pt-BR"),
+        ("locale", None, None),
     ],
 )
 def test_each_field_alone_changes_only_itself(client, admin_key, ana, field, value, stored):
@@ -75,7 +78,7 @@ def test_email_patch_updates_the_canonical_address(client, admin_key, ana):
 
 def test_null_clears_optional_fields_to_puts_defaults(client, admin_key, ana):
     body = dict.fromkeys(("name", "timezone", "digest_cadence", "digest_hour", "digest_weekday"), None)
-    body.update(category_opt_outs=None, tracking_opt_out=None)
+    body.update(category_opt_outs=None, tracking_opt_out=None, locale=None)
     r = patch(client, admin_key, body)
     assert r.status_code == 200, r.text
     assert _fields(r.json()) == {
@@ -87,6 +90,7 @@ def test_null_clears_optional_fields_to_puts_defaults(client, admin_key, ana):
         "digest_weekday": 0,
         "category_opt_outs": [],
         "tracking_opt_out": False,
+        "locale": None,
     }
 
 
@@ -104,6 +108,8 @@ def test_null_for_the_required_email_is_422_naming_it(client, admin_key, ana):
         ({"digest_hour": 24}, "digest_hour"),
         ({"timezone": "Mars/Olympus_Mons"}, "timezone"),
         ({"email": "not-an-email"}, "email"),
+        ({"locale": "xx-klingon"}, "locale"),
+        ({"locale": 42}, "locale"),
         ({"user_id": "someone-else"}, "user_id"),
         (["name"], "body"),
     ],

@@ -72,6 +72,7 @@ _RECORD = {
     "digest_weekday": 0,
     "category_opt_outs": [],
     "tracking_opt_out": False,
+    "locale": None,
     "paused_until": None,
     "unsubscribed_at": None,
     "created_at": "2026-11-28T09:00:00+00:00",

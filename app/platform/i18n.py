@@ -1,0 +1,314 @@
+"""Every subscriber's language: locales, message catalogs, plurals, lists, numbers and dates.
+
+Why gettext catalogs (docs/i18n.md says more): `.po` files are what translators and their tools
+(Poedit, Weblate, Crowdin) already read; Babel extracts the messages from the code and templates
+and reads the catalogs; and CLDR, through Babel, decides every plural and list. Messages are
+English source strings with `{name}` placeholders, filled after translation (`str.format`).
+
+Locales are BCP 47 tags (`pt-BR`, `de`, `ar`), parsed and normalised with Babel (`pt_br` and
+`pt-br` are `pt-BR`); a tag Babel does not know is refused (`LocaleError`). The catalogs are
+`app/locale/<tag>.po`, read once per process, on first use. A message is looked up along a
+fallback chain, message by message: the locale (`de-CH`), its language (`de`), DEFAULT_LOCALE, and
+the English source last, so a reader never sees a raw key. Each fallback from a shipped locale is
+counted (`notify_i18n_fallbacks_total{locale}`) and logged once per process and message.
+
+Plurals follow CLDR: a plural message has one form per CLDR category of its locale (ru: one, few,
+many, other; ar: zero, one, two, few, many, other; ja: other), in CLDR's order, and Babel picks the
+category of a count. The `.po` header's Plural-Forms is derived from the same rule
+(scripts/dev/messages.py writes it; tests/checks/test_catalogs.py checks every catalog).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta, tzinfo
+from functools import lru_cache
+from pathlib import Path
+
+from babel import Locale, UnknownLocaleError
+from babel.dates import format_date, format_datetime, format_time, format_timedelta
+from babel.lists import format_list
+from babel.messages.catalog import Catalog
+from babel.messages.pofile import read_po
+from babel.numbers import format_decimal
+
+from app.platform import config, metrics
+
+log = logging.getLogger("app.platform.i18n")
+
+CATALOG_DIR = Path(__file__).resolve().parents[1] / "locale"
+SOURCE = "en"  # the language of the messages in the code
+# Complete catalogs; the preference page offers these. en-XA is the pseudo-locale (accented, longer,
+# bracketed), for finding words that were never translated; it is not offered to subscribers.
+SHIPPED = ("en", "pt-BR", "es", "fr", "de", "ru", "ar", "ja")
+PSEUDO = "en-XA"
+MAX_TAG = 35  # the longest well-formed tag RFC 5646 asks implementations to accept
+# Bare English formats dates as CLDR's international English ("3 Mar", "19:00"), as the service
+# always wrote them; `en-US` gets "Mar 3".
+FORMAT_LOCALES = {"en": "en_001", PSEUDO: "en_001"}
+# CLDR's plural categories, in the order catalogs keep their forms.
+CATEGORIES = ("zero", "one", "two", "few", "many", "other")
+
+
+class LocaleError(ValueError):
+    pass
+
+
+_ACCENTS = str.maketrans(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "åƀçðéƒĝĥîĵķļɱñöþǫŕšţûṽŵẋýžÅƁÇÐÉƑĜĤÎĴĶĻṀÑÖÞǪŔŠŢÛṼŴẊÝŽ",
+)
+_PLACEHOLDER = re.compile(r"(\{[a-z_0-9]+\}|%\([a-z_]+\)s|<[^>]*>|&[a-z]+;)")
+
+
+def pseudo(text: str) -> str:
+    """The pseudo-locale's version of a message (scripts/dev/messages.py writes en-XA.po with it):
+    accented, about 35 % longer, bracketed; placeholders, markup and entities untouched."""
+    parts = _PLACEHOLDER.split(text)
+    shown = "".join(p if _PLACEHOLDER.fullmatch(p) else p.translate(_ACCENTS) for p in parts)
+    letters = sum(len(p) for p in parts if not _PLACEHOLDER.fullmatch(p))
+    return f"[{shown}{'·' * max(1, round(letters * 0.35))}]"
+
+
+def bcp47(locale: Locale) -> str:
+    """Babel's `pt_BR` as the tag a person writes: `pt-BR` (config.py spells DEFAULT_LOCALE alike)."""
+    return "-".join(part for part in (locale.language, locale.script, locale.territory, locale.variant) if part)
+
+
+@lru_cache(maxsize=512)
+def _parse(tag: str) -> Locale:
+    if tag.replace("-", "_") == PSEUDO.replace("-", "_"):
+        return Locale.parse("en_XA") if _known("en_XA") else Locale("en")
+    try:
+        return Locale.parse(tag.replace("-", "_"))
+    except (UnknownLocaleError, ValueError, TypeError) as exc:
+        raise LocaleError(f"{tag!r} is no locale this service knows: {exc}") from None
+
+
+def _known(identifier: str) -> bool:
+    try:
+        Locale.parse(identifier)
+    except (UnknownLocaleError, ValueError):
+        return False
+    return True
+
+
+def normalize(tag: object) -> str:
+    """A BCP 47 tag in its one spelling (`pt_br` -> `pt-BR`); LocaleError for anything else."""
+    if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG or not tag.isascii():
+        raise LocaleError("a locale is a BCP 47 tag such as `pt-BR`, `de` or `ar`")
+    if tag.replace("_", "-").lower() == PSEUDO.lower():
+        return PSEUDO
+    return bcp47(_parse(tag))
+
+
+def chain(tag: str) -> tuple[str, ...]:
+    """The locales a message is looked up in, most specific first, up to the source language, whose
+    words are the messages themselves: `de-CH` -> (de-CH, de, DEFAULT_LOCALE, en); `en-GB` -> (en-GB, en)."""
+    out: list[str] = []
+    for candidate in (tag, tag.split("-")[0], config.get().default_locale, SOURCE):
+        if candidate not in out:
+            out.append(candidate)
+        if candidate == SOURCE:
+            break
+    return tuple(out)
+
+
+def plural_index(locale: Locale, count: int | float) -> int:
+    """The form of `count` among the locale's plural forms (CLDR's categories, in CATEGORIES order)."""
+    tags = [c for c in CATEGORIES if c in locale.plural_form.tags or c == "other"]
+    return tags.index(locale.plural_form(abs(count)))
+
+
+def forms(locale_tag: str) -> int:
+    """How many forms a plural message has in this locale: its CLDR categories."""
+    loc = _parse(locale_tag)
+    return len([c for c in CATEGORIES if c in loc.plural_form.tags or c == "other"])
+
+
+@dataclass(frozen=True)
+class _Messages:
+    """One catalog, as lookups need it: msgid -> translation (a str, or a tuple of plural forms)."""
+
+    tag: str
+    locale: Locale
+    strings: dict
+
+
+def _read(path: Path) -> Catalog:
+    with path.open("rb") as f:
+        return read_po(f)
+
+
+def _load(tag: str) -> _Messages | None:
+    path = CATALOG_DIR / f"{tag}.po"
+    if not path.exists():
+        return None
+    strings: dict = {}
+    for message in _read(path):
+        if not message.id or message.fuzzy:
+            continue
+        key = message.id[0] if isinstance(message.id, tuple) else message.id
+        value = message.string
+        if (isinstance(value, tuple) and all(value)) or (isinstance(value, str) and value):
+            strings[key] = value
+    return _Messages(tag, _parse(tag), strings)
+
+
+_lock = threading.Lock()
+_catalogs: dict[str, _Messages | None] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def catalog(tag: str) -> _Messages | None:
+    """The catalog of `tag` (None: none is shipped), read once per process."""
+    if tag in _catalogs:
+        return _catalogs[tag]
+    with _lock:
+        if tag not in _catalogs:
+            _catalogs[tag] = _load(tag)
+    return _catalogs[tag]
+
+
+def _fell_back(tag: str, msgid: str) -> None:
+    metrics.I18N_FALLBACKS.labels(tag).inc()
+    if (tag, msgid) not in _warned:
+        _warned.add((tag, msgid))
+        log.warning("locale %s has no translation of %r: the next locale of its chain is used", tag, msgid[:80])
+
+
+class Translator:
+    """The words of one locale: `gettext`, `ngettext` (CLDR plurals), lists, numbers and dates.
+    Shared and cached per locale (`translator(tag)`); thread-safe (it only reads)."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+        self.locale = _parse(tag)
+        self.language = tag  # what `lang` says in mails and pages
+        self.direction = "rtl" if self.locale.character_order == "right-to-left" else "ltr"
+        self.formats = Locale.parse(FORMAT_LOCALES[tag]) if tag in FORMAT_LOCALES else self.locale
+        # The catalogs before the source language (its words are the messages: no catalog needed).
+        self._chain = [c for c in (catalog(t) for t in chain(tag) if t != SOURCE) if c is not None]
+        self._counted = bool(self._chain) and self._chain[0].tag == tag
+
+    def _lookup(self, msgid: str) -> tuple[str | tuple[str, ...], Locale] | None:
+        """The translation along the chain, and the locale whose plural rules it follows; None: the
+        source's own words. A message the locale's own catalog lacks is a fallback, counted."""
+        for i, messages in enumerate(self._chain):
+            found = messages.strings.get(msgid)
+            if found is not None:
+                if i and self._counted:
+                    _fell_back(self.tag, msgid)
+                return found, messages.locale
+        if self._counted:
+            _fell_back(self.tag, msgid)
+        return None
+
+    def gettext(self, msgid: str, **values: object) -> str:
+        """`msgid` in this locale, its `{placeholders}` filled from `values`."""
+        found = self._lookup(msgid)
+        text = found[0] if found is not None and isinstance(found[0], str) else msgid
+        return text.format(**values) if values else text
+
+    def ngettext(self, singular: str, plural: str, count: int, **values: object) -> str:
+        """The form of `count` (CLDR) of a plural message; `{count}` is the count in the locale's
+        digits and separators."""
+        found = self._lookup(singular)
+        values = {"count": self.number(count), **values}
+        if found is not None and isinstance(found[0], tuple):
+            translated, locale = found
+            text = translated[min(plural_index(locale, count), len(translated) - 1)]
+        else:
+            text = singular if count == 1 else plural
+        return text.format(**values)
+
+    def number(self, value: int | float) -> str:
+        return format_decimal(value, locale=self.formats)
+
+    def join(self, items: list[str]) -> str:
+        """ "Ana, Bo and Cy" in English, "Ana, Bo e Cy" in Portuguese (CLDR's list pattern; in the
+        pseudo-locale its words accented too)."""
+        if not items:
+            return ""
+        if self.tag != PSEUDO:
+            return format_list(items, locale=self.formats)
+        pattern = format_list([f"{{{i}}}" for i in range(len(items))], locale=self.formats)
+        return pattern.translate(_ACCENTS).format(*items)
+
+    def _cldr(self, text: str) -> str:
+        """CLDR's words (month and day names, "ago"), accented in the pseudo-locale like its messages."""
+        return text.translate(_ACCENTS) if self.tag == PSEUDO else text
+
+    def date(self, value: date | datetime, format: str = "long", zone: tzinfo | None = None) -> str:
+        if isinstance(value, datetime):
+            value = value.astimezone(zone) if zone else value
+        return self._cldr(format_date(value, format=format, locale=self.formats))
+
+    def moment(self, value: datetime, format: str = "medium", zone: tzinfo | None = None) -> str:
+        """A date and time (`medium`: "3 Mar 2026, 09:00"), in `zone`."""
+        return self._cldr(format_datetime(value, format=format, tzinfo=zone, locale=self.formats))
+
+    def time(self, value: time | datetime, format: str = "short", zone: tzinfo | None = None) -> str:
+        return self._cldr(format_time(value, format=format, tzinfo=zone, locale=self.formats))
+
+    def skeleton(self, value: datetime, skeleton: str, zone: tzinfo | None = None) -> str:
+        """A date by CLDR skeleton (`MMMd`, `yMMMMd`, `Hm`…: the locale orders the parts), or by a
+        pattern CLDR has no skeleton for (`EEEE`, the weekday)."""
+        local = value.astimezone(zone) if zone else value
+        pattern = self.formats.datetime_skeletons.get(skeleton, skeleton)
+        return self._cldr(format_datetime(local, pattern, locale=self.formats))
+
+    def ago(self, delta_seconds: float) -> str:
+        """ "3 hours ago", "il y a 3 heures" (CLDR's relative time, rounded down to its unit)."""
+        shown = format_timedelta(
+            timedelta(seconds=-delta_seconds), add_direction=True, threshold=1, locale=self.formats
+        )
+        return self._cldr(shown)
+
+
+@lru_cache(maxsize=64)
+def _translator(tag: str) -> Translator:
+    return Translator(tag)
+
+
+def translator(tag: str | None = None) -> Translator:
+    """The translator of a stored (normalised) tag; None: DEFAULT_LOCALE. A tag stored before a
+    locale stopped being known falls back to DEFAULT_LOCALE rather than failing a mail."""
+    try:
+        return _translator(normalize(tag or config.get().default_locale))
+    except LocaleError:
+        return _translator(SOURCE)
+
+
+def negotiate(accept_language: str | None) -> str:
+    """The shipped locale an `Accept-Language` header prefers most; DEFAULT_LOCALE when none fits."""
+    wanted: list[tuple[float, str]] = []
+    for i, part in enumerate((accept_language or "").split(",")[:20]):
+        tag, _, params = part.strip().partition(";")
+        q = 1.0
+        if params.strip().startswith("q="):
+            try:
+                q = float(params.strip()[2:])
+            except ValueError:
+                continue
+        if tag and tag != "*" and q > 0:
+            wanted.append((-q, f"{i:02d}{tag}"))
+    offered = {t.lower(): t for t in SHIPPED}
+    for _, keyed in sorted(wanted):
+        tag = keyed[2:].replace("_", "-").lower()
+        for candidate in (tag, tag.split("-")[0]):
+            if candidate in offered:
+                return offered[candidate]
+        for shipped_lower, shipped in offered.items():
+            if shipped_lower.split("-")[0] == tag.split("-")[0]:
+                return shipped
+    return config.get().default_locale
+
+
+def native_name(tag: str) -> str:
+    """A locale in its own name: "Português (Brasil)", "العربية", "日本語"."""
+    name = _parse(tag).get_display_name(_parse(tag)) or tag
+    return name[:1].upper() + name[1:]
