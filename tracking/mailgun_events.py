@@ -91,7 +91,8 @@ def verify(body: object, signing_key: str, max_age_seconds: int, now: float | No
     if len(token) > MAX_TOKEN_LENGTH:
         raise MailgunError("token too long")
     expected = hmac.new(signing_key.encode(), (timestamp + token).encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, signature.strip().lower()):
+    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a refusal).
+    if not hmac.compare_digest(expected.encode(), signature.strip().lower().encode()):
         raise MailgunError("signature does not match")
     return token
 
@@ -144,7 +145,7 @@ def rows_from_body(body: dict) -> list[tuple]:
             name = PERMANENT_REASONS.get(reason, "bounce") if isinstance(reason, str) else "bounce"
             if reason == "espblock":
                 payload["type"] = "blocked"
-    elif kind in NAMES:
+    elif isinstance(kind, str) and kind in NAMES:
         name = NAMES[kind]
     else:
         return []

@@ -60,6 +60,8 @@ def authorized(header: str | None, user: str, password: str) -> bool:
 
 
 def _bounce(kind: object) -> tuple[str, str | None]:
+    if not isinstance(kind, str):
+        return "bounce_other", None
     if kind in HARD:
         return "bounce", None
     if kind == "Blocked":

@@ -8,9 +8,9 @@ only one of them per identity: each SNS message is a new event, so both would co
 
 One SNS message is one SES event, which may name several recipients (one bounce for three of them):
 one row per recipient, id `ses:<SNS MessageId>:<n>`, so a redelivered message is stored once and
-every recipient gets its own row (what an erasure deletes); each row's raw event keeps only its
-own recipient in the recipient list. The mail is found by `mail.messageId` (what the SES provider
-records as provider_message_id).
+every recipient gets its own row (what an erasure deletes); each row's raw event then names only its
+own recipient (the recipient list and `mail.destination` narrowed, the mail's headers left out).
+The mail is found by `mail.messageId` (what the SES provider records as provider_message_id).
 
 The vocabulary is tracking/webhook_apply.py's:
   Bounce Permanent                          → bounce (suppressed)
@@ -82,7 +82,7 @@ def rows_from_message(sns_message_id: str, message: str) -> list[tuple]:
         return []
     kind = event.get("eventType") or event.get("notificationType")
     mail = event.get("mail")
-    if kind not in _RECIPIENTS or not isinstance(mail, dict):
+    if not isinstance(kind, str) or kind not in _RECIPIENTS or not isinstance(mail, dict):
         log.info("SNS notification %s: not an SES event we apply (%r); nothing stored", sns_message_id, kind)
         return []
     key, list_key, address_key = _RECIPIENTS[kind]
@@ -99,9 +99,15 @@ def rows_from_message(sns_message_id: str, message: str) -> list[tuple]:
         if not isinstance(address, str) or not address.strip():
             continue
         raw = event
-        if list_key and len(recipients) > 1:  # this recipient's row names no other recipient
+        destination = mail.get("destination")
+        if len(recipients) > 1 or (isinstance(destination, list) and len(destination) > 1):
+            # This recipient's row names no other recipient: an erasure of one, which deletes the
+            # rows of its address, leaves no trace of it in another's row.
             raw = copy.copy(event)
-            raw[key] = {**detail, list_key: [recipient]}
+            raw["mail"] = {k: v for k, v in mail.items() if k not in ("headers", "commonHeaders")}
+            raw["mail"]["destination"] = [address]
+            if list_key:
+                raw[key] = {**detail, list_key: [recipient]}
         payload = {"provider": "ses", "message_id": message_id, "raw": raw}
         if kind == "Click" and isinstance(detail.get("link"), str):
             payload["url"] = detail["link"]

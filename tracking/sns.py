@@ -171,6 +171,10 @@ class Certificates:
         self._failed = NegativeCache(1000, FAILED_URL_SECONDS)
         self.fetches = 0
 
+    def at_hand(self, url) -> bool:
+        """Whether `keys(url)` answers without fetching (pinned, or fetched before)."""
+        return self.pinned is not None or (isinstance(url, str) and url in self._cache)
+
     def keys(self, url: str) -> list[rsa.RSAPublicKey]:
         if self.pinned is not None:
             return self.pinned
@@ -218,7 +222,7 @@ def verify(
     if not isinstance(body, dict):
         raise SnsError("body is not an SNS message")
     kind = body.get("Type")
-    if kind not in FIELDS:
+    if not isinstance(kind, str) or kind not in FIELDS:
         raise SnsError("Type is not an SNS message type")
     for name in FIELDS[kind]:
         value = body.get(name)
@@ -227,7 +231,7 @@ def verify(
     if body["TopicArn"] not in topics:
         raise SnsError("TopicArn is not in SES_SNS_TOPIC_ARNS")
     version = body.get("SignatureVersion")
-    if version not in HASHES:
+    if not isinstance(version, str) or version not in HASHES:
         raise SnsError("SignatureVersion must be 1 or 2")
     url = body.get("SigningCertURL")
     if not isinstance(url, str):

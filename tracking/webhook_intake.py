@@ -89,10 +89,11 @@ def row(event_id: str, name: str, email: str | None, payload: dict) -> tuple:
     """One stored event of another provider: its prefixed id (a longer one is replaced by its hash,
     keeping the prefix), the event name webhook_apply applies, the address it is about, and the
     payload (the provider's raw event inside)."""
-    if len(event_id) > MAX_ID_LENGTH:
+    if len(event_id) > MAX_ID_LENGTH or "\x00" in event_id:
         prefix = event_id.split(":", 1)[0]
-        event_id = f"{prefix}:sha256:{hashlib.sha256(event_id.encode()).hexdigest()}"
-    email = email[:MAX_EMAIL_LENGTH] if isinstance(email, str) and email else None
+        event_id = f"{prefix}:sha256:{hashlib.sha256(event_id.encode(errors='replace')).hexdigest()}"
+    # Postgres text refuses NUL as jsonb does: the stored address loses it like the payload's copy.
+    email = email[:MAX_EMAIL_LENGTH].replace("\x00", "\ufffd") if isinstance(email, str) and email else None
     return (event_id, name[:MAX_EVENT_LENGTH], email, _without_nul(payload)[0].decode())
 
 

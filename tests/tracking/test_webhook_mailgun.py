@@ -207,3 +207,45 @@ def test_production_refuses_to_start_when_mailgun_sends_without_a_signing_key(se
     web.create_app()
     settings(mail_provider="smtp", mailgun_webhook_signing_key="")  # not in use: not required
     web.create_app()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"signature": {"timestamp": "１７００", "token": "t", "signature": "x"}, "event-data": {}},
+        {"signature": {"timestamp": str(int(time.time())), "token": "t", "signature": "é" * 64}, "event-data": {}},
+        {"signature": {"timestamp": [1], "token": {}, "signature": None}},
+        {"signature": "x", "event-data": []},
+        {"signature": {"timestamp": True, "token": "t", "signature": "s"}},
+    ],
+)
+def test_hostile_signatures_are_refused_not_errors(client, configured, body):
+    assert post(client, body).status_code == 403 and event_count() == 0
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"event": ["failed"], "recipient": "a@x.test"},
+        {"event": "failed", "severity": ["permanent"], "reason": {"x": 1}, "recipient": ["a@x.test"]},
+        {"event": "clicked", "url": 5, "message": "not an object", "id": 7},
+        {"event": "failed", "severity": "temporary", "delivery-status": {"attempt-no": [1]}, "recipient": "a@x.test"},
+        {"event": "delivered", "recipient": "a\u0000@x.test", "message": {"headers": {"message-id": ["x"]}}},
+    ],
+)
+def test_odd_event_data_is_stored_or_skipped_never_an_error(client, configured, enqueued, data):
+    r = post(client, signed(data))
+    assert r.status_code == 200, r.text
+    apply_all()
+    assert db.query("SELECT count(*) FROM webhook_events WHERE processed_at IS NULL") == [(0,)]
+
+
+def test_through_the_real_server(live_server, configured, enqueued):
+    """The app under uvicorn: a signed event stored, the same request again refused as a replay."""
+    import httpx
+
+    body = signed(event("complained", "ana@example.com"))
+    with httpx.Client(base_url=live_server, timeout=30) as http:
+        assert http.post("/webhooks/mailgun", json=body).json() == {"stored": 1, "duplicates": 0}
+        assert http.post("/webhooks/mailgun", json=body).status_code == 403
+    assert event_count() == 1

@@ -196,3 +196,33 @@ def test_half_a_credential_is_a_start_up_error_everywhere(settings):
     settings(postmark_webhook_user=USER, postmark_webhook_password="")
     with pytest.raises(config.ConfigError, match="together"):
         web.create_app()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"RecordType": "Bounce", "Type": ["HardBounce"], "Email": ["a@x.test"], "ID": "7"},
+        {"RecordType": "Bounce", "Type": "HardBounce", "Email": "a\u0000@x.test", "ID": 2**70},
+        {"RecordType": "SubscriptionChange", "SuppressSending": True, "SuppressionReason": {"x": 1}},
+        {"RecordType": "Click", "OriginalLink": 5, "MessageID": 5, "Recipient": None},
+        {"RecordType": "Inbound", "From": "a@x.test"},
+    ],
+)
+def test_odd_records_are_stored_or_skipped_never_an_error(client, configured, enqueued, body):
+    r = post(client, body)
+    assert r.status_code == 200, r.text
+    apply_all()
+    assert db.query("SELECT count(*) FROM webhook_events WHERE processed_at IS NULL") == [(0,)]
+
+
+def test_through_the_real_server(live_server, configured, enqueued):
+    """The app under uvicorn, credentials in the URL as Postmark is given them."""
+    import httpx
+
+    host = live_server.removeprefix("http://")
+    with httpx.Client(timeout=30) as http:
+        wrong = http.post(f"http://{USER}:nope@{host}/webhooks/postmark", json=bounce("ana@example.com"))
+        assert wrong.status_code == 401
+        right = http.post(f"http://{USER}:{PASSWORD}@{host}/webhooks/postmark", json=bounce("ana@example.com"))
+        assert right.json() == {"stored": 1, "duplicates": 0}
+    assert event_count() == 1

@@ -71,7 +71,9 @@ def post(client, message: dict):
     return client.post(
         "/webhooks/ses",
         json=message,
-        headers={"x-amz-sns-message-type": message.get("Type", ""), "Content-Type": "text/plain; charset=UTF-8"},
+        headers={"x-amz-sns-message-type": str(message.get("Type")), "Content-Type": "text/plain; charset=UTF-8"}
+        if isinstance(message.get("Type"), str)
+        else {},
     )
 
 
@@ -240,6 +242,7 @@ def test_one_bounce_for_several_recipients_is_a_row_each_and_a_redelivery_is_sto
         ["a@example.com"],
         ["b@example.com"],
     ]
+    assert [p["raw"]["mail"]["destination"] for p in payloads] == [["a@example.com"], ["b@example.com"]]
     apply_all()
     assert db.query("SELECT email FROM suppressions ORDER BY email") == [("a@example.com",), ("b@example.com",)]
 
@@ -356,3 +359,64 @@ def test_the_string_to_sign_is_awss(signing_key):
         subscription_confirmation(),
     ):
         assert sns.string_to_sign(message) == string_to_sign(message)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"SignatureVersion": ["1"]},
+        {"Type": ["Notification"]},
+        {"SigningCertURL": "https://[::1/x.pem"},
+        {"SigningCertURL": 5},
+        {"Timestamp": "yesterday"},
+        {"Signature": "not base64!"},
+        {"Signature": "é" * 10},
+        {"Message": {"eventType": "Bounce"}},
+        {"TopicArn": [TOPIC]},
+    ],
+)
+def test_hostile_fields_are_refused_not_errors(client, pinned, signing_key, fields):
+    message = {**sign(signing_key, notification(ses_event("Bounce", ["a@x.test"]))), **fields}
+    assert post(client, message).status_code == 403 and event_count() == 0
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"eventType": ["Bounce"], "mail": {}},
+        {
+            "eventType": "Bounce",
+            "mail": {"messageId": 5},
+            "bounce": {"bouncedRecipients": [5, None, {"emailAddress": 7}]},
+        },
+        {"eventType": "Bounce", "mail": {}, "bounce": {"bounceType": ["Permanent"], "bouncedRecipients": ["a@x.test"]}},
+        {"eventType": "Delivery", "mail": {"destination": "a@x.test"}, "delivery": "x"},
+        {"notificationType": "AmazonSnsSubscriptionSucceeded", "message": "You have successfully subscribed"},
+        [1, 2],
+    ],
+)
+def test_odd_ses_events_are_stored_or_skipped_never_an_error(client, pinned, signing_key, enqueued, event):
+    import orjson
+
+    message = notification({}, Message=orjson.dumps(event).decode())
+    r = post(client, sign(signing_key, message))
+    assert r.status_code == 200, r.text
+    apply_all()
+    assert db.query("SELECT count(*) FROM webhook_events WHERE processed_at IS NULL") == [(0,)]
+
+
+def test_a_notification_that_is_not_an_ses_event_is_answered_and_stores_nothing(client, pinned, signing_key):
+    r = post(client, sign(signing_key, notification({}, Message="Hello from the SNS console")))
+    assert r.json() == {"stored": 0, "duplicates": 0}
+
+
+def test_through_the_real_server(live_server, pinned, signing_key, enqueued):
+    """The app under uvicorn: a v2 bounce stored, its forgery (another Message) refused."""
+    import httpx
+
+    message = sign(signing_key, notification(ses_event("Bounce", ["ana@example.com"])), "2")
+    with httpx.Client(base_url=live_server, timeout=30) as http:
+        forged = {**message, "Message": message["Message"].replace("ana@", "bob@")}
+        assert http.post("/webhooks/ses", json=forged).status_code == 403
+        assert http.post("/webhooks/ses", json=message).json() == {"stored": 1, "duplicates": 0}
+    assert [r[2] for r in stored()] == ["ana@example.com"]
