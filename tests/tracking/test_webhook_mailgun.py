@@ -12,6 +12,8 @@ import time
 import pytest
 import redis as redis_lib
 
+from app.operations import erasure
+from app.operations.audit import Operator
 from app.platform import config, db, queue
 from tests import factories
 from tests.provider_webhook_support import apply_all, event_count, mail_counts, stored, suppressed_under_every_spelling
@@ -249,3 +251,45 @@ def test_through_the_real_server(live_server, configured, enqueued):
         assert http.post("/webhooks/mailgun", json=body).json() == {"stored": 1, "duplicates": 0}
         assert http.post("/webhooks/mailgun", json=body).status_code == 403
     assert event_count() == 1
+
+
+def test_an_erasure_deletes_the_events_about_the_address_and_later_ones_are_not_kept(client, configured, enqueued):
+    """Mailgun reports on mail sent before an erasure for weeks: such an event still suppresses
+    (the address is kept suppressed as erased) and is not kept once applied."""
+    factories.subscriber("ana", "Ana@Bücher.example")
+    post(client, signed(event("delivered", "ANA@BÜCHER.EXAMPLE", "before")))
+    post(client, signed(event("delivered", "bo@example.com", "other")))
+    apply_all()
+    assert erasure.erase_subscriber("ana", Operator("test"))
+    assert [r[2] for r in stored()] == ["bo@example.com"]
+    post(client, signed(event("opened", "ana@xn--bcher-kva.example", "after")))
+    apply_all()
+    assert [r[2] for r in stored()] == ["bo@example.com"]
+    assert db.query("SELECT email, reason FROM suppressions") == [("ana@xn--bcher-kva.example", "erased")]
+
+
+def test_the_production_web_process_does_not_start_without_the_webhook_secret_of_a_provider_in_use():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAILGUN_", "SENDGRID_", "MAIL_PROVIDER"))}
+    env.update(
+        APP_ENV="production",
+        ENV_FILE="",
+        SECRET_KEY="k" * 48,
+        SENDGRID_WEBHOOK_ALLOW_UNSIGNED=config.ALLOW_UNSIGNED_WEBHOOK,
+        MAIL_POSTAL_ADDRESS="Example Ltd, 1 Main St, Springfield",
+        MAIL_PROVIDER="mailgun",
+    )
+
+    def run():
+        return subprocess.run(
+            [sys.executable, "-c", "import app.web"], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    proc = run()
+    assert proc.returncode != 0 and "MAILGUN_WEBHOOK_SIGNING_KEY" in proc.stderr, proc.stderr[-2000:]
+    env["MAILGUN_WEBHOOK_SIGNING_KEY"] = KEY
+    proc = run()
+    assert proc.returncode == 0, proc.stderr[-2000:]
