@@ -32,9 +32,9 @@ SPELLINGS = ["Ana@Bücher.example", "ANA@XN--BCHER-KVA.EXAMPLE", "ａｎａ@büc
 
 
 class SigningKey:
-    """An RSA key and a self-signed certificate for it, valid now, as PEM."""
+    """An RSA key and a self-signed certificate for it, valid now (or expired yesterday), as PEM."""
 
-    def __init__(self, common_name: str = "sns.amazonaws.com"):
+    def __init__(self, common_name: str = "sns.amazonaws.com", expired: bool = False):
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
         now = datetime.now(UTC)
@@ -44,8 +44,8 @@ class SigningKey:
             .issuer_name(name)
             .public_key(self.key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(days=1))
-            .not_valid_after(now + timedelta(days=30))
+            .not_valid_before(now - timedelta(days=60))
+            .not_valid_after(now + timedelta(days=-1 if expired else 30))
             .sign(self.key, hashes.SHA256())
         )
         self.pem = cert.public_bytes(serialization.Encoding.PEM)

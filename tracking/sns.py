@@ -16,7 +16,7 @@ A message is refused (SnsError, 403) unless, in this order, every check passes:
 Certificates: fetched over HTTPS (certificate and host checked by httpx) once per URL and kept in
 process (bounded), or, with SNS_SIGNING_CERT_FILE, read from that file and never fetched (an
 offline deployment, and the tests: they sign with a key they make). A certificate past its
-validity is not used.
+validity is not used (a cached one is fetched again once it expires).
 
 A SubscriptionConfirmation of an allowed topic is confirmed by a GET of its SubscribeURL (signed,
 and on an SNS host by the same rule); nothing else is ever fetched from what a message says.
@@ -111,9 +111,11 @@ def string_to_sign(body: dict) -> bytes:
 
 def _parse_timestamp(value: str) -> float:
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        when = datetime.fromisoformat(value)
     except ValueError:
         raise SnsError("Timestamp is not an ISO 8601 time") from None
+    # SNS writes UTC with a Z; a time without a zone is read as UTC, never as this host's local time.
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 # -- certificates -----------------------------------------------------------------------------
@@ -139,63 +141,81 @@ def _get(url: str, limit: int) -> bytes:
         raise SnsError(f"could not reach {urlsplit(url).hostname}: {exc.__class__.__name__}") from None
 
 
-def _public_keys(pem: bytes, what: str) -> list[rsa.RSAPublicKey]:
+@dataclass(frozen=True)
+class Keys:
+    """The RSA keys of the certificates valid now, and when the first of them expires."""
+
+    keys: list[rsa.RSAPublicKey]
+    expires: datetime
+
+    @property
+    def valid(self) -> bool:
+        return datetime.now(UTC) < self.expires
+
+
+def _public_keys(pem: bytes, what: str) -> Keys:
     try:
         certs = x509.load_pem_x509_certificates(pem)
     except ValueError:
         raise SnsError(f"{what} is not a PEM certificate") from None
     now = datetime.now(UTC)
-    keys = []
-    for cert in certs:
-        key = cert.public_key()
-        if isinstance(key, rsa.RSAPublicKey) and cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-            keys.append(key)
-    if not keys:
+    valid = [
+        c
+        for c in certs
+        if isinstance(c.public_key(), rsa.RSAPublicKey) and c.not_valid_before_utc <= now <= c.not_valid_after_utc
+    ]
+    if not valid:
         raise SnsError(f"{what} holds no RSA certificate valid now")
-    return keys
+    keys = [c.public_key() for c in valid]
+    return Keys([k for k in keys if isinstance(k, rsa.RSAPublicKey)], min(c.not_valid_after_utc for c in valid))
 
 
 class Certificates:
     """Signing keys by certificate URL: the pinned file's for every URL, or each URL's fetched once."""
 
     def __init__(self, pinned_file: str = ""):
-        self.pinned: list[rsa.RSAPublicKey] | None = None
+        self.pinned: Keys | None = None
         if pinned_file:
             try:
                 with open(pinned_file, "rb") as f:
                     self.pinned = _public_keys(f.read(), "SNS_SIGNING_CERT_FILE")
             except OSError as exc:
                 raise SnsError(f"SNS_SIGNING_CERT_FILE cannot be read: {exc.strerror}") from None
-        self._cache: OrderedDict[str, list[rsa.RSAPublicKey]] = OrderedDict()
+        self._cache: OrderedDict[str, Keys] = OrderedDict()
         self._lock = threading.Lock()  # one fetch at a time: the first request fetches, the rest wait
         self._failed = NegativeCache(1000, FAILED_URL_SECONDS)
         self.fetches = 0
 
     def at_hand(self, url) -> bool:
-        """Whether `keys(url)` answers without fetching (pinned, or fetched before)."""
-        return self.pinned is not None or (isinstance(url, str) and url in self._cache)
+        """Whether `keys(url)` answers without fetching (pinned, or fetched before and still valid)."""
+        if self.pinned is not None:
+            return True
+        cached = self._cache.get(url) if isinstance(url, str) else None
+        return cached is not None and cached.valid
 
     def keys(self, url: str) -> list[rsa.RSAPublicKey]:
         if self.pinned is not None:
-            return self.pinned
-        keys = self._cache.get(url)
-        if keys is not None:
-            return keys
+            if not self.pinned.valid:
+                raise SnsError("the certificate of SNS_SIGNING_CERT_FILE has expired")
+            return self.pinned.keys
+        cached = self._cache.get(url)
+        if cached is not None and cached.valid:
+            return cached.keys
         if url in self._failed:
             raise SnsError("SigningCertURL failed a moment ago")
         with self._lock:
-            keys = self._cache.get(url)
-            if keys is None:
+            cached = self._cache.get(url)
+            if cached is None or not cached.valid:  # an expired one is fetched again: AWS may have renewed it
                 self.fetches += 1
                 try:
-                    keys = _public_keys(_get(url, MAX_CERT_BYTES), "SigningCertURL")
+                    cached = _public_keys(_get(url, MAX_CERT_BYTES), "SigningCertURL")
                 except SnsError:
                     self._failed.add(url)
                     raise
-                self._cache[url] = keys
+                self._cache[url] = cached
                 while len(self._cache) > MAX_CACHED_CERTS:
                     self._cache.popitem(last=False)
-            return keys
+            return cached.keys
 
 
 _certificates: dict[str, Certificates] = {}

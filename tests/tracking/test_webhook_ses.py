@@ -420,3 +420,17 @@ def test_through_the_real_server(live_server, pinned, signing_key, enqueued):
         assert http.post("/webhooks/ses", json=forged).status_code == 403
         assert http.post("/webhooks/ses", json=message).json() == {"stored": 1, "duplicates": 0}
     assert [r[2] for r in stored()] == ["ana@example.com"]
+
+
+def test_an_expired_certificate_is_never_used(client, settings, local_sns, tmp_path):
+    from app import web
+
+    old = SigningKey(expired=True)
+    (tmp_path / "old.pem").write_bytes(old.pem)
+    settings(ses_sns_topic_arns=(TOPIC,), sns_signing_cert_file=str(tmp_path / "old.pem"))
+    with pytest.raises(config.ConfigError, match="no RSA certificate valid now"):
+        web.create_app()
+    settings(sns_signing_cert_file="")  # fetched: refused the same way
+    local_sns.httpd.files[CERT_URL.split("amazonaws.com", 1)[1]] = old.pem
+    r = post(client, sign(old, notification(ses_event("Delivery", ["a@x.test"]))))
+    assert r.status_code == 403 and "valid now" in r.json()["message"] and event_count() == 0
