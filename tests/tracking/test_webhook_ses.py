@@ -434,3 +434,11 @@ def test_an_expired_certificate_is_never_used(client, settings, local_sns, tmp_p
     local_sns.httpd.files[CERT_URL.split("amazonaws.com", 1)[1]] = old.pem
     r = post(client, sign(old, notification(ses_event("Delivery", ["a@x.test"]))))
     assert r.status_code == 403 and "valid now" in r.json()["message"] and event_count() == 0
+
+
+def test_an_unsubscribe_confirmation_is_verified_answered_and_not_followed(client, pinned, signing_key, local_sns):
+    message = subscription_confirmation(Type="UnsubscribeConfirmation", Message="You have unsubscribed")
+    assert post(client, sign(signing_key, message, "1")).json() == {"stored": 0, "duplicates": 0}
+    forged = {**sign(signing_key, message, "1"), "Message": "something else"}
+    assert post(client, forged).status_code == 403
+    assert local_sns.requests == [] and event_count() == 0
