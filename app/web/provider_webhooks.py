@@ -20,6 +20,7 @@ bounces and complaints would otherwise never reach the suppression list.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from starlette.concurrency import run_in_threadpool
@@ -27,7 +28,7 @@ from starlette.requests import Request
 
 from app.platform import config, http
 from app.platform.http import ApiError, read_body
-from app.platform.openapi import Operation, api_route
+from app.platform.openapi import Example, Operation, api_route
 from app.web.webhooks import WebhookStored, store
 from tracking import mailgun_events, postmark_events, ses_events, sns
 
@@ -177,6 +178,71 @@ async def mailgun(request: Request):
         raise
 
 
+# The reference's examples. What each provider posts: signed or with credentials that only a real
+# delivery (or a test that signs with its own key: tests/tracking/test_webhook_*.py) can have.
+SES_BOUNCE = {
+    "eventType": "Bounce",
+    "bounce": {
+        "bounceType": "Permanent",
+        "bounceSubType": "General",
+        "bouncedRecipients": [{"emailAddress": "you@example.test", "action": "failed", "status": "5.1.1"}],
+        "timestamp": "2025-11-28T09:00:01.000Z",
+        "feedbackId": "0100019a-0000-4000-8000-000000000001-000000",
+    },
+    "mail": {
+        "timestamp": "2025-11-28T09:00:00.000Z",
+        "source": "Notify <notify@example.test>",
+        "messageId": "0100019a-0000-4000-8000-000000000000-000000",
+        "destination": ["you@example.test"],
+    },
+}
+SES_EXAMPLE = {
+    "Type": "Notification",
+    "MessageId": "22b80b92-fdea-4c2c-8f9d-bdfb0c7bf324",
+    "TopicArn": "arn:aws:sns:eu-west-1:123456789012:ses-events",
+    "Message": json.dumps(SES_BOUNCE),
+    "Timestamp": "2025-11-28T09:00:02.000Z",
+    "SignatureVersion": "2",
+    "Signature": "EXAMPLEpH+DcEwjAPg8O9mY8dReBSwksfg2S7WKQcikcNKWLQjwu6A4VbeS0QHVCkhRS7fUQvi2egU3N858fiTDN6bk"
+    "kOxYDVrY0Ad8L10Hs3zH81mtnPk5uvvolIC1CXGu43obcgFxeL3khZl8IKvO61GWB6jI9b5+gLPoBc1Q=",
+    "SigningCertURL": "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000000000000000000000.pem",
+    "UnsubscribeURL": "https://sns.eu-west-1.amazonaws.com/?Action=Unsubscribe&SubscriptionArn="
+    "arn:aws:sns:eu-west-1:123456789012:ses-events:5b6bd0a2-0000-4000-8000-000000000000",
+}
+POSTMARK_EXAMPLE = {
+    "RecordType": "Bounce",
+    "MessageStream": "outbound",
+    "ID": 4323372036854775807,
+    "Type": "HardBounce",
+    "TypeCode": 1,
+    "Name": "Hard bounce",
+    "MessageID": "883953f4-6105-42a2-a16a-77a8eac79483",
+    "Description": "The server was unable to deliver your message (ex: unknown user, mailbox not found).",
+    "Details": "smtp;550 5.1.1 The email account that you tried to reach does not exist.",
+    "Email": "you@example.test",
+    "From": "notify@example.test",
+    "BouncedAt": "2025-11-28T09:00:01Z",
+    "Inactive": True,
+    "CanActivate": True,
+}
+MAILGUN_EXAMPLE = {
+    "signature": {
+        "timestamp": "1764320401",
+        "token": "a8ce0edb2dd8301dee6c2405235584e45aa91d1e9f979f3de0",
+        "signature": "d2271d12299f6592d9d44cd9d250f0704e4674c30d79d07c47a66f95ce71cf55",
+    },
+    "event-data": {
+        "id": "CPgfbmQMTCKtHW6uIWtuVe",
+        "event": "failed",
+        "severity": "permanent",
+        "reason": "bounce",
+        "timestamp": 1764320401.0,
+        "recipient": "you@example.test",
+        "message": {"headers": {"message-id": "20251128090000.1.ABCDEF@mg.example.test"}},
+        "delivery-status": {"code": 550, "attempt-no": 1, "message": "5.1.1 The email account does not exist"},
+    },
+}
+
 routes = [
     api_route(
         "/webhooks/ses",
@@ -185,6 +251,10 @@ routes = [
             "Amazon SES events over Amazon SNS (signed by SNS; topics in SES_SNS_TOPIC_ARNS); 200 only once committed",
             {200: ("committed (or the subscription confirmed)", WebhookStored)},
             errors=(400, 403, 404, 413, 502, 503),
+            description="Point an SNS topic your SES events go to at this URL (docs/tracking.md). Each message "
+            "is verified before anything in it is used: its SNS signature (v1 or v2) by a certificate from an "
+            "SNS host, its age and its topic (SES_SNS_TOPIC_ARNS). 404 while no topic is configured.",
+            example=Example(request=SES_EXAMPLE, answers={200: {"stored": 1, "duplicates": 0}}),
         ),
     ),
     api_route(
@@ -194,6 +264,9 @@ routes = [
             "Postmark webhooks (HTTP basic auth); 200 only once committed",
             {200: ("committed", WebhookStored)},
             errors=(400, 401, 404, 413, 503),
+            description="Postmark's webhook URL with basic auth credentials (POSTMARK_WEBHOOK_USER, "
+            "POSTMARK_WEBHOOK_PASSWORD), checked before the body is read. 404 while none are configured.",
+            example=Example(request=POSTMARK_EXAMPLE, answers={200: {"stored": 1, "duplicates": 0}}),
         ),
     ),
     api_route(
@@ -203,6 +276,10 @@ routes = [
             "Mailgun webhooks (HMAC-SHA256 signature, each token once); 200 only once committed",
             {200: ("committed", WebhookStored)},
             errors=(400, 403, 404, 413, 503),
+            description="Mailgun's webhooks, signed with MAILGUN_WEBHOOK_SIGNING_KEY: the signature, its age "
+            "(MAILGUN_WEBHOOK_MAX_AGE_SECONDS) and its token (accepted once) are checked before the event is "
+            "used. 404 while no key is configured.",
+            example=Example(request=MAILGUN_EXAMPLE, answers={200: {"stored": 1, "duplicates": 0}}),
         ),
     ),
 ]

@@ -293,3 +293,11 @@ def test_the_production_web_process_does_not_start_without_the_webhook_secret_of
     env["MAILGUN_WEBHOOK_SIGNING_KEY"] = KEY
     proc = run()
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_reference_example_signed_now_is_what_the_route_takes(client, configured, enqueued):
+    op = client.get("/openapi.json").json()["paths"]["/webhooks/mailgun"]["post"]
+    example = op["requestBody"]["content"]["application/json"]["example"]
+    assert post(client, example).status_code == 403  # as shown: signed long ago, with another key
+    r = post(client, signed(example["event-data"]))
+    assert r.status_code == 200 and r.json() == op["responses"]["200"]["content"]["application/json"]["example"]

@@ -226,3 +226,10 @@ def test_through_the_real_server(live_server, configured, enqueued):
         right = http.post(f"http://{USER}:{PASSWORD}@{host}/webhooks/postmark", json=bounce("ana@example.com"))
         assert right.json() == {"stored": 1, "duplicates": 0}
     assert event_count() == 1
+
+
+def test_the_reference_example_is_what_the_route_takes(client, configured, enqueued):
+    op = client.get("/openapi.json").json()["paths"]["/webhooks/postmark"]["post"]
+    example = op["requestBody"]["content"]["application/json"]["example"]
+    r = post(client, example)
+    assert r.status_code == 200 and r.json() == op["responses"]["200"]["content"]["application/json"]["example"]

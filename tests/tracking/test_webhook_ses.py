@@ -442,3 +442,14 @@ def test_an_unsubscribe_confirmation_is_verified_answered_and_not_followed(clien
     forged = {**sign(signing_key, message, "1"), "Message": "something else"}
     assert post(client, forged).status_code == 403
     assert local_sns.requests == [] and event_count() == 0
+
+
+def test_the_reference_example_signed_now_is_what_the_route_takes(client, pinned, signing_key, enqueued):
+    """The API reference's example (shown with a placeholder signature), given a fresh Timestamp and a
+    real signature, gets the answer the reference shows."""
+    op = client.get("/openapi.json").json()["paths"]["/webhooks/ses"]["post"]
+    example = op["requestBody"]["content"]["application/json"]["example"]
+    shown = op["responses"]["200"]["content"]["application/json"]["example"]
+    assert post(client, example).status_code == 403  # as shown: not signed by anyone
+    r = post(client, sign(signing_key, {**example, "Timestamp": sns_time()}, example["SignatureVersion"]))
+    assert r.status_code == 200 and r.json() == shown
