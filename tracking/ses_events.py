@@ -16,7 +16,9 @@ The vocabulary is tracking/webhook_apply.py's:
   Bounce Permanent                          → bounce (suppressed)
   Bounce Transient / Undetermined           → deferred (a soft bounce: SES has given up on this
                                               message, so each counts once)
-  DeliveryDelay                             → deferred, per delayed recipient
+  DeliveryDelay                             → deferred, not counted (`attempt` "delay"): SES is still
+                                              trying, may report the delay more than once, and the
+                                              Transient bounce that ends its tries is what counts
   Complaint (feedback type not `not-spam`)  → spamreport (suppressed); `not-spam` → not_spam
   Delivery → delivered; Send → processed; Reject, Rendering Failure → dropped (SES's own refusal,
   no suppression); Open → open; Click → click; Subscription → unsubscribe when the recipient
@@ -109,6 +111,8 @@ def rows_from_message(sns_message_id: str, message: str) -> list[tuple]:
             if list_key:
                 raw[key] = {**detail, list_key: [recipient]}
         payload = {"provider": "ses", "message_id": message_id, "raw": raw}
+        if kind == "DeliveryDelay":
+            payload["attempt"] = "delay"  # webhook_apply counts a deferral only at attempt 1
         if kind == "Click" and isinstance(detail.get("link"), str):
             payload["url"] = detail["link"]
         rows.append(webhook_intake.row(f"ses:{sns_message_id}:{n}", name, address, payload))

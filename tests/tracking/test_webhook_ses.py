@@ -453,3 +453,24 @@ def test_the_reference_example_signed_now_is_what_the_route_takes(client, pinned
     assert post(client, example).status_code == 403  # as shown: not signed by anyone
     r = post(client, sign(signing_key, {**example, "Timestamp": sns_time()}, example["SignatureVersion"]))
     assert r.status_code == 200 and r.json() == shown
+
+
+def test_delivery_delays_are_stored_but_only_the_bounce_that_ends_them_is_a_soft_bounce(
+    client, pinned, signing_key, enqueued
+):
+    factories.subscriber("ana", "ana@example.com")
+    delay = ses_event("Delivery", ["ana@example.com"])
+    delay["eventType"] = "DeliveryDelay"
+    delay["deliveryDelay"] = {
+        "delayType": "MailboxFull",
+        "delayedRecipients": [{"emailAddress": "ana@example.com", "status": "4.2.2"}],
+    }
+    for n in range(3):  # SES saying so again
+        post(client, sign(signing_key, notification(delay, message_id=f"delay-{n}")))
+    apply_all()
+    assert [r[1] for r in stored()] == ["deferred"] * 3
+    assert db.query("SELECT soft_bounce_count FROM subscribers") == [(0,)]
+    given_up = ses_event("Bounce", ["ana@example.com"], bounceType="Transient", bounceSubType="MailboxFull")
+    post(client, sign(signing_key, notification(given_up, message_id="bounce-1")))
+    apply_all()
+    assert db.query("SELECT soft_bounce_count FROM subscribers") == [(1,)]
