@@ -4,7 +4,7 @@ mail_stats("newsletter", 42) →
   {"opens":  {"human": n, "machine": n, "unique_human": n, "machine_reasons": {reason: n}},
    "clicks": {"human": n, "machine": n, "unique_human": n, "machine_reasons": {...}},
    "links":  [{"link_id", "url", "human", "machine"}],          # per link, by human clicks
-   "events": {"delivered": n, "bounce": n, ...}}               # applied SendGrid events
+   "events": {"delivered": n, "bounce": n, ...}}               # applied provider webhook events
 "unique_human" counts distinct subscribers. The history written in the last
 TRACKING_FLUSH_SECONDS may not be visible yet (it is still in the web process buffer).
 """

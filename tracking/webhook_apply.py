@@ -1,4 +1,4 @@
-"""Applying stored SendGrid events: suppressions, soft-bounce counting, per-mail counters.
+"""Applying stored provider events: suppressions, soft-bounce counting, per-mail counters.
 
 Runs in a worker (actors/webhooks.py) on ids enqueued after the webhook commit, and again from the
 scheduler tick via requeue_unprocessed() for anything Redis lost (Redis is a hint; the
@@ -8,8 +8,14 @@ Exactly-once effect: the rows are locked (FOR UPDATE SKIP LOCKED, processed_at I
 processed in the same transaction as their effects, so a redelivered or concurrent message finds
 nothing left to do.
 
-Mapping: custom_args come back flattened into each event (mail_kind, mail_id, row_id,
-subscriber_id); events without them still suppress by email.
+Mapping: SendGrid's custom_args come back flattened into each event (mail_kind, mail_id, row_id,
+subscriber_id); events without them still suppress by email. The other providers' events (stored
+with an id prefixed `ses:`, `postmark:` or `mailgun:`, by tracking/ses_events.py, postmark_events.py,
+mailgun_events.py) carry no custom_args: their payload is {"provider", "message_id", "type",
+"attempt", "raw": the provider's event}, already in this module's vocabulary, and the mail is found
+by the provider's message id (email_log.provider_message_id: the outbox row and its newsletter;
+digest_runs.provider_message_id: the run), never by the mail's original headers. One message id may
+name several rows (Mailgun's batch sends share one): the row whose address is the event's counts.
 
 An event only touches the recipient whose address it names (`email`, compared by its canonical form:
 README "Address identity", so `Ana@Bücher.example` is `ana@xn--bcher-kva.example`). custom_args
@@ -41,6 +47,8 @@ What each event does:
   delivered                         → soft_bounce_count back to 0 (the limit counts consecutive
                                       trouble, not a lifetime total)
   every event with custom_args      → mail_event_counts(mail_kind, mail_id, event) + 1
+  (other providers) every event whose message id names a mail to the event's address
+                                    → mail_event_counts of that mail + 1
 Suppressed emails are stored in canonical form. Events about an erased address (suppression reason
 'erased', app/subscribers/records.py) are deleted once applied.
 """
@@ -67,6 +75,14 @@ DROPPED_REASONS = {
     "spam reporting address": "spamreport",
 }
 MAIL_KINDS = ("digest", "newsletter")
+# The providers whose events are stored with their name as the id's prefix (tracking/webhook_intake.py).
+PROVIDERS = ("ses", "postmark", "mailgun")
+
+
+def provider_of(event_id: str | None) -> str:
+    """Which provider reported the stored event with this id ("sendgrid" unless prefixed)."""
+    prefix = (event_id or "").split(":", 1)[0]
+    return prefix if prefix in PROVIDERS else "sendgrid"
 
 
 def _int(value) -> int | None:
@@ -99,9 +115,10 @@ def address_of(email) -> str:
 
 
 class Owners:
-    """The addresses behind the custom_args of one chunk's events, read in three queries."""
+    """The addresses behind the custom_args of one chunk's events, read in three queries; and the
+    mails behind the other providers' message ids, in two."""
 
-    def __init__(self, cur, payloads: list[dict]):
+    def __init__(self, cur, payloads: list[dict], message_ids: set | None = None):
         sub_ids, row_ids, run_ids = set(), set(), set()
         for p in payloads:
             sub_ids.add(_int(p.get("subscriber_id")))
@@ -122,6 +139,29 @@ class Owners:
             "JOIN subscribers s ON s.id = r.subscriber_id WHERE r.id = ANY(%s)",
             run_ids,
         )
+        # (message id, canonical address) -> (mail_kind, mail_id): rows whose address is another's
+        # are keyed apart, so an event counts only against the mail sent to its own address.
+        self.mails: dict[tuple[str, str], tuple[str, int]] = {}
+        message_ids = set(message_ids or ())
+        for _, nl, e, mid in self._rows(
+            cur,
+            "SELECT id, newsletter_id, email, provider_message_id FROM email_log WHERE provider_message_id = ANY(%s)",
+            message_ids,
+        ):
+            self.mails[(mid, canonical(e))] = ("newsletter", nl)
+        for i, address, mid in self._rows(
+            cur,
+            "SELECT r.id, s.canonical_email, r.provider_message_id FROM digest_runs r "
+            "JOIN subscribers s ON s.id = r.subscriber_id WHERE r.provider_message_id = ANY(%s)",
+            message_ids,
+        ):
+            self.mails[(mid, address)] = ("digest", i)
+
+    def mail(self, message_id, address: str) -> tuple[str, int] | None:
+        """The mail with this provider message id sent to this address, if any."""
+        if not isinstance(message_id, str) or not address:
+            return None
+        return self.mails.get((message_id, address))
 
     @staticmethod
     def _rows(cur, sql: str, ids: set) -> list[tuple]:
@@ -152,22 +192,30 @@ class Owners:
         return True
 
 
-def _apply_one(cur, event: str, address: str, payload: dict, counts: Counter, owners: Owners) -> None:
-    mail_kind = payload.get("mail_kind")
-    mail_id = _int(payload.get("mail_id"))
-    if mail_kind in MAIL_KINDS and mail_id and owners.counts(mail_kind, mail_id, payload, address):
-        counts[(mail_kind, mail_id, event)] += 1
+def _apply_one(
+    cur, event: str, address: str, payload: dict, counts: Counter, owners: Owners, provider: str = "sendgrid"
+) -> None:
+    if provider == "sendgrid":
+        mail_kind = payload.get("mail_kind")
+        mail_id = _int(payload.get("mail_id"))
+        if mail_kind in MAIL_KINDS and mail_id and owners.counts(mail_kind, mail_id, payload, address):
+            counts[(mail_kind, mail_id, event)] += 1
+        subscriber_id = owners.subscriber(_int(payload.get("subscriber_id")), address)
+    else:
+        mail = owners.mail(payload.get("message_id"), address)
+        if mail:
+            counts[(*mail, event)] += 1
+        subscriber_id = None  # by address: no subscriber id comes back from these providers
     reason = suppression_reason(event, payload)
     if reason:
-        suppressions.suppress(cur, address, reason, f"sendgrid:{event}")
+        suppressions.suppress(cur, address, reason, f"{provider}:{event}")
         return
-    subscriber_id = owners.subscriber(_int(payload.get("subscriber_id")), address)
     if not subscriber_id and not address:
         return
     if is_counted_soft_bounce(event, payload):
         n = records.count_soft_bounce(cur, subscriber_id, address)
         if n >= config.get().soft_bounce_limit:
-            suppressions.suppress(cur, address, "soft_bounce", f"sendgrid:deferred x{n}")
+            suppressions.suppress(cur, address, "soft_bounce", f"{provider}:deferred x{n}")
     elif event == "delivered":
         records.reset_soft_bounces(cur, subscriber_id, address)
 
@@ -192,20 +240,29 @@ def _apply_chunk(ids: list[int]) -> int:
 
 def _apply_rows(cur, ids: list[int]) -> int:
     rows = [
-        (row_id, event, key or address_of(email), payload, key)
-        for row_id, event, email, payload, key in webhook_events.claim(cur, ids)
+        (row_id, event, key or address_of(email), payload, key, provider_of(event_id))
+        for row_id, event, email, payload, key, event_id in webhook_events.claim(cur, ids)
     ]
-    owners = Owners(cur, [payload for _, _, _, payload, _ in rows if isinstance(payload, dict)])
+    payloads = [(payload, provider) for _, _, _, payload, _, provider in rows if isinstance(payload, dict)]
+    owners = Owners(
+        cur,
+        [payload for payload, provider in payloads if provider == "sendgrid"],
+        {
+            p.get("message_id")
+            for p, provider in payloads
+            if provider != "sendgrid" and isinstance(p.get("message_id"), str)
+        },
+    )
     counts: Counter = Counter()
     errors: dict[int, str] = {}
-    for row_id, event, address, payload, _ in rows:
+    for row_id, event, address, payload, _, provider in rows:
         if not isinstance(payload, dict):
             errors[row_id] = "payload is not a JSON object"
             continue
         cur.execute("SAVEPOINT one_event")
         one: Counter = Counter()  # merged only if this event's effects stand
         try:
-            _apply_one(cur, event, address, payload, one, owners)
+            _apply_one(cur, event, address, payload, one, owners, provider)
         except db.UNAVAILABLE:
             raise  # the connection is gone: the whole chunk is retried by the actor
         except Exception as exc:
@@ -227,7 +284,7 @@ def _apply_rows(cur, ids: list[int]) -> int:
     if rows:
         webhook_events.mark_applied(cur, [r[0] for r in rows], errors)
         webhook_events.key_unkeyed(
-            cur, [(row_id, address) for row_id, _, address, _, key in rows if address and not key]
+            cur, [(row_id, address) for row_id, _, address, _, key, _ in rows if address and not key]
         )
         webhook_events.forget_erased(cur, [r[0] for r in rows])
         metrics.webhook_events(event for _, event, *_ in rows)

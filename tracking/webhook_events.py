@@ -21,9 +21,9 @@ INSERT_TEMPLATE = "(%s, %s, %s, %s::jsonb, %s)"
 
 def claim(cur: db.Cursor, ids: list[int]) -> list[tuple[Any, ...]]:
     """The rows among `ids` not applied yet, locked for this transaction (another worker skips them):
-    (id, event, email, payload, canonical_email), in id order."""
+    (id, event, email, payload, canonical_email, sg_event_id), in id order."""
     cur.execute(
-        "SELECT id, event, email, payload, canonical_email FROM webhook_events WHERE id = ANY(%s) "
+        "SELECT id, event, email, payload, canonical_email, sg_event_id FROM webhook_events WHERE id = ANY(%s) "
         "AND processed_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED",
         (ids,),
     )

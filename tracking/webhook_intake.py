@@ -1,4 +1,10 @@
-"""Storing SendGrid event batches: parse, then INSERT, each sg_event_id stored once.
+"""Storing provider events: parse, then INSERT, each provider event id stored once.
+
+SendGrid's batches are parsed here (rows_from_body); Amazon SES (SNS), Postmark and Mailgun events
+are turned into the same rows by tracking/ses_events.py, postmark_events.py and mailgun_events.py
+(`row`), their ids prefixed with the provider (`ses:`, `postmark:`, `mailgun:`) so no provider's id
+can take another's: a SendGrid event claiming such an id is stored under its content hash instead.
+webhook_events.sg_event_id holds every provider's id (the column keeps its first provider's name).
 
 SendGrid delivers at least once and retries a batch for 24 h on any non-2xx, so the same events
 arrive again, sometimes concurrently; sg_event_id makes each stored exactly once. Events without
@@ -30,6 +36,8 @@ log = logging.getLogger("tracking.webhook_intake")
 MAX_ID_LENGTH = 200
 MAX_EVENT_LENGTH = 100
 MAX_EMAIL_LENGTH = 320
+# The id prefixes of the other providers' events (webhook_apply.PROVIDERS): never a SendGrid id.
+OTHER_PROVIDERS = ("ses:", "postmark:", "mailgun:")
 
 
 class MalformedBatch(ValueError):
@@ -51,19 +59,42 @@ def rows_from_body(body: bytes) -> list[tuple]:
     for i, event in enumerate(data):
         if not isinstance(event, dict):
             raise MalformedBatch(f"element {i} is not a JSON object")
-        payload = orjson.dumps(event)
-        if b"\\u0000" in payload:  # Postgres jsonb refuses NUL; keep the event, lose the NUL
-            payload = payload.replace(b"\\u0000", b"\\ufffd")
-            event = orjson.loads(payload)
+        payload, event = _without_nul(event)
         sg_id = event.get("sg_event_id")
-        if not isinstance(sg_id, str) or not sg_id or len(sg_id) > MAX_ID_LENGTH:
-            sg_id = "sha256:" + hashlib.sha256(orjson.dumps(event, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        if not isinstance(sg_id, str) or not sg_id or len(sg_id) > MAX_ID_LENGTH or sg_id.startswith(OTHER_PROVIDERS):
+            sg_id = content_id("sha256:", event)
         name = event.get("event")
         name = name[:MAX_EVENT_LENGTH] if isinstance(name, str) and name else "unknown"
         email = event.get("email")
         email = email[:MAX_EMAIL_LENGTH] if isinstance(email, str) else None
         rows.append((sg_id, name, email, payload.decode()))
     return rows
+
+
+def _without_nul(event: dict) -> tuple[bytes, dict]:
+    """The event as JSON, and the event: Postgres jsonb refuses NUL, so keep the event, lose the NUL."""
+    payload = orjson.dumps(event)
+    if b"\\u0000" in payload:
+        payload = payload.replace(b"\\u0000", b"\\ufffd")
+        event = orjson.loads(payload)
+    return payload, event
+
+
+def content_id(prefix: str, event: dict) -> str:
+    """A deterministic id for an event its provider gave none: a redelivery still deduplicates."""
+    return prefix + hashlib.sha256(orjson.dumps(event, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def row(event_id: str, name: str, email: str | None, payload: dict) -> tuple:
+    """One stored event of another provider: its prefixed id (a longer one is replaced by its hash,
+    keeping the prefix), the event name webhook_apply applies, the address it is about, and the
+    payload (the provider's raw event inside)."""
+    if len(event_id) > MAX_ID_LENGTH or "\x00" in event_id:
+        prefix = event_id.split(":", 1)[0]
+        event_id = f"{prefix}:sha256:{hashlib.sha256(event_id.encode(errors='replace')).hexdigest()}"
+    # Postgres text refuses NUL as jsonb does: the stored address loses it like the payload's copy.
+    email = email[:MAX_EMAIL_LENGTH].replace("\x00", "\ufffd") if isinstance(email, str) and email else None
+    return (event_id, name[:MAX_EVENT_LENGTH], email, _without_nul(payload)[0].decode())
 
 
 @dataclass

@@ -204,6 +204,38 @@ class Settings:
     )
     sendgrid_webhook_max_age_seconds: int = setting(600, "oldest signed webhook timestamp accepted")
     sendgrid_webhook_max_body_bytes: int = setting(8 * 1024 * 1024, "largest webhook body", shown="8 MiB")
+    # -- the other providers' webhooks (tracking/sns.py, postmark_events.py, mailgun_events.py): a route
+    # whose secret is not set answers 404; in production it is required for a provider MAIL_PROVIDER names
+    ses_sns_topic_arns: tuple = setting(
+        (),
+        "the SNS topics (comma-separated ARNs) whose signed messages `/webhooks/ses` accepts and whose "
+        "subscriptions it confirms; empty: the route answers 404. Required outside development when "
+        "the mail providers include `ses`",
+    )
+    sns_signing_cert_file: str = setting(
+        "",
+        "a PEM file of SNS signing certificates used instead of fetching each message's "
+        "`SigningCertURL` (offline deployments, tests); the URL is still checked",
+    )
+    sns_max_age_seconds: int = setting(
+        3900,
+        "oldest SNS message `Timestamp` accepted (SNS keeps the publish time on its retries, which "
+        "end within an hour); five minutes ahead is the most accepted",
+    )
+    postmark_webhook_user: str = setting(
+        "",
+        "HTTP basic auth user Postmark's webhook URL carries (`https://USER:PASSWORD@host/webhooks/postmark`); "
+        "with POSTMARK_WEBHOOK_PASSWORD, required outside development when the mail providers include `postmark`",
+    )
+    postmark_webhook_password: str = setting("", "HTTP basic auth password of Postmark's webhook URL")
+    mailgun_webhook_signing_key: str = setting(
+        "",
+        "Mailgun's HTTP webhook signing key: `/webhooks/mailgun` verifies the HMAC-SHA256 of each "
+        "request's timestamp and token with it; required outside development when the mail providers include `mailgun`",
+    )
+    mailgun_webhook_max_age_seconds: int = setting(
+        900, "oldest Mailgun webhook timestamp accepted (either direction); each token is accepted once within it"
+    )
     dkim_domain: str = setting("", "DKIM signing domain (with DKIM_SELECTOR and DKIM_PRIVATE_KEY)")
     dkim_selector: str = setting("", "DKIM selector")
     dkim_private_key: str = setting("", "PEM key, or a path to one")

@@ -119,7 +119,7 @@ PROVIDER_IN_FLIGHT = Gauge(
     "notify_provider_calls_in_flight", "Provider deliver calls under way", ["provider"], multiprocess_mode="livesum"
 )
 # -- tracking
-WEBHOOK_EVENTS = Counter("notify_webhook_events", "SendGrid webhook events applied, by type", ["type"])
+WEBHOOK_EVENTS = Counter("notify_webhook_events", "Provider webhook events applied, by type", ["type"])
 TRACKING_HITS = Counter(
     "notify_tracking_hits",
     "Clicks and opens by kind and by who: human or machine (as classified at request time)",

@@ -3,9 +3,10 @@ address, README "Address identity"). Whether an address may be mailed is read th
 app/subscribers/mailable.py; the dashboard's search and audited removal are in
 app/operations/suppressions.py, which calls `remove` here.
 
-Writers: a SendGrid event (bounce, block, spam report, unsubscribe, too many soft bounces:
-tracking/webhook_apply.py), erasure (app/operations/erasure.py, reason 'erased', which no later
-event replaces), an operator's addition and removal, and the canonical-form backfill (app/subscribers/rekey.py).
+Writers: a provider's webhook event, SendGrid's, SES's, Postmark's or Mailgun's (bounce, block, spam
+report, unsubscribe, too many soft bounces: tracking/webhook_apply.py), erasure
+(app/operations/erasure.py, reason 'erased', which no later event replaces), an operator's addition
+and removal, and the canonical-form backfill (app/subscribers/rekey.py).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ ROUTE_MODULES = (
     "app.web.pages",
     "app.web.admin",
     "app.web.webhooks",
+    "app.web.provider_webhooks",
     "app.web.home",  # /, /docs
 )
 

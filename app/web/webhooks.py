@@ -13,6 +13,8 @@
 The request waits for a group commit shared with concurrent deliveries (app/platform/groupcommit.py),
 so there is no per-request transaction and no threadpool hop. Applying the events (suppressions,
 stats) happens afterwards in a worker (actors/webhooks.py), enqueued only after the commit.
+Amazon SES, Postmark and Mailgun have routes of their own (app/web/provider_webhooks.py) that
+store through `store` here.
 """
 
 from __future__ import annotations
@@ -81,12 +83,18 @@ async def sendgrid(request: Request):
     except webhook_intake.MalformedBatch as exc:
         log.warning("sendgrid webhook: malformed body (%d bytes): %s", len(body), exc)
         raise ApiError(400, "malformed_json", str(exc)) from None
+    return await store(rows, "sendgrid")
+
+
+async def store(rows: list[tuple], provider: str) -> FastJSONResponse:
+    """Every provider's answer: 200 once the rows are committed by the group commit (new ones
+    stored, redeliveries counted as duplicates), 503 when they could not be (nothing committed)."""
     if not rows:
         return FastJSONResponse({"stored": 0, "duplicates": 0})
     try:
         result = await asyncio.wrap_future(webhook_intake.writer().submit(rows, len(rows)))
     except Exception as exc:
-        log.error("sendgrid webhook batch of %d not stored: %s", len(rows), exc)
+        log.error("%s webhook batch of %d not stored: %s", provider, len(rows), exc)
         raise ApiError(
             503, "unavailable", "events not stored; nothing committed, retry later", headers={"Retry-After": "10"}
         ) from None

@@ -286,3 +286,12 @@ def test_end_to_end_through_the_real_broker_and_worker(client, signed, redis_cli
         worker.stop()
     assert db.query("SELECT email, reason FROM suppressions") == [("bounced@example.com", "bounce")]
     assert db.query("SELECT processed_at IS NOT NULL FROM webhook_events") == [(True,)]
+
+
+def test_a_sendgrid_event_cannot_take_another_providers_id(client, signed, enqueued):
+    """`ses:…`, `postmark:…` and `mailgun:…` ids are those providers' (app/web/provider_webhooks.py): a
+    SendGrid event naming one is stored under its content hash, so it can never pre-empt theirs."""
+    body = orjson.dumps([{"event": "open", "email": "a@example.com", "sg_event_id": "ses:9f3a:0"}])
+    assert client.post("/webhooks/sendgrid", content=body, headers=signed(body)).status_code == 200
+    ((sg_id,),) = db.query("SELECT sg_event_id FROM webhook_events")
+    assert sg_id.startswith("sha256:")
