@@ -166,7 +166,9 @@ class Settings:
         "must see its week)",
     )
     # -- mail
-    mail_provider: str = setting("file", "`smtp`, `sendgrid` or `file` (`make run` uses the dev SMTP sink)")
+    mail_provider: str = setting(
+        "file", "`smtp`, `sendgrid`, `ses`, `postmark`, `mailgun` or `file` (`make run` uses the dev SMTP sink)"
+    )
     mail_from: str = setting("Notify <notify@localhost>", "default sender: exactly one mailbox")
     smtp_url: str = setting("smtp://localhost:1025", "`smtp://user:pass@host:port`, `?starttls=1`, or `smtps://`")
     mail_file_dir: str = setting("mail-out", "where the `file` provider writes .eml files")
@@ -195,6 +197,31 @@ class Settings:
     )
     sendgrid_webhook_max_age_seconds: int = setting(600, "oldest signed webhook timestamp accepted")
     sendgrid_webhook_max_body_bytes: int = setting(8 * 1024 * 1024, "largest webhook body", shown="8 MiB")
+    # -- HTTP API providers (docs/sending.md "Providers")
+    ses_region: str = setting("us-east-1", "the AWS region of the SES v2 API (`ses`)")
+    ses_endpoint_url: str = setting("", "the SES v2 API's base URL", shown="`https://email.{SES_REGION}.amazonaws.com`")
+    aws_access_key_id: str = setting(
+        "", "SES credentials; empty: botocore's chain (profile, web identity, the instance or task role)"
+    )
+    aws_secret_access_key: str = setting("", "with AWS_ACCESS_KEY_ID")
+    aws_session_token: str = setting("", "with temporary credentials")
+    ses_configuration_set: str = setting(
+        "", "the SES configuration set every mail names (its event destination feeds /webhooks/ses)"
+    )
+    postmark_server_token: str = setting("", "Postmark server API token (`postmark`)")
+    postmark_api_url: str = setting("https://api.postmarkapp.com", "Postmark's API base URL")
+    postmark_digest_stream: str = setting("outbound", "the Postmark message stream of digests (transactional)")
+    postmark_newsletter_stream: str = setting("broadcast", "the Postmark message stream of newsletters (broadcast)")
+    mailgun_api_key: str = setting("", "Mailgun API key (`mailgun`)")
+    mailgun_domain: str = setting("", "the Mailgun sending domain")
+    mailgun_api_url: str = setting(
+        "https://api.mailgun.net", "Mailgun's API base URL; EU domains: `https://api.eu.mailgun.net`"
+    )
+    provider_timeout_seconds: float = setting(
+        30.0,
+        "HTTP providers: how long a call may take; a call that times out after it was sent is "
+        "ambiguous (it may have been accepted): retried on the same provider only",
+    )
     dkim_domain: str = setting("", "DKIM signing domain (with DKIM_SELECTOR and DKIM_PRIVATE_KEY)")
     dkim_selector: str = setting("", "DKIM selector")
     dkim_private_key: str = setting("", "PEM key, or a path to one")

@@ -109,6 +109,12 @@ PROVIDER_LATENCY = Histogram(
     ["provider"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+PROVIDER_AMBIGUOUS = Counter(
+    "notify_provider_ambiguous",
+    "Mails whose request went out with no answer (timeout, dropped connection, 504): maybe accepted, "
+    "retried on the same provider only",
+    ["provider"],
+)
 PROVIDER_IN_FLIGHT = Gauge(
     "notify_provider_calls_in_flight", "Provider deliver calls under way", ["provider"], multiprocess_mode="livesum"
 )

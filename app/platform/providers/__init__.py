@@ -5,6 +5,10 @@
             sized by throughput and the relay's learned limit (smtp_sizing.py)
   file      writes .eml files to MAIL_FILE_DIR, for development (app/platform/providers/file.py)
   sendgrid  SendGrid v3 mail/send (app/platform/providers/sendgrid.py)
+  ses       Amazon SES v2 SendEmail, our raw MIME, SigV4 by botocore (ses.py)
+  postmark  Postmark /email/batch (postmark.py)
+  mailgun   Mailgun messages.mime, our raw MIME (mailgun.py)
+            (the three share http_api.py: status mapping, definite and ambiguous failures)
 
 get_provider() returns one shared instance per process (providers are thread-safe), rebuilt when
 the settings change (tests override SMTP_URL and friends).
@@ -22,6 +26,9 @@ PROVIDERS = {
     "smtp": "app.platform.providers.smtp:SMTPProvider",
     "file": "app.platform.providers.file:FileProvider",
     "sendgrid": "app.platform.providers.sendgrid:SendGridProvider",
+    "ses": "app.platform.providers.ses:SESProvider",
+    "postmark": "app.platform.providers.postmark:PostmarkProvider",
+    "mailgun": "app.platform.providers.mailgun:MailgunProvider",
 }
 
 _lock = threading.Lock()
