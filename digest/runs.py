@@ -226,6 +226,7 @@ RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.diges
     + mailable.refusal(DIGESTS)
     + ", s.timezone, "
     + LAST_SENT_AT
+    + ", r.provider"
 )
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.

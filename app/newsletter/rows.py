@@ -193,7 +193,8 @@ UPDATE email_log e SET
     email = s.email
 FROM picked p, subscribers s
 WHERE e.id = p.id AND s.id = e.subscriber_id
-RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
+RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out,
+          e.provider
 """
 )
 
@@ -274,6 +275,7 @@ class Claimed(NamedTuple):
     user_id: str
     token_version: int
     tracking_opt_out: bool
+    provider: str | None = None  # set: an ambiguous attempt there; only that provider may send it
 
 
 class Mark(NamedTuple):

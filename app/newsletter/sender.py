@@ -125,6 +125,7 @@ class Renderer:
             text=rendered.text,
             idempotency_key=f"newsletter-{self.newsletter_id}-row-{row.id}",
             from_addr=self.from_addr,
+            provider=row.provider,
             headers=mail.unsubscribe_headers(unsubscribe_url),
             custom_args={
                 "mail_kind": "newsletter",

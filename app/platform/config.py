@@ -217,6 +217,18 @@ class Settings:
     mailgun_api_url: str = setting(
         "https://api.mailgun.net", "Mailgun's API base URL; EU domains: `https://api.eu.mailgun.net`"
     )
+    mail_providers: tuple = setting(
+        (),
+        "failover: providers in order of preference (`postmark,ses`); each mail goes through the first "
+        "whose circuit breaker is closed. Empty: MAIL_PROVIDER alone. The breakers are per process",
+    )
+    provider_breaker_failures: int = setting(
+        3, "definite failures of a provider (refused connection, 5xx, 429, …) within the window that open its breaker"
+    )
+    provider_breaker_window_seconds: float = setting(30.0, "the window PROVIDER_BREAKER_FAILURES counts in")
+    provider_breaker_cooldown_seconds: float = setting(
+        30.0, "an open breaker lets one batch probe its provider again (half-open) after this long"
+    )
     provider_timeout_seconds: float = setting(
         30.0,
         "HTTP providers: how long a call may take; a call that times out after it was sent is "

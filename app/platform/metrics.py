@@ -115,6 +115,13 @@ PROVIDER_AMBIGUOUS = Counter(
     "retried on the same provider only",
     ["provider"],
 )
+PROVIDER_BREAKER_STATE = Gauge(
+    "notify_provider_breaker_state",
+    "A provider's circuit breaker under MAIL_PROVIDERS failover: 0 closed, 1 half-open, 2 open "
+    "(per process; the worst of the live processes)",
+    ["provider"],
+    multiprocess_mode="livemax",
+)
 PROVIDER_IN_FLIGHT = Gauge(
     "notify_provider_calls_in_flight", "Provider deliver calls under way", ["provider"], multiprocess_mode="livesum"
 )
@@ -367,6 +374,18 @@ class FilesCollector:
             "could not read and left out (a process creating one, or a broken file)",
             value=unreadable,
         )
+
+
+def breaker_states() -> dict[str, int]:
+    """notify_provider_breaker_state by provider, as this host's live processes last set it (the
+    worst of them): what `notify providers` shows. A provider no process has used is absent."""
+    states: dict[str, int] = {}
+    for family in FilesCollector().collect():
+        if family.name == "notify_provider_breaker_state":
+            for sample in family.samples:
+                name = sample.labels["provider"]
+                states[name] = max(states.get(name, 0), int(sample.value))
+    return states
 
 
 # Recipients of the newsletters being sent, by email_log status, each read from its partial index

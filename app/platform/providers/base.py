@@ -75,6 +75,9 @@ class OutgoingMail:
     headers: dict[str, str] = field(default_factory=dict)  # List-Unsubscribe, List-Unsubscribe-Post, …
     # Come back flattened in SendGrid webhook events: mail_kind, mail_id, row_id, subscriber_id.
     custom_args: dict[str, str] = field(default_factory=dict)
+    # An earlier attempt's outcome at this provider is unknown (ambiguous): only it may send this
+    # mail again (failover.py); None: any provider
+    provider: str | None = None
 
 
 @dataclass
@@ -226,7 +229,7 @@ class Provider:
             for i, result in zip(positions, delivered):
                 if (result.ok or result.ambiguous) and result.provider is None:
                     result.provider = self.name  # results are fresh objects (STOPPED is neither)
-                ambiguous += result.ambiguous
+                ambiguous += result.ambiguous and result.provider == self.name  # a wrapper's members count their own
                 results[i] = result
             if ambiguous:
                 metrics.PROVIDER_AMBIGUOUS.labels(self.name).inc(ambiguous)
