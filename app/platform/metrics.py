@@ -100,7 +100,7 @@ NEWSLETTER_RECIPIENTS = Counter(
 # -- providers
 PROVIDER_CALLS = Counter(
     "notify_provider_calls",
-    "Provider deliver calls by provider and result: ok, throttled, transient, permanent, unexpected",
+    "Provider deliver calls by provider and result: ok, throttled, transient, permanent, ambiguous, unexpected",
     ["provider", "result"],
 )
 PROVIDER_LATENCY = Histogram(

@@ -14,8 +14,9 @@ import time
 import pytest
 
 from app.cli import providers as providers_cli
-from app.platform import db, metrics, providers
+from app.platform import config, db, metrics, providers
 from app.platform.providers.failover import CLOSED, HALF_OPEN, OPEN, Breaker, FailoverProvider
+from app.platform.providers.postmark import PostmarkProvider
 from digest import send as digest_send
 from tests import factories
 from tests.fake_providers import FakePostmark, FakeSES
@@ -218,3 +219,41 @@ def test_all_breakers_open_holds_the_mail_as_throttled(two, settings, redis_clie
     drain(nl, None)
     assert counts(nl) == {"sent": 3}
     assert sum((primary.recipients() + secondary.recipients()).values()) == 3
+
+
+def test_an_ambiguous_digest_stays_with_its_provider(two):
+    """The digest path of the pin: digest_runs.provider is set by the ambiguous attempt and read back
+    by the claim; the retries go to the primary even while a 503 opens its breaker."""
+    primary, secondary = two
+    sid = factories.subscriber("u1")
+    factories.events("u1", 2)
+    rid = factories.digest_run(sid)
+    primary.hang_next(1, 2.0)
+    assert digest_send.process([rid])["retry"] == 1
+    primary.fail_next(2, 503)
+    for _ in range(2):
+        db.query("UPDATE digest_runs SET next_attempt_at = NULL")  # skip the backoff
+        assert digest_send.process([rid])["retry"] == 1
+    assert failover().states()["postmark"] == OPEN
+    ((status, provider),) = db.query("SELECT status, provider FROM digest_runs WHERE id = %s", (rid,))
+    assert status == "pending" and provider == "postmark"
+    db.query("UPDATE digest_runs SET next_attempt_at = NULL")
+    assert digest_send.process([rid])["sent"] == 1
+    ((provider, message_id),) = db.query("SELECT provider, provider_message_id FROM digest_runs WHERE id = %s", (rid,))
+    assert provider == "postmark" and message_id.startswith("pm-digest-run-")
+    assert not secondary.accepted and primary.calls == 4
+
+
+def test_the_registry_builds_failover_only_for_two_or_more(settings):
+    settings(mail_provider="file", mail_providers=())
+    assert providers.configured() == ["file"] and providers.get_provider().name == "file"
+    settings(mail_providers=("Postmark",))
+    assert isinstance(providers.get_provider(), PostmarkProvider)
+    settings(mail_providers=("postmark", "ses", "mailgun"))
+    chain = failover()
+    assert [m.name for m in chain.members] == ["postmark", "ses", "mailgun"]
+    assert chain.max_batch == 500 and chain.preferred_batch == 500
+    settings(mail_providers=("postmark", "nope"))
+    with pytest.raises(config.ConfigError, match="MAIL_PROVIDERS"):
+        providers.get_provider()
+    providers.close_all()

@@ -63,7 +63,13 @@ def configured() -> list[str]:
 
 def _build(name: str) -> Provider:
     if name == FAILOVER:  # each member its own instance: the failover provider closes them
-        return _load(_FAILOVER_CLASS)([provider_class(n)() for n in configured()])
+        names = configured()
+        unknown = [n for n in names if n not in PROVIDERS]
+        if unknown:
+            raise config.ConfigError(
+                f"MAIL_PROVIDERS names unknown providers {unknown}: use {', '.join(sorted(PROVIDERS))}"
+            )
+        return _load(_FAILOVER_CLASS)([provider_class(n)() for n in names])
     return provider_class(name)()
 
 

@@ -42,13 +42,14 @@ _DEFINITE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.
 # Requests of one batch under way at once, for APIs that take one mail per request (a 50 ms round
 # trip and 16 lanes: ~300 mails/s per sending thread).
 LANES = 16
+POOL_THREADS = 64
 
 
 def client(timeout: float) -> httpx.Client:
     """One pooled client per provider instance: keep-alive connections reused across batches."""
     return httpx.Client(
         timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        limits=httpx.Limits(max_connections=POOL_THREADS, max_keepalive_connections=POOL_THREADS),
     )
 
 
@@ -116,7 +117,9 @@ class OnePerRequest:
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.lanes, thread_name_prefix=self.name)
+                # Shared by the process's sending threads, each running up to `lanes` at once: as
+                # many threads as the client keeps connections (http_api.client).
+                self._executor = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix=self.name)
             return self._executor
 
     def close(self) -> None:

@@ -51,7 +51,7 @@ DKIM_HEADERS = tuple(h for h in mail.DKIM_HEADERS if h not in (b"date", b"messag
 # SES's error types that mean "this recipient or message" rather than "this account".
 _PER_MAIL = {"MessageRejected", "BadRequestException", "InvalidParameterValue"}
 _THROTTLED = {"LimitExceededException", "TooManyRequestsException", "Throttling", "ThrottlingException"}
-_TAG_VALUE = re.compile(r"[^A-Za-z0-9_.@-]")
+_TAG_VALUE = re.compile(r"[^A-Za-z0-9_-]")  # what SES allows in a tag value
 
 
 class SESProvider(Provider):
