@@ -15,12 +15,14 @@ import pytest
 
 from app.cli import providers as providers_cli
 from app.platform import config, db, metrics, providers
+from app.platform.providers.base import Progress
 from app.platform.providers.failover import CLOSED, HALF_OPEN, OPEN, Breaker, FailoverProvider
 from app.platform.providers.postmark import PostmarkProvider
 from digest import send as digest_send
 from tests import factories
 from tests.fake_providers import FakePostmark, FakeSES
 from tests.newsletter_support import counts, drain, start
+from tests.platform.test_http_providers import mails, make
 
 COOLDOWN = 60.0  # never ends by itself during a test (a loaded machine would make it race): cooled_down()
 
@@ -257,3 +259,16 @@ def test_the_registry_builds_failover_only_for_two_or_more(settings):
     with pytest.raises(config.ConfigError, match="MAIL_PROVIDERS"):
         providers.get_provider()
     providers.close_all()
+
+
+def test_a_stop_is_honoured_whichever_provider_the_batch_is_at():
+    """A stop requested while the batch is at the failover provider: its mails come back STOPPED,
+    none started at either provider, and the primary's breaker has no verdict."""
+    with FakeSES() as primary, FakePostmark() as secondary:
+        chain = FailoverProvider([make("ses", primary.url, lanes=1), make("postmark", secondary.url)])
+        progress = Progress(lambda new: True, every=1, interval=0)  # the first poll asks to stop
+        results = chain.send_batch(mails(3), progress)
+        assert chain.states() == {"ses": CLOSED, "postmark": CLOSED}
+        chain.close()
+    assert all(r.stopped for r in results)
+    assert primary.calls == 0 and secondary.calls == 0
