@@ -194,6 +194,7 @@ def outgoing_mail(run: ClaimedRun, subject: str, html: str, text: str) -> Outgoi
         text=text,
         idempotency_key=f"digest-run-{run.id}",
         headers=mail.unsubscribe_headers(unsubscribe_url(run.subscriber_id, run.token_version)),
+        provider=run.provider,
         custom_args={
             "mail_kind": "digest",
             "mail_id": str(run.id),

@@ -28,6 +28,7 @@ class ClaimedRun:
     timezone: str = "UTC"
     last_digest_at: datetime | None = None  # the previous digest's send time (None: first)
     locale: str | None = None  # the subscriber's language (None: DEFAULT_LOCALE)
+    provider: str | None = None  # set: an ambiguous attempt there; only that provider may send it
     digest: digest_group.Digest | None = None
     mail: OutgoingMail | None = None
     cover: Cover | None = None  # what recording it handles (digest/marks.py); None: its events one by one

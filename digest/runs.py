@@ -227,6 +227,7 @@ RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.diges
     + ", s.timezone, "
     + LAST_SENT_AT
     + ", s.locale"
+    + ", r.provider"
 )
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.
@@ -280,9 +281,10 @@ FROM unnest(%s::bigint[], %s::text[]) AS v(id, reason) WHERE r.id = v.id AND r.s
 # NULL for a run that marked its events one by one.
 MARK_SENT = """
 UPDATE digest_runs r SET status = 'sent', event_count = v.n, completed_at = now(),
-       provider_message_id = v.mid, last_error = NULL, next_attempt_at = NULL,
+       provider_message_id = v.mid, provider = v.provider, last_error = NULL, next_attempt_at = NULL,
        events_after = v.after, events_through = v.through
-FROM unnest(%s::bigint[], %s::int[], %s::text[], %s::pg_snapshot[], %s::pg_snapshot[]) AS v(id, n, mid, after, through)
+FROM unnest(%s::bigint[], %s::int[], %s::text[], %s::pg_snapshot[], %s::pg_snapshot[], %s::text[])
+     AS v(id, n, mid, after, through, provider)
 WHERE r.id = v.id AND r.status IN ('processing', 'pending')
 RETURNING extract(epoch FROM r.completed_at - r.scheduled_for)
 """
@@ -312,8 +314,9 @@ UPDATE digest_runs r SET attempts = r.attempts + 1, last_error = left(v.err, 200
     status = CASE WHEN r.attempts + 1 >= %(max)s THEN 'failed' ELSE 'pending' END,
     completed_at = CASE WHEN r.attempts + 1 >= %(max)s THEN now() END,
     next_attempt_at = now() + make_interval(secs => least(%(cap)s, %(base)s * power(2, r.attempts))
-                                                    * (0.8 + random() * 0.4))
-FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS v(id, err)
+                                                    * (0.8 + random() * 0.4)),
+    provider = coalesce(v.provider, r.provider)
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(providers)s::text[]) AS v(id, err, provider)
 WHERE r.id = v.id AND r.status = 'processing'
 RETURNING r.status
 """
@@ -373,14 +376,15 @@ def mark_events(cur, handled: list[tuple[int, list[int]]], covers: dict[int, tup
         )
 
 
-def mark_sent(
-    cur, sent: list[tuple[int, list[int], str | None]], covers: dict[int, tuple[int, Cover]] | None = None
-) -> list[float]:
-    """[(run_id, event_ids, provider message id)]: the events and the runs in one transaction
-    (`covers` as in mark_events). Returns each marked run's lateness: seconds from scheduled_for to now."""
+def mark_sent(cur, sent: list[tuple], covers: dict[int, tuple[int, Cover]] | None = None) -> list[float]:
+    """[(run_id, event_ids, provider message id[, provider])]: the events and the runs in one
+    transaction (`covers` as in mark_events); `provider` names who accepted the mail. Returns each
+    marked run's lateness: seconds from scheduled_for to now."""
     if not sent:
         return []
     covers = covers or {}
+    providers = [item[3] if len(item) > 3 else None for item in sent]
+    sent = [item[:3] for item in sent]
     per_event = [(run_id, ids) for run_id, ids, _ in sent if run_id not in covers]
     if per_event:
         mark_events(cur, per_event)
@@ -391,7 +395,7 @@ def mark_sent(
     through = [covers[r][1].through if r in covers else None for r, _, _ in sent]
     cur.execute(
         MARK_SENT,
-        ([r for r, _, _ in sent], [len(ids) for _, ids, _ in sent], [m for _, _, m in sent], after, through),
+        ([r for r, _, _ in sent], [len(ids) for _, ids, _ in sent], [m for _, _, m in sent], after, through, providers),
     )
     lateness = [float(row[0]) for row in cur.fetchall()]
     if len(lateness) < len(sent) and covered:  # some were final already: keep the mark and the run agreeing
@@ -400,15 +404,18 @@ def mark_sent(
     return lateness
 
 
-def retry(cur, failures: list[tuple[int, str]], max_attempts: int, base_seconds: float) -> tuple[int, int]:
-    """processing → pending (backoff) or failed (attempts used up). Returns (pending, failed)."""
+def retry(cur, failures: list[tuple], max_attempts: int, base_seconds: float) -> tuple[int, int]:
+    """processing → pending (backoff) or failed (attempts used up). Returns (pending, failed).
+    [(run_id, error[, provider])]: a provider given is one whose answer never came (an ambiguous
+    outcome): the run is pinned to it, and kept pinned by later retries that name none."""
     if not failures:
         return 0, 0
     cur.execute(
         RETRY,
         {
-            "ids": [i for i, _ in failures],
-            "errors": [e for _, e in failures],
+            "ids": [f[0] for f in failures],
+            "errors": [f[1] for f in failures],
+            "providers": [f[2] if len(f) > 2 else None for f in failures],
             "max": max_attempts,
             "cap": MAX_BACKOFF_SECONDS,
             "base": base_seconds,

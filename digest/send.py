@@ -61,11 +61,11 @@ _RECORDED = ("sent", "skipped", "handled", "retry", "released", "failed")  # the
 
 @dataclass
 class Outcome:
-    sent: list = field(default_factory=list)  # (run_id, event_ids, message_id)
+    sent: list = field(default_factory=list)  # (run_id, event_ids, message_id, provider)
     skipped: list = field(default_factory=list)  # (run_id, reason)
     handled: list = field(default_factory=list)  # (run_id, event_ids) of skipped runs: own activity only
     covers: dict = field(default_factory=dict)  # run_id: (subscriber_id, Cover) of runs that move the mark
-    retry: list = field(default_factory=list)  # (run_id, error)
+    retry: list = field(default_factory=list)  # (run_id, error[, provider it is pinned to])
     released: list = field(default_factory=list)  # run_id: not started, all mail was stopped
     failed: list = field(default_factory=list)  # (run_id, error)
     lateness: list = field(default_factory=list)  # seconds from scheduled_for to sent, per sent run
@@ -136,11 +136,13 @@ class Recorder:
             if result.stopped:
                 outcome.released.append(run.id)
             elif result.ok:
-                outcome.sent.append((run.id, cast(Digest, run.digest).event_ids, result.message_id))
+                outcome.sent.append((run.id, cast(Digest, run.digest).event_ids, result.message_id, result.provider))
             elif result.permanent:
                 outcome.failed.append((run.id, result.error or "permanent provider error"))
             else:
-                outcome.retry.append((run.id, result.error or "transient provider error"))
+                # maybe accepted (ambiguous): the retry goes to that provider alone
+                pin = result.provider if result.ambiguous else None
+                outcome.retry.append((run.id, result.error or "transient provider error", pin))
 
     def flush(self, results) -> bool:
         self.take(results)

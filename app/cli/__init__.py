@@ -1,7 +1,8 @@
 """`notify COMMAND` (the console script) or `python -m app COMMAND`: operator commands, one module
 per area, each registering its own subcommands: core (migrate, API keys, settings, metrics
 exporter, rekey-addresses), scheduler (the scheduler process), digest (digest-now, preview-digest),
-newsletter (newsletter-status), mail_stop (the emergency stop), tracking (legacy link import)."""
+newsletter (newsletter-status), mail_stop (the emergency stop), tracking (legacy link import),
+providers (the providers in use and their circuit breakers)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import argparse
 import logging
 import sys
 
-from app.cli import core, digest, mail_stop, newsletter, scheduler, tracking
+from app.cli import core, digest, mail_stop, newsletter, providers, scheduler, tracking
 from app.platform import config, observability
 
 # Each adds its commands with set_defaults(func=...).
-COMMAND_MODULES = (core, scheduler, digest, newsletter, mail_stop, tracking)
+COMMAND_MODULES = (core, scheduler, digest, newsletter, mail_stop, tracking, providers)
 
 
 def build_parser() -> argparse.ArgumentParser:

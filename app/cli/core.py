@@ -57,6 +57,20 @@ def cmd_list_api_keys(args) -> int:
     return 0
 
 
+SECRETS = (
+    "secret_key",
+    "secret_key_fallbacks",
+    "sendgrid_api_key",
+    "dkim_private_key",
+    "aws_secret_access_key",
+    "aws_session_token",
+    "postmark_server_token",
+    "mailgun_api_key",
+    "postmark_webhook_password",
+    "mailgun_webhook_signing_key",
+)
+
+
 def cmd_settings(args) -> int:
     """print every setting in force (secrets masked), or --markdown"""
     if args.markdown:
@@ -65,7 +79,7 @@ def cmd_settings(args) -> int:
     current = config.get()
     for f in config.fields(config.Settings):
         value = getattr(current, f.name)
-        secret = f.name in ("secret_key", "secret_key_fallbacks", "sendgrid_api_key", "dkim_private_key")
+        secret = f.name in SECRETS
         print(f"{config.env_name(f.name)}={'***' if secret and value else value}")
     return 0
 

@@ -195,11 +195,12 @@ UPDATE email_log e SET
     email = s.email
 FROM picked p, subscribers s
 WHERE e.id = p.id AND s.id = e.subscriber_id
-RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out
+RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out,
+          e.provider
 """
 )
 
-# The outcome of a sent batch: (id, status, message_id, error, next_attempt_at, refund) per row,
+# The outcome of a sent batch: (id, status, message_id, error, next_attempt_at, refund, provider) per row,
 # only for rows still `sending` (a reclaimed row is not marked by the worker that lost it).
 # `e.status || ''`: not a condition the partial index email_log_sending_idx can serve. Written
 # plainly, the planner — whose statistics come from the outbox builder's ANALYZE, taken while no row
@@ -211,13 +212,14 @@ UPDATE email_log e SET
     status = v.status,
     sent_at = CASE WHEN v.status = 'sent' THEN now() ELSE e.sent_at END,
     provider_message_id = coalesce(v.message_id, e.provider_message_id),
+    provider = coalesce(v.provider, e.provider),
     error = v.error,
     next_attempt_at = v.next_attempt_at,
     attempts = e.attempts - v.refund
-FROM (VALUES %s) AS v(id, status, message_id, error, next_attempt_at, refund)
+FROM (VALUES %s) AS v(id, status, message_id, error, next_attempt_at, refund, provider)
 WHERE e.id = v.id AND e.status || '' = 'sending' AND v.status IN ('sent', 'failed', 'pending')
 """
-MARK_TEMPLATE = "(%s::bigint, %s::text, %s::text, %s::text, %s::timestamptz, %s::int)"
+MARK_TEMPLATE = "(%s::bigint, %s::text, %s::text, %s::text, %s::timestamptz, %s::int, %s::text)"
 
 # Checked by a send loop between two mails (at least every mail_stop.SEND_CHECK_SECONDS): may it
 # go on? (status, whether all mail is stopped).
@@ -275,6 +277,7 @@ class Claimed(NamedTuple):
     user_id: str
     token_version: int
     tracking_opt_out: bool
+    provider: str | None = None  # set: an ambiguous attempt there; only that provider may send it
 
 
 class Mark(NamedTuple):
@@ -286,6 +289,9 @@ class Mark(NamedTuple):
     error: str | None
     next_attempt_at: datetime | None
     refund: int  # 1: the claim's attempt does not count (a throttle is not the row's fault)
+    # 'sent': who accepted it; 'pending': whose answer never came (ambiguous) — the row's retries go
+    # there alone, and a later mark naming none keeps it
+    provider: str | None = None
 
 
 def create(cur: db.Cursor, subject: str, html: str, text: str | None, from_addr: str | None) -> int:

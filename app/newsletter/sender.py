@@ -125,6 +125,7 @@ class Renderer:
             text=rendered.text,
             idempotency_key=f"newsletter-{self.newsletter_id}-row-{row.id}",
             from_addr=self.from_addr,
+            provider=row.provider,
             headers=mail.unsubscribe_headers(unsubscribe_url),
             custom_args={
                 "mail_kind": "newsletter",
@@ -357,13 +358,17 @@ def _marks_for(results, mail_rows, settings: Settings, stats: SendStats):
     for result, (row_id, attempts) in zip(results, mail_rows):
         if result.ok:
             stats.sent += 1
-            yield Mark(row_id, "sent", result.message_id, None, None, 0)
+            yield Mark(row_id, "sent", result.message_id, None, None, 0, result.provider)
         elif result.permanent or attempts >= settings.newsletter_max_attempts:
             stats.failed += 1
             yield Mark(row_id, "failed", None, (result.error or "rejected")[:1000], None, 0)
         else:
             stats.retry += 1
-            yield Mark(row_id, "pending", None, (result.error or "transient")[:1000], _now() + backoff(attempts), 0)
+            # maybe accepted (ambiguous): the retry goes to that provider alone
+            pin = result.provider if result.ambiguous else None
+            yield Mark(
+                row_id, "pending", None, (result.error or "transient")[:1000], _now() + backoff(attempts), 0, pin
+            )
 
 
 def backoff(attempts: int) -> timedelta:

@@ -170,7 +170,9 @@ class Settings:
         "must see its week)",
     )
     # -- mail
-    mail_provider: str = setting("file", "`smtp`, `sendgrid` or `file` (`make run` uses the dev SMTP sink)")
+    mail_provider: str = setting(
+        "file", "`smtp`, `sendgrid`, `ses`, `postmark`, `mailgun` or `file` (`make run` uses the dev SMTP sink)"
+    )
     mail_from: str = setting("Notify <notify@localhost>", "default sender: exactly one mailbox")
     smtp_url: str = setting("smtp://localhost:1025", "`smtp://user:pass@host:port`, `?starttls=1`, or `smtps://`")
     mail_file_dir: str = setting("mail-out", "where the `file` provider writes .eml files")
@@ -235,6 +237,43 @@ class Settings:
     )
     mailgun_webhook_max_age_seconds: int = setting(
         900, "oldest Mailgun webhook timestamp accepted (either direction); each token is accepted once within it"
+    )
+    # -- HTTP API providers (docs/sending.md "Providers")
+    ses_region: str = setting("us-east-1", "the AWS region of the SES v2 API (`ses`)")
+    ses_endpoint_url: str = setting("", "the SES v2 API's base URL", shown="`https://email.{SES_REGION}.amazonaws.com`")
+    aws_access_key_id: str = setting(
+        "", "SES credentials; empty: botocore's chain (profile, web identity, the instance or task role)"
+    )
+    aws_secret_access_key: str = setting("", "with AWS_ACCESS_KEY_ID")
+    aws_session_token: str = setting("", "with temporary credentials")
+    ses_configuration_set: str = setting(
+        "", "the SES configuration set every mail names (its event destination feeds /webhooks/ses)"
+    )
+    postmark_server_token: str = setting("", "Postmark server API token (`postmark`)")
+    postmark_api_url: str = setting("https://api.postmarkapp.com", "Postmark's API base URL")
+    postmark_digest_stream: str = setting("outbound", "the Postmark message stream of digests (transactional)")
+    postmark_newsletter_stream: str = setting("broadcast", "the Postmark message stream of newsletters (broadcast)")
+    mailgun_api_key: str = setting("", "Mailgun API key (`mailgun`)")
+    mailgun_domain: str = setting("", "the Mailgun sending domain")
+    mailgun_api_url: str = setting(
+        "https://api.mailgun.net", "Mailgun's API base URL; EU domains: `https://api.eu.mailgun.net`"
+    )
+    mail_providers: tuple = setting(
+        (),
+        "failover: providers in order of preference (`postmark,ses`); each mail goes through the first "
+        "whose circuit breaker is closed. Empty: MAIL_PROVIDER alone. The breakers are per process",
+    )
+    provider_breaker_failures: int = setting(
+        3, "definite failures of a provider (refused connection, 5xx, 429, …) within the window that open its breaker"
+    )
+    provider_breaker_window_seconds: float = setting(30.0, "the window PROVIDER_BREAKER_FAILURES counts in")
+    provider_breaker_cooldown_seconds: float = setting(
+        30.0, "an open breaker lets one batch probe its provider again (half-open) after this long"
+    )
+    provider_timeout_seconds: float = setting(
+        30.0,
+        "HTTP providers: how long a call may take; a call that times out after it was sent is "
+        "ambiguous (it may have been accepted): retried on the same provider only",
     )
     dkim_domain: str = setting("", "DKIM signing domain (with DKIM_SELECTOR and DKIM_PRIVATE_KEY)")
     dkim_selector: str = setting("", "DKIM selector")

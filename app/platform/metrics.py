@@ -106,7 +106,7 @@ NEWSLETTER_RECIPIENTS = Counter(
 # -- providers
 PROVIDER_CALLS = Counter(
     "notify_provider_calls",
-    "Provider deliver calls by provider and result: ok, throttled, transient, permanent, unexpected",
+    "Provider deliver calls by provider and result: ok, throttled, transient, permanent, ambiguous, unexpected",
     ["provider", "result"],
 )
 PROVIDER_LATENCY = Histogram(
@@ -114,6 +114,19 @@ PROVIDER_LATENCY = Histogram(
     "Provider deliver call latency",
     ["provider"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+PROVIDER_AMBIGUOUS = Counter(
+    "notify_provider_ambiguous",
+    "Mails whose request went out with no answer (timeout, dropped connection, 504): maybe accepted, "
+    "retried on the same provider only",
+    ["provider"],
+)
+PROVIDER_BREAKER_STATE = Gauge(
+    "notify_provider_breaker_state",
+    "A provider's circuit breaker under MAIL_PROVIDERS failover: 0 closed, 1 half-open, 2 open "
+    "(per process; the worst of the live processes)",
+    ["provider"],
+    multiprocess_mode="livemax",
 )
 PROVIDER_IN_FLIGHT = Gauge(
     "notify_provider_calls_in_flight", "Provider deliver calls under way", ["provider"], multiprocess_mode="livesum"
@@ -367,6 +380,18 @@ class FilesCollector:
             "could not read and left out (a process creating one, or a broken file)",
             value=unreadable,
         )
+
+
+def breaker_states() -> dict[str, int]:
+    """notify_provider_breaker_state by provider, as this host's live processes last set it (the
+    worst of them): what `notify providers` shows. A provider no process has used is absent."""
+    states: dict[str, int] = {}
+    for family in FilesCollector().collect():
+        if family.name == "notify_provider_breaker_state":
+            for sample in family.samples:
+                name = sample.labels["provider"]
+                states[name] = max(states.get(name, 0), int(sample.value))
+    return states
 
 
 # Recipients of the newsletters being sent, by email_log status, each read from its partial index

@@ -50,9 +50,9 @@ REQUIRED = {
 
 
 def providers_in_use(settings: config.Settings) -> set[str]:
-    """The providers mail goes out through: MAIL_PROVIDERS (the failover list) when the settings
-    have it and it is set, else MAIL_PROVIDER."""
-    listed = getattr(settings, "mail_providers", None) or settings.mail_provider
+    """The providers mail goes out through: MAIL_PROVIDERS (the failover list) when it is set, else
+    MAIL_PROVIDER."""
+    listed = settings.mail_providers or settings.mail_provider
     names = listed.split(",") if isinstance(listed, str) else listed
     return {str(name).strip().lower() for name in names if str(name).strip()}
 

@@ -155,7 +155,7 @@ def test_mark_is_driven_by_its_values_whatever_the_statistics_say():
         plan = psycopg2.extras.execute_values(
             cur,
             "EXPLAIN " + rows.MARK,
-            [(i, "sent", None, None, None, 0) for i in ids],
+            [(i, "sent", None, None, None, 0, None) for i in ids],
             template=rows.MARK_TEMPLATE,
             page_size=len(ids),
             fetch=True,

@@ -53,6 +53,12 @@ class ThrottledError(TransientError):
         self.retry_after = retry_after
 
 
+class AmbiguousError(TransientError):
+    """The request went out and no answer came back (a read timeout, a dropped connection, a
+    gateway's 504): the provider may have accepted the mail. Retried on the same provider only —
+    sending it through another could deliver it twice."""
+
+
 class PermanentError(ProviderError):
     """The provider will never accept this (bad credentials, malformed request, rejected address)."""
 
@@ -69,6 +75,9 @@ class OutgoingMail:
     headers: dict[str, str] = field(default_factory=dict)  # List-Unsubscribe, List-Unsubscribe-Post, …
     # Come back flattened in SendGrid webhook events: mail_kind, mail_id, row_id, subscriber_id.
     custom_args: dict[str, str] = field(default_factory=dict)
+    # An earlier attempt's outcome at this provider is unknown (ambiguous): only it may send this
+    # mail again (failover.py); None: any provider
+    provider: str | None = None
 
 
 @dataclass
@@ -78,6 +87,11 @@ class SendResult:
     error: str | None = None
     permanent: bool = False  # with ok=False: retrying will not help
     stopped: bool = False  # with ok=False: never attempted, the caller asked to stop
+    # with ok=False: the request went out and no answer came (AmbiguousError): it may have been
+    # accepted, so only the same provider may try it again
+    ambiguous: bool = False
+    # who accepted it (ok), or may have (ambiguous); send_batch fills it in with the provider's name
+    provider: str | None = None
 
 
 STOPPED = SendResult(ok=False, error="not attempted: sending was stopped", stopped=True)
@@ -145,7 +159,9 @@ class Progress:
 def _result(exc: ProviderError) -> str:
     """A failed provider call's `result` label in notify_provider_calls_total."""
     return (
-        "throttled"
+        "ambiguous"
+        if isinstance(exc, AmbiguousError)
+        else "throttled"
         if isinstance(exc, ThrottledError)
         else "transient"
         if isinstance(exc, TransientError)
@@ -186,11 +202,18 @@ class Provider:
                     outer.add(i, failed)
         if ready:
             # deliver() counts in `ready`; the caller's progress in `mails`.
-            inner = _Renumbered(outer, positions) if outer is not None else Progress(lambda new: False)
+            inner = _Renumbered(outer, positions, self.name) if outer is not None else Progress(lambda new: False)
             metrics.PROVIDER_IN_FLIGHT.labels(self.name).inc()
             started = time.perf_counter()
             try:
                 delivered = self.deliver(ready, inner)
+            except AmbiguousError as exc:
+                # Raised only when nothing of the call was reported: each mail carries the outcome,
+                # so the caller records which provider alone may try it again.
+                metrics.provider_call(self.name, _result(exc), started)
+                delivered = [SendResult(ok=False, error=str(exc)[:1000], ambiguous=True) for _ in ready]
+                for i, result in enumerate(delivered):
+                    inner.add(i, result)
             except ProviderError as exc:
                 metrics.provider_call(self.name, _result(exc), started)
                 raise
@@ -198,11 +221,18 @@ class Provider:
                 metrics.provider_call(self.name, "unexpected", started)
                 log.exception("%s: unexpected error delivering %d mail(s)", self.name, len(ready))
                 raise TransientError(f"unexpected {self.name} error: {exc!r}"[:1000]) from exc
-            metrics.provider_call(self.name, "ok", started)
+            else:
+                metrics.provider_call(self.name, "ok", started)
             if len(delivered) != len(ready):  # never leave a row claimed because a provider miscounted
                 raise TransientError(f"{self.name} returned {len(delivered)} results for {len(ready)} mails")
+            ambiguous = 0
             for i, result in zip(positions, delivered):
+                if (result.ok or result.ambiguous) and result.provider is None:
+                    result.provider = self.name  # results are fresh objects (STOPPED is neither)
+                ambiguous += result.ambiguous and result.provider == self.name  # a wrapper's members count their own
                 results[i] = result
+            if ambiguous:
+                metrics.PROVIDER_AMBIGUOUS.labels(self.name).inc(ambiguous)
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
@@ -213,10 +243,12 @@ class _Renumbered(Progress):
     """The caller's Progress seen through deliver()'s numbering (mails that could not be built are
     not handed to deliver)."""
 
-    def __init__(self, outer: Progress, positions: list[int]):
-        self._outer, self._positions = outer, positions
+    def __init__(self, outer: Progress, positions: list[int], provider: str):
+        self._outer, self._positions, self._provider = outer, positions, provider
 
     def add(self, index: int, result: SendResult) -> None:
+        if (result.ok or result.ambiguous) and result.provider is None:
+            result.provider = self._provider  # recorded as it arrives: who accepted it
         self._outer.add(self._positions[index], result)
 
     def stop_requested(self) -> bool:
