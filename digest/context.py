@@ -8,8 +8,9 @@ count, avatar_url/has_avatar), summary (the lines joined), count, count_label. P
 preheader, has_more/more_groups/more (the last line: "…and 7 more updates on 3 other posts"),
 total_groups, total_events, first_digest, the footer's links and postal address, view_url/has_view_url
 (the hosted copy, digest/hosted.py). Every word is in the reader's locale (`Reader.locale`, through
-app/platform/i18n.py); `lang` and `dir` go on the mail's <html>, and the template's own words
-(view_in_browser, change_cadence, unsubscribe) come from here, translated, too.
+app/platform/i18n.py), a category's label and verb included (its translation along the reader's
+fallback chain: app/subscribers/categories.py `lookup`); `lang` and `dir` go on the mail's <html>, and
+the template's own words (view_in_browser, change_cadence, unsubscribe) come from here, translated, too.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def group_item(
     t = t or i18n.translator(i18n.SOURCE)
     lines: list[dict[str, Any]] = []
     for line in ordered_lines(group, categories):
-        category = lookup(line.category, categories)
+        category = lookup(line.category, categories, t.tag)  # in the reader's words (its translations)
         keys = line.actor_keys()
         names = [line.actors[k][1] for k in keys]
         avatar = digest.avatars.get(keys[0], "") if keys else ""
@@ -103,7 +104,8 @@ def headline(
     group, item = digest.groups[0], items[0]
     line = ordered_lines(group, categories)[0]
     names = [line.actors[k][1] for k in line.actor_keys()]
-    top = wording.headline(lookup(line.category, categories), names, line.count, item["title"], t)
+    category = lookup(line.category, categories, t.tag if t is not None else None)
+    top = wording.headline(category, names, line.count, item["title"], t)
     return clip(top, 150), line.count
 
 

@@ -50,7 +50,9 @@ def line_text(category: Category, actors: list[str], count: int, t: Translator |
     who = actors_text(actors, t=t)
     extra = count - len(actors)
     if category.verb:
-        verb = block_verb(category.verb) if t.locale.language == SOURCE else category.verb
+        # A translation's verb is its translator's; the default's is English when the reader's is.
+        english = category.locale.split("-")[0] == SOURCE if category.locale else t.locale.language == SOURCE
+        verb = block_verb(category.verb) if english else category.verb
         if extra > 0:
             return t.ngettext(
                 "{actors} {verb} {count} time", "{actors} {verb} {count} times", count, actors=who, verb=verb

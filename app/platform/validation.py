@@ -31,15 +31,19 @@ from pydantic import (
 from pydantic.json_schema import models_json_schema
 from pydantic_core import PydanticCustomError
 
+from app.platform import i18n
+
 __all__ = [
     "Body",
     "Integer",
+    "LocaleKey",
     "Text",
     "Timestamp",
     "ValidationError",
     "as_json",
     "check",
     "fail",
+    "keyed",
     "plain_int",
     "problems",
     "schema_components",
@@ -115,6 +119,32 @@ def documented(extra: dict | Callable[[dict], None], check: Callable[[Any], Any]
     return Field(json_schema_extra=extra), AfterValidator(check)
 
 
+# Fields that are objects keyed by the caller (locale tags): a problem inside one is named by its
+# path, `translations.pt-BR.label`, and a refused key by `translations.<key>`.
+KEYED: set[str] = set()
+
+
+def keyed(name: str) -> str:
+    """Declare a field whose problems are named by their path inside it (see KEYED)."""
+    KEYED.add(name)
+    return name
+
+
+def _locale_key(value: str) -> str:
+    try:
+        return i18n.normalize(value)
+    except i18n.LocaleError as exc:
+        raise fail("locale", str(exc)) from None
+
+
+# A key that is a locale: a BCP 47 tag normalised with Babel (`pt_br` -> `pt-BR`); unknown or malformed: refused.
+LocaleKey = Annotated[
+    str,
+    Field(max_length=35, description="a BCP 47 locale tag: `pt-BR`, `de`, `ar`"),
+    AfterValidator(_locale_key),
+]
+
+
 def _message(error: Mapping[str, Any]) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
     simple = {
@@ -157,6 +187,8 @@ def problems(exc: ValidationError, batch_key: str | None = None, root: str = "bo
         if batch_key and len(loc) >= 2 and loc[0] == batch_key and isinstance(loc[1], int):
             index, loc = loc[1], loc[2:] or ["event"]
         field = str(loc[0]) if loc else root
+        if field in KEYED and len(loc) > 1:  # translations.pt-BR.label; a refused key: translations.xx
+            field = ".".join(str(part) for part in loc[:3] if part != "[key]")
         if (index, field) in seen:  # unions report once per alternative: the first says enough
             continue
         seen.add((index, field))

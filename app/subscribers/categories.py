@@ -8,6 +8,13 @@ shown by its humanised key ("new_comment" -> "New comment").
 Readers never query per item or per digest: `registry()` is a snapshot of the whole table cached
 in process for CACHE_SECONDS (a digest batch reads it at most once; a change made through the API is
 seen at once by the process that made it and by every other process within CACHE_SECONDS).
+
+Translations (issue 39; docs/i18n.md "Translating categories"): `translations` holds a label,
+description and verb per locale tag (normalised: `pt-BR`). `lookup(key, registry, tag)` gives the
+category in a reader's words: the translation of the first locale of the reader's fallback chain
+(`de-CH` -> `de` -> DEFAULT_LOCALE -> `en`, app/platform/i18n.py `chain`) that has one, whole (its
+verb, even empty, is that language's: an empty verb words the line with the label), else the
+category's own words. The verb's word order and preposition are the translator's.
 """
 
 from __future__ import annotations
@@ -16,13 +23,24 @@ import functools
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+import orjson
+from pydantic import AfterValidator, BeforeValidator, Field
 
-from app.platform import db
-from app.platform.validation import LINE_BREAK_OR_CONTROL, NO_CONTROL, SPACE_CLASS, Body, Text, check
+from app.platform import db, i18n
+from app.platform.validation import (
+    LINE_BREAK_OR_CONTROL,
+    NO_CONTROL,
+    SPACE_CLASS,
+    Body,
+    LocaleKey,
+    Text,
+    check,
+    fail,
+    keyed,
+)
 
 KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,100}$"
 KEY_RULE = "must be 1-100 characters: ASCII letters, digits, '.', '_', ':' or '-'"
@@ -38,8 +56,11 @@ def _strip(value: str) -> str:
     return " ".join(value.split())
 
 
-class CategoryInput(Body):
-    """PUT /v1/categories/{key}: how a category is shown."""
+MAX_TRANSLATIONS = 40  # locales per category
+
+
+class CategoryText(Body):
+    """How a category is shown in one language (the fields of a translation)."""
 
     label: Annotated[
         Text(
@@ -65,10 +86,43 @@ class CategoryInput(Body):
         ),
         AfterValidator(_strip),
     ] = ""
+
+
+def _distinct_locales(value: object) -> object:
+    """Two spellings of one tag (`pt_br`, `pt-BR`) would silently drop one translation: refused."""
+    if isinstance(value, dict):
+        seen: dict[str, str] = {}
+        for tag in value:
+            try:
+                one = i18n.normalize(tag)
+            except i18n.LocaleError:
+                continue  # named by its key's own check
+            if one in seen:
+                raise fail("duplicate", f"{seen[one]!r} and {tag!r} are the same locale ({one}); give it once")
+            seen[one] = tag
+    return value
+
+
+class CategoryInput(CategoryText):
+    """PUT /v1/categories/{key}: how a category is shown."""
+
     delivery: Annotated[Literal[DELIVERIES], Field(description='`digest`, or `immediate` ("send now")')] = "digest"
+    translations: Annotated[
+        dict[LocaleKey, CategoryText],
+        Field(
+            max_length=MAX_TRANSLATIONS,
+            description="the label, description and verb in other languages, by locale tag "
+            '(`{"pt-BR": {"label": "Curtidas", "verb": "curtiu"}}`); a reader gets the first locale of '
+            "their fallback chain that has one (de-CH, de, DEFAULT_LOCALE, en), else the fields above. "
+            "A translated verb is used as written: its word order and preposition are the translator's",
+        ),
+        BeforeValidator(_distinct_locales),
+    ] = {}
 
 
-FIELDS = tuple(CategoryInput.model_fields)
+keyed("translations")
+TEXT_FIELDS = tuple(CategoryText.model_fields)  # label, description, verb
+FIELDS = tuple(f for f in CategoryInput.model_fields if f != "translations")
 
 
 @dataclass(frozen=True)
@@ -78,6 +132,9 @@ class Category:
     description: str = ""
     verb: str = ""
     delivery: str = "digest"
+    # ((tag, label, description, verb), …) sorted by tag: hashable, as digests cache per category
+    translations: tuple[tuple[str, str, str, str], ...] = ()
+    locale: str | None = None  # whose words label/description/verb are: a translation's tag (None: the default)
 
     def as_dict(self) -> dict:
         return {
@@ -86,7 +143,40 @@ class Category:
             "description": self.description,
             "verb": self.verb,
             "delivery": self.delivery,
+            "translations": {
+                tag: {"label": label, "description": description, "verb": verb}
+                for tag, label, description, verb in self.translations
+            },
         }
+
+    def words(self, tag: str | None) -> Category:
+        """This category in the words of locale `tag` (see the module docstring); None: its own."""
+        if not self.translations or not tag:
+            return self
+        return _localized(self, tag)
+
+
+@functools.lru_cache(maxsize=4096)
+def _localized(category: Category, tag: str) -> Category:
+    found = {t[0]: t for t in category.translations}
+    for candidate in i18n.chain(tag):
+        if candidate in found:
+            _, label, description, verb = found[candidate]
+            return replace(category, label=label, description=description, verb=verb, locale=candidate)
+    return category
+
+
+def _translations(stored) -> tuple[tuple[str, str, str, str], ...]:
+    if not stored:
+        return ()
+    if isinstance(stored, str | bytes):
+        stored = orjson.loads(stored)
+    return tuple(sorted((tag, t["label"], t.get("description", ""), t.get("verb", "")) for tag, t in stored.items()))
+
+
+def _category(row) -> Category:
+    *fields, translations = row
+    return Category(*fields, translations=_translations(translations))
 
 
 def valid_key(key) -> bool:
@@ -111,30 +201,32 @@ def validate(data) -> tuple[dict, list[dict]]:
 
 
 # -- the table ------------------------------------------------------------------------------------
-_COLUMNS = "key, label, description, verb, delivery"
+_COLUMNS = "key, label, description, verb, delivery, translations"
 
 
 def upsert(key: str, values: dict) -> tuple[dict, bool]:
-    """Create or replace; returns (category, created)."""
-    params = [key] + [values[f] for f in FIELDS]
+    """Create or replace (translations included: those left out are gone); returns (category, created)."""
+    translations = values.get("translations") or {}
+    stored = orjson.dumps({tag: {f: t[f] for f in TEXT_FIELDS} for tag, t in translations.items()}).decode()
+    params = [key] + [values[f] for f in FIELDS] + [stored if translations else None]
     rows = db.query(
-        f"INSERT INTO categories ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s) "
+        f"INSERT INTO categories ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s::jsonb) "
         "ON CONFLICT (key) DO UPDATE SET label = EXCLUDED.label, description = EXCLUDED.description, "
-        "verb = EXCLUDED.verb, delivery = EXCLUDED.delivery, updated_at = now() "
-        f"RETURNING {_COLUMNS}, (xmax = 0) AS created",
+        "verb = EXCLUDED.verb, delivery = EXCLUDED.delivery, translations = EXCLUDED.translations, "
+        f"updated_at = now() RETURNING {_COLUMNS}, (xmax = 0) AS created",
         params,
     )
     cache.clear()
-    return Category(*rows[0][:-1]).as_dict(), rows[0][-1]
+    return _category(rows[0][:-1]).as_dict(), rows[0][-1]
 
 
 def get(key: str) -> dict | None:
     rows = db.query(f"SELECT {_COLUMNS} FROM categories WHERE key = %s", (key,))
-    return Category(*rows[0]).as_dict() if rows else None
+    return _category(rows[0]).as_dict() if rows else None
 
 
 def list_all() -> list[dict]:
-    return [Category(*row).as_dict() for row in db.query(f"SELECT {_COLUMNS} FROM categories ORDER BY key")]
+    return [_category(row).as_dict() for row in db.query(f"SELECT {_COLUMNS} FROM categories ORDER BY key")]
 
 
 def delete(key: str) -> bool:
@@ -164,7 +256,7 @@ class _Cache:
             else:
                 cur.execute(sql)
                 rows = cur.fetchall()
-            self._snapshot, self._loaded_at = {row[0]: Category(*row) for row in rows}, time.monotonic()
+            self._snapshot, self._loaded_at = {row[0]: _category(row) for row in rows}, time.monotonic()
             return self._snapshot
 
     def clear(self) -> None:
@@ -186,5 +278,9 @@ def send_now_keys(reg: dict[str, Category]) -> list[str]:
     return sorted(key for key, c in reg.items() if c.delivery == "immediate")
 
 
-def lookup(key: str, reg: dict[str, Category]) -> Category:
-    return reg.get(key) or unknown(key)
+def lookup(key: str, reg: dict[str, Category], tag: str | None = None) -> Category:
+    """The category of `key` (an unregistered one: its humanised key), in the words of locale `tag`
+    (a reader's translator's `t.tag`: the first translation along its fallback chain, else the
+    category's own words); None: its own words."""
+    category = reg.get(key) or unknown(key)
+    return category.words(tag) if tag else category

@@ -344,6 +344,7 @@ def test_category_keys_and_bodies_are_validated():
         "description": "",
         "verb": "commented on",
         "delivery": "digest",
+        "translations": {},
     }
     _, errors = categories.validate({"label": " ", "delivery": "later", "verb": "a\nb", "extra": 1})
     assert {e["field"] for e in errors} == {"label", "delivery", "verb", "extra"}

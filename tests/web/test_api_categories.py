@@ -9,6 +9,7 @@ import pytest
 
 from app.platform import db
 from app.subscribers import categories
+from app.web.api.categories import BODY_LIMIT
 from tests.conftest import auth
 
 BODY = {"label": "Comments", "description": "Replies to your posts", "verb": "commented on"}
@@ -27,13 +28,21 @@ def test_register_read_list_replace_delete(client, admin_key):
         "description": "Replies to your posts",
         "verb": "commented on",
         "delivery": "digest",
+        "translations": {},
     }
     assert client.get("/v1/categories/comment", headers=auth(admin_key)).json() == r.json()
     r = client.put(
         "/v1/categories/comment", json={"label": "Replies", "delivery": "immediate"}, headers=auth(admin_key)
     )
     assert r.status_code == 200  # PUT replaces: omitted fields take their defaults
-    assert r.json() == {"key": "comment", "label": "Replies", "description": "", "verb": "", "delivery": "immediate"}
+    assert r.json() == {
+        "key": "comment",
+        "label": "Replies",
+        "description": "",
+        "verb": "",
+        "delivery": "immediate",
+        "translations": {},
+    }
     put(client, admin_key, name="a.like:v2-x_y", label="Likes")
     listed = client.get("/v1/categories", headers=auth(admin_key)).json()["categories"]
     assert [c["key"] for c in listed] == ["a.like:v2-x_y", "comment"]
@@ -99,7 +108,7 @@ def test_label_is_required_and_body_must_be_an_object(client, admin_key):
     assert r.status_code == 422
     r = client.put("/v1/categories/comment", content=b"{nope", headers=auth(admin_key))
     assert r.status_code == 400
-    r = client.put("/v1/categories/comment", content=b"{" + b" " * 20_000 + b"}", headers=auth(admin_key))
+    r = client.put("/v1/categories/comment", content=b"{" + b" " * BODY_LIMIT + b"}", headers=auth(admin_key))
     assert r.status_code == 413
 
 

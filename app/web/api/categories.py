@@ -16,7 +16,10 @@ from app.platform.openapi import Example, Operation, api_route
 from app.platform.validation import fail
 from app.subscribers import categories
 
-BODY_LIMIT = 16 * 1024  # the largest valid body (label, description, verb at 12 bytes a character) fits
+# The largest valid body fits: label, description and verb at 12 bytes a character ("\ud83d\ude00"),
+# for the category and each of its translations, with room for the keys and punctuation.
+_WORDS = 12 * (100 + 500 + 60) + 512
+BODY_LIMIT = _WORDS * (1 + categories.MAX_TRANSLATIONS) + 4 * 1024
 NOT_FOUND = "no category with that key"
 
 
@@ -55,6 +58,12 @@ async def category(request: Request, key: str, **declared):
     return await _BY_METHOD[request.method](request, key, **declared)
 
 
+class CategoryWords(BaseModel):
+    label: str
+    description: str
+    verb: str
+
+
 class Category(BaseModel):
     """What GET returns (and PUT answers with), declared for the document."""
 
@@ -63,6 +72,7 @@ class Category(BaseModel):
     description: str
     verb: str
     delivery: Literal[categories.DELIVERIES]
+    translations: dict[str, CategoryWords]
 
 
 class CategoryList(BaseModel):
@@ -83,7 +93,10 @@ CategoryKey = Annotated[
 
 # The reference's examples: the quick start's own category (README).
 _CHEER_INPUT = {"label": "Cheers", "verb": "cheered", "description": "Someone cheers a post of yours"}
-_CHEER = {"key": "cheer", **_CHEER_INPUT, "delivery": "digest"}
+_CHEER = {"key": "cheer", **_CHEER_INPUT, "delivery": "digest", "translations": {}}
+_CHEER_PT = {"label": "Aplausos", "verb": "aplaudiu", "description": "Alguém aplaude um post seu"}
+_CHEER_INPUT_PT = {**_CHEER_INPUT, "translations": {"pt-BR": _CHEER_PT}}
+_CHEER_WITH_PT = {**_CHEER, "translations": {"pt-BR": _CHEER_PT}}
 _KEY = {"key": "cheer"}
 
 routes = [
@@ -94,7 +107,7 @@ routes = [
             "Every registered category",
             {200: ("the registry", CategoryList)},
             scope="admin",
-            example=Example(answers={200: {"categories": [_CHEER]}}),
+            example=Example(answers={200: {"categories": [_CHEER_WITH_PT]}}),
         ),
     ),
     api_route(
@@ -102,21 +115,21 @@ routes = [
         category,
         path_params={"key": CategoryKey},
         put=Operation(
-            "Register or replace a category: its label, description, verb and delivery",
+            "Register or replace a category: its label, description, verb, delivery and translations",
             {200: ("replaced", Category), 201: ("created", Category)},
             errors=(400, 413, 422),
             body=categories.CategoryInput,
             scope="admin",
             body_limit=BODY_LIMIT,
             echo="key",
-            example=Example(_KEY, _CHEER_INPUT, {201: _CHEER, 200: _CHEER}),
+            example=Example(_KEY, _CHEER_INPUT_PT, {201: _CHEER_WITH_PT, 200: _CHEER_WITH_PT}),
         ),
         get=Operation(
             "Read a category",
             {200: ("the category", Category)},
             errors=(404, 422),
             scope="admin",
-            example=Example(_KEY, answers={200: _CHEER}),
+            example=Example(_KEY, answers={200: _CHEER_WITH_PT}),
         ),
         delete=Operation(
             "Forget a category (digests and pages fall back to its humanised key)",
