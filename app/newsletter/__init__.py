@@ -13,6 +13,6 @@ Progress: `python -m app newsletter-status ID`. Benchmark: scripts/bench/newslet
 Modules: service (API operations + status), rows (the statements), template (compile once, render
 per recipient), outbox (row creation), sender (claim/render/send/mark loop), growth (more send
 chains while they wait), ratelimit (adaptive, shared via Redis), reclaim (scheduler tick hook),
-schedule (scheduled and local-time sends), kick (enqueue helpers), test_send (a test to a few
-addresses), messages (queue messages).
+schedule (scheduled and local-time sends), variants (which language each recipient gets), kick
+(enqueue helpers), test_send (a test to a few addresses), messages (queue messages).
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from app.newsletter import kick, schedule
+from app.newsletter import kick, schedule, variants
 from app.newsletter import rows as newsletter_rows
 from app.platform import db, lease
 
@@ -43,14 +43,14 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
     """Build (or finish building) the outbox. Returns rows inserted by this run. `on_chunk(n)` is
     called after each committed chunk (progress logging; tests use it to crash mid-way)."""
     rows = db.thread_connection.run(
-        "SELECT status, audience, outbox_completed_at, local_time, coalesce(send_at, send_requested_at, now()) "
-        "FROM newsletters WHERE id = %s",
+        "SELECT status, audience, outbox_completed_at, local_time, coalesce(send_at, send_requested_at, now()), "
+        "variants FROM newsletters WHERE id = %s",
         (newsletter_id,),
     )
     if not rows:
         log.warning("outbox: newsletter %s does not exist (deleted?); nothing to do", newsletter_id)
         return 0
-    status, audience, done_at, local_time, started = rows[0]
+    status, audience, done_at, local_time, started, stored_variants = rows[0]
     if status in ("draft", "scheduled", "cancelled", "done") or audience is None:
         log.info("outbox: newsletter %s is %s; not building", newsletter_id, status)
         return 0
@@ -66,15 +66,17 @@ def create_outbox(newsletter_id: int, chunk_ids: int = CHUNK_IDS, on_chunk=None)
         builder.keep()
         # A re-run computes the same not_before: from the stored start, not from now.
         due = schedule.due_times(started, local_time)
-        return _build(newsletter_id, audience, chunk_ids, on_chunk, due)
+        # Each recipient's variant, chosen as the row is written (app/newsletter/variants.py).
+        choice = variants.parameters(stored_variants or {})
+        return _build(newsletter_id, audience, chunk_ids, on_chunk, due, choice)
 
 
-def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk, due: dict) -> int:
+def _build(newsletter_id: int, audience: dict, chunk_ids: int, on_chunk, due: dict, choice: dict) -> int:
     started = time.monotonic()
     # Sending starts with the first chunk; chains idle-wait while the rest is written.
     db.thread_connection.call(newsletter_rows.start_sending, newsletter_id)
     inserted, kicked, analyzed_at = 0, False, 0
-    for fill in _chunks(newsletter_id, audience, chunk_ids, due):
+    for fill in _chunks(newsletter_id, audience, chunk_ids, due, choice):
         state = db.thread_connection.run("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))
         if not state or state[0][0] == "cancelled":
             # Rows written after the cancel's own sweep would otherwise linger as `pending`.
@@ -121,16 +123,16 @@ def refresh_planner_statistics() -> bool:
         return False
 
 
-def _chunks(newsletter_id: int, audience: dict, chunk_ids: int, due: dict):
+def _chunks(newsletter_id: int, audience: dict, chunk_ids: int, due: dict, choice: dict):
     """(rows function, its arguments after the cursor) per chunk of the audience."""
     if audience.get("kind") == "user_ids":
         user_ids = audience.get("user_ids", [])
         for i in range(0, len(user_ids), CHUNK_USER_IDS):
-            yield newsletter_rows.fill_user_ids, newsletter_id, user_ids[i : i + CHUNK_USER_IDS], due
+            yield newsletter_rows.fill_user_ids, newsletter_id, user_ids[i : i + CHUNK_USER_IDS], due, choice
         return
     lo, hi = db.thread_connection.run("SELECT coalesce(min(id), 0) - 1, coalesce(max(id), 0) FROM subscribers")[0]
     while lo < hi:
-        yield newsletter_rows.fill_range, newsletter_id, lo, min(lo + chunk_ids, hi), due
+        yield newsletter_rows.fill_range, newsletter_id, lo, min(lo + chunk_ids, hi), due, choice
         lo += chunk_ids
 
 

@@ -94,7 +94,9 @@ ROW_TRANSITIONS = _transitions(
 )
 
 # -- newsletters -------------------------------------------------------------------------------
-CREATE = "INSERT INTO newsletters (subject, html, text, from_addr) VALUES (%s, %s, %s, %s) RETURNING id"
+CREATE = (
+    "INSERT INTO newsletters (subject, html, text, from_addr, variants) VALUES (%s, %s, %s, %s, %s::jsonb) RETURNING id"
+)
 # Params: (audience, local_time, id); SCHEDULE's: (audience, local_time, send_at, id). A scheduled
 # newsletter is changed whole by a new request (audience, time), until the tick starts it.
 QUEUE = (
@@ -138,21 +140,28 @@ RETURNING n.id
 # by app/newsletter/schedule.py (zoneinfo, as digest slots) and passed as two arrays (a zone not in
 # them, written around the API's check: as UTC); NULL (due at once) without a local_time.
 # NO_LOCAL_TIME: the parameters for that.
+# variant: the variant each recipient gets (app/newsletter/variants.py `parameters`: by the
+# subscriber's locale, then its language, else variant_default; NULL: the default).
 NO_LOCAL_TIME: dict[str, list[object] | None] = {"zones": [], "due": [], "default_due": None}
+NO_VARIANTS: dict[str, Any] = {"variant_keys": [], "variant_values": [], "variant_default": None}
 _REFUSAL = mailable.refusal(NEWSLETTERS)
 _ROW_VALUES = f"""
     SELECT %(nl)s, s.id, s.email, coalesce(z.due, %(default_due)s::timestamptz),
-           CASE WHEN {_REFUSAL} IS NULL THEN 'pending' ELSE 'suppressed' END, {_REFUSAL}
+           CASE WHEN {_REFUSAL} IS NULL THEN 'pending' ELSE 'suppressed' END, {_REFUSAL},
+           coalesce(vt.variant, vl.variant, %(variant_default)s::text)
     FROM subscribers s
     LEFT JOIN unnest(%(zones)s::text[], %(due)s::timestamptz[]) AS z(zone, due) ON z.zone = s.timezone
+    LEFT JOIN unnest(%(variant_keys)s::text[], %(variant_values)s::text[]) AS vt(key, variant) ON vt.key = s.locale
+    LEFT JOIN unnest(%(variant_keys)s::text[], %(variant_values)s::text[]) AS vl(key, variant)
+           ON vl.key = split_part(s.locale, '-', 1)
 """
 INSERT_RANGE = (
-    "INSERT INTO email_log (newsletter_id, subscriber_id, email, not_before, status, error)"
+    "INSERT INTO email_log (newsletter_id, subscriber_id, email, not_before, status, error, variant)"
     + _ROW_VALUES
     + "WHERE s.id > %(lo)s AND s.id <= %(hi)s ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
 INSERT_USER_IDS = (
-    "INSERT INTO email_log (newsletter_id, subscriber_id, email, not_before, status, error)"
+    "INSERT INTO email_log (newsletter_id, subscriber_id, email, not_before, status, error, variant)"
     + _ROW_VALUES
     + "WHERE s.user_id = ANY(%(user_ids)s) ON CONFLICT (newsletter_id, subscriber_id) DO NOTHING"
 )
@@ -196,7 +205,7 @@ UPDATE email_log e SET
 FROM picked p, subscribers s
 WHERE e.id = p.id AND s.id = e.subscriber_id
 RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out,
-          e.provider
+          e.provider, e.variant, s.locale
 """
 )
 
@@ -278,6 +287,8 @@ class Claimed(NamedTuple):
     token_version: int
     tracking_opt_out: bool
     provider: str | None = None  # set: an ambiguous attempt there; only that provider may send it
+    variant: str | None = None  # the variant the outbox chose (its locale tag); None: the default
+    locale: str | None = None  # the subscriber's
 
 
 class Mark(NamedTuple):
@@ -294,8 +305,11 @@ class Mark(NamedTuple):
     provider: str | None = None
 
 
-def create(cur: db.Cursor, subject: str, html: str, text: str | None, from_addr: str | None) -> int:
-    cur.execute(CREATE, (subject, html, text, from_addr))
+def create(
+    cur: db.Cursor, subject: str, html: str, text: str | None, from_addr: str | None, variants: str | None = None
+) -> int:
+    """A draft; `variants`: the JSON of {tag: {subject, html, text}} (None: the default only)."""
+    cur.execute(CREATE, (subject, html, text, from_addr, variants))
     return int(cur.fetchone()[0])
 
 
@@ -364,15 +378,20 @@ def may_send(cur: db.Cursor, newsletter_id: int) -> tuple[str, bool]:
     return status, bool(allowed)
 
 
-def fill_range(cur: db.Cursor, newsletter_id: int, lo: int, hi: int, due: dict[str, Any]) -> int:
-    """Outbox rows for the subscribers with lo < id <= hi; `due`: schedule.due_times(). How many."""
-    cur.execute(INSERT_RANGE, {**due, "nl": newsletter_id, "lo": lo, "hi": hi})
+def fill_range(
+    cur: db.Cursor, newsletter_id: int, lo: int, hi: int, due: dict[str, Any], choice: dict[str, Any] | None = None
+) -> int:
+    """Outbox rows for the subscribers with lo < id <= hi; `due`: schedule.due_times(); `choice`:
+    variants.parameters() (None: the default for everyone). How many."""
+    cur.execute(INSERT_RANGE, {**due, **(choice or NO_VARIANTS), "nl": newsletter_id, "lo": lo, "hi": hi})
     return int(cur.rowcount)
 
 
-def fill_user_ids(cur: db.Cursor, newsletter_id: int, user_ids: list[str], due: dict[str, Any]) -> int:
+def fill_user_ids(
+    cur: db.Cursor, newsletter_id: int, user_ids: list[str], due: dict[str, Any], choice: dict[str, Any] | None = None
+) -> int:
     """Outbox rows for the subscribers with these user_ids; how many."""
-    cur.execute(INSERT_USER_IDS, {**due, "nl": newsletter_id, "user_ids": user_ids})
+    cur.execute(INSERT_USER_IDS, {**due, **(choice or NO_VARIANTS), "nl": newsletter_id, "user_ids": user_ids})
     return int(cur.rowcount)
 
 

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from app.newsletter import growth, kick, ratelimit, template
+from app.newsletter import growth, kick, ratelimit, template, variants
 from app.newsletter import rows as newsletter_rows
 from app.newsletter.ratelimit import AdaptiveRateLimiter
 from app.newsletter.rows import Claimed, Mark
@@ -66,7 +66,7 @@ FLUSH_EVERY = 100  # outcomes written (and controls read) at least every this ma
 def _load(newsletter_id: int):
     rows = db.thread_connection.run(
         "SELECT status, subject, html, text, from_addr, outbox_completed_at, "
-        "EXISTS (SELECT 1 FROM mail_stop) FROM newsletters WHERE id = %s",
+        "EXISTS (SELECT 1 FROM mail_stop), variants FROM newsletters WHERE id = %s",
         (newsletter_id,),
     )
     return rows[0] if rows else None
@@ -90,31 +90,52 @@ class SendStats:
 
 @dataclass
 class Renderer:
-    """One newsletter's mail to each recipient: the template compiled once, links tracked per mail."""
+    """One newsletter's mail to each recipient: each variant's template compiled once (the default's
+    at once, a variant's when a recipient of it first comes), links tracked per mail."""
 
     newsletter_id: int
     compiled: Compiled
     rewriter: LinkRewriter
     from_addr: str | None
     tracking: bool  # TRACKING (a recipient may still have opted out)
+    variants: dict | None = None  # {tag: {"subject", "html", "text"}} as stored
 
     @classmethod
-    def load(cls, newsletter_id: int, subject: str, html: str, text: str | None, from_addr: str | None) -> Renderer:
+    def load(
+        cls,
+        newsletter_id: int,
+        subject: str,
+        html: str,
+        text: str | None,
+        from_addr: str | None,
+        stored_variants: dict | None = None,
+    ) -> Renderer:
         compiled = template.compiled_for(newsletter_id, subject, html, text)
         rewriter = LinkRewriter("newsletter", newsletter_id)
-        return cls(newsletter_id, compiled, rewriter, from_addr, config.get().tracking)
+        return cls(newsletter_id, compiled, rewriter, from_addr, config.get().tracking, stored_variants)
+
+    def compiled_variant(self, variant: str | None) -> Compiled:
+        """The compiled template of a variant (None, or one the newsletter no longer has: the default)."""
+        content = (self.variants or {}).get(variant) if variant is not None else None
+        if content is None:
+            return self.compiled
+        return template.compiled_for(
+            self.newsletter_id, content["subject"], content["html"], content.get("text"), variant
+        )
 
     def render(self, row: Claimed) -> OutgoingMail:
         # The newsletter stream's link: a one-click unsubscribe stops newsletters, not digests.
         sub_id, token_version = row.subscriber_id, row.token_version
         unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version, streams.NEWSLETTER_MAIL_SCOPE)
-        rendered = self.compiled.render(
+        variant = row.variant if row.variant in (self.variants or {}) else None
+        rendered = self.compiled_variant(variant).render(
             {
                 "name": row.name or "",
                 "email": row.email,
                 "user_id": row.user_id,
                 "unsubscribe_url": unsubscribe_url,
                 "preferences_url": tokens.preferences_url(sub_id, token_version),
+                "locale": variants.render_locale(variant, row.locale),
             }
         )
         return OutgoingMail(
@@ -127,6 +148,7 @@ class Renderer:
             from_addr=self.from_addr,
             provider=row.provider,
             headers=mail.unsubscribe_headers(unsubscribe_url),
+            template=f"newsletter-{self.newsletter_id}-{variant or 'default'}",
             custom_args={
                 "mail_kind": "newsletter",
                 "mail_id": str(self.newsletter_id),
@@ -161,7 +183,7 @@ def send_batch(
     if row[6]:
         stats.outcome = "all mail is stopped; releasing the stop restarts this newsletter"
         return stats
-    _, subject, html, text, from_addr, _, _ = row
+    _, subject, html, text, from_addr, _, _, stored_variants = row
     if provider is None:
         provider = get_provider()
     limiter = ratelimit.for_provider(provider.name)
@@ -169,7 +191,7 @@ def send_batch(
     batch_size = max(1, min(settings.send_batch_size or preferred, provider.max_batch))
     if limiter.ceiling > 0:  # at most one second's worth per call, so a low limit paces smoothly
         batch_size = max(1, min(batch_size, int(limiter.ceiling)))
-    renderer = Renderer.load(newsletter_id, subject, html, text, from_addr)
+    renderer = Renderer.load(newsletter_id, subject, html, text, from_addr, stored_variants)
     chain = _Chain(renderer, provider, limiter, settings, stats)
     started = time.monotonic()
     deadline = started + budget_seconds

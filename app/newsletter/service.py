@@ -9,18 +9,22 @@ from datetime import UTC, datetime, time
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import AfterValidator, BaseModel, Field, create_model
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, create_model
 
 from app.newsletter import kick, outbox, template
 from app.newsletter import rows as newsletter_rows
 from app.platform import db, mail
 from app.platform.errors import Conflict, NotFound
-from app.platform.validation import Body, Text, Timestamp, check, documented, fail
+from app.platform.validation import Body, LocaleKey, Text, Timestamp, check, distinct_locales, documented, fail, keyed
 from tracking.stats import mail_stats
 
 log = logging.getLogger("app.newsletter.service")
 
 MAX_AUDIENCE_USER_IDS = 10_000
+MAX_VARIANTS = 20  # languages per newsletter besides the default
+# Characters of every variant's subject, html and text together (each field has its own limit, as
+# the default's); app/web/api/newsletters.py derives the body limit from it.
+MAX_VARIANTS_CHARS = 2 * 1024 * 1024
 ROW_STATUSES = tuple(status.value for status in newsletter_rows.RowStatus)
 # Applied SendGrid events (mail_event_counts) that count as a bounce / an unsubscribe.
 BOUNCE_EVENTS = ("bounce", "dropped", "blocked")
@@ -80,6 +84,17 @@ class NewsletterPage(BaseModel):
     next_before: int | None
 
 
+class VariantCounts(BaseModel):
+    """One variant's recipients: its outbox rows, those sent, and the people who opened or clicked
+    (unique, machines apart)."""
+
+    locale: str | None = Field(description="the variant's locale tag; null: the default subject/html")
+    recipients: Count
+    sent: Count
+    opened: Count
+    clicked: Count
+
+
 class NewsletterStatus(NewsletterSummary):
     """GET /v1/newsletters/{id}: what a list shows of it, and its sender, engagement and bounces."""
 
@@ -89,6 +104,9 @@ class NewsletterStatus(NewsletterSummary):
     clicks: Engagement
     bounces: Count
     unsubscribes: Count
+    variants: list[VariantCounts] = Field(
+        description="per variant (the default first, then by tag): recipients, sent, unique human openers and clickers"
+    )
 
 
 class NewsletterState(BaseModel):
@@ -168,15 +186,42 @@ _GRAMMAR_DOC = (
 _FROM_MESSAGE = "must be exactly one address like 'News <news@example.com>'"
 
 
-class NewsletterInput(Body):
+class NewsletterVariant(Body):
+    """One language's subject, html and text (the fields of a variant)."""
+
     subject: _template("subject", template.MAX_SUBJECT, _VARS + "; one line")
     html: _template("html", template.MAX_HTML, _VARS + "; CSS is inlined once")
     text: _template("text", template.MAX_TEXT, _VARS + "; derived from html if absent or null") | None = None
+
+
+def _variants_size(value: dict) -> dict:
+    size = sum(len(v.subject) + len(v.html) + len(v.text or "") for v in value.values())
+    if size > MAX_VARIANTS_CHARS:
+        raise fail("size", f"must hold at most {MAX_VARIANTS_CHARS} characters in all (subject, html and text)")
+    return value
+
+
+class NewsletterInput(NewsletterVariant):
     from_addr: Annotated[
         Text(template.MAX_FROM, SENDER_PATTERN, message=_FROM_MESSAGE) | None,
         Field(alias="from", description="'addr' or 'Name <addr>'; MAIL_FROM if absent or null"),
         AfterValidator(_sender),
     ] = None
+    variants: Annotated[
+        dict[LocaleKey, NewsletterVariant],
+        Field(
+            max_length=MAX_VARIANTS,
+            description="the newsletter in other languages, by locale tag (`pt-BR`, `de`): each recipient gets the "
+            "variant of their locale, else of its language (a `pt` reader also matches `pt-BR`), else of "
+            'DEFAULT_LOCALE\'s chain, else subject/html above (docs/i18n.md, "Newsletters in several languages"); '
+            f"at most {MAX_VARIANTS} variants and {MAX_VARIANTS_CHARS} characters in all",
+        ),
+        BeforeValidator(distinct_locales),
+        AfterValidator(_variants_size),
+    ] = {}
+
+
+keyed("variants")
 
 
 UserIds = Annotated[list[Text(200, min_length=1)], Field(min_length=1, max_length=MAX_AUDIENCE_USER_IDS)]
@@ -252,8 +297,9 @@ def validate_new(body) -> tuple[NewsletterInput | None, list[dict]]:
 
 
 def create(newsletter: NewsletterInput) -> int:
+    stored = {tag: v.model_dump() for tag, v in newsletter.variants.items()}
     fields = (newsletter.subject, newsletter.html, newsletter.text, newsletter.from_addr)
-    created = db.call(newsletter_rows.create, *fields)
+    created = db.call(newsletter_rows.create, *fields, orjson.dumps(stored).decode() if stored else None)
     log.info("newsletter %s created", created)
     return created
 
@@ -444,19 +490,49 @@ def _shown_fields(row, counts: dict[str, int]) -> dict[str, Any]:
 
 
 def newsletter_status(newsletter_id: int) -> NewsletterStatus:
-    rows = db.query(f"SELECT {_SHOWN}, from_addr, outbox_completed_at FROM newsletters WHERE id = %s", (newsletter_id,))
+    rows = db.query(
+        f"SELECT {_SHOWN}, from_addr, outbox_completed_at, variants FROM newsletters WHERE id = %s", (newsletter_id,)
+    )
     if not rows:
         raise NotFound(NOT_FOUND)
-    *shown, from_addr, outbox_done = rows[0]
-    counts = dict(
-        db.query("SELECT status, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status", (newsletter_id,))
+    *shown, from_addr, outbox_done, stored_variants = rows[0]
+    by_variant = db.query(
+        "SELECT status, variant, count(*) FROM email_log WHERE newsletter_id = %s GROUP BY status, variant",
+        (newsletter_id,),
     )
+    counts: dict[str, int] = {}
+    for status, _, n in by_variant:
+        counts[status] = counts.get(status, 0) + n
     return NewsletterStatus(
         **_shown_fields(shown, counts),
         **{"from": from_addr},
         outbox_completed_at=outbox_done,
         **engagement(newsletter_id),
+        variants=variant_counts(newsletter_id, sorted(stored_variants or {}), by_variant),
     )
+
+
+def variant_counts(newsletter_id: int, tags: list[str], by_variant: list[tuple]) -> list[VariantCounts]:
+    """Recipients, sent, unique human openers and clickers of each variant (the default first): the
+    variant is the one the outbox stored on each recipient's row (app/newsletter/variants.py)."""
+    shown: dict[str | None, dict[str, int]] = {
+        v: {"recipients": 0, "sent": 0, "opened": 0, "clicked": 0} for v in [None, *tags]
+    }
+    for status, variant, n in by_variant:
+        counted = shown.setdefault(variant, {"recipients": 0, "sent": 0, "opened": 0, "clicked": 0})
+        counted["recipients"] += n
+        if status == "sent":
+            counted["sent"] += n
+    for variant, kind, people in db.query(
+        "SELECT e.variant, h.kind, count(DISTINCT h.subscriber_id) FROM email_link_history h "
+        "JOIN email_log e ON e.newsletter_id = h.mail_id AND e.subscriber_id = h.subscriber_id "
+        "WHERE h.mail_kind = 'newsletter' AND h.mail_id = %s AND NOT h.is_machine GROUP BY 1, 2",
+        (newsletter_id,),
+    ):
+        counted = shown.setdefault(variant, {"recipients": 0, "sent": 0, "opened": 0, "clicked": 0})
+        counted["opened" if kind == "open" else "clicked"] = people
+    order = sorted(shown, key=lambda v: (v is not None, v or ""))
+    return [VariantCounts(locale=v, **shown[v]) for v in order]
 
 
 def engagement(newsletter_id: int) -> dict[str, Any]:

@@ -5,11 +5,12 @@ app/platform/css_inline.py) + Mustache compiled once (app/platform/mustache.py, 
 digests use too). Templates see only the recipient variables below; partials are refused (no file
 system access from user input).
 
-Compliance by construction, decided once per newsletter from the tokens (never per recipient): a
-part (HTML, text, independently) whose template has no `unsubscribe_url` tag that always renders
-(any of {{x}}, {{{x}}}, {{&x}} outside every {{#section}}/{{^section}} and, in HTML, outside
-<!-- comments -->) gets the standard footer: unsubscribe link, preferences link and
-MAIL_POSTAL_ADDRESS. A part that has the link but not the address (as literal text) gets the
+Compliance by construction, decided once per newsletter (and variant) from the tokens (never per
+recipient): a part (HTML, text, independently) whose template has no `unsubscribe_url` tag that
+always renders (any of {{x}}, {{{x}}}, {{&x}} outside every {{#section}}/{{^section}} and, in HTML,
+outside <!-- comments -->) gets the standard footer: why the reader gets it, unsubscribe link,
+preferences link and MAIL_POSTAL_ADDRESS, its words in the reader's language (`footer_words`, the
+context's `locale`). A part that has the link but not the address (as literal text) gets the
 address alone. The HTML footer goes before the last top-level </body>, else at the end.
 
 Layout: an HTML body that is a fragment (no <html>, <body> or doctype) is wrapped in the mail
@@ -133,16 +134,41 @@ _FOOTER_STYLE = "font-size:12px;color:#7b8794;text-align:center;padding:16px 8px
 _FOOTER_LINK_STYLE = "color:#7b8794"
 
 
+# The footer's words are the reader's (the variant's language, app/newsletter/variants.py): the
+# tokens name these context values, which render() fills from the reader's translator.
+FOOTER_REASON = "notify_footer_reason"
+FOOTER_UNSUBSCRIBE = "notify_footer_unsubscribe"
+FOOTER_PREFERENCES = "notify_footer_preferences"
+FOOTER_UNSUBSCRIBE_LINE = "notify_footer_unsubscribe_line"
+FOOTER_PREFERENCES_LINE = "notify_footer_preferences_line"
+
+
+def footer_words(t: i18n.Translator, unsubscribe_url: str, preferences_url: str) -> dict[str, str]:
+    """The footer's words in the reader's language (the values its tokens name)."""
+    return {
+        FOOTER_REASON: t.gettext("You get this newsletter because you have an account with newsletters turned on."),
+        FOOTER_UNSUBSCRIBE: t.gettext("Unsubscribe"),
+        FOOTER_PREFERENCES: t.gettext("Email preferences"),
+        FOOTER_UNSUBSCRIBE_LINE: t.gettext("Unsubscribe: {url}", url=unsubscribe_url),
+        FOOTER_PREFERENCES_LINE: t.gettext("Email preferences: {url}", url=preferences_url),
+    }
+
+
 def html_footer(address: str, links: bool) -> list:
     """Footer tokens for the HTML part (the address is literal text, escaped here once)."""
     tokens = [("literal", f'\n<div class="notify-footer" style="{_FOOTER_STYLE}">\n')]
     if links:
         tokens += [
-            ("literal", '<a href="'),
+            ("variable", FOOTER_REASON),
+            ("literal", '<br>\n<a href="'),
             ("variable", "unsubscribe_url"),
-            ("literal", f'" style="{_FOOTER_LINK_STYLE}">Unsubscribe</a> &middot; <a href="'),
+            ("literal", f'" style="{_FOOTER_LINK_STYLE}">'),
+            ("variable", FOOTER_UNSUBSCRIBE),
+            ("literal", '</a> &middot; <a href="'),
             ("variable", "preferences_url"),
-            ("literal", f'" style="{_FOOTER_LINK_STYLE}">Email preferences</a>' + ("<br>\n" if address else "\n")),
+            ("literal", f'" style="{_FOOTER_LINK_STYLE}">'),
+            ("variable", FOOTER_PREFERENCES),
+            ("literal", "</a>" + ("<br>\n" if address else "\n")),
         ]
     if address:
         tokens.append(("literal", html_lib.escape(address, quote=False) + "\n"))
@@ -154,10 +180,11 @@ def text_footer(address: str, links: bool, after_newline: bool = False) -> list:
     tokens = [("literal", ("\n" if after_newline else "\n\n") + "--\n")]
     if links:
         tokens += [
-            ("literal", "Unsubscribe: "),
-            ("no escape", "unsubscribe_url"),
-            ("literal", "\nEmail preferences: "),
-            ("no escape", "preferences_url"),
+            ("no escape", FOOTER_REASON),
+            ("literal", "\n"),
+            ("no escape", FOOTER_UNSUBSCRIBE_LINE),
+            ("literal", "\n"),
+            ("no escape", FOOTER_PREFERENCES_LINE),
             ("literal", "\n"),
         ]
     if address:
@@ -235,6 +262,8 @@ class Compiled:
         self._text = mustache.Template(self.text_tokens)
 
     def render(self, context: dict) -> Rendered:
+        """`context`: the recipient's variables and `locale`, the language of the words the service
+        adds (greeting, footer) and of the mail's lang/dir (None: DEFAULT_LOCALE)."""
         if DISPLAY_NAME not in context:
             name = context.get("name")
             t = i18n.translator(context.get("locale"))
@@ -244,6 +273,7 @@ class Compiled:
                 "greeting": greeting.greeting(name, self.name_fallback, t),
                 "lang": t.language,
                 "dir": t.direction,
+                **footer_words(t, context.get("unsubscribe_url", ""), context.get("preferences_url", "")),
             }
         return Rendered(
             # One line whatever the variables hold (a user_id may hold a control character).
@@ -258,13 +288,13 @@ _cache_lock = threading.Lock()
 _CACHE_MAX = 32
 
 
-def compiled_for(newsletter_id: int, subject: str, html: str, text: str | None) -> Compiled:
-    """Per-process cache, keyed by id AND content (a content hash costs microseconds; premailer
-    costs milliseconds to seconds), so a reused id (a restored or test database) never renders
-    another newsletter's template."""
+def compiled_for(newsletter_id: int, subject: str, html: str, text: str | None, variant: str | None = None) -> Compiled:
+    """Per-process cache, keyed by id, variant (its locale tag; None: the default) AND content (a
+    content hash costs microseconds; premailer costs milliseconds to seconds), so a reused id (a
+    restored or test database) never renders another newsletter's template, nor one variant another's."""
     settings = config.get()
     postal_address, brand = settings.mail_postal_address, mail_layout.Brand.from_settings(settings)
-    key = (newsletter_id, hash((subject, html, text, postal_address, brand, settings.name_fallback)))
+    key = (newsletter_id, variant, hash((subject, html, text, postal_address, brand, settings.name_fallback)))
     found = _cache.get(key)
     if found is not None:
         return found

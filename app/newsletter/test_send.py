@@ -18,19 +18,18 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from app.newsletter import template
-from app.platform import config, db, mail, mail_stop, tokens
+from app.newsletter import template, variants
+from app.platform import config, db, i18n, mail, mail_stop, tokens
 from app.platform.addresses import canonical
 from app.platform.errors import Conflict, NotFound, Unavailable
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, ProviderError
-from app.platform.validation import Body
+from app.platform.validation import Body, LocaleKey
 from app.subscribers import mailable, records, streams
 
 log = logging.getLogger("app.newsletter.test_send")
 
 MAX_ADDRESSES = 10
-SUBJECT_PREFIX = "[Test] "
 KIND = "newsletter_test"
 # Where a non-subscriber's unsubscribe and preference links point: the page for an unknown link.
 PLACEHOLDER_TOKEN = "test-send"
@@ -45,6 +44,14 @@ class TestSendInput(Body):
             description=f"1 to {MAX_ADDRESSES} addresses; duplicates are sent once",
         ),
     ]
+    locale: Annotated[
+        LocaleKey | None,
+        Field(
+            description='send the variant a reader of this locale gets (docs/i18n.md, "Newsletters in several '
+            "languages\"), its words in that language; absent or null: each address gets its subscriber's "
+            "variant (DEFAULT_LOCALE's for an address of no subscriber)"
+        ),
+    ] = None
 
     def addresses(self) -> list[str]:
         """The addresses as given, in the given order, each address once (two spellings of one
@@ -78,14 +85,16 @@ class Stopped(Conflict):
     code = "sending_stopped"
 
 
-def send(newsletter_id: int, addresses: list[str], provider=None) -> list[TestResult]:
+def send(newsletter_id: int, addresses: list[str], provider=None, locale: str | None = None) -> list[TestResult]:
     """One result per address (email: its canonical form; sent, failed with an error, or suppressed),
-    in the order given; each mail goes to the address as given. Raises NotFound, Stopped (the
-    emergency stop), or ProviderUnavailable when the provider call failed as a whole."""
-    found = db.query("SELECT subject, html, text, from_addr FROM newsletters WHERE id = %s", (newsletter_id,))
+    in the order given; each mail goes to the address as given. `locale` (normalised): the variant a
+    reader of it gets, for every address; None: each address its subscriber's. Raises NotFound,
+    Stopped (the emergency stop), or ProviderUnavailable when the provider call failed as a whole."""
+    found = db.query("SELECT subject, html, text, from_addr, variants FROM newsletters WHERE id = %s", (newsletter_id,))
     if not found:
         raise NotFound("no newsletter with that id")
-    subject, html, text, from_addr = found[0]
+    subject, html, text, from_addr, stored_variants = found[0]
+    stored_variants = stored_variants or {}
     stop = mail_stop.state()
     if stop is not None:
         raise Stopped(
@@ -96,7 +105,8 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[TestRe
     known = {
         row[0]: row[1:]
         for row in db.query(
-            "SELECT DISTINCT ON (canonical_email) canonical_email, id, name, user_id, token_version FROM subscribers "
+            "SELECT DISTINCT ON (canonical_email) canonical_email, id, name, user_id, token_version, locale "
+            "FROM subscribers "
             "WHERE canonical_email = ANY (%s) ORDER BY canonical_email, id",
             (list(keys.values()),),
         )
@@ -108,17 +118,27 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[TestRe
             (list(keys.values()),),
         )
     }
-    compiled = template.compiled_for(newsletter_id, subject, html, text)
+
+    def compiled(variant: str | None) -> template.Compiled:
+        if variant is None:
+            return template.compiled_for(newsletter_id, subject, html, text)
+        v = stored_variants[variant]
+        return template.compiled_for(newsletter_id, v["subject"], v["html"], v.get("text"), variant)
+
     results = {
         address: TestResult(email=keys[address], status="suppressed")
         for address in addresses
         if keys[address] in suppressed
     }
-    mails = [
-        _render(newsletter_id, compiled, address, known.get(keys[address]), from_addr)
-        for address in addresses
-        if keys[address] not in suppressed
-    ]
+    mails = []
+    for address in addresses:
+        if keys[address] in suppressed:
+            continue
+        subscriber = known.get(keys[address])
+        reader = locale or (subscriber[4] if subscriber is not None else None)
+        variant = variants.choose(stored_variants, reader)
+        words = variants.render_locale(variant, reader)
+        mails.append(_render(newsletter_id, compiled(variant), address, subscriber, from_addr, words))
     if mails:
         provider = provider or get_provider()
         try:
@@ -137,9 +157,11 @@ def send(newsletter_id: int, addresses: list[str], provider=None) -> list[TestRe
     return [results[address] for address in addresses]
 
 
-def _render(newsletter_id: int, compiled: template.Compiled, address: str, subscriber, from_addr) -> OutgoingMail:
+def _render(
+    newsletter_id: int, compiled: template.Compiled, address: str, subscriber, from_addr, locale: str | None
+) -> OutgoingMail:
     if subscriber is not None:
-        sub_id, name, user_id, token_version = subscriber
+        sub_id, name, user_id, token_version, _ = subscriber
         unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version, streams.NEWSLETTER_MAIL_SCOPE)
         preferences_url = tokens.preferences_url(sub_id, token_version)
         headers = mail.unsubscribe_headers(unsubscribe_url)
@@ -155,16 +177,20 @@ def _render(newsletter_id: int, compiled: template.Compiled, address: str, subsc
             "user_id": user_id or "",
             "unsubscribe_url": unsubscribe_url,
             "preferences_url": preferences_url,
+            "locale": locale,
         }
     )
+    # Translators: the subject of a test send; keep the brackets, so the editor sees it is one.
+    prefixed = i18n.translator(locale).gettext("[Test] {subject}", subject=rendered.subject)
     return OutgoingMail(
         to=address,
         to_name=name or "",
-        subject=mail.one_line(SUBJECT_PREFIX + rendered.subject),
+        subject=mail.one_line(prefixed),
         html=rendered.html,
         text=rendered.text,
         from_addr=from_addr,
         headers=headers,
         idempotency_key=f"newsletter-{newsletter_id}-test-{uuid.uuid4().hex}",
+        template=f"newsletter-{newsletter_id}-test-{locale or 'default'}",
         custom_args={"mail_kind": KIND, "mail_id": str(newsletter_id)},
     )

@@ -42,6 +42,7 @@ __all__ = [
     "ValidationError",
     "as_json",
     "check",
+    "distinct_locales",
     "fail",
     "keyed",
     "plain_int",
@@ -135,6 +136,22 @@ def _locale_key(value: str) -> str:
         return i18n.normalize(value)
     except i18n.LocaleError as exc:
         raise fail("locale", str(exc)) from None
+
+
+def distinct_locales(value: object) -> object:
+    """Before a dict keyed by LocaleKey: two spellings of one tag (`pt_br`, `pt-BR`) would silently
+    keep one entry of the two, so they are refused."""
+    if isinstance(value, dict):
+        seen: dict[str, str] = {}
+        for tag in value:
+            try:
+                one = i18n.normalize(tag)
+            except i18n.LocaleError:
+                continue  # named by its key's own check
+            if one in seen:
+                raise fail("duplicate", f"{seen[one]!r} and {tag!r} are the same locale ({one}); give it once")
+            seen[one] = tag
+    return value
 
 
 # A key that is a locale: a BCP 47 tag normalised with Babel (`pt_br` -> `pt-BR`); unknown or malformed: refused.

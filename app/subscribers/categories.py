@@ -38,7 +38,7 @@ from app.platform.validation import (
     LocaleKey,
     Text,
     check,
-    fail,
+    distinct_locales,
     keyed,
 )
 
@@ -88,21 +88,6 @@ class CategoryText(Body):
     ] = ""
 
 
-def _distinct_locales(value: object) -> object:
-    """Two spellings of one tag (`pt_br`, `pt-BR`) would silently drop one translation: refused."""
-    if isinstance(value, dict):
-        seen: dict[str, str] = {}
-        for tag in value:
-            try:
-                one = i18n.normalize(tag)
-            except i18n.LocaleError:
-                continue  # named by its key's own check
-            if one in seen:
-                raise fail("duplicate", f"{seen[one]!r} and {tag!r} are the same locale ({one}); give it once")
-            seen[one] = tag
-    return value
-
-
 class CategoryInput(CategoryText):
     """PUT /v1/categories/{key}: how a category is shown."""
 
@@ -116,7 +101,7 @@ class CategoryInput(CategoryText):
             "their fallback chain that has one (de-CH, de, DEFAULT_LOCALE, en), else the fields above. "
             "A translated verb is used as written: its word order and preposition are the translator's",
         ),
-        BeforeValidator(_distinct_locales),
+        BeforeValidator(distinct_locales),
     ] = {}
 
 

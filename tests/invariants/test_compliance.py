@@ -77,7 +77,8 @@ def test_the_footer_is_added_where_the_link_is_missing_and_only_there():
 def test_development_without_an_address_shows_no_address_line():
     rendered = template.Compiled("s", "<p>Hi</p>", "Hi", "").render(CONTEXT)
     assert (
-        rendered.text == "Hi\n\n--\nUnsubscribe: https://x.example/u/TOKEN\n"
+        rendered.text == "Hi\n\n--\nYou get this newsletter because you have an account with newsletters turned on.\n"
+        "Unsubscribe: https://x.example/u/TOKEN\n"
         "Email preferences: https://x.example/preferences/P\n"
     )
     assert "<br>" not in rendered.html.split("Email preferences</a>")[1]

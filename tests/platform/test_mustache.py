@@ -8,7 +8,7 @@ import chevron
 import pytest
 
 from app.newsletter import template
-from app.platform import mustache
+from app.platform import i18n, mustache
 
 pytestmark = pytest.mark.pure
 
@@ -60,7 +60,10 @@ def test_newsletter_parts_render_as_chevron_would():
         {"name": "", "email": "c@x.test", "user_id": "2", "unsubscribe_url": "https://u/", "preferences_url": "p"},
     ):
         rendered = compiled.render(context)
-        full = {**context, template.DISPLAY_NAME: context["name"] or "there"}
+        words = template.footer_words(
+            i18n.translator(None), context["unsubscribe_url"], context.get("preferences_url", "")
+        )
+        full = {**context, template.DISPLAY_NAME: context["name"] or "there", **words}
         assert rendered.html == chevron.render(list(compiled.html_tokens), full)
         assert rendered.text == chevron.render(list(compiled.text_tokens), full)
         assert rendered.subject == " ".join(chevron.render(list(compiled.subject_tokens), full).split())

@@ -78,6 +78,9 @@ class OutgoingMail:
     # An earlier attempt's outcome at this provider is unknown (ambiguous): only it may send this
     # mail again (failover.py); None: any provider
     provider: str | None = None
+    # The template it was rendered from ("newsletter-7-pt-BR": a newsletter's variant): a provider that
+    # factors a batch into shared bodies (sendgrid.py) shares one only between mails of one template.
+    template: str = ""
 
 
 @dataclass

@@ -10,9 +10,13 @@ codes, the open pixel), so the batch is factored into ONE shared body plus per-p
     values, so a value can never change the markup structure);
   - slots that differ between recipients become tags ([[nl:h12]]) in the shared body, and each
     personalization substitutes its own value; the plain-text part is factored the same way by line;
-  - a mail whose structure differs (e.g. an unescaped {{{var}}} containing markup) or whose
-    substitutions would exceed SendGrid's 10,000-byte limit is sent in its own group, so the
-    factoring can only cost extra requests, never change what a recipient receives.
+  - mails are grouped by template (OutgoingMail.template: a newsletter's variant) and structure
+    first (the constant markup, the number of text lines): each group shares a body of its own, so
+    a newsletter's variants in several languages in one batch are one request per language, never
+    one body for all; a mail whose structure no other has
+    (e.g. an unescaped {{{var}}} containing markup) or whose substitutions would exceed SendGrid's
+    10,000-byte limit is sent in its own request, so the factoring can only cost extra requests,
+    never change what a recipient receives.
 Mails with identical content (digests never are; a newsletter without per-recipient variables is)
 simply share the body with no substitutions.
 
@@ -298,34 +302,40 @@ def build_requests(mails: list[OutgoingMail], default_from: str) -> list[tuple[d
     for i, m in enumerate(mails):
         by_from.setdefault(m.from_addr, []).append(i)
     for indexes in by_from.values():
-        requests.extend(_factor(mails, indexes, default_from))
+        first = mails[indexes[0]]
+        if all(mails[i].html == first.html and mails[i].text == first.text for i in indexes):
+            personalizations = [_personalization(mails[i], first.subject) for i in indexes]
+            requests.append((_payload(first, default_from, first.html, first.text, personalizations), indexes))
+            continue
+        # Mails share a body only with mails of their template and shape (the same constant markup, as
+        # many text lines): a newsletter's variants in other languages each get a body of their own —
+        # a batch of three languages is three requests, never one body for all.
+        split: dict[int, tuple[list[str], list[str]]] = {}
+        shapes: dict[tuple, list[int]] = {}
+        for i in indexes:
+            parts, lines = HTML_SLOTS.split(mails[i].html), (mails[i].text or "").split("\n")
+            split[i] = (parts, lines)
+            shapes.setdefault((mails[i].template, tuple(parts[0::2]), len(lines)), []).append(i)
+        alone = [group[0] for group in shapes.values() if len(group) == 1]
+        if alone:
+            log.info("sendgrid: %d mail(s) could not share a batch body; sent with their own content", len(alone))
+        for group in shapes.values():
+            requests.extend(_factor(mails, group, split, default_from))
     return requests
 
 
-def _factor(mails: list[OutgoingMail], indexes: list[int], default_from: str):
+def _factor(mails: list[OutgoingMail], indexes: list[int], split: dict, default_from: str):
+    """The requests of mails of one shape: one shared body with substitutions, and a request of its
+    own for a mail whose substitutions would be too large."""
     first = mails[indexes[0]]
-    if all(mails[i].html == first.html and mails[i].text == first.text for i in indexes):
-        personalizations = [_personalization(mails[i], first.subject) for i in indexes]
-        return [(_payload(first, default_from, first.html, first.text, personalizations), indexes)]
-
-    ref_html = HTML_SLOTS.split(first.html)
-    ref_text = (first.text or "").split("\n")
-    ref_consts = ref_html[0::2]
-    ref_slots, ref_lines = ref_html[1::2], ref_text
-    split = {}
+    ref_html, ref_lines = split[indexes[0]]
+    ref_slots = ref_html[1::2]
     varying_h: set[int] = set()
     varying_t: set[int] = set()
-    loners = []
-    for i in indexes:
-        parts = HTML_SLOTS.split(mails[i].html) if i != indexes[0] else ref_html
-        lines = (mails[i].text or "").split("\n") if i != indexes[0] else ref_text
-        if parts[0::2] != ref_consts or len(lines) != len(ref_lines):
-            loners.append(i)
-            continue
-        slots = parts[1::2]
-        varying_h.update(itertools.compress(range(len(slots)), map(operator.ne, slots, ref_slots)))
+    for i in indexes[1:]:
+        parts, lines = split[i]
+        varying_h.update(itertools.compress(range(len(ref_slots)), map(operator.ne, parts[1::2], ref_slots)))
         varying_t.update(itertools.compress(range(len(lines)), map(operator.ne, lines, ref_lines)))
-        split[i] = (slots, lines)
 
     prefix = "[[nl:"
     n = 0
@@ -335,8 +345,10 @@ def _factor(mails: list[OutgoingMail], indexes: list[int], default_from: str):
     html_tags = {k: f"{prefix}h{k}]]" for k in varying_h}
     text_tags = {k: f"{prefix}t{k}]]" for k in varying_t}
 
-    grouped, personalizations = [], []
-    for i, (slots, lines) in split.items():
+    grouped, personalizations, loners = [], [], []
+    for i in indexes:
+        parts, lines = split[i]
+        slots = parts[1::2]
         subs = {tag: slots[k] for k, tag in html_tags.items()}
         subs.update({tag: lines[k] for k, tag in text_tags.items()})
         if sum(len(k.encode()) + len(v.encode()) for k, v in subs.items()) > MAX_SUBSTITUTION_BYTES:
@@ -359,7 +371,7 @@ def _factor(mails: list[OutgoingMail], indexes: list[int], default_from: str):
         shared_text = "\n".join(text_lines) if first.text else ""
         requests.append((_payload(first, default_from, "".join(html_parts), shared_text, personalizations), grouped))
     if loners:
-        log.info("sendgrid: %d mail(s) could not share the batch body; sent with their own content", len(loners))
+        log.info("sendgrid: %d mail(s) had too much to substitute; sent with their own content", len(loners))
         for i in loners:
             mail = mails[i]
             requests.append(

@@ -32,8 +32,10 @@ _JSON_BYTES_PER_CHAR = 12
 _USER_ID_MAX = 200
 CREATE_BODY_LIMIT = (
     _JSON_BYTES_PER_CHAR * (template.MAX_SUBJECT + template.MAX_HTML + template.MAX_TEXT + template.MAX_FROM)
+    + _JSON_BYTES_PER_CHAR * service.MAX_VARIANTS_CHARS  # every variant's subject, html and text together
+    + service.MAX_VARIANTS * 1024  # each variant's tag, keys and punctuation
     + 64 * 1024
-)  # ~9.5 MB
+)  # ~35 MB
 TEST_BODY_LIMIT = test_send.MAX_ADDRESSES * (_JSON_BYTES_PER_CHAR * 254 + 8) + 64 * 1024
 SEND_BODY_LIMIT = service.MAX_AUDIENCE_USER_IDS * (_JSON_BYTES_PER_CHAR * _USER_ID_MAX + 8) + 64 * 1024  # ~24 MB
 
@@ -75,7 +77,7 @@ async def send_newsletter(request: Request, newsletter_id: int, body: service.Ne
 
 
 async def test_newsletter(request: Request, newsletter_id: int, body: test_send.TestSendInput):
-    results = await run_in_threadpool(test_send.send, newsletter_id, body.addresses())
+    results = await run_in_threadpool(test_send.send, newsletter_id, body.addresses(), None, body.locale)
     return TestSendAnswer(id=newsletter_id, results=results)
 
 
@@ -110,7 +112,13 @@ _ID = {"newsletter_id": NewsletterId}
 
 # The reference's examples: the quick start's newsletter (README), sent to its one subscriber.
 _SUBJECT = "News{{#name}} for {{name}}{{/name}}"
-_CREATE = {"subject": _SUBJECT, "html": "<p>{{greeting}} we shipped.</p>"}
+_CREATE = {
+    "subject": _SUBJECT,
+    "html": "<p>{{greeting}} we shipped.</p>",
+    "variants": {
+        "pt-BR": {"subject": "Novidades{{#name}} para {{name}}{{/name}}", "html": "<p>{{greeting}} lançamos.</p>"}
+    },
+}
 _NEWSLETTER = {"newsletter_id": 1}
 _SUMMARY = {
     "id": 1,
@@ -134,6 +142,10 @@ _STATUS = {
     "clicks": {"total": 0, "human": 0, "machine": 0, "unique_human": 0},
     "bounces": 0,
     "unsubscribes": 0,
+    "variants": [
+        {"locale": None, "recipients": 1, "sent": 1, "opened": 1, "clicked": 0},
+        {"locale": "pt-BR", "recipients": 0, "sent": 0, "opened": 0, "clicked": 0},
+    ],
 }
 
 
@@ -176,7 +188,8 @@ routes = [
         path_params=_ID,
         get=Operation(
             "Status, per-row counts (total, pending, sending, sent, failed, suppressed, cancelled), "
-            "opens/clicks (human vs machine), bounces, unsubscribes",
+            "opens/clicks (human vs machine), bounces, unsubscribes, and per variant (language) "
+            "recipients, sent, opened and clicked",
             {200: ("status", NewsletterStatus)},
             errors=(404,),
             scope="admin",
@@ -215,7 +228,8 @@ routes = [
         path_params=_ID,
         post=Operation(
             "Send the newsletter now to a few addresses, in any status (drafts too): no outbox row, no "
-            "tracking, subject prefixed [Test]; suppressed addresses are refused",
+            "tracking, subject prefixed [Test] (in the variant's language); the variant of `locale`, or of "
+            "each address's subscriber; suppressed addresses are refused",
             {200: ("handed to the provider (per address: sent, failed, suppressed)", TestSendAnswer)},
             errors=(400, 404, 409, 413, 422, 503),
             body=test_send.TestSendInput,
@@ -223,7 +237,7 @@ routes = [
             body_limit=TEST_BODY_LIMIT,
             example=Example(
                 _NEWSLETTER,
-                {"to": ["editor@example.test"]},
+                {"to": ["editor@example.test"], "locale": "pt-BR"},
                 {200: {"id": 1, "results": [{"email": "editor@example.test", "status": "sent"}]}},
             ),
         ),
