@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Route
 
 from app.platform.errors import DomainError, Invalid, problem
 from app.platform.http import ApiError, FastJSONResponse, read_json, require_key
-from app.platform.validation import as_json, check, problems, schema_components
+from app.platform.validation import LOCALE_REF, LOCALE_SCHEMA, as_json, check, problems, schema_components
 
 
 class Problem(BaseModel):
@@ -55,6 +55,18 @@ JSON_VALUE = {
 _ERROR = {"$ref": "#/components/responses/Error"}
 JSON = dict[str, Any]  # a part of the document
 Endpoint = Callable[..., Any]  # a request endpoint, or an ASGI app (the tracking routes)
+
+
+def _locales_by_reference(value: Any) -> Any:
+    """Every locale schema (validation.LOCALE_SCHEMA: a thousand tags) shown once, as
+    #/components/schemas/LocaleTag, and referred to wherever a field or key is a locale."""
+    if isinstance(value, dict):
+        if value.get("enum") == LOCALE_SCHEMA["enum"]:
+            return LOCALE_REF
+        return {k: _locales_by_reference(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_locales_by_reference(v) for v in value]
+    return value
 
 
 def free_form_values(schema: JSON) -> None:
@@ -437,7 +449,11 @@ def build(routes: Iterable[BaseRoute], tags: Sequence[Tag] = ()) -> JSON:
         "paths": {path: paths[path] for path in sorted(paths, key=place)},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {**schema_components(models), "JsonValue": JSON_VALUE},
+            "schemas": {
+                **_locales_by_reference(schema_components(models)),
+                "JsonValue": JSON_VALUE,
+                "LocaleTag": LOCALE_SCHEMA,
+            },
             "responses": {"Error": {"description": "error", "content": _json(_ref(Error))}},
         },
     }

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
+from babel import localedata
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -154,12 +155,28 @@ def distinct_locales(value: object) -> object:
     return value
 
 
+def _known_locales() -> list[str]:
+    return sorted({i18n.normalize(t) for t in localedata.locale_identifiers()} | {i18n.PSEUDO})
+
+
+# The document's one declaration of a locale (#/components/schemas/LocaleTag, app/platform/openapi.py):
+# every tag Babel knows, in its one spelling, so what the document allows the API accepts (another
+# spelling, `pt_br`, is accepted too and stored as `pt-BR`).
+LOCALE_REF = {"$ref": "#/components/schemas/LocaleTag"}
+LOCALE_SCHEMA = {
+    "type": "string",
+    "description": "a BCP 47 locale tag Babel knows: `pt-BR`, `de`, `ar` (`pt_br` and `pt-br` are read as `pt-BR`)",
+    "enum": _known_locales(),
+}
+
+
 # A key that is a locale: a BCP 47 tag normalised with Babel (`pt_br` -> `pt-BR`); unknown or malformed: refused.
-LocaleKey = Annotated[
-    str,
-    Field(max_length=35, description="a BCP 47 locale tag: `pt-BR`, `de`, `ar`"),
-    AfterValidator(_locale_key),
-]
+def _locale_ref(schema: dict) -> None:
+    schema.clear()
+    schema.update(LOCALE_SCHEMA)  # the document shows it once, by reference (openapi.py `build`)
+
+
+LocaleKey = Annotated[str, Field(json_schema_extra=_locale_ref), AfterValidator(_locale_key)]
 
 
 def _message(error: Mapping[str, Any]) -> str:

@@ -187,6 +187,9 @@ def validate(data) -> tuple[dict, list[dict]]:
 
 # -- the table ------------------------------------------------------------------------------------
 _COLUMNS = "key, label, description, verb, delivery, translations"
+# What reads select: translations through the row's JSON, so a process reading the registry of a
+# database not yet at migration 0730 (a release's code beside the previous schema) reads none.
+_READ = "key, label, description, verb, delivery, to_jsonb(categories) -> 'translations'"
 
 
 def upsert(key: str, values: dict) -> tuple[dict, bool]:
@@ -206,12 +209,12 @@ def upsert(key: str, values: dict) -> tuple[dict, bool]:
 
 
 def get(key: str) -> dict | None:
-    rows = db.query(f"SELECT {_COLUMNS} FROM categories WHERE key = %s", (key,))
+    rows = db.query(f"SELECT {_READ} FROM categories WHERE key = %s", (key,))
     return _category(rows[0]).as_dict() if rows else None
 
 
 def list_all() -> list[dict]:
-    return [_category(row).as_dict() for row in db.query(f"SELECT {_COLUMNS} FROM categories ORDER BY key")]
+    return [_category(row).as_dict() for row in db.query(f"SELECT {_READ} FROM categories ORDER BY key")]
 
 
 def delete(key: str) -> bool:
@@ -235,7 +238,7 @@ class _Cache:
         with self._lock:
             if self._snapshot is not None and time.monotonic() - self._loaded_at < CACHE_SECONDS:
                 return self._snapshot
-            sql = f"SELECT {_COLUMNS} FROM categories"
+            sql = f"SELECT {_READ} FROM categories"
             if cur is None:
                 rows = db.query(sql)
             else:

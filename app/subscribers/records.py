@@ -9,7 +9,17 @@ from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJso
 
 from app.platform import db, i18n, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
-from app.platform.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
+from app.platform.validation import (
+    LOCALE_SCHEMA,
+    NO_CONTROL,
+    Body,
+    Integer,
+    Text,
+    check,
+    documented,
+    fail,
+    whole_number,
+)
 from app.subscribers import streams
 
 CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
@@ -73,7 +83,7 @@ def _locale(value: str | None) -> str | None:
 def _locale_schema(schema: dict) -> None:
     schema.clear()
     schema.update(
-        anyOf=[{"type": "string", "minLength": 2, "maxLength": i18n.MAX_TAG}, {"type": "null"}],
+        anyOf=[dict(LOCALE_SCHEMA), {"type": "null"}],
         description="the subscriber's language, a BCP 47 tag (`pt-BR`, `de`, `ar`; `pt_br` is stored as `pt-BR`); "
         f"null: DEFAULT_LOCALE. Shipped translations: {', '.join(i18n.SHIPPED)}; another known tag gets its "
         "dates and numbers, and the words of its language's fallback chain",
