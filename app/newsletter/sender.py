@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from app.newsletter import growth, kick, ratelimit, template, variants
@@ -99,6 +99,7 @@ class Renderer:
     from_addr: str | None
     tracking: bool  # TRACKING (a recipient may still have opted out)
     variants: dict | None = None  # {tag: {"subject", "html", "text"}} as stored
+    by_variant: dict[str, Compiled] = field(default_factory=dict)  # compiled so far, for this call
 
     @classmethod
     def load(
@@ -117,11 +118,15 @@ class Renderer:
     def compiled_variant(self, variant: str | None) -> Compiled:
         """The compiled template of a variant (None, or one the newsletter no longer has: the default)."""
         content = (self.variants or {}).get(variant) if variant is not None else None
-        if content is None:
+        if content is None or variant is None:
             return self.compiled
-        return template.compiled_for(
-            self.newsletter_id, content["subject"], content["html"], content.get("text"), variant
-        )
+        found = self.by_variant.get(variant)
+        if found is None:
+            found = template.compiled_for(
+                self.newsletter_id, content["subject"], content["html"], content.get("text"), variant
+            )
+            self.by_variant[variant] = found
+        return found
 
     def render(self, row: Claimed) -> OutgoingMail:
         # The newsletter stream's link: a one-click unsubscribe stops newsletters, not digests.
