@@ -248,3 +248,18 @@ def test_the_compiled_cache_keys_by_variant():
     assert template.compiled_for(999, "s", "<p>x</p>", None, "pt-BR") is one
     assert template.compiled_for(999, "s", "<p>x</p>", None, "ar") is not one
     assert template.compiled_for(999, "s", "<p>x</p>", None) is not one
+
+
+@pytest.mark.parametrize("default_locale", ["en", "de-AT"])
+def test_the_outbox_chooses_in_one_statement_what_choose_says(client, admin_key, settings, default_locale):
+    """variants.parameters() in the outbox's SQL and variants.choose() agree for every kind of tag."""
+    settings(default_locale=default_locale)
+    locales = [None, "pt", "pt-PT", "pt-AO", "pt-BR", "de-CH", "de", "en-GB", "en-XA", "en", "zh-Hant-TW", "zh"]
+    locales += ["sr-Latn", "sr", "ja", "ar-EG", "fr-CA"]
+    ids = {factories.subscriber(f"s{i}", locale=tag): tag for i, tag in enumerate(locales)}
+    tags = ["pt-BR", "pt-PT", "de-AT", "en-XA", "zh-Hant", "sr-Latn", "fr"]
+    nl = _create(client, admin_key, variants=dict.fromkeys(tags, PT))
+    start(nl)
+    chosen = dict(db.query("SELECT subscriber_id, variant FROM email_log WHERE newsletter_id = %s", (nl,)))
+    assert chosen == {sid: variants.choose(tags, tag) for sid, tag in ids.items()}
+    assert chosen[next(s for s, t in ids.items() if t == "pt-AO")] == "pt-BR"
