@@ -182,7 +182,7 @@ def relative_time(when: datetime, now: datetime, zone: tzinfo, t: Translator | N
     if days == 1:
         return t.gettext("yesterday {time}", time=_clock(t, local))
     if days < 7:
-        return t.gettext("{weekday} {time}", weekday=t.skeleton(local, "EEEE"), time=_clock(t, local))
+        return t.gettext("{weekday} {time}", weekday=t.weekday(local), time=_clock(t, local))
     return _day_month(t, local, now_local, long=False)
 
 
@@ -197,7 +197,7 @@ def since(previous: datetime, now: datetime, zone: tzinfo, t: Translator | None 
     if days == 1:
         return t.gettext("since yesterday")
     if days < 7:
-        return t.gettext("since {weekday}", weekday=t.skeleton(local, "EEEE"))
+        return t.gettext("since {weekday}", weekday=t.weekday(local))
     return t.gettext("since {date}", date=_day_month(t, local, now_local, long=True))
 
 

@@ -28,8 +28,8 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
 from pathlib import Path
 
-from babel import Locale, UnknownLocaleError
-from babel.dates import format_date, format_datetime, format_time, format_timedelta
+from babel import Locale, UnknownLocaleError, localedata
+from babel.dates import format_date, format_datetime, format_skeleton, format_time, format_timedelta
 from babel.lists import format_list
 from babel.messages.catalog import Catalog
 from babel.messages.pofile import read_po
@@ -103,6 +103,14 @@ def normalize(tag: object) -> str:
     if tag.replace("_", "-").lower() == PSEUDO.lower():
         return PSEUDO
     return bcp47(_parse(tag))
+
+
+@lru_cache(maxsize=1)
+def known() -> tuple[str, ...]:
+    """Every tag normalize() accepts in its one spelling: CLDR's locales as Babel ships them, and the
+    pseudo-locale (the API documents them as an enum, as it does time zones)."""
+    tags = {bcp47(Locale.parse(i)) for i in localedata.locale_identifiers() if i != "root"}
+    return tuple(sorted(tags | {PSEUDO}))
 
 
 def chain(tag: str) -> tuple[str, ...]:
@@ -207,23 +215,28 @@ class Translator:
             _fell_back(self.tag, msgid)
         return None
 
+    def translate(self, msgid: str) -> str:
+        """`msgid` in this locale, its placeholders unfilled (pages fill them escaping the values)."""
+        found = self._lookup(msgid)
+        return found[0] if found is not None and isinstance(found[0], str) else msgid
+
+    def translate_plural(self, singular: str, plural: str, count: int) -> str:
+        """The form of `count` (CLDR) of a plural message, unfilled."""
+        found = self._lookup(singular)
+        if found is not None and isinstance(found[0], tuple):
+            translated, locale = found
+            return translated[min(plural_index(locale, count), len(translated) - 1)]
+        return singular if count == 1 else plural
+
     def gettext(self, msgid: str, **values: object) -> str:
         """`msgid` in this locale, its `{placeholders}` filled from `values`."""
-        found = self._lookup(msgid)
-        text = found[0] if found is not None and isinstance(found[0], str) else msgid
+        text = self.translate(msgid)
         return text.format(**values) if values else text
 
     def ngettext(self, singular: str, plural: str, count: int, **values: object) -> str:
         """The form of `count` (CLDR) of a plural message; `{count}` is the count in the locale's
         digits and separators."""
-        found = self._lookup(singular)
-        values = {"count": self.number(count), **values}
-        if found is not None and isinstance(found[0], tuple):
-            translated, locale = found
-            text = translated[min(plural_index(locale, count), len(translated) - 1)]
-        else:
-            text = singular if count == 1 else plural
-        return text.format(**values)
+        return self.translate_plural(singular, plural, count).format(count=self.number(count), **values)
 
     def number(self, value: int | float) -> str:
         return format_decimal(value, locale=self.formats)
@@ -255,11 +268,15 @@ class Translator:
         return self._cldr(format_time(value, format=format, tzinfo=zone, locale=self.formats))
 
     def skeleton(self, value: datetime, skeleton: str, zone: tzinfo | None = None) -> str:
-        """A date by CLDR skeleton (`MMMd`, `yMMMMd`, `Hm`…: the locale orders the parts), or by a
-        pattern CLDR has no skeleton for (`EEEE`, the weekday)."""
+        """A date by CLDR skeleton (`MMMd`, `yMMMMEEEEd`, `Hm`…): the locale orders the parts (the
+        closest skeleton it has, by CLDR's matching)."""
         local = value.astimezone(zone) if zone else value
-        pattern = self.formats.datetime_skeletons.get(skeleton, skeleton)
-        return self._cldr(format_datetime(local, pattern, locale=self.formats))
+        return self._cldr(format_skeleton(skeleton, local, locale=self.formats))
+
+    def weekday(self, value: datetime, zone: tzinfo | None = None) -> str:
+        """The day's full name: "Tuesday", "terça-feira", "火曜日"."""
+        local = value.astimezone(zone) if zone else value
+        return self._cldr(format_datetime(local, "EEEE", locale=self.formats))
 
     def ago(self, delta_seconds: float) -> str:
         """ "3 hours ago", "il y a 3 heures" (CLDR's relative time, rounded down to its unit)."""
@@ -306,6 +323,12 @@ def negotiate(accept_language: str | None) -> str:
             if shipped_lower.split("-")[0] == tag.split("-")[0]:
                 return shipped
     return config.get().default_locale
+
+
+def N_(message: str) -> str:
+    """Marks a message for the catalogs where it is declared (a constant); it is translated where
+    it is shown, with the reader's translator."""
+    return message
 
 
 def native_name(tag: str) -> str:

@@ -73,8 +73,9 @@ def _locale(value: str | None) -> str | None:
 def _locale_schema(schema: dict) -> None:
     schema.clear()
     schema.update(
-        anyOf=[{"type": "string", "minLength": 2, "maxLength": i18n.MAX_TAG}, {"type": "null"}],
-        description="the subscriber's language, a BCP 47 tag (`pt-BR`, `de`, `ar`; `pt_br` is stored as `pt-BR`); "
+        anyOf=[{"type": "string", "enum": list(i18n.known())}, {"type": "null"}],
+        description="the subscriber's language, a BCP 47 tag CLDR knows (`pt-BR`, `de`, `ar`; `pt_br` is "
+        "stored as `pt-BR`); "
         f"null: DEFAULT_LOCALE. Shipped translations: {', '.join(i18n.SHIPPED)}; another known tag gets its "
         "dates and numbers, and the words of its language's fallback chain",
     )
