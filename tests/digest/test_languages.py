@@ -196,3 +196,16 @@ def test_in_the_pseudo_locale_no_english_word_is_left_that_did_not_come_from_dat
         words = set(re.findall(r"[A-Za-z]{2,}", visible)) - data
         assert words == set(), (words, visible[:500])
     assert '<html lang="en-XA" dir="ltr">' in rendered.html
+
+
+def test_the_feed_words_its_items_in_the_subscriber_s_language():
+    from digest import feed
+
+    factories.subscriber("fr-reader", locale="fr")
+    factories.events("fr-reader", 3, entity_id="p1")
+    subscriber = feed.find("fr-reader")
+    later = datetime.now(UTC) + timedelta(hours=3, minutes=5)
+    (item,) = feed.page(subscriber, now=later)["items"]
+    assert item["count_label"] == "3 nouveautés"
+    assert item["lines"][0]["when"] == "il y a 3 h"
+    assert " et " in item["lines"][0]["summary"]  # the French list pattern
