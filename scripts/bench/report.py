@@ -60,6 +60,7 @@ def steps() -> list[Step]:
         Step("digest", bench("digest.py"), ["--subscribers", "1500", "--baseline-subscribers", "200"]),
         Step("planner", bench("planner.py"), ["--subscribers", "50000"]),
         Step("render", bench("render.py")),
+        Step("locales", bench("locales.py"), ["--rounds", "4", "--digests", "100"]),
         Step("validation", bench("validation.py")),
         Step("tokens", bench("tokens.py")),
         Step("feed", bench("feed.py"), ["--noise", "20000", "--requests", "50"]),

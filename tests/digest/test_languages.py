@@ -118,7 +118,8 @@ def test_the_fallback_chain_goes_message_by_message_and_counts(caplog):
     assert i18n.translator("de-CH").gettext("Unsubscribe") == "Abmelden"  # its language's words
     # pt-BR without one message: that message alone falls back, counted and logged once
     full = i18n.catalog("pt-BR")
-    lacking = i18n._Messages("pt-BR", full.locale, {k: v for k, v in full.strings.items() if k != "Unsubscribe"})
+    kept = {k: v for k, v in full.strings.items() if k != "Unsubscribe"}
+    lacking = i18n._Messages("pt-BR", full.locale, kept, full.identifier)
     i18n._catalogs["pt-BR"] = lacking
     try:
         t = i18n.Translator("pt-BR")
