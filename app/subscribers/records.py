@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 import orjson
-from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
 
-from app.platform import db, i18n, timezones
+from app.platform import config, db, i18n, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
 from app.platform.validation import NO_CONTROL, Body, Integer, Text, check, documented, fail, whole_number
-from app.subscribers import streams
+from app.subscribers import quiet_hours, streams
 
 CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -59,6 +60,44 @@ _WEEKDAY_SCHEMA = {
 
 
 Category = Text(100, min_length=1)
+
+
+_HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+_QUIET_HOURS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "start": {"type": "string", "pattern": _HHMM, "description": "HH:MM, when the quiet starts"},
+                "end": {"type": "string", "pattern": _HHMM, "description": "HH:MM, when it ends; not start"},
+            },
+            "required": ["start", "end"],
+            "additionalProperties": False,
+        },
+        {"type": "null"},
+    ],
+    "description": "no mail arrives between start and end, wall-clock times in the subscriber's zone (the window "
+    "may cross midnight; what it holds goes as one mail when it ends, critical events excepted); null: "
+    "DEFAULT_QUIET_HOURS",
+}
+
+
+def _quiet_hours(value: object) -> str | None:
+    """{"start": "22:00", "end": "07:00"} in, stored as "22:00-07:00" (app/subscribers/quiet_hours.py)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"start", "end"}:
+        raise fail("quiet_hours", 'must be {"start": "HH:MM", "end": "HH:MM"} or null')
+    try:
+        return quiet_hours.as_setting(quiet_hours.window(value["start"], value["end"]))
+    except quiet_hours.QuietHoursError as exc:
+        raise fail("quiet_hours", str(exc)) from None
+
+
+def stored_quiet_hours(text: str | None) -> dict | None:
+    """The API's form of the stored window: {"start": "22:00", "end": "07:00"}, or None."""
+    found = quiet_hours.parse_setting(text or "")
+    return found.as_dict() if found else None
 
 
 def _locale(value: str | None) -> str | None:
@@ -115,6 +154,12 @@ class SubscriberInput(Body):
     ] = []
     tracking_opt_out: bool = False
     locale: Annotated[str | None, *documented(_locale_schema, _locale)] = None
+    quiet_hours: Annotated[str | None, BeforeValidator(_quiet_hours), WithJsonSchema(_QUIET_HOURS_SCHEMA)] = None
+    max_mails_per_day: Annotated[
+        Integer(ge=0, le=1000, description="most mails a local day (0: no limit); null: DEFAULT_MAX_MAILS_PER_DAY")
+        | None,
+        Field(),
+    ] = None
 
 
 FIELDS = tuple(SubscriberInput.model_fields)
@@ -203,6 +248,8 @@ COLUMNS = (
     "category_opt_outs",
     "tracking_opt_out",
     "locale",
+    "quiet_hours",
+    "max_mails_per_day",
     "paused_until",
     "unsubscribed_at",
     "created_at",
@@ -216,6 +263,12 @@ def _as_dict(row) -> dict:
         if out[k] is not None:
             out[k] = out[k].isoformat()
     out["digest_weekday_name"] = WEEKDAYS[out["digest_weekday"]]
+    stored = out["quiet_hours"]
+    out["quiet_hours"] = stored_quiet_hours(stored)
+    # Mail that would go now waits until this moment (the quiet window holding now ends); null: it goes.
+    window = quiet_hours.parse_setting(stored or config.get().default_quiet_hours)
+    until = quiet_hours.held_until(datetime.now(UTC), timezones.load(out["timezone"]), window)
+    out["held_until"] = until.isoformat() if until else None
     return out
 
 
