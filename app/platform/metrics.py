@@ -91,6 +91,11 @@ DIGEST_LATENESS = Histogram(
     "Seconds from a run's scheduled_for to its send",
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400),
 )
+MAIL_HELD = Counter(
+    "notify_mail_held",
+    "Mails that were due but wait, by reason: quiet_hours (the subscriber's window: they go when it ends)",
+    ["reason"],
+)
 # -- languages
 I18N_FALLBACKS = Counter(
     "notify_i18n_fallbacks",

@@ -76,9 +76,9 @@ _QUIET_HOURS_SCHEMA = {
         },
         {"type": "null"},
     ],
-    "description": "no mail arrives between start and end, wall-clock times in the subscriber's zone (the window "
-    "may cross midnight; what it holds goes as one mail when it ends, critical events excepted); null: "
-    "DEFAULT_QUIET_HOURS",
+    "description": "no digest or notification mail arrives between start and end, wall-clock times in the "
+    "subscriber's zone (the window may cross midnight); what comes meanwhile goes as one mail when it ends. "
+    "null: DEFAULT_QUIET_HOURS",
 }
 
 
@@ -155,11 +155,6 @@ class SubscriberInput(Body):
     tracking_opt_out: bool = False
     locale: Annotated[str | None, *documented(_locale_schema, _locale)] = None
     quiet_hours: Annotated[str | None, BeforeValidator(_quiet_hours), WithJsonSchema(_QUIET_HOURS_SCHEMA)] = None
-    max_mails_per_day: Annotated[
-        Integer(ge=0, le=1000, description="most mails a local day (0: no limit); null: DEFAULT_MAX_MAILS_PER_DAY")
-        | None,
-        Field(),
-    ] = None
 
 
 FIELDS = tuple(SubscriberInput.model_fields)
@@ -249,7 +244,6 @@ COLUMNS = (
     "tracking_opt_out",
     "locale",
     "quiet_hours",
-    "max_mails_per_day",
     "paused_until",
     "unsubscribed_at",
     "created_at",

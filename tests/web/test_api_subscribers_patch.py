@@ -25,7 +25,6 @@ START = {
     "tracking_opt_out": True,
     "locale": "de",
     "quiet_hours": {"start": "22:00", "end": "07:00"},
-    "max_mails_per_day": 4,
 }
 
 
@@ -65,7 +64,6 @@ def _fields(record: dict) -> dict:
         ("locale", None, None),
         ("quiet_hours", {"start": "23:30", "end": "06:00"}, {"start": "23:30", "end": "06:00"}),
         ("quiet_hours", None, None),
-        ("max_mails_per_day", 0, 0),
     ],
 )
 def test_each_field_alone_changes_only_itself(client, admin_key, ana, field, value, stored):
@@ -83,7 +81,7 @@ def test_email_patch_updates_the_canonical_address(client, admin_key, ana):
 
 def test_null_clears_optional_fields_to_puts_defaults(client, admin_key, ana):
     body = dict.fromkeys(("name", "timezone", "digest_cadence", "digest_hour", "digest_weekday"), None)
-    body.update(category_opt_outs=None, tracking_opt_out=None, locale=None, quiet_hours=None, max_mails_per_day=None)
+    body.update(category_opt_outs=None, tracking_opt_out=None, locale=None, quiet_hours=None)
     r = patch(client, admin_key, body)
     assert r.status_code == 200, r.text
     assert _fields(r.json()) == {
@@ -97,7 +95,6 @@ def test_null_clears_optional_fields_to_puts_defaults(client, admin_key, ana):
         "tracking_opt_out": False,
         "locale": None,
         "quiet_hours": None,
-        "max_mails_per_day": None,
     }
 
 
@@ -120,7 +117,6 @@ def test_null_for_the_required_email_is_422_naming_it(client, admin_key, ana):
         ({"quiet_hours": {"start": "22:00", "end": "22:00"}}, "quiet_hours"),
         ({"quiet_hours": {"start": "7:00", "end": "22:00"}}, "quiet_hours"),
         ({"quiet_hours": "22:00-07:00"}, "quiet_hours"),
-        ({"max_mails_per_day": -1}, "max_mails_per_day"),
         ({"user_id": "someone-else"}, "user_id"),
         (["name"], "body"),
     ],

@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.operations import opt_out
-from app.platform import i18n, timezones
+from app.platform import config, i18n, timezones
 from app.platform.i18n import N_
 from app.platform.validation import plain_int
-from app.subscribers import records
+from app.subscribers import quiet_hours, records
 from app.web.pages import common, csrf, schedule, subscription
 
 log = logging.getLogger("app.web.pages.preferences")
@@ -43,6 +43,7 @@ FIELD_LABELS = {
     "category_opt_outs": N_("Topics"),
     "pause_days": N_("Pause"),
     "locale": N_("Language"),
+    "quiet_hours": N_("Quiet hours"),
 }
 # What a refused field is told on the page (the API's messages are English, for developers).
 FIELD_ERRORS = {
@@ -53,6 +54,7 @@ FIELD_ERRORS = {
     "category_opt_outs": N_("Choose among the topics shown."),
     "pause_days": N_("Enter a whole number of days from 1 to {max}, or leave it empty."),
     "locale": N_("Choose a language from the list."),
+    "quiet_hours": N_("Choose both times, and two different ones, or neither."),
 }
 CADENCE_CHOICES = (
     ("immediately", N_("As it happens"), N_("An email soon after something happens (a few an hour at most).")),
@@ -86,7 +88,16 @@ def _form_values(subscriber: dict) -> dict:
         "pause_days": "",
         "newsletters": subscriber["newsletters_unsubscribed_at"] is None,
         "locale": subscriber["locale"] or "",
+        **_quiet_form(subscriber),
     }
+
+
+def _quiet_form(subscriber: dict) -> dict:
+    window = records.stored_quiet_hours(subscriber["quiet_hours"]) or {"start": "", "end": ""}
+    return {"quiet_start": window["start"], "quiet_end": window["end"]}
+
+
+QUARTER_HOURS = tuple(f"{h:02d}:{m:02d}" for h in range(24) for m in (0, 15, 30, 45))
 
 
 def languages(t: i18n.Translator) -> list[tuple[str, str]]:
@@ -130,9 +141,27 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None, t: 
         "weekdays": [(i, t.weekday(_A_MONDAY + timedelta(days=i))) for i in range(7)],
         "timezones": suggested_timezones(),
         "languages": languages(t),
+        "quarter_hours": QUARTER_HOURS,
+        "default_quiet_label": _default_quiet_label(t),
+        "held_label": _held_label(subscriber, now, zone, t),
         "paused_label": paused_label,
         "max_pause_days": MAX_PAUSE_DAYS,
     }
+
+
+def _default_quiet_label(t: i18n.Translator) -> str:
+    """The "no window of my own" choice: none, or the deployment's (DEFAULT_QUIET_HOURS)."""
+    default = quiet_hours.parse_setting(config.get().default_quiet_hours)
+    if default is None:
+        return t.gettext("None")
+    return t.gettext("Default ({start}–{end})", **default.as_dict())
+
+
+def _held_label(subscriber: dict, now: datetime, zone, t: i18n.Translator) -> str | None:
+    """When the quiet hours holding now end, in the subscriber's words; None outside them."""
+    window = quiet_hours.parse_setting(subscriber["quiet_hours"] or config.get().default_quiet_hours)
+    until = quiet_hours.held_until(now, zone, window)
+    return schedule.when(until, subscriber["timezone"], t) if until else None
 
 
 def _page(request, token, subscriber, form, errors, notice=None, status_code=200) -> Response:
@@ -211,6 +240,10 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     data: dict[str, object] = {**raw, **numbers}
     if data.get("locale") == "":  # the first choice: the deployment's default
         data["locale"] = None
+    quiet = {k: (common.text(posted, f"quiet_{k}") or "").strip() for k in ("start", "end")}
+    if common.text(posted, "quiet_start") is not None or common.text(posted, "quiet_end") is not None:
+        # neither: no window of their own (the default's); one alone is refused with the pair's message
+        data["quiet_hours"] = None if not any(quiet.values()) else quiet
     if shown:
         data["category_opt_outs"] = opt_outs
     values, error_list = records.validate(data, partial=True)
@@ -247,6 +280,8 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         "pause_days": pause_raw[:12],
         "newsletters": newsletters,
         "locale": raw.get("locale", subscriber["locale"] or ""),
+        "quiet_start": quiet["start"] if "quiet_hours" in data else _quiet_form(subscriber)["quiet_start"],
+        "quiet_end": quiet["end"] if "quiet_hours" in data else _quiet_form(subscriber)["quiet_end"],
     }
     sticky["topics"] = subscription.topics(sticky["categories"])
     return values, errors, sticky
