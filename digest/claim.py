@@ -35,6 +35,7 @@ class ClaimedRun:
     locale: str | None = None  # the subscriber's language (None: DEFAULT_LOCALE)
     provider: str | None = None  # set: an ambiguous attempt there; only that provider may send it
     quiet_hours: str | None = None  # the subscriber's window ("22:00-07:00"; None: DEFAULT_QUIET_HOURS)
+    held: bool = False  # it waited for the end of those quiet hours: "while you were away"
     digest: digest_group.Digest | None = None
     mail: OutgoingMail | None = None
     cover: Cover | None = None  # what recording it handles (digest/marks.py); None: its events one by one

@@ -230,6 +230,7 @@ RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.diges
     + ", s.locale"
     + ", r.provider"
     + ", s.quiet_hours"
+    + ", r.held_at IS NOT NULL"
 )
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.
@@ -328,7 +329,8 @@ RETURNING r.status
 # makes no second run while one waits), so the window's end brings one mail.
 HOLD = """
 UPDATE digest_runs r SET status = 'pending', claimed_at = NULL, enqueued_at = NULL,
-    scheduled_for = greatest(r.scheduled_for, v.until), next_attempt_at = v.until
+    scheduled_for = greatest(r.scheduled_for, v.until), next_attempt_at = v.until,
+    held_at = coalesce(r.held_at, now())
 FROM unnest(%s::bigint[], %s::timestamptz[]) AS v(id, until)
 WHERE r.id = v.id AND r.status = 'processing'
 """

@@ -130,9 +130,12 @@ def cadence_name(cadence: str, t: Translator | None = None) -> str:
     return names.get(cadence, cadence)
 
 
-def heading(greeting: str, cadence: str, t: Translator | None = None) -> str:
-    """ "Hi Ana, here is your daily digest"; a mail sent as things happen is "Hi Ana, here is what's new"."""
+def heading(greeting: str, cadence: str, t: Translator | None = None, held: bool = False) -> str:
+    """ "Hi Ana, here is your daily digest"; a mail sent as things happen is "Hi Ana, here is what's
+    new"; one that waited for the end of the subscriber's quiet hours "Hi Ana, while you were away:"."""
     t = _t(t)
+    if held:
+        return t.gettext("{greeting} while you were away:", greeting=greeting)
     if cadence == "hourly":
         return t.gettext("{greeting} here is your hourly digest", greeting=greeting)
     if cadence == "weekly":

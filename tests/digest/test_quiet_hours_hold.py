@@ -83,6 +83,7 @@ def test_send_now_mail_in_quiet_hours_waits_and_goes_as_one_at_the_end(sink):
     (mail,) = sink.messages()
     text = mail.get_body(("plain",)).get_content()
     assert "Post p1" in text and "Post p2" in text  # all of it, in one mail
+    assert "while you were away:" in text
     assert run_row(rid)["status"] == "sent" and run_row(rid)["event_count"] == 3
 
 
@@ -97,6 +98,7 @@ def test_a_digest_due_in_quiet_hours_moves_to_their_end_and_others_go(sink):
     assert [m["To"].addresses[0].username for m in sink.messages()] == ["awake"]
     row = run_row(runs["quiet"])
     assert row["status"] == "pending" and row["scheduled_for"] > datetime.now(UTC) + timedelta(hours=1)
+    assert "while you were away" not in sink.messages()[0].get_body(("plain",)).get_content()
 
 
 def test_the_default_holds_those_without_a_window_and_a_window_of_their_own_wins(sink, settings):
