@@ -58,6 +58,13 @@ def read_mime(raw: bytes) -> dict:
     }
 
 
+class _Server(ThreadingHTTPServer):
+    # A backlog of 5 (socketserver's default) overflows when a worker opens its pool's 64 connections at
+    # once: the kernel drops the handshake's last ACK, the client writes its request, and the
+    # connection is reset — an ambiguous outcome no real provider API would cause.
+    request_queue_size = 1024
+
+
 class FakeAPI:
     name = "fake"
 
@@ -73,7 +80,7 @@ class FakeAPI:
         self.unauthorized = 0
         self.refused: set[str] = set()
         self._plan: collections.deque = collections.deque()
-        self.server = ThreadingHTTPServer((host, port), self._handler())
+        self.server = _Server((host, port), self._handler())
         self.server.daemon_threads = True
         self.base_url = f"http://{host}:{self.server.server_address[1]}"
         self._thread = threading.Thread(
