@@ -78,7 +78,12 @@ def steps() -> list[Step]:
         Step("groupcommit", bench("groupcommit.py"), ["--seconds", "2"]),
         Step("ratelimit", bench("ratelimit.py")),
         Step("smtp-client", bench("smtp_client.py"), ["--mails", "1000"]),
-        Step("newsletter-sendgrid", bench("newsletter.py"), ["--recipients", "5000", "--baseline-sample", "300"]),
+        # SendGrid (beside its naive baseline), SES, Postmark and Mailgun at 0 and 50 ms, and the failover switch
+        Step(
+            "newsletter-providers",
+            bench("newsletter.py"),
+            ["--recipients", "5000", "--baseline-sample", "300", "--failover-trials", "3"],
+        ),
         Step("peer-0ms", bench("peer_postoffice.py", "--smtp-delay-ms", "0"), ["--recipients", "2000"]),
         Step(
             "peer-50ms",
