@@ -164,6 +164,7 @@ def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
             preferences_url=tokens.preferences_url(run.subscriber_id, run.token_version),
             view_url=tokens.view_url(run.subscriber_id, run.token_version, run.id),
             locale=run.locale,
+            held=run.held,
         ),
         categories=registry,
         now=now,

@@ -121,6 +121,7 @@ class Reader:
     preferences_url: str
     view_url: str = ""  # the hosted copy's link ("View in your browser"); empty on the hosted copy itself
     locale: str | None = None  # the subscriber's (None: DEFAULT_LOCALE)
+    held: bool = False  # it waited for the end of the subscriber's quiet hours
 
 
 def build(
@@ -160,7 +161,7 @@ def build(
         "subject_line": subject_line,
         "headline": top,
         "greeting": hello,
-        "heading": wording.heading(hello, cadence, t),
+        "heading": wording.heading(hello, cadence, t, held=reader.held),
         "reason": wording.reason(cadence, t),
         "lead": lead,
         "first_digest": last_digest_at is None,

@@ -8,7 +8,7 @@ One page costs two statements on one connection:
      each, kept by triggers on digest_events and by retention), joined with the seen/read state
      (digest/seen.py); the unseen and unread counts over every entity, and the page's entities;
   2. the events of the page's entities only (digest_events_feed_idx, migration 0671), grouped and
-     worded like a digest;
+     worded like a digest, in the subscriber's language (app/platform/i18n.py);
 then one statement for the titles, links and avatars of the page (digest/details.py).
 So the cost grows with the subscriber's number of entities for step 1 and with the page for the
 rest, not with their number of events or the payloads. Between retention detaching a partition
@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from app.platform import db, timezones
+from app.platform import db, i18n, timezones
 from app.platform.validation import Body
 from app.subscribers import categories
 from digest import context as digest_context
@@ -118,9 +118,10 @@ class Subscriber:
     user_id: str
     timezone: str | None
     token_version: int
+    locale: str | None = None  # the words of the items (None: DEFAULT_LOCALE)
 
 
-_SUBSCRIBER_SQL = "SELECT id, user_id, timezone, token_version FROM subscribers WHERE {} = %s"
+_SUBSCRIBER_SQL = "SELECT id, user_id, timezone, token_version, locale FROM subscribers WHERE {} = %s"
 
 
 def find(user_id: str | None = None, subscriber_id: int | None = None) -> Subscriber | None:
@@ -168,12 +169,13 @@ def page(
         registry = categories.registry(cur)
     now = now or datetime.now(UTC)
     tz = timezones.load(subscriber.timezone)
+    t = i18n.translator(subscriber.locale)
     items = []
     for entity_type, entity_id, latest_at, latest_id, seen_until, read_until in entities:
         group = groups.get((entity_type, entity_id))
         if group is None or digest is None:  # its events went between the two statements (erasure, retention)
             continue
-        item = digest_context.group_item(group, digest, registry, now, tz)
+        item = digest_context.group_item(group, digest, registry, now, tz, t)
         item["latest_at"] = latest_at.astimezone(UTC).isoformat()
         item["latest_event_id"] = latest_id  # what a stream's Last-Event-ID compares with
         item["seen"] = seen_until is not None and latest_at <= seen_until

@@ -14,14 +14,15 @@ truth; Dramatiq messages are hints.
   processing --suppressed / nothing to send-------> skipped
   processing --retryable failure, stuck, released-> pending       (attempts + 1, backoff)
   processing --not started: all mail stopped------> pending       (no attempt counted, due at once)
+  processing --due inside quiet hours-------------> pending       (no attempt counted, due at the window's end)
   processing --renewed by its live holder---------> processing    (claimed_at only: app/platform/holds.py)
   processing --permanent failure, attempts used---> failed        (last_error kept)
 
-Only an operator's emergency stop (app/platform/mail_stop.py) returns claimed work to `pending` without
-counting an attempt — the run was never tried. Everything else counts one, so a run that keeps
-failing in any way — a poisoned address, a bug, a worker killed mid-send — ends `failed` after
-DIGEST_MAX_ATTEMPTS instead of looping. tests/digest/test_runs.py walks every transition above
-and checks that no statement makes any other.
+Only an operator's emergency stop (app/platform/mail_stop.py) and a subscriber's quiet hours return
+claimed work to `pending` without counting an attempt — the run was never tried. Everything else
+counts one, so a run that keeps failing in any way — a poisoned address, a bug, a worker killed
+mid-send — ends `failed` after DIGEST_MAX_ATTEMPTS instead of looping. tests/digest/test_runs.py
+walks every transition above and checks that no statement makes any other.
 """
 
 from __future__ import annotations
@@ -228,6 +229,8 @@ RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.diges
     + LAST_SENT_AT
     + ", s.locale"
     + ", r.provider"
+    + ", s.quiet_hours"
+    + ", r.held_at IS NOT NULL"
 )
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.
@@ -319,6 +322,17 @@ UPDATE digest_runs r SET attempts = r.attempts + 1, last_error = left(v.err, 200
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(providers)s::text[]) AS v(id, err, provider)
 WHERE r.id = v.id AND r.status = 'processing'
 RETURNING r.status
+"""
+
+# Runs due inside their subscriber's quiet hours (digest/claim.py): back to pending, due when the
+# window ends, no attempt counted. What the subscriber gets meanwhile joins them (a send-now pass
+# makes no second run while one waits), so the window's end brings one mail.
+HOLD = """
+UPDATE digest_runs r SET status = 'pending', claimed_at = NULL, enqueued_at = NULL,
+    scheduled_for = greatest(r.scheduled_for, v.until), next_attempt_at = v.until,
+    held_at = coalesce(r.held_at, now())
+FROM unnest(%s::bigint[], %s::timestamptz[]) AS v(id, until)
+WHERE r.id = v.id AND r.status = 'processing'
 """
 
 # Runs whose mail was never started because all mail was stopped: not their fault, no attempt.
@@ -423,6 +437,12 @@ def retry(cur, failures: list[tuple], max_attempts: int, base_seconds: float) ->
     )
     statuses = [row[0] for row in cur.fetchall()]
     return statuses.count("pending"), statuses.count("failed")
+
+
+def hold(cur, held: list[tuple[int, datetime]]) -> None:
+    """processing → pending, due when the subscriber's quiet hours end (no attempt counted)."""
+    if held:
+        cur.execute(HOLD, ([i for i, _ in held], [u for _, u in held]))
 
 
 def release(cur, run_ids: list[int]) -> None:

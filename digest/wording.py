@@ -132,9 +132,12 @@ def cadence_name(cadence: str, t: Translator | None = None) -> str:
     return names.get(cadence, cadence)
 
 
-def heading(greeting: str, cadence: str, t: Translator | None = None) -> str:
-    """ "Hi Ana, here is your daily digest"; a mail sent as things happen is "Hi Ana, here is what's new"."""
+def heading(greeting: str, cadence: str, t: Translator | None = None, held: bool = False) -> str:
+    """ "Hi Ana, here is your daily digest"; a mail sent as things happen is "Hi Ana, here is what's
+    new"; one that waited for the end of the subscriber's quiet hours "Hi Ana, while you were away:"."""
     t = _t(t)
+    if held:
+        return t.gettext("{greeting} while you were away:", greeting=greeting)
     if cadence == "hourly":
         return t.gettext("{greeting} here is your hourly digest", greeting=greeting)
     if cadence == "weekly":
@@ -184,7 +187,7 @@ def relative_time(when: datetime, now: datetime, zone: tzinfo, t: Translator | N
     if days == 1:
         return t.gettext("yesterday {time}", time=_clock(t, local))
     if days < 7:
-        return t.gettext("{weekday} {time}", weekday=t.skeleton(local, "EEEE"), time=_clock(t, local))
+        return t.gettext("{weekday} {time}", weekday=t.weekday(local), time=_clock(t, local))
     return _day_month(t, local, now_local, long=False)
 
 
@@ -199,7 +202,7 @@ def since(previous: datetime, now: datetime, zone: tzinfo, t: Translator | None 
     if days == 1:
         return t.gettext("since yesterday")
     if days < 7:
-        return t.gettext("since {weekday}", weekday=t.skeleton(local, "EEEE"))
+        return t.gettext("since {weekday}", weekday=t.weekday(local))
     return t.gettext("since {date}", date=_day_month(t, local, now_local, long=True))
 
 

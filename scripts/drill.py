@@ -10,6 +10,11 @@ sink that injects faults, and one fault per drill. Every drill prints
 
     python scripts/drill.py                      # every drill at default scale (make drill)
     python scripts/drill.py --scale 0.05 --only kill_worker,redis_flush
+    python scripts/drill.py --only provider_failover   # MAIL_PROVIDERS=postmark,ses, the primary 503s for 30 s
+
+provider_failover sends through two HTTP API fakes instead of the SMTP sink (tests/fake_providers.py,
+real local servers in this process) and judges more than mail: the switch to the secondary within
+SWITCH_WITHIN_SECONDS of the primary's first 503, and mail back at the primary once it recovered.
 
 Postgres and Redis run on spare ports under a temporary directory, so restarting them disturbs
 nothing else on the machine. Exit status 1 if any drill lost mail or shows duplicates.
@@ -43,6 +48,7 @@ from aiosmtpd.controller import Controller
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from digest.marks import COVERING_RUNS  # noqa: E402
+from tests.fake_providers import FakeAPI, FakePostmark, FakeSES, settings_for  # noqa: E402
 
 PY = sys.executable
 WORKER_THREADS = 4  # per worker process (one process each)
@@ -173,10 +179,22 @@ class Pace:
     reclaim_seconds: int = 35  # RECLAIM_AFTER_SECONDS and DIGEST_PROCESSING_TIMEOUT_SECONDS
     retry_base_seconds: int = 3  # DIGEST_RETRY_BASE_SECONDS: five attempts span 15x this
     worker_kills: int | None = None  # kill_worker's kills (None: as many as KILL_WINDOW_SECONDS holds)
+    provider_outage_seconds: float = 30.0  # provider_failover: the primary answers 503 this long
+    breaker_cooldown_seconds: float = 30.0  # PROVIDER_BREAKER_COOLDOWN_SECONDS (the production default)
+    judge_timing: bool = True  # judge timing (the failover switch) too; printed either way
 
 
 FULL = Pace()
-QUICK = Pace(fault_seconds=3.0, outage_seconds=6.0, reclaim_seconds=20, retry_base_seconds=1, worker_kills=3)
+QUICK = Pace(
+    fault_seconds=3.0,
+    outage_seconds=6.0,
+    reclaim_seconds=20,
+    retry_base_seconds=1,
+    worker_kills=3,
+    provider_outage_seconds=3.0,
+    breaker_cooldown_seconds=2.0,
+    judge_timing=False,  # a machine the suite shares: a slow moment is no failure there
+)
 
 
 class System:
@@ -383,16 +401,18 @@ class Report:
     stall: float = 0.0
     notes: str = ""
     faults: int = 0  # how many times the fault was injected
+    failed_checks: list[str] = field(default_factory=list)  # a drill's own checks beyond mail (failover)
 
     @property
     def ok(self) -> bool:
-        return self.duplicates == 0 and self.lost == 0
+        return self.duplicates == 0 and self.lost == 0 and not self.failed_checks
 
     def line(self) -> str:
+        failed = f"  FAILED: {'; '.join(self.failed_checks)}" if self.failed_checks else ""
         return (
             f"{self.name:<18} sent {self.sent:>7,} / expected {self.expected:>7,}  duplicates {self.duplicates:>3}  "
             f"lost {self.lost:>3}  resent-after-SIGKILL {self.resent_after_kill:>3}  longest stall "
-            f"{self.stall:5.1f} s  {'OK' if self.ok else 'FAIL'}  {self.notes}"
+            f"{self.stall:5.1f} s  {'OK' if self.ok else 'FAIL'}  {self.notes}{failed}"
         )
 
 
@@ -825,6 +845,128 @@ def drill_ingest_during_wave(system: System, scale: float) -> Report:
     return report
 
 
+# -- provider failover (issue 38) ------------------------------------------------------------------
+FAILOVER_ORDER = ("postmark", "ses")  # MAIL_PROVIDERS: primary, secondary (issue 38's example)
+SWITCH_WITHIN_SECONDS = 5.0  # the primary's first 503 -> the secondary's first acceptance
+OUTAGE_AFTER_SHARE = 0.1  # the outage starts once the primary took this share of the newsletter
+
+
+def drill_provider_failover(system: System, scale: float) -> Report:
+    """A newsletter to 20,000 x scale recipients with MAIL_PROVIDERS=postmark,ses, both real local
+    HTTP fakes; once the primary took a tenth of it, it answers 503 for the pace's outage (30 s in the
+    full drill), then recovers. Checked against the outbox: every recipient's mail accepted exactly
+    once across the two fakes, and each sent row records the provider that accepted it. Judged: the
+    secondary accepted mail within SWITCH_WITHIN_SECONDS of the primary's first 503 (both by the
+    fakes' clock; printed but not judged at a pace with judge_timing off), and the primary accepted
+    mail again after its outage ended (the breaker's half-open probe, PROVIDER_BREAKER_COOLDOWN_SECONDS
+    after it opened).
+
+    The send is held to a rate (PROVIDER_RATE_PER_SECOND) at which what is left after the outage
+    starts takes about twice the outage plus the cool-down: the newsletter is still going when the
+    primary is back, however fast or slow the machine (a slow one only sends slower than the rate)."""
+    pace = system.pace
+    n = max(100, int(20_000 * scale))
+    outage, cooldown = pace.provider_outage_seconds, pace.breaker_cooldown_seconds
+    rate = max(5.0, (1 - OUTAGE_AFTER_SHARE) * n / (2 * (outage + cooldown)))
+    primary: FakeAPI = FakePostmark(record=False)
+    secondary: FakeAPI = FakeSES(record=False)
+    fakes = {FAILOVER_ORDER[0]: primary, FAILOVER_ORDER[1]: secondary}
+    with primary, secondary:
+        system.env.update(
+            {
+                "MAIL_PROVIDERS": ",".join(FAILOVER_ORDER),
+                **settings_for(primary),
+                **settings_for(secondary),
+                "PROVIDER_BREAKER_COOLDOWN_SECONDS": f"{cooldown:g}",
+                "PROVIDER_RATE_PER_SECOND": f"{rate:.1f}",
+            }
+        )
+        system.start("web")
+        system.wait_web()
+        system.start_newsletter(n)
+        system.start("scheduler")
+        system.start("worker")
+        started = time.monotonic()
+        outage_until: float | None = None
+        deadline = started + 600 + 3 * (outage + cooldown)
+        settled = False
+        while time.monotonic() < deadline:
+            with primary.lock:
+                taken = sum(primary.accepted.values())
+            if outage_until is None and taken >= OUTAGE_AFTER_SHARE * n:
+                outage_until = primary.fail_for(outage)
+            if system.settled() and len(primary.accepted) + len(secondary.accepted) >= n:
+                settled = True
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # answers still on their way back are logged by now
+        return _failover_report(system, n, fakes, outage_until, started, settled, rate)
+
+
+def _failover_report(
+    system: System,
+    n: int,
+    fakes: dict[str, FakeAPI],
+    outage_until: float | None,
+    started: float,
+    settled: bool,
+    rate: float,
+) -> Report:
+    primary, secondary = fakes[FAILOVER_ORDER[0]], fakes[FAILOVER_ORDER[1]]
+    expected = {r[0] for r in system.sql("SELECT email FROM subscribers WHERE user_id LIKE 'n%%'")}
+    got = {name: fake.recipients() for name, fake in fakes.items()}
+    per_recipient: dict[str, int] = {}
+    for counts in got.values():
+        for rcpt, k in counts.items():
+            per_recipient[rcpt] = per_recipient.get(rcpt, 0) + k
+    duplicates = sum(k - 1 for k in per_recipient.values()) + len(set(per_recipient) - expected)
+    lost = len(expected - set(per_recipient))
+    # The outbox: every row sent, under the provider whose fake accepted its mail.
+    rows = system.sql("SELECT email, status, provider FROM email_log")
+    not_sent = sum(1 for _, status, _ in rows if status != "sent")
+    misrecorded = sum(1 for email, status, provider in rows if status == "sent" and email not in got.get(provider, {}))
+    first_503 = primary.first_answer(503)
+    switched = secondary.first_answer(accepted=True, after=first_503) if first_503 is not None else None
+    switch = None if switched is None or first_503 is None else switched - first_503
+    back = primary.first_answer(accepted=True, after=outage_until) if outage_until is not None else None
+    times = [started] + sorted(at for fake in fakes.values() for at, _, k in fake.answers if k)
+    stall = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    checks = []
+    if first_503 is None:
+        checks.append("the primary never answered 503")
+    elif switch is None:
+        checks.append("the secondary took no mail after the primary's first 503")
+    elif switch > SWITCH_WITHIN_SECONDS and system.pace.judge_timing:
+        checks.append(f"switch after {switch:.1f} s (> {SWITCH_WITHIN_SECONDS:g} s)")
+    if outage_until is not None and back is None:
+        checks.append("no mail went back to the primary after it recovered")
+    if not_sent or misrecorded:
+        checks.append(f"outbox: {not_sent} rows not sent, {misrecorded} recorded under another provider")
+    if not settled:
+        checks.append("TIMED OUT")
+    window = f"{system.pace.provider_outage_seconds:g}"
+    notes = (
+        f"(primary {FAILOVER_ORDER[0]} 503 for {window} s: {primary.status_counts.get(503, 0):,} calls answered 503; "
+        f"switch {'-' if switch is None else f'{switch:.2f} s'}"
+        f"{'' if system.pace.judge_timing else ' (not judged at this pace)'}; "
+        f"back to the primary {'-' if back is None or outage_until is None else f'{back - outage_until:.1f} s'} "
+        f"after it recovered; mails by provider {', '.join(f'{k} {sum(v.values()):,}' for k, v in got.items())}; "
+        f"held to {rate:,.0f}/s)"
+    )
+    return Report(
+        "provider failover",
+        len(set(per_recipient) & expected),
+        len(expected),
+        duplicates,
+        lost,
+        0,
+        stall,
+        notes,
+        faults=int(first_503 is not None),
+        failed_checks=checks,
+    )
+
+
 # The drills that SIGKILL a worker: the only ones where a mail may arrive twice under one Message-ID.
 KILL_WORKERS = frozenset({"kill_worker", "ingest_during_wave"})
 
@@ -838,6 +980,7 @@ DRILLS = {
     "two_of_each": drill_two_of_each,
     "kill_scheduler": drill_kill_scheduler_planning,
     "ingest_during_wave": drill_ingest_during_wave,
+    "provider_failover": drill_provider_failover,
 }
 
 

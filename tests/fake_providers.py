@@ -10,7 +10,17 @@ Knobs, one per call, in order: `fail_next(n, status)` (answered with that status
 accepted), `hang_next(n, seconds)` (accepted, then the answer comes `seconds` later: a client that
 gave up sooner does not know), `drop_next(n)` (accepted, then the connection is closed with no
 answer). `refuse(address)`: that recipient is refused the way the API refuses one (SES 400
-MessageRejected, Postmark ErrorCode 406 in the batch answer, Mailgun 400).
+MessageRejected, Postmark ErrorCode 406 in the batch answer, Mailgun 400). `fail_for(seconds,
+status)`: an outage, every call answered with that status until it ends (the failover drill,
+scripts/drill.py). `delay`: seconds every call takes, like a provider's round trip.
+
+`answers` logs every call answered, (time.monotonic() of the answer, status, mails accepted) — the
+fake's own clock: when the first 503 went out, when mail was first accepted after it.
+`record=False` keeps only each mail's recipient (benchmarks: no bodies held).
+
+`python -m tests.fake_providers ses|postmark|mailgun [--delay S]` runs one on its own for the
+benchmarks (scripts/bench/newsletter.py): it prints its base URL, then its counters as one JSON
+line for every line read on stdin, and exits at EOF.
 """
 
 from __future__ import annotations
@@ -48,11 +58,21 @@ def read_mime(raw: bytes) -> dict:
     }
 
 
+class _Server(ThreadingHTTPServer):
+    # A backlog of 5 (socketserver's default) overflows when a worker opens its pool's 64 connections at
+    # once: the kernel drops the handshake's last ACK, the client writes its request, and the
+    # connection is reset — an ambiguous outcome no real provider API would cause.
+    request_queue_size = 1024
+
+
 class FakeAPI:
     name = "fake"
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, delay: float = 0.0, record: bool = True):
+        self.delay, self.record = delay, record
         self.lock = threading.Lock()
+        self.answers: list[tuple[float, int, int]] = []  # (monotonic time, status, mails accepted)
+        self._outage: tuple[float, int] = (0.0, 503)  # (until, status): fail_for()
         self.calls = 0
         self.status_counts: collections.Counter = collections.Counter()
         self.accepted: collections.Counter = collections.Counter()  # our Message-ID -> acceptances
@@ -60,7 +80,7 @@ class FakeAPI:
         self.unauthorized = 0
         self.refused: set[str] = set()
         self._plan: collections.deque = collections.deque()
-        self.server = ThreadingHTTPServer((host, port), self._handler())
+        self.server = _Server((host, port), self._handler())
         self.server.daemon_threads = True
         self.base_url = f"http://{host}:{self.server.server_address[1]}"
         self._thread = threading.Thread(
@@ -87,6 +107,22 @@ class FakeAPI:
 
     def refuse(self, address: str) -> None:
         self.refused.add(address)
+
+    def fail_for(self, seconds: float, status: int = 503) -> float:
+        """Answer every call with `status` for `seconds` from now; returns when that ends (monotonic)."""
+        until = time.monotonic() + seconds
+        with self.lock:
+            self._outage = (until, status)
+        return until
+
+    def first_answer(self, status: int | None = None, accepted: bool = False, after: float = 0.0) -> float | None:
+        """When the first call after `after` was answered with `status` (or, `accepted`: with mail
+        accepted), by this fake's clock; None if none was."""
+        with self.lock:
+            for at, code, n in self.answers:
+                if at >= after and (status is None or code == status) and (not accepted or n > 0):
+                    return at
+        return None
 
     def recipients(self) -> collections.Counter:
         """Recipient address -> mails accepted for it (every acceptance counts)."""
@@ -118,7 +154,7 @@ class FakeAPI:
                 ok = not self.refusal(m)
                 if ok:
                     self.accepted[m["message_id"]] += 1
-                    self.delivered.setdefault(m["message_id"], m)
+                    self.delivered.setdefault(m["message_id"], m if self.record else {"to": m["to"]})
                 accepted.append(ok)
         return accepted
 
@@ -133,9 +169,13 @@ class FakeAPI:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if fake.delay:
+                    time.sleep(fake.delay)
                 with fake.lock:
                     fake.calls += 1
                     action = fake._plan.popleft() if fake._plan else ("ok", 0)
+                    if action[0] == "ok" and time.monotonic() < fake._outage[0]:
+                        action = ("status", fake._outage[1])
                 if not fake.authorized("POST", self.path, self.headers, body):
                     with fake.lock:
                         fake.unauthorized += 1
@@ -151,11 +191,12 @@ class FakeAPI:
                     self.connection.close()
                     return
                 status, answer, headers = fake.answer(mails, accepted)
-                self._answer(status, answer, headers)
+                self._answer(status, answer, headers, taken=sum(accepted))
 
-            def _answer(self, status, body, headers):
+            def _answer(self, status, body, headers, taken: int = 0):
                 with fake.lock:
                     fake.status_counts[status] += 1
+                    fake.answers.append((time.monotonic(), status, taken if 200 <= status < 300 else 0))
                 data = orjson.dumps(body)
                 try:
                     self.send_response(status)
@@ -315,3 +356,49 @@ class FakeMailgun(FakeAPI):
         if not accepted[0]:
             return 400, {"message": "'to' parameter is not a valid address. please check documentation"}, {}
         return 200, {"id": f"<{mails[0]['message_id']}>", "message": "Queued. Thank you."}, {}
+
+
+FAKES: dict[str, type[FakeAPI]] = {"ses": FakeSES, "postmark": FakePostmark, "mailgun": FakeMailgun}
+
+
+def settings_for(fake: FakeAPI) -> dict[str, str]:
+    """The settings that point a provider at this fake (environment variable names)."""
+    if isinstance(fake, FakeSES):
+        return {
+            "SES_REGION": FakeSES.REGION,
+            "SES_ENDPOINT_URL": fake.url,
+            "AWS_ACCESS_KEY_ID": FakeSES.KEY,
+            "AWS_SECRET_ACCESS_KEY": FakeSES.SECRET,
+        }
+    if isinstance(fake, FakePostmark):
+        return {"POSTMARK_SERVER_TOKEN": FakePostmark.TOKEN, "POSTMARK_API_URL": fake.url}
+    if isinstance(fake, FakeMailgun):
+        return {"MAILGUN_API_KEY": FakeMailgun.KEY, "MAILGUN_DOMAIN": FakeMailgun.DOMAIN, "MAILGUN_API_URL": fake.url}
+    raise TypeError(fake)
+
+
+def main() -> None:  # pragma: no cover - `python -m tests.fake_providers ses --delay 0.05` for the benchmark
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("provider", choices=sorted(FAKES))
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args()
+    fake = FAKES[args.provider](port=args.port, delay=args.delay, record=False)
+    with fake:
+        print(orjson.dumps(settings_for(fake)).decode(), flush=True)
+        for _line in sys.stdin:  # any line: print counters; EOF: exit
+            with fake.lock:
+                counters = {
+                    "calls": fake.calls,
+                    "accepted": sum(fake.accepted.values()),
+                    "unique": len(fake.accepted),
+                    "statuses": {str(k): v for k, v in fake.status_counts.items()},
+                }
+            print(orjson.dumps(counters).decode(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -296,6 +296,11 @@ class Settings:
         "the language of a subscriber who has set none, and the last step before English of every "
         "locale's fallback chain (a BCP 47 tag: `en`, `pt-BR`, `de`; docs/i18n.md)",
     )
+    default_quiet_hours: str = setting(
+        "",
+        "quiet hours of a subscriber who has set none, `START-END` in their own zone (`22:00-07:00`): "
+        "digests and notification mail due inside wait for the end; empty: none (mail goes when it is due)",
+    )
     name_fallback: str = setting(
         "",
         "what `{{name}}` shows for a subscriber without a name, in newsletters and the greeting of "
@@ -554,6 +559,7 @@ def load() -> Settings:
     values["mail_postal_address"] = _postal_address(env, os.environ.get("MAIL_POSTAL_ADDRESS", ""))
     values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
     values["default_locale"] = _default_locale(values.get("default_locale", Settings.default_locale))
+    _check_quiet_hours(values.get("default_quiet_hours", ""))
     values.update({name: raw.strip() for name in _BRAND if (raw := os.environ.get(env_name(name)))})
     retention = values.get("retention_days", Settings.retention_days)
     if retention < 0 or 0 < retention < MIN_RETENTION_DAYS:
@@ -576,6 +582,22 @@ def _default_locale(raw: str) -> str:
             f"DEFAULT_LOCALE must be a locale such as `en`, `pt-BR` or `de`, got {raw!r}: {exc}"
         ) from None
     return "-".join(part for part in (parsed.language, parsed.script, parsed.territory, parsed.variant) if part)
+
+
+_QUIET_HOURS = re.compile(r"\s*(([01][0-9]|2[0-3]):[0-5][0-9])\s*-\s*(([01][0-9]|2[0-3]):[0-5][0-9])\s*")
+
+
+def _check_quiet_hours(raw: str) -> None:
+    """DEFAULT_QUIET_HOURS is START-END as HH:MM-HH:MM with START != END, or empty
+    (app/subscribers/quiet_hours.py parse_setting reads it)."""
+    if not raw.strip():
+        return
+    found = _QUIET_HOURS.fullmatch(raw)
+    if found is None or found[1] == found[3]:
+        raise ConfigError(
+            "DEFAULT_QUIET_HOURS must be START-END as HH:MM-HH:MM (22:00-07:00), two different times, "
+            f"or empty; got {raw!r}"
+        )
 
 
 _COLOUR = re.compile(r"#(?:[0-9a-fA-F]{3}){1,2}")

@@ -28,8 +28,15 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
 from pathlib import Path
 
-from babel import Locale, UnknownLocaleError
-from babel.dates import format_date, format_datetime, format_time, format_timedelta
+from babel import Locale, UnknownLocaleError, localedata
+from babel.dates import (
+    format_date,
+    format_datetime,
+    format_skeleton,
+    format_time,
+    format_timedelta,
+    match_skeleton,
+)
 from babel.lists import format_list
 from babel.messages.catalog import Catalog
 from babel.messages.pofile import read_po
@@ -49,6 +56,7 @@ MAX_TAG = 35  # the longest well-formed tag RFC 5646 asks implementations to acc
 # Bare English formats dates as CLDR's international English ("3 Mar", "19:00"), as the service
 # always wrote them; `en-US` gets "Mar 3".
 FORMAT_LOCALES = {"en": "en_001", PSEUDO: "en_001"}
+MAX_KEPT_NUMBERS = 10_000  # formatted numbers a translator keeps (digest counts are small and repeat)
 # CLDR's plural categories, in the order catalogs keep their forms.
 CATEGORIES = ("zero", "one", "two", "few", "many", "other")
 
@@ -105,6 +113,14 @@ def normalize(tag: object) -> str:
     return bcp47(_parse(tag))
 
 
+@lru_cache(maxsize=1)
+def known() -> tuple[str, ...]:
+    """Every tag normalize() accepts in its one spelling: CLDR's locales as Babel ships them, and the
+    pseudo-locale (the API documents them as an enum, as it does time zones)."""
+    tags = {bcp47(Locale.parse(i)) for i in localedata.locale_identifiers() if i != "root"}
+    return tuple(sorted(tags | {PSEUDO}))
+
+
 def chain(tag: str) -> tuple[str, ...]:
     """The locales a message is looked up in, most specific first, up to the source language, whose
     words are the messages themselves: `de-CH` -> (de-CH, de, DEFAULT_LOCALE, en); `en-GB` -> (en-GB, en)."""
@@ -117,16 +133,30 @@ def chain(tag: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=256)
+def _plurals(identifier: str) -> tuple:
+    """(CLDR's plural rule, its categories in CATEGORIES order) of a locale: Babel builds the rule
+    anew on every `Locale.plural_form`, so it is kept here, once per process."""
+    rule = Locale.parse(identifier).plural_form
+    return rule, [c for c in CATEGORIES if c in rule.tags or c == "other"]
+
+
 def plural_index(locale: Locale, count: int | float) -> int:
     """The form of `count` among the locale's plural forms (CLDR's categories, in CATEGORIES order)."""
-    tags = [c for c in CATEGORIES if c in locale.plural_form.tags or c == "other"]
-    return tags.index(locale.plural_form(abs(count)))
+    return _index(str(locale), count)
+
+
+@lru_cache(maxsize=8192)
+def _index(identifier: str, count: int | float) -> int:
+    """plural_index by the locale's identifier: evaluating a CLDR rule takes Babel tens of
+    microseconds, and the counts a digest says are few and small, so each is worked out once."""
+    rule, tags = _plurals(identifier)
+    return tags.index(rule(abs(count)))
 
 
 def forms(locale_tag: str) -> int:
     """How many forms a plural message has in this locale: its CLDR categories."""
-    loc = _parse(locale_tag)
-    return len([c for c in CATEGORIES if c in loc.plural_form.tags or c == "other"])
+    return len(_plurals(str(_parse(locale_tag)))[1])
 
 
 @dataclass(frozen=True)
@@ -136,6 +166,7 @@ class _Messages:
     tag: str
     locale: Locale
     strings: dict
+    identifier: str = ""  # the locale's, for the plural rule (str(Locale) is not free)
 
 
 def _read(path: Path) -> Catalog:
@@ -155,7 +186,8 @@ def _load(tag: str) -> _Messages | None:
         value = message.string
         if (isinstance(value, tuple) and all(value)) or (isinstance(value, str) and value):
             strings[key] = value
-    return _Messages(tag, _parse(tag), strings)
+    locale = _parse(tag)
+    return _Messages(tag, locale, strings, str(locale))
 
 
 _lock = threading.Lock()
@@ -190,11 +222,14 @@ class Translator:
         self.language = tag  # what `lang` says in mails and pages
         self.direction = "rtl" if self.locale.character_order == "right-to-left" else "ltr"
         self.formats = Locale.parse(FORMAT_LOCALES[tag]) if tag in FORMAT_LOCALES else self.locale
+        self._numbers: dict[int | float, str] = {}
+        self._lists: dict[int, str] = {}
+        self._patterns: dict[str, str] = {}
         # The catalogs before the source language (its words are the messages: no catalog needed).
         self._chain = [c for c in (catalog(t) for t in chain(tag) if t != SOURCE) if c is not None]
         self._counted = bool(self._chain) and self._chain[0].tag == tag
 
-    def _lookup(self, msgid: str) -> tuple[str | tuple[str, ...], Locale] | None:
+    def _lookup(self, msgid: str) -> tuple[str | tuple[str, ...], str] | None:
         """The translation along the chain, and the locale whose plural rules it follows; None: the
         source's own words. A message the locale's own catalog lacks is a fallback, counted."""
         for i, messages in enumerate(self._chain):
@@ -202,41 +237,59 @@ class Translator:
             if found is not None:
                 if i and self._counted:
                     _fell_back(self.tag, msgid)
-                return found, messages.locale
+                return found, messages.identifier
         if self._counted:
             _fell_back(self.tag, msgid)
         return None
 
+    def translate(self, msgid: str) -> str:
+        """`msgid` in this locale, its placeholders unfilled (pages fill them escaping the values)."""
+        found = self._lookup(msgid)
+        return found[0] if found is not None and isinstance(found[0], str) else msgid
+
+    def translate_plural(self, singular: str, plural: str, count: int) -> str:
+        """The form of `count` (CLDR) of a plural message, unfilled."""
+        found = self._lookup(singular)
+        if found is not None and isinstance(found[0], tuple):
+            translated, identifier = found
+            return translated[min(_index(identifier, count), len(translated) - 1)]
+        return singular if count == 1 else plural
+
     def gettext(self, msgid: str, **values: object) -> str:
         """`msgid` in this locale, its `{placeholders}` filled from `values`."""
-        found = self._lookup(msgid)
-        text = found[0] if found is not None and isinstance(found[0], str) else msgid
+        text = self.translate(msgid)
         return text.format(**values) if values else text
 
     def ngettext(self, singular: str, plural: str, count: int, **values: object) -> str:
         """The form of `count` (CLDR) of a plural message; `{count}` is the count in the locale's
         digits and separators."""
-        found = self._lookup(singular)
-        values = {"count": self.number(count), **values}
-        if found is not None and isinstance(found[0], tuple):
-            translated, locale = found
-            text = translated[min(plural_index(locale, count), len(translated) - 1)]
-        else:
-            text = singular if count == 1 else plural
-        return text.format(**values)
+        return self.translate_plural(singular, plural, count).format(count=self.number(count), **values)
 
     def number(self, value: int | float) -> str:
-        return format_decimal(value, locale=self.formats)
+        """`value` with the locale's digits and separators (counts repeat: kept once formatted)."""
+        shown = self._numbers.get(value)
+        if shown is None:
+            shown = format_decimal(value, locale=self.formats)
+            if len(self._numbers) < MAX_KEPT_NUMBERS:
+                self._numbers[value] = shown
+        return shown
 
     def join(self, items: list[str]) -> str:
         """ "Ana, Bo and Cy" in English, "Ana, Bo e Cy" in Portuguese (CLDR's list pattern; in the
         pseudo-locale its words accented too)."""
         if not items:
             return ""
-        if self.tag != PSEUDO:
-            return format_list(items, locale=self.formats)
-        pattern = format_list([f"{{{i}}}" for i in range(len(items))], locale=self.formats)
-        return pattern.translate(_ACCENTS).format(*items)
+        return self._list_pattern(len(items)).format(*items)
+
+    def _list_pattern(self, n: int) -> str:
+        """CLDR's list pattern for n items as a format string ("{0}, {1} and {2}"), made once per n
+        (format_list resolves the patterns on every call); accented in the pseudo-locale."""
+        pattern = self._lists.get(n)
+        if pattern is None:
+            pattern = format_list([f"{{{i}}}" for i in range(n)], locale=self.formats)
+            pattern = pattern.translate(_ACCENTS) if self.tag == PSEUDO else pattern
+            self._lists[n] = pattern
+        return pattern
 
     def _cldr(self, text: str) -> str:
         """CLDR's words (month and day names, "ago"), accented in the pseudo-locale like its messages."""
@@ -255,11 +308,21 @@ class Translator:
         return self._cldr(format_time(value, format=format, tzinfo=zone, locale=self.formats))
 
     def skeleton(self, value: datetime, skeleton: str, zone: tzinfo | None = None) -> str:
-        """A date by CLDR skeleton (`MMMd`, `yMMMMd`, `Hm`…: the locale orders the parts), or by a
-        pattern CLDR has no skeleton for (`EEEE`, the weekday)."""
+        """A date by CLDR skeleton (`MMMd`, `yMMMMEEEEd`, `Hm`…): the locale orders the parts (the
+        closest skeleton it has, by CLDR's matching)."""
         local = value.astimezone(zone) if zone else value
-        pattern = self.formats.datetime_skeletons.get(skeleton, skeleton)
+        pattern = self._patterns.get(skeleton)
+        if pattern is None:  # CLDR's closest skeleton, matched once (format_skeleton matches per call)
+            matched = match_skeleton(skeleton, self.formats.datetime_skeletons)
+            if matched is None:
+                return self._cldr(format_skeleton(skeleton, local, locale=self.formats))
+            pattern = self._patterns[skeleton] = self.formats.datetime_skeletons[matched].pattern
         return self._cldr(format_datetime(local, pattern, locale=self.formats))
+
+    def weekday(self, value: datetime, zone: tzinfo | None = None) -> str:
+        """The day's full name: "Tuesday", "terça-feira", "火曜日"."""
+        local = value.astimezone(zone) if zone else value
+        return self._cldr(format_datetime(local, "EEEE", locale=self.formats))
 
     def ago(self, delta_seconds: float) -> str:
         """ "3 hours ago", "il y a 3 heures" (CLDR's relative time, rounded down to its unit)."""
@@ -306,6 +369,12 @@ def negotiate(accept_language: str | None) -> str:
             if shipped_lower.split("-")[0] == tag.split("-")[0]:
                 return shipped
     return config.get().default_locale
+
+
+def N_(message: str) -> str:
+    """Marks a message for the catalogs where it is declared (a constant); it is translated where
+    it is shown, with the reader's translator."""
+    return message
 
 
 def native_name(tag: str) -> str:

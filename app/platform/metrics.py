@@ -33,6 +33,7 @@ import re
 import threading
 import time
 from collections import Counter as Tally
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import (
@@ -91,6 +92,11 @@ DIGEST_LATENESS = Histogram(
     "Seconds from a run's scheduled_for to its send",
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400),
 )
+MAIL_HELD = Counter(
+    "notify_mail_held",
+    "Mails that were due but wait, by reason: quiet_hours (the subscriber's window: they go when it ends)",
+    ["reason"],
+)
 # -- languages
 I18N_FALLBACKS = Counter(
     "notify_i18n_fallbacks",
@@ -125,6 +131,25 @@ PROVIDER_BREAKER_STATE = Gauge(
     "notify_provider_breaker_state",
     "A provider's circuit breaker under MAIL_PROVIDERS failover: 0 closed, 1 half-open, 2 open "
     "(per process; the worst of the live processes)",
+    ["provider"],
+    multiprocess_mode="livemax",
+)
+PROVIDER_BREAKER_CHANGED = Gauge(
+    "notify_provider_breaker_changed_at",
+    "Unix time a provider's circuit breaker entered its current state (per process; the latest of the live ones)",
+    ["provider"],
+    multiprocess_mode="livemax",
+)
+PROVIDER_BREAKER_FAILURES = Gauge(
+    "notify_provider_breaker_failures",
+    "Definite failures a provider's breaker counted in the PROVIDER_BREAKER_WINDOW_SECONDS up to its last one "
+    "(per process; summed over the live ones)",
+    ["provider"],
+    multiprocess_mode="livesum",
+)
+PROVIDER_BREAKER_FAILED_AT = Gauge(
+    "notify_provider_breaker_failed_at",
+    "Unix time of the last failure a provider's breaker counted (per process; the latest of the live ones)",
     ["provider"],
     multiprocess_mode="livemax",
 )
@@ -354,6 +379,18 @@ class FilesCollector:
     until it reads, so a leftover does not send every scrape down the slow path."""
 
     def collect(self):
+        merged, unreadable = self.merged()
+        yield from _accumulate(merged, accumulate=True)
+        yield GaugeMetricFamily(
+            "notify_metrics_files_unreadable",
+            "Multiprocess metric files this scrape "
+            "could not read and left out (a process creating one, or a broken file)",
+            value=unreadable,
+        )
+
+    @staticmethod
+    def merged() -> tuple[dict, int]:
+        """(every readable file's metrics, per process as the files hold them; the files left out)."""
         paths = glob.glob(os.path.join(DIRECTORY, "*.db"))
         with _named_lock:
             _named.intersection_update(paths)  # forget files that are gone
@@ -373,25 +410,72 @@ class FilesCollector:
                 continue
             _named.discard(path)  # readable now: a later breakage is named again
             _merge_into(merged, part)
-        yield from _accumulate(merged, accumulate=True)
-        yield GaugeMetricFamily(
-            "notify_metrics_files_unreadable",
-            "Multiprocess metric files this scrape "
-            "could not read and left out (a process creating one, or a broken file)",
-            value=unreadable,
+        return merged, unreadable
+
+
+def _merged_files() -> dict:
+    return FilesCollector.merged()[0]
+
+
+@dataclass(frozen=True)
+class BreakerReading:
+    """One provider's circuit breaker as this host's live processes published it (failover.py)."""
+
+    state: int  # the worst of the processes: 0 closed, 1 half-open, 2 open
+    since: float | None  # unix time: when the first process still in that state entered it (closed: the last)
+    failures: int  # failures counted in the window up to each process's last one, summed; 0 once that is old
+    last_failure: float | None  # unix time of the last failure any process counted
+    processes: int  # live processes that published it
+
+
+_BREAKER_FAMILIES = {
+    "notify_provider_breaker_state": "state",
+    "notify_provider_breaker_changed_at": "since",
+    "notify_provider_breaker_failures": "failures",
+    "notify_provider_breaker_failed_at": "failed_at",
+}
+
+
+def breaker_readings(window: float, now: float | None = None) -> dict[str, BreakerReading]:
+    """Every provider's breaker as the live processes of this host last published it — the one
+    reader behind `notify providers` and the dashboard. Each process's values are read apart (the
+    files keep them per process) and combined here: the worst state, since when (open or half-open:
+    the earliest process to enter it; closed: the last process to close), and the failures counted
+    within `window` seconds (PROVIDER_BREAKER_WINDOW_SECONDS) of now. A provider no live process has
+    used is absent."""
+    now = time.time() if now is None else now
+    per: dict[str, dict[str, dict[str, float]]] = {}  # provider -> pid -> field -> value
+    for name, metric in _merged_files().items():
+        field_name = _BREAKER_FAMILIES.get(name)
+        if field_name is None:
+            continue
+        for sample in metric.samples:
+            labels = dict(sample.labels)  # as the files hold them: (name, value) pairs, the process's pid among them
+            pid = labels.get("pid", "")
+            if not pid.isdigit() or not _alive(int(pid)) or "provider" not in labels:
+                continue
+            per.setdefault(labels["provider"], {}).setdefault(pid, {})[field_name] = sample.value
+    readings = {}
+    for provider, processes in per.items():
+        # A breaker publishes when it entered its state from the moment it exists: a process without
+        # that time has no breaker for this provider (its values were reset, or never written).
+        states = {pid: int(v.get("state", 0)) for pid, v in processes.items() if v.get("since")}
+        if not states:
+            continue
+        worst = max(states.values())
+        in_worst = [processes[pid] for pid, state in states.items() if state == worst]
+        since_values = [v["since"] for v in in_worst if v.get("since")]
+        failed_at = [v["failed_at"] for v in processes.values() if v.get("failed_at")]
+        readings[provider] = BreakerReading(
+            state=worst,
+            since=(min(since_values) if worst else max(since_values)) if since_values else None,
+            failures=int(
+                sum(v.get("failures", 0) for v in processes.values() if now - v.get("failed_at", 0) <= window)
+            ),
+            last_failure=max(failed_at) if failed_at else None,
+            processes=len(states),
         )
-
-
-def breaker_states() -> dict[str, int]:
-    """notify_provider_breaker_state by provider, as this host's live processes last set it (the
-    worst of them): what `notify providers` shows. A provider no process has used is absent."""
-    states: dict[str, int] = {}
-    for family in FilesCollector().collect():
-        if family.name == "notify_provider_breaker_state":
-            for sample in family.samples:
-                name = sample.labels["provider"]
-                states[name] = max(states.get(name, 0), int(sample.value))
-    return states
+    return readings
 
 
 # Recipients of the newsletters being sent, by email_log status, each read from its partial index

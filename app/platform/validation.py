@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
-from babel import localedata
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -155,10 +154,6 @@ def distinct_locales(value: object) -> object:
     return value
 
 
-def _known_locales() -> list[str]:
-    return sorted({i18n.normalize(t) for t in localedata.locale_identifiers()} | {i18n.PSEUDO})
-
-
 # The document's one declaration of a locale (#/components/schemas/LocaleTag, app/platform/openapi.py):
 # every tag Babel knows, in its one spelling, so what the document allows the API accepts (another
 # spelling, `pt_br`, is accepted too and stored as `pt-BR`).
@@ -166,7 +161,7 @@ LOCALE_REF = {"$ref": "#/components/schemas/LocaleTag"}
 LOCALE_SCHEMA = {
     "type": "string",
     "description": "a BCP 47 locale tag Babel knows: `pt-BR`, `de`, `ar` (`pt_br` and `pt-br` are read as `pt-BR`)",
-    "enum": _known_locales(),
+    "enum": list(i18n.known()),
 }
 
 

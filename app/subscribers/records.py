@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 import orjson
-from pydantic import AfterValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, TypeAdapter, WithJsonSchema
 
-from app.platform import db, i18n, timezones
+from app.platform import config, db, i18n, timezones
 from app.platform.addresses import EMAIL_PATTERN, AddressError, canonical, check_domain, sendable
 from app.platform.validation import (
     LOCALE_SCHEMA,
@@ -20,7 +21,7 @@ from app.platform.validation import (
     fail,
     whole_number,
 )
-from app.subscribers import streams
+from app.subscribers import quiet_hours, streams
 
 CADENCES = ("immediately", "hourly", "daily", "weekly", "off")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -71,6 +72,44 @@ _WEEKDAY_SCHEMA = {
 Category = Text(100, min_length=1)
 
 
+_HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+_QUIET_HOURS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "start": {"type": "string", "pattern": _HHMM, "description": "HH:MM, when the quiet starts"},
+                "end": {"type": "string", "pattern": _HHMM, "description": "HH:MM, when it ends; not start"},
+            },
+            "required": ["start", "end"],
+            "additionalProperties": False,
+        },
+        {"type": "null"},
+    ],
+    "description": "no digest or notification mail arrives between start and end, wall-clock times in the "
+    "subscriber's zone (the window may cross midnight); what comes meanwhile goes as one mail when it ends. "
+    "null: DEFAULT_QUIET_HOURS",
+}
+
+
+def _quiet_hours(value: object) -> str | None:
+    """{"start": "22:00", "end": "07:00"} in, stored as "22:00-07:00" (app/subscribers/quiet_hours.py)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"start", "end"}:
+        raise fail("quiet_hours", 'must be {"start": "HH:MM", "end": "HH:MM"} or null')
+    try:
+        return quiet_hours.as_setting(quiet_hours.window(value["start"], value["end"]))
+    except quiet_hours.QuietHoursError as exc:
+        raise fail("quiet_hours", str(exc)) from None
+
+
+def stored_quiet_hours(text: str | None) -> dict | None:
+    """The API's form of the stored window: {"start": "22:00", "end": "07:00"}, or None."""
+    found = quiet_hours.parse_setting(text or "")
+    return found.as_dict() if found else None
+
+
 def _locale(value: str | None) -> str | None:
     if value is None:
         return None
@@ -83,8 +122,9 @@ def _locale(value: str | None) -> str | None:
 def _locale_schema(schema: dict) -> None:
     schema.clear()
     schema.update(
-        anyOf=[dict(LOCALE_SCHEMA), {"type": "null"}],
-        description="the subscriber's language, a BCP 47 tag (`pt-BR`, `de`, `ar`; `pt_br` is stored as `pt-BR`); "
+        anyOf=[dict(LOCALE_SCHEMA), {"type": "null"}],  # the enum of i18n.known(), by reference
+        description="the subscriber's language, a BCP 47 tag CLDR knows (`pt-BR`, `de`, `ar`; `pt_br` is "
+        "stored as `pt-BR`); "
         f"null: DEFAULT_LOCALE. Shipped translations: {', '.join(i18n.SHIPPED)}; another known tag gets its "
         "dates and numbers, and the words of its language's fallback chain",
     )
@@ -124,6 +164,7 @@ class SubscriberInput(Body):
     ] = []
     tracking_opt_out: bool = False
     locale: Annotated[str | None, *documented(_locale_schema, _locale)] = None
+    quiet_hours: Annotated[str | None, BeforeValidator(_quiet_hours), WithJsonSchema(_QUIET_HOURS_SCHEMA)] = None
 
 
 FIELDS = tuple(SubscriberInput.model_fields)
@@ -212,6 +253,7 @@ COLUMNS = (
     "category_opt_outs",
     "tracking_opt_out",
     "locale",
+    "quiet_hours",
     "paused_until",
     "unsubscribed_at",
     "created_at",
@@ -225,6 +267,12 @@ def _as_dict(row) -> dict:
         if out[k] is not None:
             out[k] = out[k].isoformat()
     out["digest_weekday_name"] = WEEKDAYS[out["digest_weekday"]]
+    stored = out["quiet_hours"]
+    out["quiet_hours"] = stored_quiet_hours(stored)
+    # Mail that would go now waits until this moment (the quiet window holding now ends); null: it goes.
+    window = quiet_hours.parse_setting(stored or config.get().default_quiet_hours)
+    until = quiet_hours.held_until(datetime.now(UTC), timezones.load(out["timezone"]), window)
+    out["held_until"] = until.isoformat() if until else None
     return out
 
 

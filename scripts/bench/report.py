@@ -60,6 +60,7 @@ def steps() -> list[Step]:
         Step("digest", bench("digest.py"), ["--subscribers", "1500", "--baseline-subscribers", "200"]),
         Step("planner", bench("planner.py"), ["--subscribers", "50000"]),
         Step("render", bench("render.py")),
+        Step("locales", bench("locales.py"), ["--rounds", "4", "--digests", "100"]),
         Step("validation", bench("validation.py")),
         Step("tokens", bench("tokens.py")),
         Step("feed", bench("feed.py"), ["--noise", "20000", "--requests", "50"]),
@@ -77,7 +78,12 @@ def steps() -> list[Step]:
         Step("groupcommit", bench("groupcommit.py"), ["--seconds", "2"]),
         Step("ratelimit", bench("ratelimit.py")),
         Step("smtp-client", bench("smtp_client.py"), ["--mails", "1000"]),
-        Step("newsletter-sendgrid", bench("newsletter.py"), ["--recipients", "5000", "--baseline-sample", "300"]),
+        # SendGrid (beside its naive baseline), SES, Postmark and Mailgun at 0 and 50 ms, and the failover switch
+        Step(
+            "newsletter-providers",
+            bench("newsletter.py"),
+            ["--recipients", "5000", "--baseline-sample", "300", "--failover-trials", "3"],
+        ),
         Step("peer-0ms", bench("peer_postoffice.py", "--smtp-delay-ms", "0"), ["--recipients", "2000"]),
         Step(
             "peer-50ms",

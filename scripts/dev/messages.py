@@ -37,10 +37,10 @@ from app.platform import i18n
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("app", "digest", "tracking")
 METHODS = [
-    ("**/templates/**.html", "jinja2"),
+    ("web/templates/**.html", "jinja2"),
     ("**.py", "python"),
 ]
-KEYWORDS = {"gettext": None, "ngettext": (1, 2)}
+KEYWORDS = {"gettext": None, "ngettext": (1, 2), "N_": None}
 TEMPLATE = i18n.CATALOG_DIR / "messages.pot"
 PROJECT = "Notify"
 

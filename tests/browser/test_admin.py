@@ -4,6 +4,7 @@ suppression, sign out — at 1280 and 390 px. Screenshots land in test-artifacts
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,10 +18,28 @@ from tests.browser.test_pages import (  # noqa: F401 - browser, live_server and 
     pytestmark,
     shot,
 )
+from tests.web.test_admin_routes import breaker_publisher
 
 HOSTILE = '"><img src=x onerror=alert(1)>@evil.test'
 CHARTS_LOADED_JS = "() => [...document.querySelectorAll('.chart img')].map(img => img.complete && img.naturalWidth > 0)"
 OVERFLOW_JS = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def failover():
+    """The app under test sends through three providers (MAIL_PROVIDERS, before live_server starts it)
+    and a worker-like process has opened postmark's breaker: the dashboard shows the providers' table
+    in every test of this module, at every width."""
+    saved = os.environ.get("MAIL_PROVIDERS")
+    os.environ["MAIL_PROVIDERS"] = "postmark,ses,mailgun"
+    try:
+        with breaker_publisher(postmark=3, ses=1):
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop("MAIL_PROVIDERS", None)
+        else:
+            os.environ["MAIL_PROVIDERS"] = saved
 
 
 @pytest.fixture
@@ -137,6 +156,8 @@ def test_phone_width_dashboard_and_suppressions(live_server, browser, mail_histo
         page.wait_for_load_state("networkidle")
         assert page.evaluate(CHARTS_LOADED_JS) == [True] * 4
         assert page.evaluate(OVERFLOW_JS) <= 0  # wide tables scroll inside their own box
+        breakers = page.locator("table.providers").inner_text()
+        assert "postmark" in breakers and "open" in breakers and "not used by a live worker yet" in breakers
         shot(page, "admin-dashboard-390")
         page.goto(live_server + "/admin/suppressions")
         assert page.evaluate(OVERFLOW_JS) <= 0

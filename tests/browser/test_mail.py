@@ -279,3 +279,50 @@ def test_the_mail_viewer_shows_the_whole_mail_at_1280_and_390(mail_out, viewer, 
 
     for text in at_each_width(browser, "mail-viewer", load):
         assert "Plain text" in text
+
+
+RIGHT_ALIGNED_JS = """(selector) => {
+    const el = document.querySelector(selector), range = document.createRange();
+    range.selectNodeContents(el);
+    const text = range.getBoundingClientRect(), box = el.getBoundingClientRect();
+    return {dir: getComputedStyle(el).direction, gapRight: box.right - text.right, gapLeft: text.left - box.left};
+}"""
+
+
+def _reads_right_to_left(page, selector: str) -> None:
+    """The element runs right to left and its text starts at its right edge."""
+    found = page.evaluate(RIGHT_ALIGNED_JS, selector)
+    assert found["dir"] == "rtl" and found["gapRight"] < 2 and found["gapLeft"] > found["gapRight"], found
+
+
+def test_an_arabic_digest_reads_right_to_left_at_1280_and_390(mail_out, browser):
+    """Issue 39 item 7: lang and dir="rtl" on the mail, the layout mirrored, no sideways scrolling."""
+    sid = factories.subscriber("browser-ar", name="أمل", timezone="Asia/Riyadh", locale="ar")
+    categories.upsert("likes", categories.validate({"label": "Likes", "verb": "liked"})[0])
+    factories.events("browser-ar", 3, category="likes", entity_id="p1", payload={"entity_title": "ملاحظات الإطلاق"})
+    assert digest_send.process([factories.digest_run(sid)])["sent"] == 1
+    html = delivered_html(mail_out)
+
+    def load(page):
+        page.set_content(html)
+        assert page.evaluate("document.documentElement.lang + ' ' + document.documentElement.dir") == "ar rtl"
+        _reads_right_to_left(page, "h1")
+        assert page.get_by_role("link", name="إلغاء الاشتراك").first.is_visible()
+
+    for text in at_each_width(browser, "ar-digest", load):
+        assert "ملاحظات الإطلاق" in text and "إليك خلاصتك اليومية" in text
+
+
+def test_an_arabic_preference_page_reads_right_to_left_at_1280_and_390(live_server, browser):
+    sid = factories.subscriber("browser-ar-prefs", name="أمل", locale="ar")
+    factories.category_events("browser-ar-prefs", "likes", "comments")
+    url = live_server + "/preferences/" + tokens.make("preferences", sid, 1)
+
+    def load(page):
+        page.goto(url)
+        assert page.evaluate("document.documentElement.lang + ' ' + document.documentElement.dir") == "ar rtl"
+        _reads_right_to_left(page, "h1")
+        assert page.get_by_role("button", name="حفظ التفضيلات").is_visible()
+
+    for text in at_each_width(browser, "ar-preferences", load):
+        assert "تفضيلات البريد" in text

@@ -118,7 +118,8 @@ def test_the_fallback_chain_goes_message_by_message_and_counts(caplog):
     assert i18n.translator("de-CH").gettext("Unsubscribe") == "Abmelden"  # its language's words
     # pt-BR without one message: that message alone falls back, counted and logged once
     full = i18n.catalog("pt-BR")
-    lacking = i18n._Messages("pt-BR", full.locale, {k: v for k, v in full.strings.items() if k != "Unsubscribe"})
+    kept = {k: v for k, v in full.strings.items() if k != "Unsubscribe"}
+    lacking = i18n._Messages("pt-BR", full.locale, kept, full.identifier)
     i18n._catalogs["pt-BR"] = lacking
     try:
         t = i18n.Translator("pt-BR")
@@ -196,3 +197,16 @@ def test_in_the_pseudo_locale_no_english_word_is_left_that_did_not_come_from_dat
         words = set(re.findall(r"[A-Za-z]{2,}", visible)) - data
         assert words == set(), (words, visible[:500])
     assert '<html lang="en-XA" dir="ltr">' in rendered.html
+
+
+def test_the_feed_words_its_items_in_the_subscriber_s_language():
+    from digest import feed
+
+    factories.subscriber("fr-reader", locale="fr")
+    factories.events("fr-reader", 3, entity_id="p1")
+    subscriber = feed.find("fr-reader")
+    later = datetime.now(UTC) + timedelta(hours=3, minutes=5)
+    (item,) = feed.page(subscriber, now=later)["items"]
+    assert item["count_label"] == "3 nouveautés"
+    assert item["lines"][0]["when"] == "il y a 3 h"
+    assert " et " in item["lines"][0]["summary"]  # the French list pattern

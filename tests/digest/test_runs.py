@@ -55,6 +55,7 @@ OPERATIONS = {
     "retry_last_attempt": _with_cursor(lambda cur, sid, rid: runs.retry(cur, [(rid, "451 busy")], 1, 60)),
     "fail": _with_cursor(lambda cur, sid, rid: runs.fail(cur, [(rid, "550 no such user")])),
     "release": _with_cursor(lambda cur, sid, rid: runs.release(cur, [rid])),
+    "hold": _with_cursor(lambda cur, sid, rid: runs.hold(cur, [(rid, NOW + timedelta(hours=6))])),
     "forget_enqueued": _with_cursor(lambda cur, sid, rid: runs.forget_enqueued(cur)),
     "reclaim_stuck": _with_cursor(lambda cur, sid, rid: runs.reclaim_stuck(cur, NOW, 900, 5, 0)),
     "renew": _with_cursor(lambda cur, sid, rid: runs.renew(cur, [rid])),
@@ -94,13 +95,19 @@ def test_every_statement_makes_only_documented_transitions_and_all_of_them_are_m
     assert not missing, f"transitions listed but never made: {missing}"
 
 
-def test_only_the_emergency_stop_returns_a_run_untried_and_without_an_attempt():
+def test_only_the_emergency_stop_and_quiet_hours_return_a_run_untried_and_without_an_attempt():
     sid, rid = _run_in(RunStatus.PROCESSING)
     OPERATIONS["release"](sid, rid)
     ((status, attempts, claimed_at),) = db.query(
         "SELECT status, attempts, claimed_at FROM digest_runs WHERE id = %s", (rid,)
     )
     assert (status, attempts, claimed_at) == ("pending", 0, None)
+    sid, rid = _run_in(RunStatus.PROCESSING)
+    OPERATIONS["hold"](sid, rid)
+    ((status, attempts, due),) = db.query(
+        "SELECT status, attempts, greatest(scheduled_for, next_attempt_at) FROM digest_runs WHERE id = %s", (rid,)
+    )
+    assert (status, attempts, due) == ("pending", 0, NOW + timedelta(hours=6))
 
 
 def test_claimed_work_never_goes_back_to_pending_without_an_attempt():

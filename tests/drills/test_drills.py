@@ -6,7 +6,9 @@ handed to the relay (same Message-ID): at most 25 per worker thread and kill.
 
 They share the machine with the rest of the suite: every fault waits for progress (a share of the
 mail delivered, a killed worker's successor delivering), never for a moment on the clock, so a busy
-machine makes a drill slower, not different."""
+machine makes a drill slower, not different. provider_failover's switch time is printed, not judged
+here (drill.QUICK.judge_timing); that mail went back to the primary after its outage is judged (the
+send is held to a rate that outlasts the outage and the breaker's cool-down)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,12 @@ def test_every_setting_has_a_doc_and_reads_its_own_variable(monkeypatch):
     expected = {"int": 7, "float": 0.5, "bool": False, "str": "x", "tuple": ("a", "b")}
     for f in fields(config.Settings):
         assert f.metadata.get("doc"), f.name
-        if f.name in ("base_url", "default_locale", *config._SPECIAL):  # read by load() with their own rules
+        if f.name in (
+            "base_url",
+            "default_locale",
+            "default_quiet_hours",
+            *config._SPECIAL,
+        ):  # read by load() with their own rules
             continue
         monkeypatch.setenv(config.env_name(f.name), samples[f.type])
         assert getattr(config.load(), f.name) == expected[f.type], f.name
@@ -47,3 +52,12 @@ def test_default_locale_is_stored_in_one_spelling_and_an_unknown_one_refused(mon
     monkeypatch.setenv("DEFAULT_LOCALE", "klingon")
     with pytest.raises(config.ConfigError, match="DEFAULT_LOCALE must be a locale"):
         config.load()
+
+
+def test_default_quiet_hours_are_a_window_or_nothing(monkeypatch):
+    monkeypatch.setenv("DEFAULT_QUIET_HOURS", "22:00-07:00")
+    assert config.load().default_quiet_hours == "22:00-07:00"
+    for bad in ("22:00", "22:00-22:00", "7:00-22:00", "night"):
+        monkeypatch.setenv("DEFAULT_QUIET_HOURS", bad)
+        with pytest.raises(config.ConfigError, match="DEFAULT_QUIET_HOURS"):
+            config.load()

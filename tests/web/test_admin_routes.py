@@ -3,17 +3,23 @@ search box, pagination bounds, and the audited suppression removal. Real Postgre
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from http.cookies import SimpleCookie
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
+from app.cli import providers as providers_cli
 from app.operations import erasure
 from app.operations.audit import Operator
-from app.platform import apikeys, db, tokens
+from app.platform import apikeys, db, metrics, tokens
 from app.web.admin import session, stats, suppressions, views
 from tests import factories
 
@@ -648,3 +654,111 @@ def test_the_sign_in_hint_names_the_command_a_newcomer_has(client, settings, env
     page = client.get("/admin/login").text
     assert ".venv/bin/notify create-api-key NAME --scope admin" in page and "python -m app" not in page
     assert ("NOTIFY_ADMIN_KEY" in page) is names_the_demo_key
+
+
+# -- mail providers: each one's circuit breaker ----------------------------------------------------
+
+BREAKER_PUBLISHER = """
+import sys
+from app.platform import metrics
+from app.platform.providers.failover import Breaker
+
+metrics.setup()
+breakers = []
+for arg in sys.argv[1:]:
+    name, failures = arg.split("=")
+    breakers.append(Breaker(name, failures=3, window=600, cooldown=600))
+    for _ in range(int(failures)):
+        breakers[-1].failed()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def breaker_publisher(**failures: int):
+    """A process that publishes breakers as a sending worker does (failover.Breaker, the metrics
+    directory of this test run): each named provider after that many definite failures (3 open it).
+    It lives until the block ends."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BREAKER_PUBLISHER, *(f"{name}={n}" for name, n in failures.items())],
+        cwd=Path(__file__).resolve().parents[2],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def three_providers(settings):
+    """MAIL_PROVIDERS=postmark,ses,mailgun; whatever this test process's own breakers published
+    before (other tests of the same worker) set back to nothing."""
+    settings(mail_providers=("postmark", "ses", "mailgun"))
+    for name in ("postmark", "ses", "mailgun"):
+        for gauge in (
+            metrics.PROVIDER_BREAKER_STATE,
+            metrics.PROVIDER_BREAKER_CHANGED,
+            metrics.PROVIDER_BREAKER_FAILURES,
+            metrics.PROVIDER_BREAKER_FAILED_AT,
+        ):
+            gauge.labels(name).set(0)
+
+
+def breaker_rows(page: str) -> list[tuple[str, ...]]:
+    """(provider, breaker, since, failures) of the dashboard's providers table, in its order."""
+    section = page.split('id="providers-h"', 1)[1].split("</section>", 1)[0]
+    return re.findall(
+        r'<th scope="row" data-label="Provider">([a-z]+)</th>\s*'
+        r'<td data-label="Breaker"><div><span class="status breaker-([a-z-]+)">[a-z-]+</span></div></td>\s*'
+        r'<td data-label="Since"><div>(.*?)</div></td>\s*<td data-label="Failures">(\d+)</td>',
+        section,
+        re.S,
+    )
+
+
+def test_the_dashboard_shows_each_providers_breaker_as_the_workers_publish_it(admin, three_providers):
+    with breaker_publisher(postmark=3, ses=1):
+        rows = breaker_rows(admin.get("/admin").text)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            providers_cli.cmd_providers(None)
+    assert [(name, state, failures) for name, state, _, failures in rows] == [
+        ("postmark", "open", "3"),
+        ("ses", "closed", "1"),
+        ("mailgun", "closed", "0"),
+    ]
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    assert today in rows[0][2] and today in rows[1][2]  # since when: the moment it opened, the worker's start
+    assert rows[2][2] == "not used by a live worker yet"
+    # `notify providers` reads the same: one reader (failover.status)
+    shown = json.loads(out.getvalue())["providers"]
+    assert [(p["name"], p["breaker"], p["recent_failures"], p["reported"]) for p in shown] == [
+        ("postmark", "open", 3, True),
+        ("ses", "closed", 1, True),
+        ("mailgun", "closed", 0, False),
+    ]
+    # the worker is gone: its breakers no longer count
+    rows = breaker_rows(admin.get("/admin").text)
+    assert [(name, state, since) for name, state, since, _ in rows] == [
+        ("postmark", "closed", "not used by a live worker yet"),
+        ("ses", "closed", "not used by a live worker yet"),
+        ("mailgun", "closed", "not used by a live worker yet"),
+    ]
+
+
+def test_the_worst_breaker_among_live_workers_is_shown(admin, three_providers):
+    with breaker_publisher(postmark=1), breaker_publisher(postmark=3):
+        rows = breaker_rows(admin.get("/admin").text)
+    assert rows[0][0:2] == ("postmark", "open") and rows[0][3] == "4"  # failures of both workers
+
+
+def test_one_provider_has_no_breaker_to_show(admin, settings):
+    settings(mail_providers=())
+    with breaker_publisher(postmark=3):
+        assert 'id="providers-h"' not in admin.get("/admin").text

@@ -24,6 +24,7 @@ START = {
     "category_opt_outs": ["likes"],
     "tracking_opt_out": True,
     "locale": "de",
+    "quiet_hours": {"start": "22:00", "end": "07:00"},
 }
 
 
@@ -61,6 +62,8 @@ def _fields(record: dict) -> dict:
         ("tracking_opt_out", False, False),
         ("locale", "pt_br", "pt-BR"),
         ("locale", None, None),
+        ("quiet_hours", {"start": "23:30", "end": "06:00"}, {"start": "23:30", "end": "06:00"}),
+        ("quiet_hours", None, None),
     ],
 )
 def test_each_field_alone_changes_only_itself(client, admin_key, ana, field, value, stored):
@@ -78,7 +81,7 @@ def test_email_patch_updates_the_canonical_address(client, admin_key, ana):
 
 def test_null_clears_optional_fields_to_puts_defaults(client, admin_key, ana):
     body = dict.fromkeys(("name", "timezone", "digest_cadence", "digest_hour", "digest_weekday"), None)
-    body.update(category_opt_outs=None, tracking_opt_out=None, locale=None)
+    body.update(category_opt_outs=None, tracking_opt_out=None, locale=None, quiet_hours=None)
     r = patch(client, admin_key, body)
     assert r.status_code == 200, r.text
     assert _fields(r.json()) == {
@@ -91,6 +94,7 @@ def test_null_clears_optional_fields_to_puts_defaults(client, admin_key, ana):
         "category_opt_outs": [],
         "tracking_opt_out": False,
         "locale": None,
+        "quiet_hours": None,
     }
 
 
@@ -110,6 +114,9 @@ def test_null_for_the_required_email_is_422_naming_it(client, admin_key, ana):
         ({"email": "not-an-email"}, "email"),
         ({"locale": "xx-klingon"}, "locale"),
         ({"locale": 42}, "locale"),
+        ({"quiet_hours": {"start": "22:00", "end": "22:00"}}, "quiet_hours"),
+        ({"quiet_hours": {"start": "7:00", "end": "22:00"}}, "quiet_hours"),
+        ({"quiet_hours": "22:00-07:00"}, "quiet_hours"),
         ({"user_id": "someone-else"}, "user_id"),
         (["name"], "body"),
     ],
@@ -237,3 +244,19 @@ def test_patch_is_in_the_openapi_document(client):
     assert {"404", "415", "422"} <= set(op["responses"])
     schema = doc["components"]["schemas"]["SubscriberPatch"]
     assert "required" not in schema and set(schema["properties"]) == set(START)
+
+
+def test_held_until_is_when_the_quiet_window_holding_now_ends(client, admin_key, ana):
+    """A window around the clock's current UTC hour holds mail until it ends; one away from it holds
+    nothing (the subscriber is in Asia/Tokyo: wall-clock times are theirs)."""
+    from datetime import UTC, datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    now = datetime.now(ZoneInfo("Asia/Tokyo"))
+    start, end = (now - timedelta(hours=1)).strftime("%H:%M"), (now + timedelta(hours=2)).strftime("%H:%M")
+    held = patch(client, admin_key, {"quiet_hours": {"start": start, "end": end}}).json()["held_until"]
+    assert held is not None and timedelta(hours=1) < datetime.fromisoformat(held) - datetime.now(UTC) <= timedelta(
+        hours=2
+    )
+    away = ((now + timedelta(hours=3)).strftime("%H:%M"), (now + timedelta(hours=4)).strftime("%H:%M"))
+    assert patch(client, admin_key, {"quiet_hours": dict(zip(("start", "end"), away))}).json()["held_until"] is None

@@ -21,7 +21,9 @@ fails as throttled until the first cool-down ends (nothing is lost: rows and run
 
 State is per process (each worker finds out on its own, within a few calls): notify_provider_
 breaker_state{provider} on /metrics (0 closed, 1 half-open, 2 open; the worst of the live
-processes) and `notify providers` show it.
+processes), with when it entered that state and its recent failures (notify_provider_breaker_
+changed_at, _failures, _failed_at). `status()` reads them back for `notify providers` and the
+dashboard (metrics.breaker_readings: the one reader).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from app.platform import config, metrics
+from app.platform import config, metrics, providers
 from app.platform.providers.base import (
     STOPPED,
     OutgoingMail,
@@ -71,6 +74,7 @@ class Breaker:
         self.state = CLOSED
         self._lock = threading.Lock()
         self._failures: deque[float] = deque()
+        self._recent: deque[float] = deque()  # every failure in the window, whatever the state (published)
         self._opened_at = 0.0
         self._probing = False  # half-open: a probe is under way; nobody else is let through
         self._publish()
@@ -100,6 +104,11 @@ class Breaker:
         with self._lock:
             now = self.clock()
             self._probing = False
+            self._recent.append(now)
+            while self._recent and now - self._recent[0] > self.window:
+                self._recent.popleft()
+            metrics.PROVIDER_BREAKER_FAILURES.labels(self.name).set(len(self._recent))
+            metrics.PROVIDER_BREAKER_FAILED_AT.labels(self.name).set(time.time())
             if self.state == HALF_OPEN:
                 self._open(now, "the probe failed")
                 return
@@ -130,6 +139,50 @@ class Breaker:
 
     def _publish(self) -> None:
         metrics.PROVIDER_BREAKER_STATE.labels(self.name).set(STATE_VALUES[self.state])
+        metrics.PROVIDER_BREAKER_CHANGED.labels(self.name).set(time.time())
+
+
+_STATE_NAMES = {value: state for state, value in STATE_VALUES.items()}
+
+
+@dataclass(frozen=True)
+class ProviderStatus:
+    """One provider of the configured order with its breaker as this host's workers see it."""
+
+    name: str
+    breaker: str | None  # closed, half-open, open; None: one provider alone has no breaker
+    since: float | None = None  # unix time it entered that state (None: not reported)
+    failures: int = 0  # definite failures counted in the last PROVIDER_BREAKER_WINDOW_SECONDS
+    last_failure: float | None = None  # unix time
+    reported: bool = False  # False: no live process on this host has used it yet (shown closed)
+
+
+def status(now: float | None = None) -> list[ProviderStatus]:
+    """The providers mail goes through, in order, each with its circuit breaker as the live processes
+    of this host published it (metrics.breaker_readings, the metrics directory): what `notify
+    providers` prints and the dashboard shows. A breaker no live process has reported is closed —
+    every worker starts that way."""
+    order = providers.configured()
+    if len(order) < 2:
+        return [ProviderStatus(name, None) for name in order]
+    readings = metrics.breaker_readings(config.get().provider_breaker_window_seconds, now)
+    out = []
+    for name in order:
+        seen = readings.get(name)
+        if seen is None:
+            out.append(ProviderStatus(name, CLOSED))
+            continue
+        out.append(
+            ProviderStatus(
+                name,
+                _STATE_NAMES.get(seen.state, "unknown"),
+                seen.since,
+                seen.failures,
+                seen.last_failure,
+                reported=True,
+            )
+        )
+    return out
 
 
 class FailoverProvider(Provider):

@@ -4,11 +4,14 @@ admin/ templates, the admin stylesheet, and the figures as text (chart descripti
 from __future__ import annotations
 
 import hashlib
+import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from app.platform.providers import failover
 from app.web.admin import stats
 from app.web.admin.session import AdminSession
 from app.web.pages import common, csrf
@@ -104,6 +107,10 @@ def when(value: datetime | None) -> str:
     return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def when_seconds(value: datetime | None) -> str:
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def hour_label(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%a %d %b %H:00")
 
@@ -135,3 +142,36 @@ def describe(name: str, d: stats.Dashboard) -> str:
         )
     p50, p95 = d.lateness_total or (None, None)
     return f"Digest lateness per hour, {label}: p50 {duration(p50)}, p95 {duration(p95)} over the window."
+
+
+@dataclass(frozen=True)
+class BreakerRow:
+    """A provider's circuit breaker as the dashboard shows it (failover.status, one row each)."""
+
+    name: str
+    state: str
+    since: datetime | None
+    for_seconds: float | None
+    failures: int
+    last_failure: datetime | None
+    reported: bool
+
+
+def breakers(shown: list[failover.ProviderStatus], now: float | None = None) -> list[BreakerRow]:
+    now = time.time() if now is None else now
+    return [
+        BreakerRow(
+            p.name,
+            p.breaker or "closed",
+            _utc(p.since),
+            max(0.0, now - p.since) if p.since else None,
+            p.failures,
+            _utc(p.last_failure),
+            p.reported,
+        )
+        for p in shown
+    ]
+
+
+def _utc(unix: float | None) -> datetime | None:
+    return datetime.fromtimestamp(unix, UTC) if unix else None

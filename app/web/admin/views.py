@@ -1,6 +1,7 @@
 """The operator dashboard's endpoints (server-rendered, no JavaScript).
 
-  GET  /admin                      figures and charts (?range=24h|7d), latest newsletters
+  GET  /admin                      figures and charts (?range=24h|7d), latest newsletters, and each
+                                   mail provider's circuit breaker when MAIL_PROVIDERS names several
   GET  /admin/charts/{name}.svg    one chart (?range=…), image/svg+xml
   GET  /admin/newsletters          every newsletter with its send progress (?page=)
   GET  /admin/suppressions         the suppression list (?q=, ?page=)
@@ -32,6 +33,7 @@ from app.operations import audit, sending
 from app.operations.suppressions import add_suppression, remove_suppression
 from app.platform import apikeys, config, mail_stop
 from app.platform.errors import Invalid
+from app.platform.providers import failover
 from app.platform.validation import plain_int
 from app.web.admin import charts, newsletters, render, session, stats, suppressions, throttle
 from app.web.pages import common, csrf
@@ -209,6 +211,7 @@ async def dashboard(request: Request, current) -> Response:
         return _bad_param(request, current, exc)
     data = await run_in_threadpool(stats.cache.get, range_name)
     latest, _ = await run_in_threadpool(newsletters.page, 1, 5)
+    mail_providers = await run_in_threadpool(failover.status)  # what `notify providers` prints
     return render.page(
         request,
         "dashboard.html",
@@ -219,6 +222,8 @@ async def dashboard(request: Request, current) -> Response:
             "ranges": stats.RANGE_LABELS,
             "charts": [(name, charts.TITLES[name], render.describe(name, data)) for name in charts.CHARTS],
             "newsletters": latest,
+            "providers": render.breakers(mail_providers) if len(mail_providers) > 1 else [],
+            "breaker_window": config.get().provider_breaker_window_seconds,
             "fmt": render,
             "notice": NOTICES.get(request.query_params.get("notice", "")),
         },

@@ -60,7 +60,12 @@ async def delete_subscriber(request: Request, user_id: str):
 
 
 # The reference's examples: the quick start's subscriber (README), as PUT makes it and PATCH changes it.
-_INPUT = {"email": "you@example.test", "name": "You", "timezone": "Europe/Lisbon"}
+_INPUT = {
+    "email": "you@example.test",
+    "name": "You",
+    "timezone": "Europe/Lisbon",
+    "quiet_hours": {"start": "22:00", "end": "07:00"},
+}
 _RECORD = {
     "id": 1,
     "user_id": "you",
@@ -73,11 +78,13 @@ _RECORD = {
     "category_opt_outs": [],
     "tracking_opt_out": False,
     "locale": None,
+    "quiet_hours": {"start": "22:00", "end": "07:00"},
     "paused_until": None,
     "unsubscribed_at": None,
     "created_at": "2026-11-28T09:00:00+00:00",
     "updated_at": "2026-11-28T09:00:00+00:00",
     "digest_weekday_name": "monday",
+    "held_until": None,
 }
 _PATCHED = {**_RECORD, "name": "Sam", "digest_hour": 8, "updated_at": "2026-11-28T09:05:00+00:00"}
 _YOU = {"user_id": "you"}

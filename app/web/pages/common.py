@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import jinja2
+from markupsafe import Markup, escape
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
@@ -15,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from app.platform import http, tokens
+from app.platform import http, i18n, tokens
 from app.subscribers import records
 from app.web.pages import csrf
 
@@ -63,18 +64,50 @@ SECURITY_HEADERS = {
 }
 
 
-def render(request: Request, name: str, context: dict, status_code: int = 200) -> Response:
+def translator_for(request: Request, subscriber: dict | None = None) -> i18n.Translator:
+    """The page's language: the subscriber's (their locale, else DEFAULT_LOCALE, as their mail);
+    a page without one (an expired link) negotiates from Accept-Language."""
+    if subscriber is not None:
+        return i18n.translator(subscriber.get("locale"))
+    return i18n.translator(i18n.negotiate(request.headers.get("accept-language")))
+
+
+def words(t: i18n.Translator) -> dict:
+    """What templates translate with: `gettext("…", name=value)` and `ngettext(…)`. The translation
+    is HTML-escaped and the values filled in escaped too, unless they are Markup (`strong(email)`)."""
+
+    def gettext(msgid: str, **values: object) -> Markup:
+        return Markup(escape(t.translate(msgid))).format(**values)
+
+    def ngettext(singular: str, plural: str, count: int, **values: object) -> Markup:
+        text = t.translate_plural(singular, plural, count)
+        return Markup(escape(text)).format(count=t.number(count), **values)
+
+    return {"gettext": gettext, "ngettext": ngettext, "lang": t.language, "dir": t.direction}
+
+
+def strong(value: object) -> Markup:
+    return Markup("<strong>{}</strong>").format(value)
+
+
+def render(
+    request: Request, name: str, context: dict, status_code: int = 200, t: i18n.Translator | None = None
+) -> Response:
+    t = t or translator_for(request)
     response = templates.TemplateResponse(
-        request, f"pages/{name}", {"css_url": CSS_URL, **context}, status_code=status_code
+        request, f"pages/{name}", {"css_url": CSS_URL, "strong": strong, **words(t), **context}, status_code=status_code
     )
     response.headers.update(SECURITY_HEADERS)
+    response.headers["Content-Language"] = t.language
     return response
 
 
-def form_page(request: Request, name: str, context: dict, subscriber_id: int, status_code: int = 200) -> Response:
-    """A page with forms: the CSRF token in the context, its signed nonce cookie on the response."""
-    csrf_token, new_nonce = csrf.issue(request, subscriber_id)
-    response = render(request, name, {**context, "csrf_token": csrf_token}, status_code=status_code)
+def form_page(request: Request, name: str, context: dict, subscriber: dict, status_code: int = 200) -> Response:
+    """A page with forms, in the subscriber's language: the CSRF token in the context, its signed
+    nonce cookie on the response."""
+    csrf_token, new_nonce = csrf.issue(request, subscriber["id"])
+    t = translator_for(request, subscriber)
+    response = render(request, name, {**context, "csrf_token": csrf_token}, status_code=status_code, t=t)
     csrf.set_cookie(response, new_nonce)
     return response
 
@@ -86,18 +119,28 @@ def back_to(page_url: str, notice: str) -> Response:
     return response
 
 
-def error_page(request: Request, status_code: int, title: str, message: str, back_url: str | None = None) -> Response:
-    return render(
-        request, "error.html", {"title": title, "message": message, "back_url": back_url}, status_code=status_code
-    )
+def error_page(
+    request: Request,
+    status_code: int,
+    title: str,
+    message: str,
+    back_url: str | None = None,
+    subscriber: dict | None = None,
+    values: dict | None = None,
+) -> Response:
+    """`title` and `message` are messages (marked with N_ where they are written), translated here
+    in the subscriber's language (else Accept-Language's), `message` filled from `values`."""
+    t = translator_for(request, subscriber)
+    shown = {"title": t.gettext(title), "message": t.gettext(message, **(values or {})), "back_url": back_url}
+    return render(request, "error.html", shown, status_code=status_code, t=t)
 
 
 def not_found(request: Request) -> Response:
     return error_page(
         request,
         404,
-        "Link not found",
-        "This link is invalid or no longer works. Use the link in your most recent email.",
+        i18n.N_("Link not found"),
+        i18n.N_("This link is invalid or no longer works. Use the link in your most recent email."),
     )
 
 

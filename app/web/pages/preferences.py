@@ -19,39 +19,55 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.operations import opt_out
-from app.platform import timezones
+from app.platform import config, i18n, timezones
+from app.platform.i18n import N_
 from app.platform.validation import plain_int
-from app.subscribers import records
+from app.subscribers import quiet_hours, records
 from app.web.pages import common, csrf, schedule, subscription
 
 log = logging.getLogger("app.web.pages.preferences")
 
 MAX_PAUSE_DAYS = 365
 ACTIONS = ("save", "resume", "unsubscribe", "resubscribe")
+# Messages, translated where the page is rendered (the subscriber's language).
 NOTICES = {
-    "resumed": "Welcome back: your emails are no longer paused.",
-    "unsubscribed": "You are unsubscribed from all emails. You can resubscribe below at any time.",
-    "resubscribed": "You are subscribed again.",
+    "resumed": N_("Welcome back: your emails are no longer paused."),
+    "unsubscribed": N_("You are unsubscribed from all emails. You can resubscribe below at any time."),
+    "resubscribed": N_("You are subscribed again."),
 }
 FIELD_LABELS = {
-    "digest_cadence": "How often",
-    "digest_hour": "Time of day",
-    "digest_weekday": "Weekday",
-    "timezone": "Time zone",
-    "category_opt_outs": "Topics",
-    "pause_days": "Pause",
+    "digest_cadence": N_("How often"),
+    "digest_hour": N_("Time of day"),
+    "digest_weekday": N_("Weekday"),
+    "timezone": N_("Time zone"),
+    "category_opt_outs": N_("Topics"),
+    "pause_days": N_("Pause"),
+    "locale": N_("Language"),
+    "quiet_hours": N_("Quiet hours"),
+}
+# What a refused field is told on the page (the API's messages are English, for developers).
+FIELD_ERRORS = {
+    "digest_cadence": N_("Choose as it happens, hourly, daily, weekly or no digests."),
+    "digest_hour": N_("Choose an hour of the day."),
+    "digest_weekday": N_("Choose a day of the week."),
+    "timezone": N_("Choose a time zone from the list, e.g. Europe/Lisbon."),
+    "category_opt_outs": N_("Choose among the topics shown."),
+    "pause_days": N_("Enter a whole number of days from 1 to {max}, or leave it empty."),
+    "locale": N_("Choose a language from the list."),
+    "quiet_hours": N_("Choose both times, and two different ones, or neither."),
 }
 CADENCE_CHOICES = (
-    ("immediately", "As it happens", "An email soon after something happens (a few an hour at most)."),
-    ("hourly", "Hourly digest", "One email an hour when there is something new."),
-    ("daily", "Daily digest", "One email a day with everything new."),
-    ("weekly", "Weekly digest", "One email a week, on the weekday you choose."),
+    ("immediately", N_("As it happens"), N_("An email soon after something happens (a few an hour at most).")),
+    ("hourly", N_("Hourly digest"), N_("One email an hour when there is something new.")),
+    ("daily", N_("Daily digest"), N_("One email a day with everything new.")),
+    ("weekly", N_("Weekly digest"), N_("One email a week, on the weekday you choose.")),
     (
         "off",
-        "No digests",
-        "No notification emails at all, not even urgent ones. You may still get occasional newsletters.",
+        N_("No digests"),
+        N_("No notification emails at all, not even urgent ones. You may still get occasional newsletters."),
     ),
 )
+_A_MONDAY = datetime(2024, 1, 1, 12, tzinfo=UTC)
 
 
 def _page_url(token: str) -> str:
@@ -71,39 +87,87 @@ def _form_values(subscriber: dict) -> dict:
         "receive": {c for c in categories if c not in subscriber["category_opt_outs"]},
         "pause_days": "",
         "newsletters": subscriber["newsletters_unsubscribed_at"] is None,
+        "locale": subscriber["locale"] or "",
+        **_quiet_form(subscriber),
     }
 
 
-def _context(subscriber: dict, form: dict, errors: dict, notice: str | None) -> dict:
+def _quiet_form(subscriber: dict) -> dict:
+    window = records.stored_quiet_hours(subscriber["quiet_hours"]) or {"start": "", "end": ""}
+    return {"quiet_start": window["start"], "quiet_end": window["end"]}
+
+
+QUARTER_HOURS = tuple(f"{h:02d}:{m:02d}" for h in range(24) for m in (0, 15, 30, 45))
+
+
+def languages(t: i18n.Translator) -> list[tuple[str, str]]:
+    """The shipped languages, each in its own name, and (first, empty) the deployment's default."""
+    default = t.gettext("Default ({language})", language=i18n.native_name(i18n.translator(None).tag))
+    return [("", default), *((tag, i18n.native_name(tag)) for tag in i18n.SHIPPED)]
+
+
+def _context(subscriber: dict, form: dict, errors: dict, notice: str | None, t: i18n.Translator) -> dict:
     paused_until = subscriber["paused_until"]
     now = datetime.now(UTC)
+    zone = timezones.load(subscriber["timezone"])
     paused_label = None
     if paused_until is not None and paused_until > now:
-        local = paused_until.astimezone(timezones.load(subscriber["timezone"]))
-        paused_label = local.strftime("%A %d %B %Y, %H:%M ") + (local.tzname() or "")
+        paused_label = t.gettext(
+            "{date}, {time} {zone}",
+            date=t.skeleton(paused_until, "yMMMMEEEEd", zone),
+            time=t.skeleton(paused_until, "Hm", zone),
+            zone=paused_until.astimezone(zone).tzname() or "",
+        )
     return {
         "subscriber": subscriber,
         "topics": form["topics"],
         "form": form,
-        "errors": errors,
-        "error_list": [(field, FIELD_LABELS.get(field, field), message) for field, message in errors.items()],
+        "errors": {field: t.gettext(message, max=MAX_PAUSE_DAYS) for field, message in errors.items()},
+        "error_list": [
+            (field, t.gettext(FIELD_LABELS.get(field, field)), t.gettext(message, max=MAX_PAUSE_DAYS))
+            for field, message in errors.items()
+        ],
         # After a save, the notice says when the saved schedule sends next.
-        "notice": "Your preferences are saved. "
-        + schedule.next_digest(subscriber, now, schedule.pending_run_at(subscriber))
+        "notice": t.gettext(
+            "Your preferences are saved. {next_digest}",
+            next_digest=schedule.next_digest(subscriber, now, schedule.pending_run_at(subscriber), t),
+        )
         if notice == "saved"
-        else NOTICES.get(notice or ""),
-        "cadences": CADENCE_CHOICES,
+        else t.gettext(NOTICES[notice])
+        if notice in NOTICES
+        else None,
+        "cadences": [(value, t.gettext(label), t.gettext(hint)) for value, label, hint in CADENCE_CHOICES],
         "hours": [(h, f"{h:02d}:00") for h in range(24)],
-        "weekdays": [(i, d.capitalize()) for i, d in enumerate(records.WEEKDAYS)],
+        "weekdays": [(i, t.weekday(_A_MONDAY + timedelta(days=i))) for i in range(7)],
         "timezones": suggested_timezones(),
+        "languages": languages(t),
+        "quarter_hours": QUARTER_HOURS,
+        "default_quiet_label": _default_quiet_label(t),
+        "held_label": _held_label(subscriber, now, zone, t),
         "paused_label": paused_label,
         "max_pause_days": MAX_PAUSE_DAYS,
     }
 
 
+def _default_quiet_label(t: i18n.Translator) -> str:
+    """The "no window of my own" choice: none, or the deployment's (DEFAULT_QUIET_HOURS)."""
+    default = quiet_hours.parse_setting(config.get().default_quiet_hours)
+    if default is None:
+        return t.gettext("None")
+    return t.gettext("Default ({start}–{end})", **default.as_dict())
+
+
+def _held_label(subscriber: dict, now: datetime, zone, t: i18n.Translator) -> str | None:
+    """When the quiet hours holding now end, in the subscriber's words; None outside them."""
+    window = quiet_hours.parse_setting(subscriber["quiet_hours"] or config.get().default_quiet_hours)
+    until = quiet_hours.held_until(now, zone, window)
+    return schedule.when(until, subscriber["timezone"], t) if until else None
+
+
 def _page(request, token, subscriber, form, errors, notice=None, status_code=200) -> Response:
-    context = {**_context(subscriber, form, errors, notice), "action_url": _page_url(token)}
-    return common.form_page(request, "preferences.html", context, subscriber["id"], status_code)
+    t = common.translator_for(request, subscriber)
+    context = {**_context(subscriber, form, errors, notice, t), "action_url": _page_url(token)}
+    return common.form_page(request, "preferences.html", context, subscriber, status_code)
 
 
 @common.token_page("preferences")
@@ -160,7 +224,8 @@ def _form_number(text: str) -> int | str:
 def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     """(values for subscribers.update, field errors, sticky form values) from the posted form."""
     given = {
-        name: common.text(posted, name) for name in ("digest_cadence", "digest_hour", "digest_weekday", "timezone")
+        name: common.text(posted, name)
+        for name in ("digest_cadence", "digest_hour", "digest_weekday", "timezone", "locale")
     }
     raw = {k: v.strip() for k, v in given.items() if v is not None}
     if "timezone" in raw:
@@ -173,18 +238,22 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     current = set(subscriber["category_opt_outs"])
     opt_outs = sorted((current - set(shown)) | {c for c in shown if c not in receive})
     data: dict[str, object] = {**raw, **numbers}
+    if data.get("locale") == "":  # the first choice: the deployment's default
+        data["locale"] = None
+    quiet = {k: (common.text(posted, f"quiet_{k}") or "").strip() for k in ("start", "end")}
+    if common.text(posted, "quiet_start") is not None or common.text(posted, "quiet_end") is not None:
+        # neither: no window of their own (the default's); one alone is refused with the pair's message
+        data["quiet_hours"] = None if not any(quiet.values()) else quiet
     if shown:
         data["category_opt_outs"] = opt_outs
     values, error_list = records.validate(data, partial=True)
-    errors = {e["field"]: e["message"] for e in error_list}
-    if "digest_cadence" in errors:
-        errors["digest_cadence"] = "Choose as it happens, hourly, daily, weekly or no digests."
+    errors = {e["field"]: FIELD_ERRORS.get(e["field"], N_("This value is not valid.")) for e in error_list}
 
     pause_raw = (common.text(posted, "pause_days") or "").strip()
     if pause_raw:
         days = plain_int(pause_raw, 4)
         if days is None or not 1 <= days <= MAX_PAUSE_DAYS:
-            errors["pause_days"] = f"must be a whole number of days from 1 to {MAX_PAUSE_DAYS}, or empty"
+            errors["pause_days"] = FIELD_ERRORS["pause_days"]
         else:
             values["paused_until"] = datetime.now(UTC) + timedelta(days=days)
 
@@ -210,6 +279,9 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         "categories": sorted(set(shown) | current) if shown else sorted(current),
         "pause_days": pause_raw[:12],
         "newsletters": newsletters,
+        "locale": raw.get("locale", subscriber["locale"] or ""),
+        "quiet_start": quiet["start"] if "quiet_hours" in data else _quiet_form(subscriber)["quiet_start"],
+        "quiet_end": quiet["end"] if "quiet_hours" in data else _quiet_form(subscriber)["quiet_end"],
     }
     sticky["topics"] = subscription.topics(sticky["categories"])
     return values, errors, sticky
@@ -221,25 +293,30 @@ async def preferences_submit(request: Request, token: str, subscriber: dict, cla
         posted = await common.read_form(request)
     except common.FormTooLarge:
         return common.error_page(
-            request, 413, "Form too large", "That form was too large to process.", _page_url(token)
+            request, 413, N_("Form too large"), N_("That form was too large to process."), _page_url(token), subscriber
         )
     except common.BadForm:
-        return common.error_page(request, 400, "Bad request", "That form could not be read.", _page_url(token))
+        return common.error_page(
+            request, 400, N_("Bad request"), N_("That form could not be read."), _page_url(token), subscriber
+        )
 
     if not csrf.valid(request, subscriber["id"], common.text(posted, csrf.FIELD)):
         log.info("preferences POST for subscriber %s rejected: bad CSRF token", subscriber["id"])
         return common.error_page(
             request,
             403,
-            "Please try again",
-            "This form expired or was sent from somewhere else, so nothing was saved. "
-            "Open the page again and resubmit.",
+            N_("Please try again"),
+            N_(
+                "This form expired or was sent from somewhere else, so nothing was saved. "
+                "Open the page again and resubmit."
+            ),
             _page_url(token),
+            subscriber,
         )
 
     action = common.text(posted, "action") or "save"
     if action not in ACTIONS:
-        return common.error_page(request, 400, "Bad request", "Unknown action.", _page_url(token))
+        return common.error_page(request, 400, N_("Bad request"), N_("Unknown action."), _page_url(token), subscriber)
 
     sid, version = subscriber["id"], claims.token_version
     if action == "save":

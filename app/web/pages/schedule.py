@@ -1,4 +1,5 @@
-"""When the next digest arrives, in words for the preference page ("Friday 27 Nov, 18:00 Europe/Lisbon").
+"""When the next digest arrives, in words for the preference page ("Friday 27 Nov, 18:00 Europe/Lisbon"),
+in the subscriber's language (the date as CLDR writes it there).
 
 The time is when the subscriber's run is planned for, in their own zone: the run already waiting
 (pending_run_at), which may be due and not yet sent, or else the next slot (digest.plan.next_slot)
@@ -10,13 +11,19 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from app.platform import config, db, timezones
+from app.platform import config, db, i18n, timezones
 from digest import plan
 
 
-def when(moment: datetime, tz_name: str) -> str:
-    local = moment.astimezone(timezones.load(tz_name))
-    return f"{local:%A} {local.day} {local:%b}, {local:%H:%M} {tz_name}"
+def when(moment: datetime, tz_name: str, t: i18n.Translator | None = None) -> str:
+    t = t or i18n.translator(i18n.SOURCE)
+    zone = timezones.load(tz_name)
+    return t.gettext(
+        "{date}, {time} {zone}",
+        date=t.skeleton(moment, "MMMEEEEd", zone),
+        time=t.skeleton(moment, "Hm", zone),
+        zone=tz_name,
+    )
 
 
 def pending_run_at(subscriber: dict) -> datetime | None:
@@ -36,20 +43,26 @@ def _planned(subscriber: dict, start: datetime) -> datetime:
     return slot + timedelta(seconds=plan.stagger_seconds(subscriber["id"], spread))
 
 
-def next_digest(subscriber: dict, now: datetime, pending_at: datetime | None = None) -> str:
+def next_digest(
+    subscriber: dict, now: datetime, pending_at: datetime | None = None, t: i18n.Translator | None = None
+) -> str:
+    t = t or i18n.translator(i18n.SOURCE)
     if subscriber["unsubscribed_at"] is not None:
-        return "You are unsubscribed, so no digest will come."
+        return t.gettext("You are unsubscribed, so no digest will come.")
     cadence = subscriber["digest_cadence"]
     if cadence == "off":
-        return "You will not get digests."
+        return t.gettext("You will not get digests.")
     tz_name = subscriber["timezone"]
     try:
         at = pending_at or _planned(subscriber, now)
     except ValueError:
-        return "Digests arrive as things happen."
+        return t.gettext("Digests arrive as things happen.")
     paused_until = subscriber["paused_until"]
     if paused_until is not None and paused_until > at:
-        return f"Emails are paused; your next digest after that: {when(_planned(subscriber, paused_until), tz_name)}."
+        return t.gettext(
+            "Emails are paused; your next digest after that: {when}.",
+            when=when(_planned(subscriber, paused_until), tz_name, t),
+        )
     if at <= now:
-        return f"Your next digest is on its way (due {when(at, tz_name)})."
-    return f"Your next digest: {when(at, tz_name)}."
+        return t.gettext("Your next digest is on its way (due {when}).", when=when(at, tz_name, t))
+    return t.gettext("Your next digest: {when}.", when=when(at, tz_name, t))

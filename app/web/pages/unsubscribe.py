@@ -28,6 +28,7 @@ from starlette.responses import Response
 
 from app.operations import opt_out
 from app.platform import tokens
+from app.platform.i18n import N_
 from app.subscribers import streams
 from app.web.pages import common, csrf, subscription
 
@@ -67,7 +68,7 @@ async def unsubscribe_page(request: Request, token: str, subscriber: dict, claim
             if request.query_params.get("notice") in ("unsubscribed", "resubscribed")
             else None,
         },
-        subscriber["id"],
+        subscriber,
     )
 
 
@@ -76,9 +77,13 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
     try:
         posted = await common.read_form(request)
     except common.FormTooLarge:
-        return common.error_page(request, 413, "Request too large", "That request was too large to process.")
+        return common.error_page(
+            request, 413, N_("Request too large"), N_("That request was too large to process."), subscriber=subscriber
+        )
     except common.BadForm:
-        return common.error_page(request, 400, "Bad request", "That request could not be read.")
+        return common.error_page(
+            request, 400, N_("Bad request"), N_("That request could not be read."), subscriber=subscriber
+        )
 
     sid, version, scope = subscriber["id"], claims.token_version, claims.scope
     action = common.text(posted, "action")
@@ -91,7 +96,8 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
         return common.render(
             request,
             "unsubscribed_oneclick.html",
-            {"category": target.category, "what": streams.label(target), "email": subscriber["email"]},
+            {"category": target.category, "scope_kind": target.kind, "email": subscriber["email"]},
+            t=common.translator_for(request, subscriber),
         )
 
     if action in ("unsubscribe", "unsubscribe_all"):
@@ -106,14 +112,17 @@ async def unsubscribe_submit(request: Request, token: str, subscriber: dict, cla
             return common.error_page(
                 request,
                 403,
-                "Please try again",
-                "This form expired or was sent from somewhere else, so nothing changed. "
-                "Open the page again and resubmit.",
+                N_("Please try again"),
+                N_(
+                    "This form expired or was sent from somewhere else, so nothing changed. "
+                    "Open the page again and resubmit."
+                ),
                 _page_url(token),
+                subscriber,
             )
         await run_in_threadpool(opt_out.resubscribe, sid, version, scope)
         log.info("subscriber %s resubscribed (scope=%s)", sid, scope)
         notice = "resubscribed"
     else:
-        return common.error_page(request, 400, "Bad request", "Unknown action.", _page_url(token))
+        return common.error_page(request, 400, N_("Bad request"), N_("Unknown action."), _page_url(token), subscriber)
     return common.back_to(_page_url(token), notice)

@@ -10,6 +10,7 @@ images and nothing else (no script at all).
 
 from __future__ import annotations
 
+import html as html_lib
 import logging
 import re
 
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from app.platform import config, tokens
+from app.platform.i18n import N_
 from app.web.pages import common, schedule
 from digest import hosted
 
@@ -44,21 +46,23 @@ async def view_page(request: Request) -> Response:
     result = await run_in_threadpool(hosted.render, run_id, subscriber)
     if result is None:
         return common.not_found(request)
-    sent = schedule.when(result.sent_at, subscriber["timezone"])
+    t = common.translator_for(request, subscriber)
+    sent = schedule.when(result.sent_at, subscriber["timezone"], t)
     if isinstance(result, hosted.Gone):
         days = config.get().retention_days
-        kept = (
-            f"We keep what digests show for {days} days, and this one is older"
+        gone = (
+            N_(
+                "This digest was sent on {sent}. We keep what digests show for {days} days, and this one is "
+                "older, so it cannot be shown any more. Your newer digests are in your inbox."
+            )
             if days
-            else "What it showed is no longer stored"
+            else N_(
+                "This digest was sent on {sent}. What it showed is no longer stored, so it cannot be shown "
+                "any more. Your newer digests are in your inbox."
+            )
         )
-        return common.error_page(
-            request,
-            410,
-            "This digest is no longer available",
-            f"This digest was sent on {sent}. {kept}, so it cannot be shown any more. "
-            "Your newer digests are in your inbox.",
-        )
-    note = f'<p style="{_NOTE_STYLE}">This digest was sent on {sent}.</p>'
+        title = N_("This digest is no longer available")
+        return common.error_page(request, 410, title, gone, subscriber=subscriber, values={"sent": sent, "days": days})
+    note = f'<p style="{_NOTE_STYLE}">{html_lib.escape(t.gettext("This digest was sent on {sent}.", sent=sent))}</p>'
     html = _BODY_START.sub(lambda m: m.group(0) + note, result.html, count=1)
     return HTMLResponse(html, headers=HEADERS)
