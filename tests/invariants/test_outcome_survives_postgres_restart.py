@@ -301,4 +301,6 @@ def test_a_digest_batch_cut_off_longer_than_the_claim_timeout_sends_nobody_twice
     delivered = [m["Message-ID"] for m in sink.messages()]
     assert len(delivered) == 40 and len(set(delivered)) == 40  # one copy each
     assert "no further mail of the batch is started" in caplog.text  # the outage hit a flush
-    assert "watchdog" not in caplog.text  # nothing was taken back from the live worker
+    # nothing was taken back from the live worker (a watchdog tick that failed while Postgres was
+    # away logs its failure, and reclaims nothing)
+    assert "stuck runs back to pending" not in caplog.text
