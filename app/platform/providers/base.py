@@ -246,7 +246,7 @@ class _Renumbered(Progress):
     """The caller's Progress seen through deliver()'s numbering (mails that could not be built are
     not handed to deliver)."""
 
-    def __init__(self, outer: Progress, positions: list[int], provider: str):
+    def __init__(self, outer: Progress, positions: list[int], provider: str | None):
         self._outer, self._positions, self._provider = outer, positions, provider
 
     def add(self, index: int, result: SendResult) -> None:

@@ -45,6 +45,7 @@ from app.platform.providers.base import (
     ProviderError,
     SendResult,
     ThrottledError,
+    _Renumbered,
 )
 
 log = logging.getLogger("app.platform.providers.failover")
@@ -322,25 +323,15 @@ def _trouble(result: SendResult) -> bool:
     return not (result.ok or result.permanent or result.stopped)
 
 
-class _Share(Progress):
-    """The failover call's Progress seen by one member: its numbering mapped back, and each result
-    kept as it arrives (so a member that fails after answering some mails leaves those answered)."""
+class _Share(_Renumbered):
+    """The failover call's Progress seen by one member: its numbering mapped back (base.py's
+    _Renumbered; the member's own send_batch names the provider), and each result kept as it
+    arrives (so a member that fails after answering some mails leaves those answered)."""
 
     def __init__(self, outer: Progress, indexes: list[int], results: list[SendResult | None]):
-        self._outer, self._indexes, self._results = outer, indexes, results
+        super().__init__(outer, indexes, None)
+        self._results = results
 
     def add(self, index: int, result: SendResult) -> None:
-        self._results[self._indexes[index]] = result
-        self._outer.add(self._indexes[index], result)
-
-    def stop_requested(self) -> bool:
-        return self._outer.stop_requested()
-
-    def wait(self, until: float) -> None:
-        self._outer.wait(until)
-
-    def wake(self) -> None:
-        self._outer.wake()
-
-    def poll(self, final: bool = False) -> None:
-        self._outer.poll(final)
+        self._results[self._positions[index]] = result
+        super().add(index, result)
