@@ -67,11 +67,18 @@ def load_batch(cur, runs: list[ClaimedRun], settings=None) -> Batch:
     registry = categories.registry(cur)  # cached in process: at most one query per batch
     loaded = digest_load.load(
         cur,
-        [r.subscriber_id for r in runs if not r.urgent_only],
+        [r.subscriber_id for r in runs if not (r.urgent_only or r.critical)],
         settings.digest_event_page,
         settings.digest_max_events,
     )
     events = loaded.events
+    critical = [r.subscriber_id for r in runs if r.critical]
+    if critical:  # critical runs: only the critical events, in a mail of their own
+        events.update(
+            digest_load.load(
+                cur, critical, settings.digest_event_page, settings.digest_max_events, critical_only=True
+            ).events
+        )
     urgent = [r.subscriber_id for r in runs if r.urgent_only]
     if urgent:  # "send now" runs of digest subscribers: only what cannot wait (a second query)
         events.update(
@@ -84,7 +91,7 @@ def load_batch(cur, runs: list[ClaimedRun], settings=None) -> Batch:
             ).events
         )
     for run in runs:
-        run.cover = None if run.urgent_only else loaded.covers.get(run.subscriber_id)
+        run.cover = None if run.urgent_only or run.critical else loaded.covers.get(run.subscriber_id)
     marks = seen.load(cur, [r.subscriber_id for r in runs])  # what was seen in the app is left out
     return Batch(registry, events, marks)
 
@@ -157,7 +164,7 @@ def context_for(run: ClaimedRun, registry: dict, now: datetime) -> dict:
         run.digest,
         digest_context.Reader(
             name=run.name,
-            cadence=run.cadence,
+            cadence="immediately" if run.critical else run.cadence,  # worded as any mail sent as it happens
             timezone=run.timezone,
             last_digest_at=run.last_digest_at,
             unsubscribe_url=unsubscribe_url(run.subscriber_id, run.token_version),

@@ -7,9 +7,9 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from app.platform import config, metrics, timezones
+from app.platform import config, metrics
 from app.platform.providers.base import OutgoingMail
-from app.subscribers import quiet_hours
+from app.subscribers import budget, quiet_hours
 from digest import group as digest_group
 from digest import runs as digest_runs
 from digest.marks import Cover
@@ -36,6 +36,7 @@ class ClaimedRun:
     provider: str | None = None  # set: an ambiguous attempt there; only that provider may send it
     quiet_hours: str | None = None  # the subscriber's window ("22:00-07:00"; None: DEFAULT_QUIET_HOURS)
     held: bool = False  # it waited for the end of those quiet hours: "while you were away"
+    max_mails_per_day: int | None = None  # the subscriber's budget (None: DEFAULT_MAX_MAILS_PER_DAY; 0: none)
     digest: digest_group.Digest | None = None
     mail: OutgoingMail | None = None
     cover: Cover | None = None  # what recording it handles (digest/marks.py); None: its events one by one
@@ -44,8 +45,8 @@ class ClaimedRun:
         if self.refusal is not None:
             reason = self.refusal.split(":")[0]  # the suppression's own reason is not the run's
             return "cadence changed" if reason == "cadence off" else reason
-        if self.cadence != "immediately" and self.subscriber_cadence != self.cadence:
-            # "send now" mail goes at any cadence but off; a digest only at its own
+        if self.cadence not in ("immediately", "critical") and self.subscriber_cadence != self.cadence:
+            # "send now" and critical mail go at any cadence but off; a digest only at its own
             return "cadence changed"
         return None
 
@@ -53,6 +54,16 @@ class ClaimedRun:
     def urgent_only(self) -> bool:
         """A "send now" run of a digest subscriber carries only the events that cannot wait."""
         return self.cadence == "immediately" and self.subscriber_cadence != "immediately"
+
+    @property
+    def critical(self) -> bool:
+        """A run of critical events: only those, at once, whatever quiet hours or the budget."""
+        return self.cadence == "critical"
+
+    @property
+    def may_wait(self) -> bool:
+        """Send-now mail can wait for the budget; digests and critical mail go (and count)."""
+        return self.cadence == "immediately"
 
 
 def claim(
@@ -62,36 +73,64 @@ def claim(
     [(run_id, skip_reason)]); skipped runs are already written. A second run of a subscriber who
     already has one processing goes back to pending at once (attempt counted, no backoff); a run due
     inside its subscriber's quiet hours goes back to pending until they end (no attempt counted)."""
-    claimed = sorted((ClaimedRun(*row) for row in digest_runs.claim(cur, run_ids, limit)), key=lambda r: r.id)
+    # A subscriber's critical run first: claimed beside another of theirs, it goes and the other waits.
+    claimed = sorted(
+        (ClaimedRun(*row) for row in digest_runs.claim(cur, run_ids, limit)), key=lambda r: (not r.critical, r.id)
+    )
     if not claimed:
         return [], []
     digest_runs.lock_subscribers(cur, [r.subscriber_id for r in claimed])
     busy = digest_runs.subscribers_busy_elsewhere(cur, [r.subscriber_id for r in claimed], [r.id for r in claimed])
     ready, skipped, release, held, seen = [], [], [], [], set(busy)
-    now, default_window = datetime.now(UTC), quiet_hours.parse_setting(config.get().default_quiet_hours)
+    settings = config.get()
+    now, default_window = datetime.now(UTC), quiet_hours.parse_setting(settings.default_quiet_hours)
     for run in claimed:
         reason = run.skip_reason()
         if run.subscriber_id in seen:
             release.append((run.id, "another digest of this subscriber was processing"))
         elif reason:
             skipped.append((run.id, reason))
-        elif until := _quiet_until(run, now, default_window):
+        elif not run.critical and (
+            until := quiet_hours.subscriber_held_until(now, run.timezone, run.quiet_hours, default_window)
+        ):
             held.append((run.id, until))
         else:
             ready.append(run)
         seen.add(run.subscriber_id)
-    digest_runs.mark_skipped(cur, skipped)
+    ready, over_budget = _spend_budget(cur, ready, now, settings.default_max_mails_per_day)
+    folded = [(r.id, FOLDED) for r in over_budget if r.subscriber_cadence != "immediately"]
+    next_day = [(r.id, budget.next_day(now, r.timezone)) for r in over_budget if r.subscriber_cadence == "immediately"]
+    digest_runs.mark_skipped(cur, skipped + folded)
     digest_runs.retry(cur, release, max_attempts, base_seconds=0)
     digest_runs.hold(cur, held)
+    digest_runs.hold(cur, next_day, away=False)
     if held:
         metrics.MAIL_HELD.labels("quiet_hours").inc(len(held))
         log.info("%d digest run(s) due in their subscriber's quiet hours wait for the window's end", len(held))
-    return ready, skipped
+    if over_budget:
+        metrics.MAIL_HELD.labels("budget").inc(len(over_budget))
+        log.info(
+            "%d send-now run(s) over their subscriber's mail budget: %d fold into the next digest, %d wait for "
+            "the next local day",
+            len(over_budget),
+            len(folded),
+            len(next_day),
+        )
+    return ready, skipped + folded
 
 
-def _quiet_until(run: ClaimedRun, now: datetime, default_window) -> datetime | None:
-    """When the subscriber's quiet hours holding `now` end; None when the run may go now."""
-    window = quiet_hours.parse_setting(run.quiet_hours) if run.quiet_hours else default_window
-    if window is None:
-        return None
-    return quiet_hours.held_until(now, timezones.load(run.timezone), window)
+# A send-now run over its subscriber's budget, of a digest subscriber: skipped without touching its
+# events, so the next digest carries them.
+FOLDED = "mail budget spent: folded into the next digest"
+
+
+def _spend_budget(cur, ready: list[ClaimedRun], now: datetime, default_limit: int):
+    """Count each mail against its subscriber's day (app/subscribers/budget.py). Returns (runs that
+    go, send-now runs over budget). Nothing is asked of Postgres when no run has a limit."""
+    limited = [r for r in ready if (r.max_mails_per_day if r.max_mails_per_day is not None else default_limit) > 0]
+    if not limited:
+        return ready, []
+    refused = budget.spend(cur, [budget.Spend(r.subscriber_id, must=not r.may_wait) for r in limited], now)
+    if not refused:
+        return ready, []
+    return [r for r in ready if r.subscriber_id not in refused], [r for r in ready if r.subscriber_id in refused]

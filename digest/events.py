@@ -25,9 +25,10 @@ INSERT_SQL = (
     "RETURNING source, producer_id"
 )
 INSERT_TEMPLATE = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s::timestamptz, now()))"
-# high_priority is named only when a row of the group has it: the usual statement stays as it was.
-INSERT_HIGH_SQL = INSERT_SQL.replace("occurred_at)", "occurred_at, high_priority)")
-INSERT_HIGH_TEMPLATE = INSERT_TEMPLATE[:-1] + ", %s)"
+# high_priority and critical are named only when a row of the group is urgent: the usual statement
+# stays as it was.
+INSERT_HIGH_SQL = INSERT_SQL.replace("occurred_at)", "occurred_at, high_priority, critical)")
+INSERT_HIGH_TEMPLATE = INSERT_TEMPLATE[:-1] + ", %s, %s)"
 
 # `digest_run_id IS NULL`: an event is never claimed by two sent digests. In id order, the update
 # walks the heap and indexes in order instead of jumping around.

@@ -27,7 +27,7 @@ from digest import render as digest_render
 
 # The run must be this subscriber's and sent; the previous sent digest words "since …".
 _RUN_SQL = """
-SELECT r.cadence, r.completed_at,
+SELECT CASE WHEN r.cadence = 'critical' THEN 'immediately' ELSE r.cadence END, r.completed_at,
        (SELECT max(p.completed_at) FROM digest_runs p
          WHERE p.subscriber_id = r.subscriber_id AND p.status = 'sent' AND p.completed_at < r.completed_at)
 FROM digest_runs r

@@ -22,6 +22,11 @@ so two passes never take the same row):
     may have loaded its events before this row's events committed, so the row stays for the pass
     after it; and while the subscriber's row is held FOR UPDATE (an erasure): skipped, not waited
     for (the lock order below).
+  * a subscriber with a critical event (`"priority": "critical"`) not yet handled gets a run of
+    cadence `critical`, due now whatever the hourly limit or the grace, unless one of theirs is
+    already waiting (digest_runs_one_live_critical): it loads only the critical events and passes
+    quiet hours and the mail budget at claim (digest/claim.py), so it goes at once in a mail of its
+    own. Critical events make no `immediately` run, and a send-now run never loads them.
 The runs then take the ordinary way: checker, claim (I6 checks), build, send with
 `digest-run-<id>`, mark run and events in one transaction. A daily/weekly/hourly subscriber's
 send-now run loads only the urgent events (digest/load.py); the rest waits for their digest, and
@@ -67,11 +72,22 @@ WITH due AS (
                   WHERE e.user_id = subs.user_id AND {marks.pending("e", "subs.through")}
                     AND NOT (e.category = ANY (subs.category_opt_outs))
                     AND e.actor_id IS DISTINCT FROM subs.user_id
+                    AND e.critical IS NOT TRUE
                     AND (subs.digest_cadence = 'immediately' OR e.high_priority
                          OR e.category = ANY (%(urgent_categories)s::text[])))
+), critical_eligible AS (
+    SELECT subs.id FROM subs
+    WHERE EXISTS (SELECT 1 FROM digest_events e
+                  WHERE e.user_id = subs.user_id AND {marks.pending("e", "subs.through")} AND e.critical
+                    AND NOT (e.category = ANY (subs.category_opt_outs))
+                    AND e.actor_id IS DISTINCT FROM subs.user_id)
 ), live AS (
-    SELECT r.subscriber_id, r.status FROM digest_runs r JOIN eligible ON r.subscriber_id = eligible.id
-    WHERE r.cadence = 'immediately' AND r.status IN ('pending', 'processing')
+    SELECT r.subscriber_id, r.status, r.cadence FROM digest_runs r
+    WHERE r.subscriber_id IN (SELECT id FROM eligible UNION ALL SELECT id FROM critical_eligible)
+      AND r.cadence IN ('immediately', 'critical') AND r.status IN ('pending', 'processing')
+), critical_fresh AS (
+    SELECT c.id FROM critical_eligible c
+    WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = c.id AND live.cadence = 'critical')
 ), fresh AS (
     -- The rate limit: the newest IMMEDIATE_MAX_PER_HOUR sent send-now runs (a backward scan of the
     -- unique key, which orders them by when they were due); full, the next is allowed an hour
@@ -84,11 +100,13 @@ WITH due AS (
                      LIMIT %(max_per_hour)s) l
                HAVING count(*) >= %(max_per_hour)s)) AS at
     FROM eligible
-    WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = eligible.id)
+    WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.subscriber_id = eligible.id AND live.cadence = 'immediately')
 ), revived AS ({digest_runs.REVIVE_IMMEDIATE}
 ), inserted AS ({digest_runs.INSERT_IMMEDIATE}
+), inserted_critical AS ({digest_runs.INSERT_CRITICAL}
 ), made AS (
     SELECT id, scheduled_for FROM inserted UNION ALL SELECT id, scheduled_for FROM revived
+    UNION ALL SELECT id, scheduled_for FROM inserted_critical
 ), consumed AS (
     DELETE FROM digest_send_now d USING held
     WHERE d.subscriber_id = held.id

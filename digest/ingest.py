@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, cast
 import orjson
 from pydantic import AfterValidator, Field
 
-from app.platform import config, db, queue, urls
+from app.platform import config, db, metrics, queue, urls
 from app.platform.groupcommit import GroupCommitWriter, OnFirstUse
 from app.platform.openapi import free_form_values
 from app.platform.validation import NOT_BLANK, Body, Text, check, documented, fail
@@ -105,11 +105,14 @@ class Event(Body):
     entity_url: _url_field("where the digest links the entity (through click tracking when on)") = None
     actor_avatar_url: _url_field("the actor's picture, shown beside their name") = None
     priority: Annotated[
-        Literal["high", "normal"] | None,
+        Literal["critical", "high", "normal"] | None,
         Field(
             description="`high`: sent now in its own mail to every subscriber who receives "
             "the category (even daily/weekly/hourly ones; rate limited per "
-            "subscriber), not held for the digest. Default `normal`"
+            "subscriber), not held for the digest; quiet hours and the mail budget still apply. "
+            "`critical`: for what a person must see now (the product's own security or account "
+            "alerts): sent at once in a mail of its own whatever the subscriber's quiet hours, "
+            "mail budget or hourly limit. Default `normal`"
         ),
     ] = None
 
@@ -130,7 +133,8 @@ class Event(Body):
             self.actor_name,
             payload,
             self.occurred_at,
-            True if self.priority == "high" else None,
+            True if self.priority in ("high", "critical") else None,
+            True if self.priority == "critical" else None,
         )
 
 
@@ -168,8 +172,12 @@ class Result:
 
 
 def _high(row: tuple) -> bool:
-    """Rows are Event.row() tuples; scripts may hand the ten columns without high_priority."""
+    """Rows are Event.row() tuples; scripts may hand the ten columns without the priority's two."""
     return len(row) > 10 and bool(row[10])
+
+
+def _critical(row: tuple) -> bool:
+    return len(row) > 11 and bool(row[11])
 
 
 def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
@@ -189,12 +197,14 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
     high = any(_high(row) for row in unique_rows)
     if high:
         sql, template = digest_events.INSERT_HIGH_SQL, digest_events.INSERT_HIGH_TEMPLATE
+        values = [(*row[:11], *((None,) * (11 - len(row))), row[11] if len(row) > 11 else None) for row in unique_rows]
     else:
         sql, template = digest_events.INSERT_SQL, digest_events.INSERT_TEMPLATE
+        values = [row[:10] for row in unique_rows]
     inserted = db.execute_values(
         cur,
         sql,
-        unique_rows if high else [row[:10] for row in unique_rows],
+        values,
         template=template,
         page_size=len(unique_rows) or 1,
         fetch=True,
@@ -202,7 +212,12 @@ def insert_rows(cur, jobs: list[list[tuple]]) -> list[Result]:
     accepted = [0] * len(jobs)
     for key in inserted:
         accepted[owner[tuple(key)]] += 1
-    send_now = _hint_send_now(cur, unique_rows, {tuple(key) for key in inserted}) > 0
+    stored = {tuple(key) for key in inserted}
+    send_now = _hint_send_now(cur, unique_rows, stored) > 0
+    critical = [row[3] for row in unique_rows if _critical(row) and (row[0], row[1]) in stored]
+    if critical:
+        known = categories.registry(cur)  # the label is a registered category: a bounded set
+        metrics.count(metrics.CRITICAL_EVENTS, [c if c in known else "unregistered" for c in critical])
     return [Result(accepted[j], len(rows) - accepted[j], send_now) for j, rows in enumerate(jobs)]
 
 

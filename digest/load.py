@@ -42,13 +42,18 @@ ORDER BY v.sid, e.txid, e.id
 
 
 # A "send now" run of a daily/weekly/hourly subscriber (digest/immediate.py) loads only the events
-# that cannot wait: priority high, or of a category whose delivery is `immediate`. A separate
-# statement, so the digest path's query stays as it was.
-URGENT = "AND (e.high_priority OR e.category = ANY (%(urgent_categories)s::text[]))"
+# that cannot wait: priority high, or of a category whose delivery is `immediate` — not the critical
+# ones, which have a run of their own. A separate statement, so the digest path's query stays as it was.
+URGENT = "AND (e.high_priority OR e.category = ANY (%(urgent_categories)s::text[])) AND e.critical IS NOT TRUE"
 _URGENT_PAGE_SQL = _PAGE_SQL.replace(
     "ORDER BY e.txid, e.id\n    LIMIT", URGENT + "\n    ORDER BY e.txid, e.id\n    LIMIT"
 )
 assert _URGENT_PAGE_SQL != _PAGE_SQL
+# A critical run (digest/immediate.py) loads only the critical events: they go in a mail of their own.
+_CRITICAL_PAGE_SQL = _PAGE_SQL.replace(
+    "ORDER BY e.txid, e.id\n    LIMIT", "AND e.critical\n    ORDER BY e.txid, e.id\n    LIMIT"
+)
+assert _CRITICAL_PAGE_SQL != _PAGE_SQL
 
 
 @dataclass
@@ -65,10 +70,12 @@ def load(
     page_size: int = 1000,
     max_events: int = 100_000,
     urgent_categories: list[str] | None = None,
+    critical_only: bool = False,
 ) -> Loaded:
     """Each subscriber's events no digest has handled, oldest first. At most max_events per
     subscriber: the rest wait for the next digest. `urgent_categories` given: only the events that
-    go out now (high priority, or of one of these categories)."""
+    go out now (high priority, or of one of these categories); `critical_only`: only critical ones.
+    Either way the events are marked one by one (no cover)."""
     page_size = max(1, page_size)
     out = Loaded({sid: [] for sid in subscriber_ids})
     if not subscriber_ids:
@@ -79,6 +86,8 @@ def load(
     sql = _PAGE_SQL
     if urgent_categories is not None:
         sql, base["urgent_categories"] = _URGENT_PAGE_SQL, list(urgent_categories)
+    if critical_only:
+        sql = _CRITICAL_PAGE_SQL
 
     def page(ids: list[int], after: tuple[str, int], n: int):
         """The page's rows, read from the cursor one at a time: a batch's rows never exist all at
@@ -128,7 +137,7 @@ def load(
             if len(rows) < n:
                 break
         events.sort(key=lambda e: e.id)  # read in commit-ish (txid) order, shown in arrival order
-        if urgent_categories is None and len(events) < max_events:
+        if urgent_categories is None and not critical_only and len(events) < max_events:
             out.covers[sid] = marks.Cover(current.get(sid), snapshot)
     return out
 

@@ -15,11 +15,12 @@ truth; Dramatiq messages are hints.
   processing --retryable failure, stuck, released-> pending       (attempts + 1, backoff)
   processing --not started: all mail stopped------> pending       (no attempt counted, due at once)
   processing --due inside quiet hours-------------> pending       (no attempt counted, due at the window's end)
+  processing --send-now over the day's budget-----> pending       (no attempt counted, due the next local day)
   processing --renewed by its live holder---------> processing    (claimed_at only: app/platform/holds.py)
   processing --permanent failure, attempts used---> failed        (last_error kept)
 
-Only an operator's emergency stop (app/platform/mail_stop.py) and a subscriber's quiet hours return
-claimed work to `pending` without counting an attempt — the run was never tried. Everything else
+Only an operator's emergency stop (app/platform/mail_stop.py), a subscriber's quiet hours and their
+mail budget return claimed work to `pending` without counting an attempt — the run was never tried. Everything else
 counts one, so a run that keeps failing in any way — a poisoned address, a bug, a worker killed
 mid-send — ends `failed` after DIGEST_MAX_ATTEMPTS instead of looping. tests/digest/test_runs.py
 walks every transition above and checks that no statement makes any other.
@@ -141,6 +142,17 @@ INSERT_IMMEDIATE = f"""
     RETURNING id, scheduled_for
 """
 
+# A subscriber's critical events (digest/immediate.py): a run of their own, due now, whatever the
+# hourly limit; the partial unique index digest_runs_one_live_critical turns a second live one into
+# nothing (what arrives meanwhile goes in the next, once this one is sent).
+INSERT_CRITICAL = f"""
+    INSERT INTO digest_runs (subscriber_id, cadence, period, slot, scheduled_for, enqueued_at)
+    SELECT f.id, 'critical', {_IMMEDIATE_PERIOD}, {_IMMEDIATE_SLOT}, f.at, %(enqueued_at)s::timestamptz
+    FROM (SELECT id, %(now)s::timestamptz AS at FROM critical_fresh) f
+    ON CONFLICT DO NOTHING
+    RETURNING id, scheduled_for
+"""
+
 
 def make_due_now(cur, subscriber_id: int, cadence: str, period, now: datetime, slot: int = 0) -> list[int]:
     """The subscriber's pending run moved to now, or the run of (`period`, `slot`) created due now."""
@@ -231,6 +243,7 @@ RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.diges
     + ", r.provider"
     + ", s.quiet_hours"
     + ", r.held_at IS NOT NULL"
+    + ", s.max_mails_per_day"
 )
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.
@@ -327,11 +340,13 @@ RETURNING r.status
 # Runs due inside their subscriber's quiet hours (digest/claim.py): back to pending, due when the
 # window ends, no attempt counted. What the subscriber gets meanwhile joins them (a send-now pass
 # makes no second run while one waits), so the window's end brings one mail.
+# A run held by the mail budget (an `immediately` subscriber's day is spent) waits for the next local
+# day the same way, without `held_at`: it is not mail of quiet hours ("while you were away").
 HOLD = """
 UPDATE digest_runs r SET status = 'pending', claimed_at = NULL, enqueued_at = NULL,
     scheduled_for = greatest(r.scheduled_for, v.until), next_attempt_at = v.until,
-    held_at = coalesce(r.held_at, now())
-FROM unnest(%s::bigint[], %s::timestamptz[]) AS v(id, until)
+    held_at = CASE WHEN v.away THEN coalesce(r.held_at, now()) ELSE r.held_at END
+FROM unnest(%s::bigint[], %s::timestamptz[], %s::boolean[]) AS v(id, until, away)
 WHERE r.id = v.id AND r.status = 'processing'
 """
 
@@ -439,10 +454,11 @@ def retry(cur, failures: list[tuple], max_attempts: int, base_seconds: float) ->
     return statuses.count("pending"), statuses.count("failed")
 
 
-def hold(cur, held: list[tuple[int, datetime]]) -> None:
-    """processing → pending, due when the subscriber's quiet hours end (no attempt counted)."""
+def hold(cur, held: list[tuple[int, datetime]], away: bool = True) -> None:
+    """processing → pending, due at `until` (no attempt counted): when the subscriber's quiet hours end
+    (`away`: the mail says "while you were away"), or their next local day (the mail budget)."""
     if held:
-        cur.execute(HOLD, ([i for i, _ in held], [u for _, u in held]))
+        cur.execute(HOLD, ([i for i, _ in held], [u for _, u in held], [away] * len(held)))
 
 
 def release(cur, run_ids: list[int]) -> None:

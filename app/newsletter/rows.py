@@ -27,6 +27,7 @@ Life of an outbox row (email_log.status):
   sending    --retryable failure, throttled---------------> pending     (backoff; a throttle refunds the attempt)
   sending    --stuck past RECLAIM_AFTER_SECONDS-----------> pending     (the claim counted the attempt)
   sending    --not started: paused, all mail stopped------> pending     (the claim's attempt refunded)
+  sending    --must wait: quiet hours, the day's budget---> pending     (until then: not_before; attempt refunded)
   sending    --not started: newsletter cancelled----------> cancelled
   pending    --newsletter cancelled-----------------------> cancelled
   failed     --retry-failed-------------------------------> pending     (attempts start again)
@@ -100,12 +101,13 @@ CREATE = (
 # Params: (audience, local_time, id); SCHEDULE's: (audience, local_time, send_at, id). A scheduled
 # newsletter is changed whole by a new request (audience, time), until the tick starts it.
 QUEUE = (
-    "UPDATE newsletters SET status = 'queued', audience = %s, local_time = %s, send_at = NULL, "
-    "send_requested_at = now(), started_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
+    "UPDATE newsletters SET status = 'queued', audience = %s, local_time = %s, respect_quiet_hours = %s, "
+    "send_at = NULL, send_requested_at = now(), started_at = now() "
+    "WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
 )
 SCHEDULE = (
-    "UPDATE newsletters SET status = 'scheduled', audience = %s, local_time = %s, send_at = %s, "
-    "send_requested_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
+    "UPDATE newsletters SET status = 'scheduled', audience = %s, local_time = %s, respect_quiet_hours = %s, "
+    "send_at = %s, send_requested_at = now() WHERE id = %s AND status IN ('draft', 'scheduled') RETURNING status"
 )
 # send_at stays: what the newsletter was scheduled for, beside when it started (started_at).
 START_SCHEDULED = (
@@ -205,7 +207,7 @@ UPDATE email_log e SET
 FROM picked p, subscribers s
 WHERE e.id = p.id AND s.id = e.subscriber_id
 RETURNING e.id, e.status, e.attempts, s.id, s.email, s.name, s.user_id, s.token_version, s.tracking_opt_out,
-          e.provider, e.variant, s.locale
+          e.provider, e.variant, s.locale, s.timezone, s.quiet_hours, s.max_mails_per_day
 """
 )
 
@@ -244,6 +246,16 @@ UPDATE email_log e SET
     attempts = e.attempts - 1
 FROM newsletters n
 WHERE e.id = ANY (%s) AND e.status || '' = 'sending' AND n.id = e.newsletter_id
+"""
+
+# Claimed rows that must wait (app/newsletter/waits.py: the recipient's quiet hours, or their day's
+# mail budget is spent): back to `pending`, due at `until` (not_before, as a local_time send's rows;
+# next_attempt_at too, so the tick's "due rows" check passes over them), the claim's attempt refunded.
+DEFER = """
+UPDATE email_log e SET status = 'pending', not_before = v.until, next_attempt_at = v.until,
+    attempts = e.attempts - 1
+FROM unnest(%s::bigint[], %s::timestamptz[]) AS v(id, until)
+WHERE e.id = v.id AND e.status || '' = 'sending'
 """
 
 RECLAIM = """
@@ -289,6 +301,9 @@ class Claimed(NamedTuple):
     provider: str | None = None  # set: an ambiguous attempt there; only that provider may send it
     variant: str | None = None  # the variant the outbox chose (its locale tag); None: the default
     locale: str | None = None  # the subscriber's
+    timezone: str = "UTC"  # the subscriber's, for their quiet hours and local day
+    quiet_hours: str | None = None  # their window ("22:00-07:00"; None: DEFAULT_QUIET_HOURS)
+    max_mails_per_day: int | None = None  # their budget (None: DEFAULT_MAX_MAILS_PER_DAY)
 
 
 class Mark(NamedTuple):
@@ -313,15 +328,24 @@ def create(
     return int(cur.fetchone()[0])
 
 
-def queue(cur: db.Cursor, newsletter_id: int, audience: str, local_time: time | None) -> bool:
+def queue(
+    cur: db.Cursor, newsletter_id: int, audience: str, local_time: time | None, respect_quiet_hours: bool = False
+) -> bool:
     """draft or scheduled -> queued (the outbox builder is kicked by the caller). False: not possible now."""
-    cur.execute(QUEUE, (audience, local_time, newsletter_id))
+    cur.execute(QUEUE, (audience, local_time, respect_quiet_hours, newsletter_id))
     return cur.fetchone() is not None
 
 
-def schedule(cur: db.Cursor, newsletter_id: int, audience: str, local_time: time | None, send_at: datetime) -> bool:
+def schedule(
+    cur: db.Cursor,
+    newsletter_id: int,
+    audience: str,
+    local_time: time | None,
+    send_at: datetime,
+    respect_quiet_hours: bool = False,
+) -> bool:
     """draft or scheduled -> scheduled, changed whole. False: not possible now."""
-    cur.execute(SCHEDULE, (audience, local_time, send_at, newsletter_id))
+    cur.execute(SCHEDULE, (audience, local_time, respect_quiet_hours, send_at, newsletter_id))
     return cur.fetchone() is not None
 
 
@@ -406,6 +430,12 @@ def mark(cur: db.Cursor, marks: list[Mark]) -> None:
 
 def release(cur: db.Cursor, row_ids: list[int]) -> None:
     cur.execute(RELEASE, (row_ids,))
+
+
+def defer(cur: db.Cursor, waits: list[tuple[int, datetime]]) -> None:
+    """sending -> pending until a moment: [(row id, until)]."""
+    if waits:
+        cur.execute(DEFER, ([i for i, _ in waits], [u for _, u in waits]))
 
 
 def reclaim(cur: db.Cursor, older_than_seconds: float) -> list[int]:

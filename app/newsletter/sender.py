@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from app.newsletter import growth, kick, ratelimit, template, variants
+from app.newsletter import growth, kick, ratelimit, template, variants, waits
 from app.newsletter import rows as newsletter_rows
 from app.newsletter.ratelimit import AdaptiveRateLimiter
 from app.newsletter.rows import Claimed, Mark
@@ -66,7 +66,7 @@ FLUSH_EVERY = 100  # outcomes written (and controls read) at least every this ma
 def _load(newsletter_id: int):
     rows = db.thread_connection.run(
         "SELECT status, subject, html, text, from_addr, outbox_completed_at, "
-        "EXISTS (SELECT 1 FROM mail_stop), variants FROM newsletters WHERE id = %s",
+        "EXISTS (SELECT 1 FROM mail_stop), variants, respect_quiet_hours FROM newsletters WHERE id = %s",
         (newsletter_id,),
     )
     return rows[0] if rows else None
@@ -188,7 +188,7 @@ def send_batch(
     if row[6]:
         stats.outcome = "all mail is stopped; releasing the stop restarts this newsletter"
         return stats
-    _, subject, html, text, from_addr, _, _, stored_variants = row
+    _, subject, html, text, from_addr, _, _, stored_variants, respect_quiet_hours = row
     if provider is None:
         provider = get_provider()
     limiter = ratelimit.for_provider(provider.name)
@@ -219,15 +219,17 @@ def send_batch(
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + wait)
                 kick.continue_chain(newsletter_id, delay_ms=int(wait * 1000))
             return stats
-        claimed = db.thread_connection.call(newsletter_rows.claim, newsletter_id, batch_size, after)
-        if not claimed and after:
+        claimed, last = db.thread_connection.call(waits.claim, newsletter_id, batch_size, after, respect_quiet_hours)
+        if not last and after:
             after = 0
-            claimed = db.thread_connection.call(newsletter_rows.claim, newsletter_id, batch_size, after)
-        if not claimed:
+            claimed, last = db.thread_connection.call(
+                waits.claim, newsletter_id, batch_size, after, respect_quiet_hours
+            )
+        if not last:
             break
-        after = max(r.id for r in claimed)
+        after = last  # rows that must wait (quiet hours, the budget) are behind the cursor too
         stats.claimed += len(claimed)
-        retry_after = _send_claimed(chain, claimed)
+        retry_after = _send_claimed(chain, claimed) if claimed else None
         if retry_after is not None:  # throttled: everyone waits; this chain comes back after the reset
             stats.outcome, stats.retry_in = f"throttled for {retry_after:.1f}s", retry_after
             if reenqueue:

@@ -73,6 +73,7 @@ class NewsletterSummary(BaseModel):
         description="when the send started: at the request, or when send_at came (null: not started)"
     )
     local_time: str | None = Field(description="HH:MM each recipient gets it at in their own time zone")
+    respect_quiet_hours: bool = Field(description="each recipient's mail waits while their quiet hours hold it")
     completed_at: Timestamp | None
     counts: RowCounts
 
@@ -273,6 +274,12 @@ class NewsletterAudience(Body):
         ),
         AfterValidator(_local_time),
     ] = None
+    respect_quiet_hours: bool = Field(
+        False,
+        description="hold each recipient's mail while their quiet hours hold it, until the window ends (their "
+        "own window, else DEFAULT_QUIET_HOURS); false: it goes whatever the hour. A recipient's mail budget "
+        "(max_mails_per_day) holds their mail to their next local day either way",
+    )
     audience: (
         Annotated[
             Literal["all"],
@@ -306,7 +313,8 @@ def create(newsletter: NewsletterInput) -> int:
 
 def _current(newsletter_id: int) -> tuple:
     rows = db.query(
-        "SELECT status, audience, outbox_completed_at, local_time FROM newsletters WHERE id = %s", (newsletter_id,)
+        "SELECT status, audience, outbox_completed_at, local_time, respect_quiet_hours FROM newsletters WHERE id = %s",
+        (newsletter_id,),
     )
     if not rows:
         raise NotFound(NOT_FOUND)
@@ -314,27 +322,33 @@ def _current(newsletter_id: int) -> tuple:
 
 
 def request_send(
-    newsletter_id: int, audience: dict, send_at: datetime | None = None, local_time: time | None = None
+    newsletter_id: int,
+    audience: dict,
+    send_at: datetime | None = None,
+    local_time: time | None = None,
+    respect_quiet_hours: bool = False,
 ) -> str:
     """draft (or scheduled) -> queued and the outbox actor enqueued; with a send_at, -> scheduled
     instead (the scheduler tick starts it: app/newsletter/schedule.py). Repeating the same request
     is harmless."""
     stored_audience = orjson.dumps(audience).decode()
     if send_at is not None:
-        if db.call(newsletter_rows.schedule, newsletter_id, stored_audience, local_time, send_at):
+        if db.call(newsletter_rows.schedule, newsletter_id, stored_audience, local_time, send_at, respect_quiet_hours):
             log.info("newsletter %s scheduled for %s", newsletter_id, send_at.isoformat())
             return "scheduled"
         status = _current(newsletter_id)[0]
         raise Conflict(f"only a draft or scheduled newsletter can be scheduled (it is {status})", status)
-    queued = db.call(newsletter_rows.queue, newsletter_id, stored_audience, local_time)
+    queued = db.call(newsletter_rows.queue, newsletter_id, stored_audience, local_time, respect_quiet_hours)
     if not queued:
-        status, stored, outbox_done, stored_time = _current(newsletter_id)
+        status, stored, outbox_done, stored_time, stored_respect = _current(newsletter_id)
         if status in ("done", "cancelled"):
             raise Conflict(f"newsletter is {status}; create a new one to send again", status)
         if not _same_audience(stored, audience):
             raise Conflict(f"newsletter is already {status} with a different audience", status)
         if stored_time != local_time:
             raise Conflict(f"newsletter is already {status} with a different local_time", status)
+        if stored_respect != respect_quiet_hours:
+            raise Conflict(f"newsletter is already {status} with a different respect_quiet_hours", status)
         if outbox_done is not None:
             return status
     _kick_safely(kick.outbox, newsletter_id)
@@ -466,12 +480,15 @@ def list_newsletters(query: NewsletterListQuery) -> NewsletterPage:
 
 
 # What a list item and a status both show of a newsletter: these columns, in this order.
-_SHOWN = "id, subject, status, audience, created_at, send_requested_at, send_at, started_at, local_time, completed_at"
+_SHOWN = (
+    "id, subject, status, audience, created_at, send_requested_at, send_at, started_at, local_time, "
+    "respect_quiet_hours, completed_at"
+)
 
 
 def _shown_fields(row, counts: dict[str, int]) -> dict[str, Any]:
     """The fields of NewsletterSummary from a row of _SHOWN and the outbox's counts by status."""
-    nid, subject, state, audience, created, requested, send_at, started, local_time, completed = row
+    nid, subject, state, audience, created, requested, send_at, started, local_time, respect, completed = row
     counted = {**dict.fromkeys(ROW_STATUSES, 0), **counts}
     counted["total"] = sum(counted[s] for s in ROW_STATUSES)
     return {
@@ -484,6 +501,7 @@ def _shown_fields(row, counts: dict[str, int]) -> dict[str, Any]:
         "send_at": send_at,
         "started_at": started,
         "local_time": _hhmm(local_time),
+        "respect_quiet_hours": respect,
         "completed_at": completed,
         "counts": RowCounts(**counted),
     }

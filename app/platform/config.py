@@ -301,6 +301,12 @@ class Settings:
         "quiet hours of a subscriber who has set none, `START-END` in their own zone (`22:00-07:00`): "
         "digests and notification mail due inside wait for the end; empty: none (mail goes when it is due)",
     )
+    default_max_mails_per_day: int = setting(
+        0,
+        "most mails a subscriber gets in their local day when they have set no budget (digests, send-now, "
+        "critical and newsletter mail count; send-now mail over it folds into the next digest, newsletters "
+        "wait for the next day); 0: no limit",
+    )
     name_fallback: str = setting(
         "",
         "what `{{name}}` shows for a subscriber without a name, in newsletters and the greeting of "
@@ -560,6 +566,8 @@ def load() -> Settings:
     values["base_url"] = values.get("base_url", Settings.base_url).rstrip("/")
     values["default_locale"] = _default_locale(values.get("default_locale", Settings.default_locale))
     _check_quiet_hours(values.get("default_quiet_hours", ""))
+    if values.get("default_max_mails_per_day", 0) < 0:
+        raise ConfigError("DEFAULT_MAX_MAILS_PER_DAY must be 0 (no limit) or more")
     values.update({name: raw.strip() for name in _BRAND if (raw := os.environ.get(env_name(name)))})
     retention = values.get("retention_days", Settings.retention_days)
     if retention < 0 or 0 < retention < MIN_RETENTION_DAYS:

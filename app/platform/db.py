@@ -443,6 +443,7 @@ ALL_TABLES = [
     "feed_entities",
     "feed_state_all",
     "digest_marks",
+    "mail_budget",
 ]
 
 

@@ -92,9 +92,17 @@ DIGEST_LATENESS = Histogram(
     "Seconds from a run's scheduled_for to its send",
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400),
 )
+CRITICAL_EVENTS = Counter(
+    "notify_critical_events",
+    "Events stored with priority critical (sent at once, whatever quiet hours or budget), by category "
+    "(a category not in the registry counts as `unregistered`)",
+    ["category"],
+)
 MAIL_HELD = Counter(
     "notify_mail_held",
-    "Mails that were due but wait, by reason: quiet_hours (the subscriber's window: they go when it ends)",
+    "Mails that were due but wait, by reason: quiet_hours (the subscriber's window: they go when it ends), "
+    "budget (the subscriber's mails of the day are spent: a newsletter waits for the next local day, an "
+    "`immediately` subscriber's mail for its first minute)",
     ["reason"],
 )
 # -- languages

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 
+from app.platform import timezones
+
 _HHMM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
 
@@ -103,3 +105,12 @@ def held_until(now: datetime, zone: tzinfo, found: Window | None) -> datetime | 
     if end <= now:  # `now` is the repeated hour's second pass and the end its first: the second one
         end = datetime.combine(day, found.end).replace(tzinfo=zone, fold=1).astimezone(UTC)
     return end
+
+
+def subscriber_held_until(now: datetime, zone_name: str, stored: str | None, default: Window | None) -> datetime | None:
+    """`held_until` for a subscriber's row: their stored window ("22:00-07:00"), else `default`
+    (DEFAULT_QUIET_HOURS, parsed once by the caller), in their stored zone."""
+    found = parse_setting(stored) if stored else default
+    if found is None:
+        return None
+    return held_until(now, timezones.load(zone_name), found)

@@ -165,6 +165,17 @@ class SubscriberInput(Body):
     tracking_opt_out: bool = False
     locale: Annotated[str | None, *documented(_locale_schema, _locale)] = None
     quiet_hours: Annotated[str | None, BeforeValidator(_quiet_hours), WithJsonSchema(_QUIET_HOURS_SCHEMA)] = None
+    max_mails_per_day: Annotated[
+        Integer(
+            ge=0,
+            le=1000,
+            description="most mails in the subscriber's local day (0: no limit): digests, send-now, critical and "
+            "newsletter mail count; send-now mail over it folds into the next digest, newsletters wait for the "
+            "next day, digests and critical mail still go. null: DEFAULT_MAX_MAILS_PER_DAY",
+        )
+        | None,
+        Field(),
+    ] = None
 
 
 FIELDS = tuple(SubscriberInput.model_fields)
@@ -254,6 +265,7 @@ COLUMNS = (
     "tracking_opt_out",
     "locale",
     "quiet_hours",
+    "max_mails_per_day",
     "paused_until",
     "unsubscribed_at",
     "created_at",

@@ -33,6 +33,7 @@ OWNERS = {
     "feed_state_all": "digest/seen.py",
     "leases": "app/platform/lease.py",
     "legacy_link_codes": "tracking/legacy.py",
+    "mail_budget": "app/subscribers/budget.py",
     "mail_event_counts": "tracking/webhook_apply.py",
     "mail_stop": "app/platform/mail_stop.py",
     "newsletters": "app/newsletter/rows.py",

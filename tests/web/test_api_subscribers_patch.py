@@ -25,6 +25,7 @@ START = {
     "tracking_opt_out": True,
     "locale": "de",
     "quiet_hours": {"start": "22:00", "end": "07:00"},
+    "max_mails_per_day": 4,
 }
 
 
@@ -64,6 +65,8 @@ def _fields(record: dict) -> dict:
         ("locale", None, None),
         ("quiet_hours", {"start": "23:30", "end": "06:00"}, {"start": "23:30", "end": "06:00"}),
         ("quiet_hours", None, None),
+        ("max_mails_per_day", 0, 0),
+        ("max_mails_per_day", 3, 3),
     ],
 )
 def test_each_field_alone_changes_only_itself(client, admin_key, ana, field, value, stored):
@@ -81,7 +84,7 @@ def test_email_patch_updates_the_canonical_address(client, admin_key, ana):
 
 def test_null_clears_optional_fields_to_puts_defaults(client, admin_key, ana):
     body = dict.fromkeys(("name", "timezone", "digest_cadence", "digest_hour", "digest_weekday"), None)
-    body.update(category_opt_outs=None, tracking_opt_out=None, locale=None, quiet_hours=None)
+    body.update(category_opt_outs=None, tracking_opt_out=None, locale=None, quiet_hours=None, max_mails_per_day=None)
     r = patch(client, admin_key, body)
     assert r.status_code == 200, r.text
     assert _fields(r.json()) == {
@@ -95,6 +98,7 @@ def test_null_clears_optional_fields_to_puts_defaults(client, admin_key, ana):
         "tracking_opt_out": False,
         "locale": None,
         "quiet_hours": None,
+        "max_mails_per_day": None,
     }
 
 
@@ -117,6 +121,9 @@ def test_null_for_the_required_email_is_422_naming_it(client, admin_key, ana):
         ({"quiet_hours": {"start": "22:00", "end": "22:00"}}, "quiet_hours"),
         ({"quiet_hours": {"start": "7:00", "end": "22:00"}}, "quiet_hours"),
         ({"quiet_hours": "22:00-07:00"}, "quiet_hours"),
+        ({"max_mails_per_day": -1}, "max_mails_per_day"),
+        ({"max_mails_per_day": 1001}, "max_mails_per_day"),
+        ({"max_mails_per_day": "3"}, "max_mails_per_day"),
         ({"user_id": "someone-else"}, "user_id"),
         (["name"], "body"),
     ],

@@ -69,7 +69,9 @@ async def get_newsletter(request: Request, newsletter_id: int):
 
 async def send_newsletter(request: Request, newsletter_id: int, body: service.NewsletterAudience):
     audience = body.recipients()
-    status = await run_in_threadpool(service.request_send, newsletter_id, audience, body.send_at, body.local_time)
+    status = await run_in_threadpool(
+        service.request_send, newsletter_id, audience, body.send_at, body.local_time, body.respect_quiet_hours
+    )
     unknown, unknown_count = await run_in_threadpool(service.unknown_user_ids, audience)
     return SendRequested(
         id=newsletter_id, status=status, unknown_user_ids=unknown, unknown_user_ids_count=unknown_count
@@ -130,6 +132,7 @@ _SUMMARY = {
     "send_at": None,
     "started_at": "2026-11-28T09:01:00+00:00",
     "local_time": None,
+    "respect_quiet_hours": False,
     "completed_at": "2026-11-28T09:01:02+00:00",
     "counts": {"pending": 0, "sending": 0, "sent": 1, "failed": 0, "suppressed": 0, "cancelled": 0, "total": 1},
 }

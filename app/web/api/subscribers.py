@@ -79,6 +79,7 @@ _RECORD = {
     "tracking_opt_out": False,
     "locale": None,
     "quiet_hours": {"start": "22:00", "end": "07:00"},
+    "max_mails_per_day": None,
     "paused_until": None,
     "unsubscribed_at": None,
     "created_at": "2026-11-28T09:00:00+00:00",

@@ -22,7 +22,7 @@ from app.operations import opt_out
 from app.platform import config, i18n, timezones
 from app.platform.i18n import N_
 from app.platform.validation import plain_int
-from app.subscribers import quiet_hours, records
+from app.subscribers import budget, quiet_hours, records
 from app.web.pages import common, csrf, schedule, subscription
 
 log = logging.getLogger("app.web.pages.preferences")
@@ -44,6 +44,7 @@ FIELD_LABELS = {
     "pause_days": N_("Pause"),
     "locale": N_("Language"),
     "quiet_hours": N_("Quiet hours"),
+    "max_mails_per_day": N_("Most emails a day"),
 }
 # What a refused field is told on the page (the API's messages are English, for developers).
 FIELD_ERRORS = {
@@ -55,6 +56,7 @@ FIELD_ERRORS = {
     "pause_days": N_("Enter a whole number of days from 1 to {max}, or leave it empty."),
     "locale": N_("Choose a language from the list."),
     "quiet_hours": N_("Choose both times, and two different ones, or neither."),
+    "max_mails_per_day": N_("Choose a number from the list."),
 }
 CADENCE_CHOICES = (
     ("immediately", N_("As it happens"), N_("An email soon after something happens (a few an hour at most).")),
@@ -89,7 +91,13 @@ def _form_values(subscriber: dict) -> dict:
         "newsletters": subscriber["newsletters_unsubscribed_at"] is None,
         "locale": subscriber["locale"] or "",
         **_quiet_form(subscriber),
+        "max_mails_per_day": _budget_form(subscriber),
     }
+
+
+def _budget_form(subscriber: dict) -> str:
+    limit = subscriber["max_mails_per_day"]
+    return "" if limit is None else str(limit)
 
 
 def _quiet_form(subscriber: dict) -> dict:
@@ -98,6 +106,24 @@ def _quiet_form(subscriber: dict) -> dict:
 
 
 QUARTER_HOURS = tuple(f"{h:02d}:{m:02d}" for h in range(24) for m in (0, 15, 30, 45))
+BUDGET_CHOICES = (1, 2, 3, 5, 10, 20, 50)  # the page's choices; the API takes 0 to 1000
+
+
+def budget_choices(t: i18n.Translator, current: int | None = None) -> list[tuple[str, str]]:
+    """The budget's choices: first the deployment's default, then no limit, then the numbers (with
+    the subscriber's own when the API set one the list lacks, so saving the page keeps it)."""
+    default = config.get().default_max_mails_per_day
+    label = t.gettext("Default ({limit})", limit=t.number(default)) if default else t.gettext("Default (no limit)")
+    numbers = sorted({*BUDGET_CHOICES, *([current] if current else [])})
+    return [("", label), ("0", t.gettext("No limit")), *((str(n), t.number(n)) for n in numbers)]
+
+
+def _budget_label(subscriber: dict, now: datetime, t: i18n.Translator) -> str | None:
+    """How much of today's budget is spent, in the subscriber's words; None without a limit."""
+    spent, limit = budget.spent_today(subscriber["id"], now)
+    if not limit:
+        return None
+    return t.gettext("Today so far: {spent} of {limit}.", spent=t.number(spent), limit=t.number(limit))
 
 
 def languages(t: i18n.Translator) -> list[tuple[str, str]]:
@@ -144,6 +170,8 @@ def _context(subscriber: dict, form: dict, errors: dict, notice: str | None, t: 
         "quarter_hours": QUARTER_HOURS,
         "default_quiet_label": _default_quiet_label(t),
         "held_label": _held_label(subscriber, now, zone, t),
+        "budget_choices": budget_choices(t, subscriber["max_mails_per_day"]),
+        "budget_label": _budget_label(subscriber, now, t),
         "paused_label": paused_label,
         "max_pause_days": MAX_PAUSE_DAYS,
     }
@@ -244,6 +272,9 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
     if common.text(posted, "quiet_start") is not None or common.text(posted, "quiet_end") is not None:
         # neither: no window of their own (the default's); one alone is refused with the pair's message
         data["quiet_hours"] = None if not any(quiet.values()) else quiet
+    budget_raw = common.text(posted, "max_mails_per_day")
+    if budget_raw is not None:  # empty: the deployment's default
+        data["max_mails_per_day"] = _form_number(budget_raw.strip()) if budget_raw.strip() else None
     if shown:
         data["category_opt_outs"] = opt_outs
     values, error_list = records.validate(data, partial=True)
@@ -282,6 +313,7 @@ def parse_save(posted, subscriber: dict) -> tuple[dict, dict, dict]:
         "locale": raw.get("locale", subscriber["locale"] or ""),
         "quiet_start": quiet["start"] if "quiet_hours" in data else _quiet_form(subscriber)["quiet_start"],
         "quiet_end": quiet["end"] if "quiet_hours" in data else _quiet_form(subscriber)["quiet_end"],
+        "max_mails_per_day": (budget_raw or "").strip()[:12] if budget_raw is not None else _budget_form(subscriber),
     }
     sticky["topics"] = subscription.topics(sticky["categories"])
     return values, errors, sticky

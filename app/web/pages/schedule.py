@@ -4,7 +4,8 @@ in the subscriber's language (the date as CLDR writes it there).
 The time is when the subscriber's run is planned for, in their own zone: the run already waiting
 (pending_run_at), which may be due and not yet sent, or else the next slot (digest.plan.next_slot)
 plus the subscriber's stable stagger (within DIGEST_STAGGER_SECONDS; an hour at most for hourly), as
-the planner will make it. Cadences without slots (next_slot refuses them) are described instead.
+the planner will make it, moved to the end of the subscriber's quiet hours when it falls inside them.
+Cadences without slots (next_slot refuses them) are described instead.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from app.platform import config, db, i18n, timezones
+from app.subscribers import quiet_hours
 from digest import plan
 
 
@@ -63,6 +65,11 @@ def next_digest(
             "Emails are paused; your next digest after that: {when}.",
             when=when(_planned(subscriber, paused_until), tz_name, t),
         )
+    # A slot inside the subscriber's quiet hours moves to their end (digest/claim.py holds it there).
+    default = quiet_hours.parse_setting(config.get().default_quiet_hours)
+    moved = quiet_hours.subscriber_held_until(max(at, now), tz_name, subscriber.get("quiet_hours"), default)
+    if moved is not None:
+        return t.gettext("Your next digest: {when}, when your quiet hours end.", when=when(moved, tz_name, t))
     if at <= now:
         return t.gettext("Your next digest is on its way (due {when}).", when=when(at, tz_name, t))
     return t.gettext("Your next digest: {when}.", when=when(at, tz_name, t))
