@@ -11,10 +11,11 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from app.platform import db, metrics
-from digest import immediate
+from digest import claim, immediate
 from digest import send as digest_send
 from tests import factories
 from tests.digest_support import run_row, sink_as_provider
+from tests.subscribers.test_quiet_hours import LISBON, NEW_YORK, SYDNEY, local, utc
 
 ZONE = "Asia/Tokyo"
 
@@ -112,3 +113,38 @@ def test_the_default_holds_those_without_a_window_and_a_window_of_their_own_wins
     assert digest_send.process(runs)["sent"] == 1
     assert [m["To"].addresses[0].username for m in sink.messages()] == ["own-window"]
     assert run_row(runs[0])["status"] == "pending"
+
+
+# -- on a controlled clock, through the claim (digest/claim.py) -------------------------------------
+@pytest.mark.parametrize(
+    "zone,window,now,until",
+    [
+        (NEW_YORK, ("22:00", "02:30"), local(NEW_YORK, 2026, 3, 7, 23, 0), utc(2026, 3, 8, 7, 0)),
+        (LISBON, ("00:00", "01:30"), local(LISBON, 2026, 3, 29, 0, 45), utc(2026, 3, 29, 1, 0)),
+        (SYDNEY, ("01:00", "02:30"), local(SYDNEY, 2026, 10, 4, 1, 15), utc(2026, 10, 3, 16, 0)),
+        (NEW_YORK, ("22:00", "01:30"), local(NEW_YORK, 2026, 10, 31, 23, 0), utc(2026, 11, 1, 5, 30)),
+        (LISBON, ("23:00", "01:30"), local(LISBON, 2026, 10, 24, 23, 30), utc(2026, 10, 25, 0, 30)),
+        (SYDNEY, ("22:00", "02:30"), local(SYDNEY, 2026, 4, 4, 23, 0), utc(2026, 4, 4, 15, 30)),
+    ],
+)
+def test_a_run_claimed_inside_the_window_waits_for_its_dst_safe_end(zone, window, now, until):
+    """The claim holds a due send-now run at the moment the clock says, back to pending until the
+    window's end across both DST changes, no attempt counted; at the end it is claimed."""
+    sid = factories.subscriber("owl", digest_cadence="immediately", timezone=zone.key, quiet_hours="-".join(window))
+    factories.events("owl", 1)
+    (rid,) = db.query(
+        "INSERT INTO digest_runs (subscriber_id, cadence, period, slot, scheduled_for) "
+        "VALUES (%s, 'immediately', current_date, 1, now() - interval '1 minute') RETURNING id",
+        (sid,),
+    )[0]
+    with db.raw_cursor() as cur:
+        ready, _ = claim.claim(cur, [rid], 10, 5, now=now.astimezone(UTC))
+    assert ready == []
+    [(status, attempts, next_attempt_at, held_at)] = db.query(
+        "SELECT status, attempts, next_attempt_at, held_at FROM digest_runs WHERE id = %s", (rid,)
+    )
+    assert (status, attempts, next_attempt_at) == ("pending", 0, until) and held_at is not None
+    db.query("UPDATE digest_runs SET next_attempt_at = NULL WHERE id = %s", (rid,))
+    with db.raw_cursor() as cur:
+        ready, _ = claim.claim(cur, [rid], 10, 5, now=until)
+    assert [r.id for r in ready] == [rid] and ready[0].held
