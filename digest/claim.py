@@ -99,7 +99,7 @@ def claim(
         else:
             ready.append(run)
         seen.add(run.subscriber_id)
-    ready, over_budget = _spend_budget(cur, ready, now, settings.default_max_mails_per_day)
+    ready, over_budget = _spend_budget(cur, ready, now)
     folded = [(r.id, FOLDED) for r in over_budget if r.subscriber_cadence != "immediately"]
     next_day = [(r.id, budget.next_day(now, r.timezone)) for r in over_budget if r.subscriber_cadence == "immediately"]
     digest_runs.mark_skipped(cur, skipped + folded)
@@ -126,13 +126,14 @@ def claim(
 FOLDED = "mail budget spent: folded into the next digest"
 
 
-def _spend_budget(cur, ready: list[ClaimedRun], now: datetime, default_limit: int):
+def _spend_budget(cur, ready: list[ClaimedRun], now: datetime):
     """Count each mail against its subscriber's day (app/subscribers/budget.py). Returns (runs that
-    go, send-now runs over budget). Nothing is asked of Postgres when no run has a limit."""
-    limited = [r for r in ready if (r.max_mails_per_day if r.max_mails_per_day is not None else default_limit) > 0]
-    if not limited:
-        return ready, []
-    refused = budget.spend(cur, [budget.Spend(r.subscriber_id, must=not r.may_wait) for r in limited], now)
+    go, send-now runs over budget)."""
+    refused = budget.spend(
+        cur,
+        [budget.Spend(r.subscriber_id, r.timezone, r.max_mails_per_day, must=not r.may_wait) for r in ready],
+        now,
+    )
     if not refused:
         return ready, []
     return [r for r in ready if r.subscriber_id not in refused], [r for r in ready if r.subscriber_id in refused]

@@ -49,14 +49,13 @@ def claim(
             held = {row.id for row, _ in quiet}
             going = [row for row in going if row.id not in held]
             metrics.MAIL_HELD.labels("quiet_hours").inc(len(quiet))
-    default_limit = settings.default_max_mails_per_day
-    limited = [row for row in going if _limit(row, default_limit) > 0]
-    if limited:
-        refused = budget.spend(cur, [budget.Spend(row.subscriber_id, must=False) for row in limited], now)
-        over = [row for row in limited if row.subscriber_id in refused]
-        if over:
-            waits += [(row.id, budget.next_day(now, row.timezone)) for row in over]
-            metrics.MAIL_HELD.labels("budget").inc(len(over))
+    refused = budget.spend(
+        cur, [budget.Spend(row.subscriber_id, row.timezone, row.max_mails_per_day, must=False) for row in going], now
+    )
+    if refused:
+        over = [row for row in going if row.subscriber_id in refused]
+        waits += [(row.id, budget.next_day(now, row.timezone)) for row in over]
+        metrics.MAIL_HELD.labels("budget").inc(len(over))
     if not waits:
         return claimed, last
     newsletter_rows.defer(cur, waits)
@@ -67,7 +66,3 @@ def claim(
     )
     waiting = {row_id for row_id, _ in waits}
     return [row for row in claimed if row.id not in waiting], last
-
-
-def _limit(row: Claimed, default_limit: int) -> int:
-    return row.max_mails_per_day if row.max_mails_per_day is not None else default_limit

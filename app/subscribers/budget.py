@@ -6,10 +6,10 @@ newsletters — over their local day (their zone's midnight to midnight). What m
 what can wait: send-now mail (it folds into the next digest) and newsletters (held to the next local
 day); digests and critical mail always go and still count.
 
-`spend` is the one way to count. It is exact under concurrency: the rows are locked in subscriber
-order and each count is decided on the row as the last committed spender left it, so two workers
-spending for one subscriber never both take the last mail (a READ COMMITTED UPDATE re-reads a row
-it had to wait for before it applies its condition). A mail is counted when it is claimed to be
+`spend` is the one way to count, one statement per batch. It is exact under concurrency: each count
+is decided on the row as the last committed spender left it, so two workers spending for one
+subscriber never both take the last mail (INSERT … ON CONFLICT DO UPDATE waits for a conflicting
+transaction and applies its condition to the row that one committed). A mail is counted when it is claimed to be
 sent; one that then fails stays counted, so a day's mails never exceed the limit (they may fall
 short of it when sends fail).
 """
@@ -26,39 +26,24 @@ from app.subscribers import quiet_hours
 # The limit in force for subscriber row `s` (0: none).
 LIMIT = "coalesce({s}.max_mails_per_day, %(default_limit)s::int)"
 
-# First every counted subscriber has a row (a new subscriber's first mail ever: inserted as 0 spent
-# on today, so the decision below is always an UPDATE of a row both spenders lock); then one UPDATE
-# decides and counts. Rows locked in subscriber order: two batches that share subscribers never
-# deadlock.
-_ENSURE = f"""
-INSERT INTO mail_budget (subscriber_id, day, spent)
-SELECT s.id, (%(now)s::timestamptz AT TIME ZONE s.timezone)::date, 0
-FROM subscribers s
-WHERE s.id = ANY (%(ids)s::bigint[]) AND {LIMIT.format(s="s")} > 0
-ORDER BY s.id
-ON CONFLICT (subscriber_id) DO NOTHING
-"""
-
-_SPEND = f"""
-WITH v AS (
-    SELECT s.id, v.must, {LIMIT.format(s="s")} AS cap, (%(now)s::timestamptz AT TIME ZONE s.timezone)::date AS today
-    FROM unnest(%(ids)s::bigint[], %(must)s::boolean[]) AS v(id, must)
-    JOIN subscribers s ON s.id = v.id
-    WHERE {LIMIT.format(s="s")} > 0
-), locked AS MATERIALIZED (
-    SELECT b.subscriber_id FROM mail_budget b
-    WHERE b.subscriber_id IN (SELECT id FROM v)
-    ORDER BY b.subscriber_id
-    FOR UPDATE OF b
-), counted AS (
-    UPDATE mail_budget b SET
-        spent = CASE WHEN b.day = v.today THEN b.spent + 1 ELSE 1 END,
-        day = v.today
-    FROM v JOIN locked l ON l.subscriber_id = v.id
-    WHERE b.subscriber_id = v.id AND (v.must OR b.day <> v.today OR b.spent < v.cap)
-    RETURNING b.subscriber_id
-)
-SELECT v.id FROM v WHERE NOT v.must AND v.id NOT IN (SELECT subscriber_id FROM counted)
+# One statement: each counted subscriber's row is inserted (their first mail ever: 1 spent today) or
+# updated, in subscriber order (two batches that share subscribers never deadlock). The decision is
+# the DO UPDATE's condition, which Postgres applies to the row as the last committed spender left
+# it (a conflicting insert waits for the other transaction, then updates): a mail that could wait
+# (`cap`, the subscriber's limit) is counted only while the day's count is below it; a mail that
+# must go (cap NULL: a digest, critical mail) always is. What the statement does not return was
+# refused.
+_SPEND = """
+INSERT INTO mail_budget AS b (subscriber_id, day, spent, cap)
+SELECT v.id, v.day, 1, v.cap
+FROM unnest(%(ids)s::bigint[], %(days)s::date[], %(caps)s::int[]) AS v(id, day, cap)
+ORDER BY v.id
+ON CONFLICT (subscriber_id) DO UPDATE SET
+    spent = CASE WHEN b.day = EXCLUDED.day THEN b.spent + 1 ELSE 1 END,
+    day = EXCLUDED.day,
+    cap = coalesce(EXCLUDED.cap, b.cap)
+WHERE b.day <> EXCLUDED.day OR EXCLUDED.cap IS NULL OR b.spent < EXCLUDED.cap
+RETURNING b.subscriber_id
 """
 
 _SPENT_TODAY = f"""
@@ -71,23 +56,38 @@ WHERE s.id = %(id)s
 
 @dataclass(frozen=True)
 class Spend:
+    """One mail to count, with what the caller's claim read of its subscriber."""
+
     subscriber_id: int
+    timezone: str  # their zone: the local day the mail counts in
+    limit: int | None  # their max_mails_per_day (None: DEFAULT_MAX_MAILS_PER_DAY)
     must: bool  # a digest or critical mail: counted, never refused
+
+
+def limit_of(limit: int | None) -> int:
+    """The limit in force (0: none) for a stored max_mails_per_day."""
+    return limit if limit is not None else max(0, config.get().default_max_mails_per_day)
 
 
 def spend(cur: db.Cursor, wanted: list[Spend], now: datetime) -> set[int]:
     """Count one mail for each subscriber in `wanted` (each at most once), in the caller's
     transaction. Returns the subscribers whose mail was refused: their day's budget is spent and
-    the mail could wait. Subscribers without a limit are not counted and never refused."""
-    if not wanted:
+    the mail could wait. Subscribers without a limit are not counted and never refused; nothing is
+    asked of Postgres when none has one."""
+    counted = [w for w in wanted if limit_of(w.limit) > 0]
+    if not counted:
         return set()
-    ids = [w.subscriber_id for w in wanted]
+    ids = [w.subscriber_id for w in counted]
     if len(set(ids)) != len(ids):
         raise ValueError("spend: one mail per subscriber per call")
-    params = {"ids": pg_array(ids), "now": now, "default_limit": max(0, config.get().default_max_mails_per_day)}
-    cur.execute(_ENSURE, params)
-    cur.execute(_SPEND, {**params, "must": [w.must for w in wanted]})
-    return {row[0] for row in cur.fetchall()}
+    params = {
+        "ids": pg_array(ids),
+        "days": [today(now, w.timezone) for w in counted],
+        "caps": [None if w.must else limit_of(w.limit) for w in counted],
+    }
+    cur.execute(_SPEND, params)
+    taken = {row[0] for row in cur.fetchall()}
+    return {w.subscriber_id for w in counted if not w.must and w.subscriber_id not in taken}
 
 
 def spent_today(subscriber_id: int, now: datetime) -> tuple[int, int]:

@@ -61,6 +61,11 @@ def parse_args():
     )
     p.add_argument("--baseline-sample", type=int, default=2000)
     p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument(
+        "--respect-quiet-hours",
+        action="store_true",
+        help="send with respect_quiet_hours (scripts/bench/quiet_budget.py)",
+    )
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per run")
     p.add_argument("--database-url", default=DEFAULT_DB)
     p.add_argument("--redis-url", default=DEFAULT_REDIS)
@@ -187,7 +192,7 @@ def run_pipeline(delay_ms: float, provider: str = "sendgrid") -> dict:
             f"(newsletter {newsletter_id})"
         )
         started = time.monotonic()
-        service.request_send(newsletter_id, {"kind": "all"})
+        service.request_send(newsletter_id, {"kind": "all"}, respect_quiet_hours=ARGS.respect_quiet_hours)
         deadline, last_report = started + ARGS.timeout, started
         while True:
             status = db.query("SELECT status FROM newsletters WHERE id = %s", (newsletter_id,))[0][0]

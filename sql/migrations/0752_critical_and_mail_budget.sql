@@ -14,8 +14,8 @@
 --   * the schedule trigger of 0004 cancels a subscriber's pending runs when their schedule changes;
 --     a critical run is not planned by the schedule, so it is left to go.
 --   * mail_budget: the mails a subscriber got in their local day (app/subscribers/budget.py), one
---     row per subscriber (the day it counts and the count; a new day starts the count again), so
---     it never grows with time. Erasure removes it with the subscriber.
+--     row per subscriber (the day it counts, the count, the limit last applied; a new day starts
+--     the count again), so it never grows with time. Erasure removes it with the subscriber.
 --   * newsletters.respect_quiet_hours: hold each recipient's row until their quiet hours end.
 --     A NOT NULL column with a constant default is stored in the catalog: no rewrite.
 
@@ -42,7 +42,8 @@ $$;
 CREATE TABLE IF NOT EXISTS mail_budget (
     subscriber_id bigint PRIMARY KEY REFERENCES subscribers (id) ON DELETE CASCADE,
     day           date NOT NULL,
-    spent         integer NOT NULL
+    spent         integer NOT NULL,
+    cap           integer  -- the limit the last mail that could wait was counted against
 );
 
 ALTER TABLE newsletters ADD COLUMN IF NOT EXISTS respect_quiet_hours boolean NOT NULL DEFAULT false;

@@ -78,7 +78,9 @@ def test_a_recipient_over_budget_waits_for_their_next_local_day(fake, provider):
     sid = factories.subscriber("busy", timezone="Australia/Sydney", max_mails_per_day=1)
     factories.subscriber("free")
     with db.raw_cursor() as cur:
-        assert budget.spend(cur, [budget.Spend(sid, must=True)], datetime.now(UTC)) == set()  # a digest went today
+        assert (
+            budget.spend(cur, [budget.Spend(sid, "Australia/Sydney", 1, must=True)], datetime.now(UTC)) == set()
+        )  # a digest went today
     nl = factories.newsletter()
     _start(nl, respect=False)
     drain(nl, provider)
