@@ -39,7 +39,6 @@ import json
 import os
 import resource
 import select
-import shlex
 import signal
 import subprocess
 import sys
@@ -117,6 +116,7 @@ from scripts.bench.shared import (  # noqa: E402
     cpu_seconds,
     group_cpu,
     peak_rss_mb,
+    procfile_command,
     record,
     seed_subscribers,
     stop_group,
@@ -470,17 +470,6 @@ def our_env() -> dict:
     return env
 
 
-def procfile_worker(env: dict) -> list[str]:
-    """The Procfile's worker command with its ${VAR:-default}s expanded from `env`."""
-    import re
-
-    line = next(ln for ln in (ROOT / "Procfile").read_text().splitlines() if ln.startswith("worker:"))
-    command = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1)) or m.group(2), line.split(":", 1)[1])
-    argv = shlex.split(command)
-    assert argv[0] == "dramatiq", argv
-    return [sys.executable, "-m", "dramatiq", *argv[1:]]
-
-
 def api(port: int, key: str, method: str, path: str, body: dict) -> dict:
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}",
@@ -509,7 +498,7 @@ def run_ours(n: int) -> dict:
     rclient = redis.Redis.from_url(ARGS.redis_url)
     rclient.flushdb()
     redis_pid = int(rclient.info("server")["process_id"])
-    worker_cmd = procfile_worker(env)
+    worker_cmd = procfile_command("worker", env)
     conn = pg_connect(ARGS.database_url)
     postgres = PostgresCPU(conn, urlparse(ARGS.database_url).path.lstrip("/"))
     port = free_port()

@@ -4,8 +4,9 @@ worker memory plateaus (issue 26.5) and what the waves do to ingestion's latency
     .venv/bin/python scripts/bench/soak.py                    # 60 minutes
     .venv/bin/python scripts/bench/soak.py --minutes 5        # a short look
 
-The service as shipped — web (uvicorn, 2 processes), worker (`dramatiq actors`, 2 processes x 8
-threads), scheduler — against its own database (notify_bench_soak) and Redis db, mail over SMTP to
+The service as shipped — web and worker started from the Procfile's own lines (uvicorn, 2 processes;
+`dramatiq actors`, 2 processes x 8 threads, at WORKER_NICE; set WORKER_NICE=0 to measure without
+it), scheduler — against its own database (notify_bench_soak) and Redis db, mail over SMTP to
 scripts/bench/smtp_sink.py at 0 ms, tracking on. The load, all over the service's own HTTP API:
 
   events      --events-per-second (1,000) to random subscribers, batches of 100 every 0.1 s; each
@@ -52,7 +53,7 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 
 from scripts.bench.loadgen import free_port  # noqa: E402
-from scripts.bench.shared import group_pids, record, stop_group, wait_heartbeats  # noqa: E402
+from scripts.bench.shared import group_pids, procfile_command, record, stop_group, wait_heartbeats  # noqa: E402
 
 RSS_TARGET_MB = 160
 PY = sys.executable
@@ -143,12 +144,10 @@ class Service:
         )
         sink.stdout.readline()  # listening
         self.procs["sink"] = sink
-        self.start(
-            "web",
-            [PY, "-m", "uvicorn", "app.web:app", "--host", "127.0.0.1", "--port", str(self.web_port), "--workers",
-             "2", "--loop", "uvloop", "--no-access-log", "--log-level", "warning"],
-        )  # fmt: skip
-        self.start("worker", [PY, "-m", "dramatiq", "actors", "--processes", "2", "--threads", "8"])
+        # web and worker as the Procfile starts them (WORKER_NICE, WEB_CONCURRENCY, … from the environment)
+        procfile_env = {**self.env, "PORT": str(self.web_port)}
+        self.start("web", procfile_command("web", procfile_env))
+        self.start("worker", procfile_command("worker", procfile_env))
         self.start("scheduler", [PY, "-m", "app", "scheduler"])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
