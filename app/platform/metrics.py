@@ -97,6 +97,10 @@ MAIL_HELD = Counter(
     "Mails that were due but wait, by reason: quiet_hours (the subscriber's window: they go when it ends)",
     ["reason"],
 )
+MAIL_RELEASED = Counter(
+    "notify_mail_released",
+    "Held mails that went out: digest runs held by quiet hours (held_at set), sent once the window ended",
+)
 # -- languages
 I18N_FALLBACKS = Counter(
     "notify_i18n_fallbacks",
