@@ -237,6 +237,9 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         counts = outcome.counts()
         counts["skipped"] += len(skipped)
         metrics.digest_batch(counts, outcome.exhausted, outcome.lateness)  # committed: counted once
+        held = {r.id for r in claimed if r.held}
+        if held:  # quiet hours over: what they held went out now (MAIL_HELD counted the hold)
+            metrics.MAIL_RELEASED.inc(sum(1 for item in outcome.sent if item[0] in held))
         if claimed or skipped:
             log.info("digest batch: %s in %.0f ms", counts, (time.monotonic() - started) * 1e3)
         return counts

@@ -11,6 +11,7 @@ sink that injects faults, and one fault per drill. Every drill prints
     python scripts/drill.py                      # every drill at default scale (make drill)
     python scripts/drill.py --scale 0.05 --only kill_worker,redis_flush
     python scripts/drill.py --only provider_failover   # MAIL_PROVIDERS=postmark,ses, the primary 503s for 30 s
+    python scripts/drill.py --only hold_release   # quiet hours end for 20,000; a worker killed mid-release
 
 provider_failover sends through two HTTP API fakes instead of the SMTP sink (tests/fake_providers.py,
 real local servers in this process) and judges more than mail: the switch to the secondary within
@@ -38,6 +39,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -180,6 +182,7 @@ class Pace:
     retry_base_seconds: int = 3  # DIGEST_RETRY_BASE_SECONDS: five attempts span 15x this
     worker_kills: int | None = None  # kill_worker's kills (None: as many as KILL_WINDOW_SECONDS holds)
     provider_outage_seconds: float = 30.0  # provider_failover: the primary answers 503 this long
+    hold_seconds: float = 60.0  # hold_release: the quiet hours end at the first whole minute this far ahead
     breaker_cooldown_seconds: float = 30.0  # PROVIDER_BREAKER_COOLDOWN_SECONDS (the production default)
     judge_timing: bool = True  # judge timing (the failover switch) too; printed either way
 
@@ -193,6 +196,7 @@ QUICK = Pace(
     worker_kills=3,
     provider_outage_seconds=3.0,
     breaker_cooldown_seconds=2.0,
+    hold_seconds=15.0,
     judge_timing=False,  # a machine the suite shares: a slow moment is no failure there
 )
 
@@ -845,6 +849,100 @@ def drill_ingest_during_wave(system: System, scale: float) -> Report:
     return report
 
 
+# -- held mail released (issue 40) ----------------------------------------------------------------
+HOLD_RELEASE_SUBSCRIBERS = 20_000  # at scale 1
+RELEASE_KILL_SHARE = 0.2  # a worker is SIGKILLed once this share of the release was delivered
+EARLY_TOLERANCE_SECONDS = 0.2  # the sink's clock and the workers' (one machine) read a little apart
+
+
+def drill_hold_release(system: System, scale: float) -> Report:
+    """20,000 x scale `immediately` subscribers (UTC) with send-now mail due now, all inside quiet
+    hours that began an hour ago and end at the first whole minute at least the pace's hold_seconds
+    ahead (a window is HH:MM: the clock the workers' claims read is the real one). Two workers claim
+    the runs and hold them (digest/claim.py); at the window's end the scheduler's checker makes them
+    due again, and once a fifth of the release was delivered one worker is SIGKILLed (a fresh one
+    started). Judged: exactly one mail per subscriber (one Message-ID: a re-send after the kill under
+    the same one is the allowed case), nothing lost, nothing delivered before the window ended, every
+    run held before it ended and sent with held_at kept, and every event in exactly one sent run."""
+    n = max(100, int(HOLD_RELEASE_SUBSCRIBERS * scale))
+    now = datetime.now(UTC)
+    end = (now + timedelta(seconds=system.pace.hold_seconds + 59)).replace(second=0, microsecond=0)
+    window = f"{now - timedelta(hours=1):%H:%M}-{end:%H:%M}"
+    end_at = time.monotonic() + (end - datetime.now(UTC)).total_seconds()  # the sink's clock
+    system.sql(
+        "INSERT INTO subscribers (user_id, email, name, digest_cadence, timezone, quiet_hours, digest_planned_until) "
+        "SELECT 'd' || g, 'd' || g || '@example.test', 'D ' || g, 'immediately', 'UTC', %s, now() + interval '1 day' "
+        "FROM generate_series(0, %s) g",
+        (window, n - 1),
+    )
+    system.sql(
+        "INSERT INTO digest_events (source, producer_id, user_id, category, entity_type, entity_id, "
+        "actor_id, actor_name, payload) SELECT 'drill', 'e' || g || '-' || k, 'd' || g, 'comment', 'post', "
+        "'p' || k, 'a' || k, 'Actor ' || k, '{\"title\": \"Post\", \"url\": \"https://example.test/p\"}' "
+        "FROM generate_series(0, %s) g, generate_series(1, 3) k",
+        (n - 1,),
+    )
+    system.sql(  # the send-now pass's runs (digest/immediate.py), due now: inside the window
+        "INSERT INTO digest_runs (subscriber_id, cadence, period, slot, scheduled_for) "
+        "SELECT id, 'immediately', current_date, 0, now() FROM subscribers WHERE user_id LIKE 'd%%'"
+    )
+    system.start("scheduler")
+    worker = system.start("worker")
+    system.start("worker")
+    held = 0
+    while time.monotonic() < end_at - 1:  # the workers claim the runs and hold them
+        held = system.sql("SELECT count(*) FROM digest_runs WHERE held_at IS NOT NULL")[0][0]
+        if held >= n:
+            break
+        time.sleep(0.2)
+    held_before_end = held
+    time.sleep(max(0.0, end_at - time.monotonic()))
+    kills = [0]
+
+    def kill_mid_release():
+        nonlocal worker
+        if not kills[0] and len(system.sink.deliveries) >= max(1, int(n * RELEASE_KILL_SHARE)):
+            system.kill(worker)
+            kills[0] += 1
+            worker = system.start("worker")
+
+    settled = run_until_settled(system, 900, kill_mid_release, poll=0.05)
+    report = tally(system, "hold release", end_at)
+    with system.sink.lock:
+        times = [t for t, _, _ in system.sink.deliveries]
+    early = sum(1 for t in times if t < end_at - EARLY_TOLERANCE_SECONDS)
+    released_in = max(times, default=end_at) - end_at
+    ((runs, sent, sent_held, subscribers_with_runs),) = system.sql(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'sent'), "
+        "count(*) FILTER (WHERE status = 'sent' AND held_at IS NOT NULL), count(DISTINCT subscriber_id) "
+        "FROM digest_runs"
+    )
+    covering = system.sql(COVERING_RUNS.format(where="true"))
+    statuses = dict(system.sql("SELECT id, status FROM digest_runs"))
+    sent_cover = [[r for r in ids if statuses.get(r) == "sent"] for _, ids in covering]
+    events_lost = sum(1 for ids in sent_cover if not ids)
+    events_twice = sum(1 for ids in sent_cover if len(ids) > 1)
+    checks = []
+    if held_before_end < n:
+        checks.append(f"only {held_before_end:,} of {n:,} runs held before the window ended")
+    if early:
+        checks.append(f"{early} mail(s) delivered before the window ended")
+    if runs != n or subscribers_with_runs != n or sent != n or sent_held != n:
+        checks.append(f"runs {runs:,} ({subscribers_with_runs:,} subscribers), {sent:,} sent, {sent_held:,} held")
+    if events_lost or events_twice:
+        checks.append(f"events in no sent run {events_lost}, in two {events_twice}")
+    if not settled:
+        checks.append("TIMED OUT")
+    report.failed_checks = checks
+    report.faults = kills[0]
+    report.notes = (
+        f"({n:,} subscribers held by quiet hours {window} UTC, {held_before_end:,} held before the end; "
+        f"released in {released_in:.1f} s from the window's end; {len(covering):,} events; "
+        f"{kills[0]} kill mid-release{resent_per_thread(report.resent_after_kill, kills[0])})"
+    )
+    return report
+
+
 # -- provider failover (issue 38) ------------------------------------------------------------------
 FAILOVER_ORDER = ("postmark", "ses")  # MAIL_PROVIDERS: primary, secondary (issue 38's example)
 SWITCH_WITHIN_SECONDS = 5.0  # the primary's first 503 -> the secondary's first acceptance
@@ -968,7 +1066,7 @@ def _failover_report(
 
 
 # The drills that SIGKILL a worker: the only ones where a mail may arrive twice under one Message-ID.
-KILL_WORKERS = frozenset({"kill_worker", "ingest_during_wave"})
+KILL_WORKERS = frozenset({"kill_worker", "ingest_during_wave", "hold_release"})
 
 DRILLS = {
     "kill_worker": drill_kill_worker,
@@ -981,6 +1079,7 @@ DRILLS = {
     "kill_scheduler": drill_kill_scheduler_planning,
     "ingest_during_wave": drill_ingest_during_wave,
     "provider_failover": drill_provider_failover,
+    "hold_release": drill_hold_release,
 }
 
 

@@ -105,6 +105,10 @@ MAIL_HELD = Counter(
     "`immediately` subscriber's mail for its first minute)",
     ["reason"],
 )
+MAIL_RELEASED = Counter(
+    "notify_mail_released",
+    "Held mails that went out: digest runs held by quiet hours (held_at set), sent once the window ended",
+)
 # -- languages
 I18N_FALLBACKS = Counter(
     "notify_i18n_fallbacks",

@@ -121,6 +121,7 @@ def steps() -> list[Step]:
         Step("click", bench("click.py"), ["--seconds", "3", "--baseline-seconds", "2"]),
         Step("webhook", bench("webhook.py")),
         Step("admin-dashboard", bench("admin_dashboard.py"), ["--per-day", "5000", "--days", "7"]),
+        Step("hold-release", bench("hold_release.py"), ["--subscribers", "5000"], timeout=3600),
     ]
     for p in SCALING_PROCESSES:
         out.append(

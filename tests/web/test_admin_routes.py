@@ -20,7 +20,7 @@ from app.cli import providers as providers_cli
 from app.operations import erasure
 from app.operations.audit import Operator
 from app.platform import apikeys, db, metrics, tokens
-from app.web.admin import session, stats, suppressions, views
+from app.web.admin import charts, session, stats, suppressions, views
 from tests import factories
 
 pytestmark = pytest.mark.varies_input("sign-in, CSRF, throttling, search input of /admin: the pooled request path")
@@ -762,3 +762,16 @@ def test_one_provider_has_no_breaker_to_show(admin, settings):
     settings(mail_providers=())
     with breaker_publisher(postmark=3):
         assert 'id="providers-h"' not in admin.get("/admin").text
+
+
+def test_the_dashboard_shows_mails_held_and_released(admin):
+    """Issue 40: the held and released counts, their chart and their column of the numbers table."""
+    now = datetime.now(UTC)
+    sub = factories.subscriber("held")
+    factories.digest_run(sub, cadence="immediately", status="sent", held_at=now, completed_at=now)
+    html = admin.get("/admin").text
+    assert 'id="chart-held"' in html and charts.TITLES["held"] in html
+    assert "<dt>Held (quiet hours)</dt><dd>1</dd>" in html and "<dt>Released</dt><dd>1</dd>" in html
+    assert '<td data-label="Held">1</td>' in html and '<td data-label="Released">1</td>' in html
+    chart = admin.get("/admin/charts/held.svg")
+    assert chart.status_code == 200 and chart.headers["content-type"].startswith("image/svg+xml")

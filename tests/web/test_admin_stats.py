@@ -192,3 +192,34 @@ def test_charts_are_drawn_once_per_computation(history):
     first = charts.svg("sent", d)
     assert charts.svg("sent", d) is first
     assert charts.svg("sent", stats.compute("24h", NOW)) == first  # deterministic output
+
+
+def test_mails_held_and_released_per_hour():
+    """Held: runs by the hour quiet hours first held them (held_at); released: those of them sent,
+    by the hour they went out. A run held and not sent yet is held only; an ordinary one is neither."""
+    a, b, c = (factories.subscriber(u) for u in ("a", "b", "c"))
+    factories.digest_run(a, cadence="immediately", status="sent", held_at=at(2, 10), completed_at=at(7, 0, 5))
+    factories.digest_run(b, cadence="immediately", status="sent", held_at=at(3), completed_at=at(7, 2))
+    factories.digest_run(c, cadence="immediately", status="pending", held_at=at(11, 30))  # still waiting
+    factories.digest_run(c, status="sent", completed_at=at(7, 1))  # never held
+    factories.digest_run(  # held before the window, released in it
+        a, status="sent", held_at=at(12, day=9), completed_at=at(14, day=9), period=at(0, day=9).date()
+    )
+    d = stats.compute("24h", NOW)
+    assert d.unavailable == []
+    assert d.held[index(d, at(2))] == 1 and d.held[index(d, at(3))] == 1 and d.held[index(d, at(11))] == 1
+    assert sum(d.held) == 3
+    assert d.released[index(d, at(7))] == 2 and d.released[index(d, at(14, day=9))] == 1
+    assert sum(d.released) == 3
+    assert "3 held, 3 released" in render.describe("held", d)
+    svg = charts.svg("held", d)
+    assert b"<svg" in svg and b"released" in svg
+
+
+def test_the_held_figures_use_their_partial_indexes():
+    w = stats.window("24h", NOW)
+    with db.raw_cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        cur.execute("EXPLAIN " + stats._HELD_SQL, w.params)
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "digest_runs_held_idx" in plan and "digest_runs_released_idx" in plan

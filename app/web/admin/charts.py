@@ -20,12 +20,13 @@ from typing import Any
 
 from app.web.admin.stats import KINDS, Dashboard
 
-CHARTS = ("sent", "rates", "bounces", "lateness")
+CHARTS = ("sent", "rates", "bounces", "lateness", "held")
 TITLES = {
     "sent": "Mails sent per hour",
     "rates": "Open and click rates (of the mails sent each hour)",
     "bounces": "Bounces and complaints per hour",
     "lateness": "Digest lateness (scheduled slot to sent)",
+    "held": "Mails held by quiet hours and released per hour",
 }
 COLOURS = {
     "digest": "#1d4ed8",
@@ -36,6 +37,8 @@ COLOURS = {
     "complaint": "#0f172a",
     "p50": "#1d4ed8",
     "p95": "#b42318",
+    "held": "#64748b",
+    "released": "#15803d",
 }
 _RC: dict[Any, Any] = {  # matplotlib types its keys as a Literal of every rc name
     "svg.fonttype": "none",
@@ -182,4 +185,20 @@ def _lateness(ax, data, hours, width) -> bool:
     return True
 
 
-_PLOTS = {"sent": _sent, "rates": _rates, "bounces": _bounces, "lateness": _lateness}
+def _held(ax, data, hours, width) -> bool:
+    """Side by side in each hour: the mails held (first held that hour) and the held mails sent."""
+    if data.held is None:
+        return False
+    half = width / 2
+    ax.bar(hours, data.held, width=half, align="edge", color=COLOURS["held"], label="held")
+    shifted = [h + (hours[1] - hours[0]) * 0.85 / 2 for h in hours]
+    ax.bar(shifted, data.released, width=half, align="edge", color=COLOURS["released"], label="released")
+    top = max([*data.held, *data.released, 0])
+    ax.set_ylabel("mails")
+    ax.set_ylim(bottom=0, top=max(top, 1) * 1.15)
+    _counts(ax)
+    ax.legend(loc="upper left", frameon=False, ncols=2)
+    return True
+
+
+_PLOTS = {"sent": _sent, "rates": _rates, "bounces": _bounces, "lateness": _lateness, "held": _held}

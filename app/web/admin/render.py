@@ -140,6 +140,11 @@ def describe(name: str, d: stats.Dashboard) -> str:
             f"Bounces and complaints per hour, {label}: {number(sum(d.bounces or ()))} bounces, "
             f"{number(sum(d.complaints or ()))} complaints."
         )
+    if name == "held":
+        return (
+            f"Mails held by quiet hours and released per hour, {label}: {number(sum(d.held or ()))} held, "
+            f"{number(sum(d.released or ()))} released at the end of their window."
+        )
     p50, p95 = d.lateness_total or (None, None)
     return f"Digest lateness per hour, {label}: p50 {duration(p50)}, p95 {duration(p95)} over the window."
 

@@ -12,7 +12,11 @@ and large the tables are:
   * bounces and complaints — SendGrid `bounce` (blocks included) and `spamreport` events by
     webhook_events.received_at;
   * digest lateness — completed_at − scheduled_for of sent runs, as notify_digest_lateness_seconds
-    measures it (digest/runs.py mark_sent), p50 and p95 per hour and over the window.
+    measures it (digest/runs.py mark_sent), p50 and p95 per hour and over the window;
+  * mails held and released — digest runs held by their subscriber's quiet hours, by the hour they
+    were first held (digest_runs.held_at), and those of them sent, by the hour they went out
+    (completed_at): partial indexes digest_runs_held_idx and digest_runs_released_idx
+    (sql/migrations/0760), which hold only the held runs, a small share of all.
 email_link_history and webhook_events get no index of ours on their timestamp: time partitions are
 pruned by the window predicates (checked against a partitioned copy of both tables); an
 unpartitioned table is read whole. The cost is linear in the mails of the window
@@ -72,6 +76,8 @@ class Dashboard:
     lateness_p50: list | None = None  # seconds per hour (None: no digest sent that hour)
     lateness_p95: list | None = None
     lateness_total: tuple | None = None  # (p50, p95) over the window
+    held: list | None = None  # digest runs first held by quiet hours, per hour (held_at)
+    released: list | None = None  # held runs sent, per hour (completed_at)
     unavailable: list = field(default_factory=list)  # charts whose statement timed out
 
     def sent_per_hour(self) -> list[int] | None:
@@ -142,6 +148,17 @@ FROM (SELECT completed_at, greatest(0, extract(epoch FROM completed_at - schedul
 GROUP BY GROUPING SETS ((1), ())
 """
 
+# Runs held by quiet hours (held_at: when first held; it stays set once sent), and the held runs
+# that went out, by when (each branch reads its own small partial index).
+_HELD_SQL = """
+SELECT date_trunc('hour', held_at, 'UTC'), 'held', count(*) FROM digest_runs
+WHERE held_at IS NOT NULL AND held_at >= %(since)s AND held_at < %(until)s GROUP BY 1
+UNION ALL
+SELECT date_trunc('hour', completed_at, 'UTC'), 'released', count(*) FROM digest_runs
+WHERE status = 'sent' AND held_at IS NOT NULL AND completed_at >= %(since)s AND completed_at < %(until)s
+GROUP BY 1
+"""
+
 
 def _run(sql: str, params: dict, what: str, unavailable: list) -> list[tuple] | None:
     try:
@@ -190,6 +207,12 @@ def compute(name: str, now: datetime | None = None) -> Dashboard:
                 d.lateness_total = (p50, p95)
             else:
                 d.lateness_p50[index[hour]], d.lateness_p95[index[hour]] = p50, p95
+
+    rows = _run(_HELD_SQL, w.params, "held", d.unavailable)
+    if rows is not None:
+        d.held, d.released = [0] * n, [0] * n
+        for hour, which, count in rows:
+            (d.held if which == "held" else d.released)[index[hour]] = count
     return d
 
 
