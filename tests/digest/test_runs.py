@@ -116,3 +116,20 @@ def test_claimed_work_never_goes_back_to_pending_without_an_attempt():
         OPERATIONS[name](sid, rid)
         ((status, attempts),) = db.query("SELECT status, attempts FROM digest_runs WHERE id = %s", (rid,))
         assert (status, attempts) == ("pending", 1), name
+
+
+def test_the_claim_finds_the_previous_mail_by_the_unique_key_whatever_the_statistics_say():
+    """Statistics taken before any run was sent (a new deployment, a fresh ANALYZE) once made the
+    claim's "when was the previous mail" subquery walk the dashboard's partial index of sent runs
+    with a filter, a scan that grows with every run a wave sends: it must probe the unique key."""
+    factories.seed_subscribers(20_000)
+    db.query(
+        "INSERT INTO digest_runs (subscriber_id, cadence, period, scheduled_for) "
+        "SELECT id, 'daily', current_date, now() - interval '1 minute' FROM subscribers"
+    )
+    db.query("ANALYZE digest_runs")
+    with db.raw_cursor() as cur:
+        cur.execute("EXPLAIN " + runs.CLAIM.format(condition=runs._ANY_DUE), {"ids": [], "limit": 100})
+        plan = "\n".join(line for (line,) in cur.fetchall())
+    assert "digest_runs_sent_idx" not in plan, plan
+    assert "Index Scan Backward using digest_runs_once_per_period on digest_runs p" in plan, plan
