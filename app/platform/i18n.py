@@ -57,6 +57,7 @@ MAX_TAG = 35  # the longest well-formed tag RFC 5646 asks implementations to acc
 # always wrote them; `en-US` gets "Mar 3".
 FORMAT_LOCALES = {"en": "en_001", PSEUDO: "en_001"}
 MAX_KEPT_NUMBERS = 10_000  # formatted numbers a translator keeps (digest counts are small and repeat)
+MAX_KEPT_MESSAGES = 10_000  # resolved messages (and plural forms by count) a translator keeps
 # CLDR's plural categories, in the order catalogs keep their forms.
 CATEGORIES = ("zero", "one", "two", "few", "many", "other")
 
@@ -225,6 +226,11 @@ class Translator:
         self._numbers: dict[int | float, str] = {}
         self._lists: dict[int, str] = {}
         self._patterns: dict[str, str] = {}
+        # Resolved messages, kept once looked up (a digest says the same few dozen): msgid -> text,
+        # (singular, plural, count) -> the count's form. A fallback is never kept: it is counted on
+        # every use, as the metric says.
+        self._texts: dict[str, str] = {}
+        self._forms: dict[tuple[str, str, int | float], str] = {}
         # The catalogs before the source language (its words are the messages: no catalog needed).
         self._chain = [c for c in (catalog(t) for t in chain(tag) if t != SOURCE) if c is not None]
         self._counted = bool(self._chain) and self._chain[0].tag == tag
@@ -242,18 +248,36 @@ class Translator:
             _fell_back(self.tag, msgid)
         return None
 
+    def _fallback(self, msgid: str) -> bool:
+        """Whether looking `msgid` up falls back from this locale's own catalog (counted each time)."""
+        return self._counted and msgid not in self._chain[0].strings
+
     def translate(self, msgid: str) -> str:
         """`msgid` in this locale, its placeholders unfilled (pages fill them escaping the values)."""
+        text = self._texts.get(msgid)
+        if text is not None:
+            return text
         found = self._lookup(msgid)
-        return found[0] if found is not None and isinstance(found[0], str) else msgid
+        text = found[0] if found is not None and isinstance(found[0], str) else msgid
+        if not self._fallback(msgid) and len(self._texts) < MAX_KEPT_MESSAGES:
+            self._texts[msgid] = text
+        return text
 
     def translate_plural(self, singular: str, plural: str, count: int) -> str:
         """The form of `count` (CLDR) of a plural message, unfilled."""
+        key = (singular, plural, count)
+        text = self._forms.get(key)
+        if text is not None:
+            return text
         found = self._lookup(singular)
         if found is not None and isinstance(found[0], tuple):
             translated, identifier = found
-            return translated[min(_index(identifier, count), len(translated) - 1)]
-        return singular if count == 1 else plural
+            text = translated[min(_index(identifier, count), len(translated) - 1)]
+        else:
+            text = singular if count == 1 else plural
+        if not self._fallback(singular) and len(self._forms) < MAX_KEPT_MESSAGES:
+            self._forms[key] = text
+        return text
 
     def gettext(self, msgid: str, **values: object) -> str:
         """`msgid` in this locale, its `{placeholders}` filled from `values`."""
