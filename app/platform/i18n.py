@@ -8,8 +8,9 @@ English source strings with `{name}` placeholders, filled after translation (`st
 Locales are BCP 47 tags (`pt-BR`, `de`, `ar`), parsed and normalised with Babel (`pt_br` and
 `pt-br` are `pt-BR`); a tag Babel does not know is refused (`LocaleError`). The catalogs are
 `app/locale/<tag>.po`, read once per process, on first use. A message is looked up along a
-fallback chain, message by message: the locale (`de-CH`), its language (`de`), DEFAULT_LOCALE, and
-the English source last, so a reader never sees a raw key. Each fallback from a shipped locale is
+fallback chain, message by message: the locale (`de-CH`), its language (`de`), a shipped catalog of
+another region of that language (`pt-PT` reads `pt-BR`), DEFAULT_LOCALE, and the English source
+last, so a reader never sees a raw key. Each fallback from a shipped locale is
 counted (`notify_i18n_fallbacks_total{locale}`) and logged once per process and message.
 
 Plurals follow CLDR: a plural message has one form per CLDR category of its locale (ru: one, few,
@@ -122,11 +123,22 @@ def known() -> tuple[str, ...]:
     return tuple(sorted(tags | {PSEUDO}))
 
 
+def _steps(tag: str) -> tuple[str, ...]:
+    """A tag, its language, and a shipped catalog of another region of that language (the first by
+    tag; never the pseudo-locale): Portuguese of Brazil reads better to a `pt-PT` reader than
+    English does, as newsletter variants already chose (app/newsletter/variants.py)."""
+    language = tag.split("-")[0]
+    regional = next((t for t in sorted(SHIPPED) if "-" in t and t.split("-")[0] == language), None)
+    return (tag, language, regional) if regional else (tag, language)
+
+
 def chain(tag: str) -> tuple[str, ...]:
     """The locales a message is looked up in, most specific first, up to the source language, whose
-    words are the messages themselves: `de-CH` -> (de-CH, de, DEFAULT_LOCALE, en); `en-GB` -> (en-GB, en)."""
+    words are the messages themselves: the tag, its language, a shipped region of that language, then
+    DEFAULT_LOCALE's own steps alike: `de-CH` -> (de-CH, de, en); `pt-PT` -> (pt-PT, pt, pt-BR, en);
+    `en-GB` -> (en-GB, en)."""
     out: list[str] = []
-    for candidate in (tag, tag.split("-")[0], config.get().default_locale, SOURCE):
+    for candidate in (*_steps(tag), *_steps(config.get().default_locale), SOURCE):
         if candidate not in out:
             out.append(candidate)
         if candidate == SOURCE:

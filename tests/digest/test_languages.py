@@ -247,3 +247,31 @@ def test_every_locale_writes_the_digest_html_as_ascii_html_would():
     for locale in (*i18n.SHIPPED, i18n.PSEUDO, "de-CH", "pt-PT", None):
         _, html, ctx = ts.render_html(_digest_context(locale))
         assert html == mail.ascii_html(ts.get("digest.html").template.render(ctx)) and html.isascii(), locale
+
+
+def test_a_language_without_its_own_catalog_reads_a_shipped_region_of_it():
+    """pt-PT has no catalog: its words are pt-BR's (as newsletter variants choose), before
+    DEFAULT_LOCALE; its dates and numbers stay its own. A reader of another region's catalog is no
+    fallback of a shipped catalog: nothing is counted."""
+    assert i18n.chain("pt-PT") == ("pt-PT", "pt", "pt-BR", "en")
+    assert i18n.chain("pt") == ("pt", "pt-BR", "en")
+    assert i18n.chain("es-MX") == ("es-MX", "es", "en")  # its language's own catalog first
+    assert i18n.chain("de-CH") == ("de-CH", "de", "en") and i18n.chain("en-GB") == ("en-GB", "en")
+    assert i18n.chain("ja") == ("ja", "en")
+    before = metrics.I18N_FALLBACKS.labels("pt-PT")._value.get()
+    pt = _digest_context("pt-PT")
+    assert metrics.I18N_FALLBACKS.labels("pt-PT")._value.get() == before
+    assert (pt["lang"], pt["dir"]) == ("pt-PT", "ltr")
+    assert pt["heading"] == "Olá, Rita, aqui está o seu resumo diário"
+    assert pt["lead"] == "4 atualizações desde domingo."
+    assert pt["unsubscribe"] == "Cancelar inscrição" and pt["view_in_browser"] == "Ver no navegador"
+    assert pt["groups"][0]["lines"][0]["summary"] == "Ana, Bo e Cy curtiu"
+    assert i18n.translator("pt-PT").number(12345) == "12\xa0345"  # pt-PT's grouping, not pt-BR's 12.345
+    assert i18n.translator("es-MX").gettext("Unsubscribe") == i18n.translator("es").gettext("Unsubscribe")
+    assert _digest_context("de-CH")["unsubscribe"] == "Abmelden"
+
+
+def test_with_another_default_locale_a_reader_falls_back_through_its_language_too(settings):
+    settings(default_locale="pt-PT")
+    assert i18n.chain("ja") == ("ja", "pt-PT", "pt", "pt-BR", "en")
+    assert i18n.chain("de-CH") == ("de-CH", "de", "pt-PT", "pt", "pt-BR", "en")

@@ -263,3 +263,16 @@ def test_the_outbox_chooses_in_one_statement_what_choose_says(client, admin_key,
     chosen = dict(db.query("SELECT subscriber_id, variant FROM email_log WHERE newsletter_id = %s", (nl,)))
     assert chosen == {sid: variants.choose(tags, tag) for sid, tag in ids.items()}
     assert chosen[next(s for s, t in ids.items() if t == "pt-AO")] == "pt-BR"
+
+
+def test_a_pt_pt_reader_of_the_default_content_gets_the_footer_in_portuguese_of_brazil():
+    """No pt-PT catalog ships: the words the service adds come from pt-BR's (i18n.chain: pt-PT, pt,
+    pt-BR, en), as variants.choose gives a pt-PT reader the pt-BR variant; de-CH still reads de."""
+    compiled = template.Compiled("News", "<p>Body</p>", None, "Rua A 1, Lisboa")
+    rendered = compiled.render({**CONTEXT, "locale": "pt-PT"})
+    html = unescape(rendered.html)
+    assert "Cancelar inscrição</a>" in html and "Preferências de e-mail</a>" in html
+    assert "Você recebe esta newsletter" in html and "Unsubscribe" not in html
+    assert "Cancelar inscrição: https://x.test/u/T" in rendered.text
+    swiss = unescape(compiled.render({**CONTEXT, "locale": "de-CH"}).html)
+    assert "Abmelden</a>" in swiss and "Unsubscribe" not in swiss
