@@ -276,3 +276,17 @@ def test_a_pt_pt_reader_of_the_default_content_gets_the_footer_in_portuguese_of_
     assert "Cancelar inscrição: https://x.test/u/T" in rendered.text
     swiss = unescape(compiled.render({**CONTEXT, "locale": "de-CH"}).html)
     assert "Abmelden</a>" in swiss and "Unsubscribe" not in swiss
+
+
+def test_the_list_shows_each_newsletter_s_variant_locales(client, admin_key):
+    """GET /v1/newsletters names each newsletter's variants (their tags, without their bodies);
+    GET /v1/newsletters/{id} counts them."""
+    several = _create(client, admin_key, variants={"pt-BR": PT, "ar": AR, "de": PT})
+    plain = _create(client, admin_key)
+    r = client.get("/v1/newsletters", headers=auth(admin_key))
+    assert r.status_code == 200, r.text
+    shown = {n["id"]: n["variant_locales"] for n in r.json()["newsletters"]}
+    assert shown == {several: ["ar", "de", "pt-BR"], plain: []}
+    status = client.get(f"/v1/newsletters/{several}", headers=auth(admin_key)).json()
+    assert status["variant_locales"] == ["ar", "de", "pt-BR"]
+    assert [v["locale"] for v in status["variants"]] == [None, "ar", "de", "pt-BR"]
