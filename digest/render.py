@@ -107,7 +107,8 @@ class TemplateSet:
                 source = Path(version[0]).read_text(encoding="utf-8")
                 tokens = compile_source(source, html=name.endswith(".html"), brand=brand)
                 try:
-                    ascii = mustache.Template(tokens, ascii=True) if mail.renders_as_ascii(tokens) else None
+                    writes_ascii = name.endswith(".html") and mail.renders_as_ascii(tokens)
+                    ascii = mustache.Template(tokens, ascii=True) if writes_ascii else None
                     compiled = Compiled(version, tokens, mustache.Template(tokens), ascii, settings)
                 except mustache.MustacheError as exc:
                     raise TemplateError(f"{version[0]}: {exc}") from None

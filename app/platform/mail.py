@@ -266,7 +266,7 @@ def ascii_html(html: str) -> str:
     return html.encode("ascii", "xmlcharrefreplace").decode("ascii")
 
 
-_TAG_TEXT = re.compile(r"</?(?:style|script)|<[a-z]*\x00", re.IGNORECASE)
+_TAG_TEXT = re.compile(r"</?(?:style|script)|</?[a-z]*\x00", re.IGNORECASE)
 
 
 def renders_as_ascii(tokens) -> bool:

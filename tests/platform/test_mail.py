@@ -228,6 +228,20 @@ def test_a_template_written_in_ascii_as_it_renders_is_ascii_html_of_its_document
         "<script>{{#items}}{{/items}}</script>",
         "<scr{{c}}>x</script><p>{{a}}</p>",  # a tag name cut by a value
         "<p>{{a}}</p></style>",
+        "<style>p { color: red }</style><sty{{c}}>x</style><p>{{a}}</p>",
     )
     for source in not_same:
         assert not mail.renders_as_ascii(chevron.tokenizer.tokenize(source)), source
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=12), min_size=3, max_size=3), st.text(max_size=12))
+def test_any_values_written_in_ascii_as_they_render_are_what_ascii_html_makes(values, literal):
+    from app.platform import mustache
+
+    source = literal.replace("{", "(").replace("<", "[") + "<p>{{a}}</p>{{#items}}<i>{{x}}</i>{{/items}} · {{b}}"
+    tokens = mustache.tokenize(source)
+    assert mail.renders_as_ascii(tokens)
+    ctx = {"a": values[0], "b": values[1], "items": [{"x": values[2]}, {"x": values[0]}]}
+    plain = mustache.Template(tokens).render(ctx)
+    assert mustache.Template(tokens, ascii=True).render(ctx) == mail.ascii_html(plain)
