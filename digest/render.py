@@ -39,6 +39,9 @@ class Compiled:
     version: tuple
     tokens: tuple
     template: mustache.Template
+    # digest.html written in ASCII as it renders (mustache.Template ascii=True), when that is the same
+    # as mail.ascii_html of `template`'s document (mail.renders_as_ascii); else None
+    ascii: mustache.Template | None = field(default=None, compare=False)
     # The settings object it was last checked under. Settings are replaced, never changed, so the
     # same object means the same brand: the per-render check is one identity comparison.
     settings: object = field(default=None, compare=False)
@@ -104,7 +107,9 @@ class TemplateSet:
                 source = Path(version[0]).read_text(encoding="utf-8")
                 tokens = compile_source(source, html=name.endswith(".html"), brand=brand)
                 try:
-                    compiled = Compiled(version, tokens, mustache.Template(tokens), settings)
+                    writes_ascii = name.endswith(".html") and mail.renders_as_ascii(tokens)
+                    ascii = mustache.Template(tokens, ascii=True) if writes_ascii else None
+                    compiled = Compiled(version, tokens, mustache.Template(tokens), ascii, settings)
                 except mustache.MustacheError as exc:
                     raise TemplateError(f"{version[0]}: {exc}") from None
                 self._compiled[name] = compiled
@@ -122,10 +127,12 @@ class TemplateSet:
     def render_html(self, context: dict) -> tuple[str, str, dict]:
         """(subject, HTML, the context with its subject) — the text part can follow once the
         HTML's links are known (digest/build.py puts the same click-tracking links in it). The HTML
-        is ASCII (app/mail.ascii_html), so it goes as 7bit rather than quoted-printable."""
+        is ASCII (app/mail.ascii_html), so it goes as 7bit rather than quoted-printable: written so as
+        it renders where the template allows (a locale's words kept as references once written)."""
         subject = " ".join(self.get("subject.txt").template.render(context).split())[:200]  # one line
         context = {**context, "subject": subject}
-        return subject, mail.ascii_html(self.get("digest.html").template.render(context)), context
+        compiled = self.get("digest.html")
+        return subject, mail.ascii_html((compiled.ascii or compiled.template).render(context)), context
 
     def render_text(self, context: dict) -> str:
         return self.get("digest.txt").template.render(context)

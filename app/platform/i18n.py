@@ -8,8 +8,9 @@ English source strings with `{name}` placeholders, filled after translation (`st
 Locales are BCP 47 tags (`pt-BR`, `de`, `ar`), parsed and normalised with Babel (`pt_br` and
 `pt-br` are `pt-BR`); a tag Babel does not know is refused (`LocaleError`). The catalogs are
 `app/locale/<tag>.po`, read once per process, on first use. A message is looked up along a
-fallback chain, message by message: the locale (`de-CH`), its language (`de`), DEFAULT_LOCALE, and
-the English source last, so a reader never sees a raw key. Each fallback from a shipped locale is
+fallback chain, message by message: the locale (`de-CH`), its language (`de`), a shipped catalog of
+another region of that language (`pt-PT` reads `pt-BR`), DEFAULT_LOCALE, and the English source
+last, so a reader never sees a raw key. Each fallback from a shipped locale is
 counted (`notify_i18n_fallbacks_total{locale}`) and logged once per process and message.
 
 Plurals follow CLDR: a plural message has one form per CLDR category of its locale (ru: one, few,
@@ -57,6 +58,7 @@ MAX_TAG = 35  # the longest well-formed tag RFC 5646 asks implementations to acc
 # always wrote them; `en-US` gets "Mar 3".
 FORMAT_LOCALES = {"en": "en_001", PSEUDO: "en_001"}
 MAX_KEPT_NUMBERS = 10_000  # formatted numbers a translator keeps (digest counts are small and repeat)
+MAX_KEPT_MESSAGES = 10_000  # resolved messages (and plural forms by count) a translator keeps
 # CLDR's plural categories, in the order catalogs keep their forms.
 CATEGORIES = ("zero", "one", "two", "few", "many", "other")
 
@@ -121,11 +123,22 @@ def known() -> tuple[str, ...]:
     return tuple(sorted(tags | {PSEUDO}))
 
 
+def _steps(tag: str) -> tuple[str, ...]:
+    """A tag, its language, and a shipped catalog of another region of that language (the first by
+    tag; never the pseudo-locale): Portuguese of Brazil reads better to a `pt-PT` reader than
+    English does, as newsletter variants already chose (app/newsletter/variants.py)."""
+    language = tag.split("-")[0]
+    regional = next((t for t in sorted(SHIPPED) if "-" in t and t.split("-")[0] == language), None)
+    return (tag, language, regional) if regional else (tag, language)
+
+
 def chain(tag: str) -> tuple[str, ...]:
     """The locales a message is looked up in, most specific first, up to the source language, whose
-    words are the messages themselves: `de-CH` -> (de-CH, de, DEFAULT_LOCALE, en); `en-GB` -> (en-GB, en)."""
+    words are the messages themselves: the tag, its language, a shipped region of that language, then
+    DEFAULT_LOCALE's own steps alike: `de-CH` -> (de-CH, de, en); `pt-PT` -> (pt-PT, pt, pt-BR, en);
+    `en-GB` -> (en-GB, en)."""
     out: list[str] = []
-    for candidate in (tag, tag.split("-")[0], config.get().default_locale, SOURCE):
+    for candidate in (*_steps(tag), *_steps(config.get().default_locale), SOURCE):
         if candidate not in out:
             out.append(candidate)
         if candidate == SOURCE:
@@ -225,6 +238,11 @@ class Translator:
         self._numbers: dict[int | float, str] = {}
         self._lists: dict[int, str] = {}
         self._patterns: dict[str, str] = {}
+        # Resolved messages, kept once looked up (a digest says the same few dozen): msgid -> text,
+        # (singular, plural, count) -> the count's form. A fallback is never kept: it is counted on
+        # every use, as the metric says.
+        self._texts: dict[str, str] = {}
+        self._forms: dict[tuple[str, str, int | float], str] = {}
         # The catalogs before the source language (its words are the messages: no catalog needed).
         self._chain = [c for c in (catalog(t) for t in chain(tag) if t != SOURCE) if c is not None]
         self._counted = bool(self._chain) and self._chain[0].tag == tag
@@ -242,18 +260,36 @@ class Translator:
             _fell_back(self.tag, msgid)
         return None
 
+    def _fallback(self, msgid: str) -> bool:
+        """Whether looking `msgid` up falls back from this locale's own catalog (counted each time)."""
+        return self._counted and msgid not in self._chain[0].strings
+
     def translate(self, msgid: str) -> str:
         """`msgid` in this locale, its placeholders unfilled (pages fill them escaping the values)."""
+        text = self._texts.get(msgid)
+        if text is not None:
+            return text
         found = self._lookup(msgid)
-        return found[0] if found is not None and isinstance(found[0], str) else msgid
+        text = found[0] if found is not None and isinstance(found[0], str) else msgid
+        if not self._fallback(msgid) and len(self._texts) < MAX_KEPT_MESSAGES:
+            self._texts[msgid] = text
+        return text
 
     def translate_plural(self, singular: str, plural: str, count: int) -> str:
         """The form of `count` (CLDR) of a plural message, unfilled."""
+        key = (singular, plural, count)
+        text = self._forms.get(key)
+        if text is not None:
+            return text
         found = self._lookup(singular)
         if found is not None and isinstance(found[0], tuple):
             translated, identifier = found
-            return translated[min(_index(identifier, count), len(translated) - 1)]
-        return singular if count == 1 else plural
+            text = translated[min(_index(identifier, count), len(translated) - 1)]
+        else:
+            text = singular if count == 1 else plural
+        if not self._fallback(singular) and len(self._forms) < MAX_KEPT_MESSAGES:
+            self._forms[key] = text
+        return text
 
     def gettext(self, msgid: str, **values: object) -> str:
         """`msgid` in this locale, its `{placeholders}` filled from `values`."""

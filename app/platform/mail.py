@@ -266,6 +266,29 @@ def ascii_html(html: str) -> str:
     return html.encode("ascii", "xmlcharrefreplace").decode("ascii")
 
 
+_TAG_TEXT = re.compile(r"</?(?:style|script)|</?[a-z]*\x00", re.IGNORECASE)
+
+
+def renders_as_ascii(tokens) -> bool:
+    """Whether a Mustache template (its tokens) rendered with its text and escaped values written in
+    ASCII (mustache.Template(tokens, ascii=True)) is always ascii_html of the same template rendered
+    as it is: it has no {{{raw}}} tag, and each <style> or <script> element lies whole inside its
+    text, ASCII, with no tag in it (nor a tag name cut by one). Then a rendered document's raw-text
+    elements are those of the text, and writing references is the same done per piece."""
+    parts = []
+    for kind, value in tokens:
+        if kind == "no escape":
+            return False
+        if kind == "literal":
+            parts.append(value)
+        elif kind not in ("comment", "set delimiter"):
+            parts.append("\x00")  # where a value or section goes
+    skeleton = "".join(parts)
+    if any("\x00" in m.group(0) or not m.group(0).isascii() for m in _RAW_TEXT.finditer(skeleton)):
+        return False
+    return not _TAG_TEXT.search(_RAW_TEXT.sub("", skeleton))
+
+
 def _address(name: str, addr: str) -> str:
     if not name or _PLAIN_NAME.fullmatch(name):
         return f"{name} <{addr}>" if name else addr
@@ -377,6 +400,7 @@ __all__ = [
     "message_id",
     "one_line",
     "parse_mailbox",
+    "renders_as_ascii",
     "sender",
     "unsubscribe_headers",
     "validate",

@@ -105,6 +105,30 @@ def _escaped(value: Any) -> str:
     return _escape(value if type(value) is str else _text(value))
 
 
+MAX_KEPT_ASCII = 4096  # values an ASCII template keeps written as references (a locale's words repeat)
+_ascii_kept: dict[str, str] = {}
+
+
+def _as_ascii(text: str) -> str:
+    """`text` in ASCII, other characters as numeric character references (é as &#233;)."""
+    return text.encode("ascii", "xmlcharrefreplace").decode("ascii")
+
+
+def _escaped_ascii(value: Any) -> str:
+    """_escaped, then in ASCII. Writing a reference costs ~50 ns a character, and the words of a
+    locale (a footer, a button, "обновления") come back in every mail: each is written once and kept."""
+    text = _escape(value if type(value) is str else _text(value))
+    if text.isascii():
+        return text
+    shown = _ascii_kept.get(text)
+    if shown is None:
+        shown = _as_ascii(text)
+        if len(_ascii_kept) >= MAX_KEPT_ASCII:
+            _ascii_kept.clear()
+        _ascii_kept[text] = shown
+    return shown
+
+
 def _raw(value: Any) -> str:
     return value if type(value) is str else _text(value)
 
@@ -121,8 +145,9 @@ def _as_items(value: Any) -> list[Any] | tuple[Any, ...]:
     return value if isinstance(value, (list, tuple)) else (value,)
 
 
-def _codegen(tokens: list[Token]) -> str:
-    """Python source of `render(ctx)` for a token list: one straight-line function, loops for sections."""
+def _codegen(tokens: list[Token], ascii: bool = False) -> str:
+    """Python source of `render(ctx)` for a token list: one straight-line function, loops for sections.
+    `ascii`: the text and every escaped value written in ASCII (see Template)."""
     # `top` is the innermost scope: most names resolve there, without a function call.
     lines = [
         "def render(ctx):",
@@ -146,13 +171,13 @@ def _codegen(tokens: list[Token]) -> str:
     for kind, value in tokens:
         if kind == "literal":
             if value:
-                pending.append(value)
+                pending.append(_as_ascii(value) if ascii else value)
             continue
         if kind in ("comment", "set delimiter"):  # the tokenizer has applied a delimiter change
             continue
         flush()
         if kind in ("variable", "no escape"):
-            fn = "_escaped" if kind == "variable" else "_raw"
+            fn = ("_escaped_ascii" if ascii else "_escaped") if kind == "variable" else "_raw"
             if "." in value:
                 emit(f"a({fn}(_value({value!r}, S)))")
             else:
@@ -198,14 +223,21 @@ def _codegen(tokens: list[Token]) -> str:
 
 
 class Template:
-    """A token list compiled once; `render(context)` is the text for one context (thread-safe)."""
+    """A token list compiled once; `render(context)` is the text for one context (thread-safe).
 
-    def __init__(self, tokens: Iterable[Token]) -> None:
-        self.source = _codegen(list(tokens))
+    `ascii=True` writes the template's text and every escaped value in ASCII, other characters as
+    numeric character references: for an HTML part that goes as 7bit, in place of converting each
+    rendered document (mail.ascii_html). The caller makes sure that is the same document
+    (mail.renders_as_ascii: no {{{raw}}} tag, none inside <style> or <script>)."""
+
+    def __init__(self, tokens: Iterable[Token], ascii: bool = False) -> None:
+        self.ascii = ascii
+        self.source = _codegen(list(tokens), ascii)
         namespace: dict[str, Any] = {
             "_value": _value,
             "_lookup_simple": _lookup_simple,
             "_escaped": _escaped,
+            "_escaped_ascii": _escaped_ascii,
             "_raw": _raw,
             "_as_items": _as_items,
             "_nearest_dict": _nearest_dict,

@@ -210,3 +210,68 @@ def test_the_feed_words_its_items_in_the_subscriber_s_language():
     assert item["count_label"] == "3 nouveautés"
     assert item["lines"][0]["when"] == "il y a 3 h"
     assert " et " in item["lines"][0]["summary"]  # the French list pattern
+
+
+def test_a_translator_keeps_what_it_looked_up_but_counts_every_fallback():
+    """Speed (item 11): a message and a count's plural form are resolved once per translator; a
+    fallback is never kept, so it is counted on every use."""
+    ru = i18n.Translator("ru")
+    for _ in range(2):
+        assert [ru.ngettext("{count} update", "{count} updates", n) for n in (1, 2, 5, 21)] == [
+            "1 обновление",
+            "2 обновления",
+            "5 обновлений",
+            "21 обновление",
+        ]
+        assert ru.gettext("Unsubscribe") == i18n.catalog("ru").strings["Unsubscribe"]
+    full = i18n.catalog("ru")
+    kept = {k: v for k, v in full.strings.items() if k != "{count} update"}
+    i18n._catalogs["ru"] = i18n._Messages("ru", full.locale, kept, full.identifier)
+    try:
+        t = i18n.Translator("ru")
+        before = metrics.I18N_FALLBACKS.labels("ru")._value.get()
+        assert [t.ngettext("{count} update", "{count} updates", 2) for _ in range(3)] == ["2 updates"] * 3
+        assert metrics.I18N_FALLBACKS.labels("ru")._value.get() == before + 3
+    finally:
+        i18n._catalogs["ru"] = full
+
+
+def test_every_locale_writes_the_digest_html_as_ascii_html_would():
+    """digest.html is written in ASCII as it renders (mustache ascii=True): the same bytes as
+    mail.ascii_html of the plain render, in every shipped locale, the pseudo-locale and a fallback."""
+    from app.platform import mail
+    from digest import render
+
+    ts = render.TemplateSet(render.DEFAULT_DIR)
+    assert ts.get("digest.html").ascii is not None
+    for locale in (*i18n.SHIPPED, i18n.PSEUDO, "de-CH", "pt-PT", None):
+        _, html, ctx = ts.render_html(_digest_context(locale))
+        assert html == mail.ascii_html(ts.get("digest.html").template.render(ctx)) and html.isascii(), locale
+
+
+def test_a_language_without_its_own_catalog_reads_a_shipped_region_of_it():
+    """pt-PT has no catalog: its words are pt-BR's (as newsletter variants choose), before
+    DEFAULT_LOCALE; its dates and numbers stay its own. A reader of another region's catalog is no
+    fallback of a shipped catalog: nothing is counted."""
+    assert i18n.chain("pt-PT") == ("pt-PT", "pt", "pt-BR", "en")
+    assert i18n.chain("pt") == ("pt", "pt-BR", "en")
+    assert i18n.chain("es-MX") == ("es-MX", "es", "en")  # its language's own catalog first
+    assert i18n.chain("de-CH") == ("de-CH", "de", "en") and i18n.chain("en-GB") == ("en-GB", "en")
+    assert i18n.chain("ja") == ("ja", "en")
+    before = metrics.I18N_FALLBACKS.labels("pt-PT")._value.get()
+    pt = _digest_context("pt-PT")
+    assert metrics.I18N_FALLBACKS.labels("pt-PT")._value.get() == before
+    assert (pt["lang"], pt["dir"]) == ("pt-PT", "ltr")
+    assert pt["heading"] == "Olá, Rita, aqui está o seu resumo diário"
+    assert pt["lead"] == "4 atualizações desde domingo."
+    assert pt["unsubscribe"] == "Cancelar inscrição" and pt["view_in_browser"] == "Ver no navegador"
+    assert pt["groups"][0]["lines"][0]["summary"] == "Ana, Bo e Cy curtiu"
+    assert i18n.translator("pt-PT").number(12345) == "12\xa0345"  # pt-PT's grouping, not pt-BR's 12.345
+    assert i18n.translator("es-MX").gettext("Unsubscribe") == i18n.translator("es").gettext("Unsubscribe")
+    assert _digest_context("de-CH")["unsubscribe"] == "Abmelden"
+
+
+def test_with_another_default_locale_a_reader_falls_back_through_its_language_too(settings):
+    settings(default_locale="pt-PT")
+    assert i18n.chain("ja") == ("ja", "pt-PT", "pt", "pt-BR", "en")
+    assert i18n.chain("de-CH") == ("de-CH", "de", "pt-PT", "pt", "pt-BR", "en")

@@ -263,3 +263,30 @@ def test_the_outbox_chooses_in_one_statement_what_choose_says(client, admin_key,
     chosen = dict(db.query("SELECT subscriber_id, variant FROM email_log WHERE newsletter_id = %s", (nl,)))
     assert chosen == {sid: variants.choose(tags, tag) for sid, tag in ids.items()}
     assert chosen[next(s for s, t in ids.items() if t == "pt-AO")] == "pt-BR"
+
+
+def test_a_pt_pt_reader_of_the_default_content_gets_the_footer_in_portuguese_of_brazil():
+    """No pt-PT catalog ships: the words the service adds come from pt-BR's (i18n.chain: pt-PT, pt,
+    pt-BR, en), as variants.choose gives a pt-PT reader the pt-BR variant; de-CH still reads de."""
+    compiled = template.Compiled("News", "<p>Body</p>", None, "Rua A 1, Lisboa")
+    rendered = compiled.render({**CONTEXT, "locale": "pt-PT"})
+    html = unescape(rendered.html)
+    assert "Cancelar inscrição</a>" in html and "Preferências de e-mail</a>" in html
+    assert "Você recebe esta newsletter" in html and "Unsubscribe" not in html
+    assert "Cancelar inscrição: https://x.test/u/T" in rendered.text
+    swiss = unescape(compiled.render({**CONTEXT, "locale": "de-CH"}).html)
+    assert "Abmelden</a>" in swiss and "Unsubscribe" not in swiss
+
+
+def test_the_list_shows_each_newsletter_s_variant_locales(client, admin_key):
+    """GET /v1/newsletters names each newsletter's variants (their tags, without their bodies);
+    GET /v1/newsletters/{id} counts them."""
+    several = _create(client, admin_key, variants={"pt-BR": PT, "ar": AR, "de": PT})
+    plain = _create(client, admin_key)
+    r = client.get("/v1/newsletters", headers=auth(admin_key))
+    assert r.status_code == 200, r.text
+    shown = {n["id"]: n["variant_locales"] for n in r.json()["newsletters"]}
+    assert shown == {several: ["ar", "de", "pt-BR"], plain: []}
+    status = client.get(f"/v1/newsletters/{several}", headers=auth(admin_key)).json()
+    assert status["variant_locales"] == ["ar", "de", "pt-BR"]
+    assert [v["locale"] for v in status["variants"]] == [None, "ar", "de", "pt-BR"]

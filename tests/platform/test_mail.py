@@ -200,3 +200,48 @@ def test_ascii_html_writes_other_characters_as_references_outside_style_and_scri
     assert mail.ascii_html("<p>ascii</p>") == "<p>ascii</p>"
     for raw_text in ('<style>p:before{content:"→"}</style><p>é</p>', "<SCRIPT>var s = 'é';</SCRIPT>"):
         assert mail.ascii_html(raw_text) == raw_text  # a reference would show there as written
+
+
+def test_a_template_written_in_ascii_as_it_renders_is_ascii_html_of_its_document():
+    """digest/render.py writes digest.html in ASCII as it renders (a locale's words kept once written)
+    only where mail.renders_as_ascii says that is the document ascii_html would make."""
+    import chevron
+
+    from app.platform import mustache
+
+    ctx = {"a": "Отписаться <b> & “ok”", "b": "مرحبا", "c": "ascii", "items": [{"x": "日本"}, {"x": "é"}]}
+    same = (
+        "<p>Zoë · {{a}}</p>{{#items}}<i>{{x}} — {{c}}</i>{{/items}}<title>{{b}}</title>",
+        '<style>p { color: red }</style><SCRIPT>var s = "a";</SCRIPT><p>{{a}} {{b}}</p>',
+        "<p>ascii {{c}}</p>",
+    )
+    for source in same:
+        tokens = mustache.tokenize(source)
+        assert mail.renders_as_ascii(tokens), source
+        for _ in range(2):  # written, then kept
+            out = mustache.Template(tokens, ascii=True).render(ctx)
+            assert out == mail.ascii_html(mustache.Template(tokens).render(ctx)) and out.isascii(), source
+    not_same = (
+        "<p>{{{a}}}</p>",  # a raw value may open a <style> of its own
+        "<style>p:before { content: '{{b}}' }</style><p>{{a}}</p>",  # a value inside <style>
+        '<style>p:before { content: "→" }</style><p>{{a}}</p>',  # ascii_html leaves this document as it is
+        "<script>{{#items}}{{/items}}</script>",
+        "<scr{{c}}>x</script><p>{{a}}</p>",  # a tag name cut by a value
+        "<p>{{a}}</p></style>",
+        "<style>p { color: red }</style><sty{{c}}>x</style><p>{{a}}</p>",
+    )
+    for source in not_same:
+        assert not mail.renders_as_ascii(chevron.tokenizer.tokenize(source)), source
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=12), min_size=3, max_size=3), st.text(max_size=12))
+def test_any_values_written_in_ascii_as_they_render_are_what_ascii_html_makes(values, literal):
+    from app.platform import mustache
+
+    source = literal.replace("{", "(").replace("<", "[") + "<p>{{a}}</p>{{#items}}<i>{{x}}</i>{{/items}} · {{b}}"
+    tokens = mustache.tokenize(source)
+    assert mail.renders_as_ascii(tokens)
+    ctx = {"a": values[0], "b": values[1], "items": [{"x": values[2]}, {"x": values[0]}]}
+    plain = mustache.Template(tokens).render(ctx)
+    assert mustache.Template(tokens, ascii=True).render(ctx) == mail.ascii_html(plain)

@@ -14,6 +14,7 @@ from http.cookies import SimpleCookie
 from pathlib import Path
 
 import pytest
+from psycopg2.extras import Json
 from starlette.testclient import TestClient
 
 from app.cli import providers as providers_cli
@@ -775,3 +776,32 @@ def test_the_dashboard_shows_mails_held_and_released(admin):
     assert '<td data-label="Held">1</td>' in html and '<td data-label="Released">1</td>' in html
     chart = admin.get("/admin/charts/held.svg")
     assert chart.status_code == 200 and chart.headers["content-type"].startswith("image/svg+xml")
+
+
+def test_a_newsletter_in_several_languages_shows_each_variant_s_counts(admin):
+    """Issue 39: the newsletter table counts recipients, sent and the people who opened and clicked
+    per variant (as GET /v1/newsletters/{id}); a newsletter without variants shows none."""
+    stored = Json({"pt-BR": {"subject": "s", "html": "<p>x</p>"}, "ar": {"subject": "s", "html": "<p>x</p>"}})
+    nid = factories.newsletter_row(subject="News", status="sending", variants=stored)
+    people = {name: factories.subscriber(name) for name in ("v0", "v1", "v2", "v3")}
+    for name, variant, status in (("v0", None, "sent"), ("v1", "pt-BR", "sent"), ("v2", "pt-BR", "pending")):
+        factories.outbox_row(nid, people[name], status=status, variant=variant)
+    factories.outbox_row(nid, people["v3"], status="failed", variant="ar")
+    for who, kind, machine in (("v1", "open", False), ("v1", "click", False), ("v3", "open", True)):
+        db.query(
+            "INSERT INTO email_link_history (kind, mail_kind, mail_id, subscriber_id, is_machine) "
+            "VALUES (%s, 'newsletter', %s, %s, %s)",
+            (kind, nid, people[who], machine),
+        )
+    plain = factories.newsletter_row(subject="Plain", status="sending")
+    factories.outbox_row(plain, people["v0"], status="sent")
+    for url in ("/admin/newsletters", "/admin"):
+        page = admin.get(url).text
+        rows = {m.group(1): m.group(0) for m in re.finditer(r'<td data-label="#">(\d+)</td>.*?</tr>', page, re.S)}
+        shown = re.findall(r'<li><span class="variant">([^<]+)</span> ([^<]+)</li>', rows[str(nid)])
+        assert shown == [
+            ("default", "1 recipient, 1 sent, 0 opened, 0 clicked"),
+            ("ar", "1 recipient, 0 sent, 0 opened, 0 clicked"),  # a scanner's open is no person's
+            ("pt-BR", "2 recipients, 1 sent, 1 opened, 1 clicked"),
+        ], url
+        assert "75 % of 4" in rows[str(nid)] and 'class="variants"' not in rows[str(plain)]

@@ -105,3 +105,16 @@ def test_in_the_pseudo_locale_the_pages_have_no_english_left(client):
     for html in pages:
         assert '<html lang="en-XA" dir="ltr">' in html
         assert _visible_words(html) - data == set(), _visible_words(html) - data
+
+
+def test_a_pt_pt_subscriber_s_pages_are_portuguese_from_the_pt_br_catalog(client):
+    """No pt-PT catalog ships: the pages read pt-BR's words (i18n.chain: pt-PT, pt, pt-BR), not English."""
+    sid = factories.subscriber(locale="pt-PT")
+    r = client.get(pref_path(sid))
+    html = unescape(r.text)
+    assert r.status_code == 200 and r.headers["content-language"] == "pt-PT"
+    assert '<html lang="pt-PT" dir="ltr">' in html
+    assert "Preferências de e-mail" in html and "Salvar preferências" in html
+    assert "Email preferences" not in html and "Save preferences" not in html
+    page = unescape(client.get(unsub_path(sid, "digests")).text)
+    assert '<html lang="pt-PT"' in page and "Unsubscribe" not in page

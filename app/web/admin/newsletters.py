@@ -1,16 +1,20 @@
 """The dashboard's newsletter table: newest first, with send progress from the outbox (email_log).
 
 One page is PAGE_SIZE newsletters and two statements: the page, then the outbox counts of exactly
-those newsletters by status (email_log_once's index on newsletter_id). Counting a very large
-newsletter's rows costs a scan of its index entries, which is why a page is small.
+those newsletters by status and variant (email_log_once's index on newsletter_id). Counting a very
+large newsletter's rows costs a scan of its index entries, which is why a page is small. A
+newsletter in several languages also shows each variant's recipients, sent, and the people who
+opened and clicked (app/newsletter/service.py `variant_counts`, as GET /v1/newsletters/{id}: one
+more statement per such newsletter, on its tracking history).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import chevron
 
+from app.newsletter import service
 from app.platform import db, greeting
 
 PAGE_SIZE = 20
@@ -49,6 +53,8 @@ class Row:
     started_at: object  # when its send started (None: not yet)
     local_time: object  # each recipient's wall-clock time, in their own zone
     counts: dict  # email_log status -> rows
+    # Per variant (the default first, then by tag): service.VariantCounts; [] without variants.
+    variants: list = field(default_factory=list)
 
     sample_name = SAMPLE_NAME  # a plain class attribute, not a field
 
@@ -76,7 +82,8 @@ class Row:
 def page(number: int, size: int = PAGE_SIZE) -> tuple[list[Row], bool]:
     """Newsletters of page `number` (1-based) and whether a next page exists."""
     found = db.query(
-        "SELECT id, subject, status, created_at, send_requested_at, completed_at, send_at, started_at, local_time "
+        "SELECT id, subject, status, created_at, send_requested_at, completed_at, send_at, started_at, local_time, "
+        "ARRAY(SELECT k FROM jsonb_object_keys(coalesce(variants, '{}'::jsonb)) k ORDER BY k) "
         "FROM newsletters "
         "ORDER BY id DESC LIMIT %s OFFSET %s",
         (size + 1, (number - 1) * size),
@@ -84,11 +91,19 @@ def page(number: int, size: int = PAGE_SIZE) -> tuple[list[Row], bool]:
     has_next = len(found) > size
     found = found[:size]
     counts: dict[int, dict] = {row[0]: {} for row in found}
+    by_variant: dict[int, list[tuple]] = {row[0]: [] for row in found}
     if counts:
-        for newsletter_id, status, n in db.query(
-            "SELECT newsletter_id, status, count(*) FROM email_log WHERE newsletter_id = ANY(%s) GROUP BY 1, 2",
+        for newsletter_id, status, variant, n in db.query(
+            "SELECT newsletter_id, status, variant, count(*) FROM email_log WHERE newsletter_id = ANY(%s) "
+            "GROUP BY 1, 2, 3",
             (list(counts),),
         ):
-            counts[newsletter_id][status] = n
-    # A row of the SELECT above holds every field but counts (mypy cannot count a row).
-    return [Row(*row, counts[row[0]]) for row in found], has_next  # type: ignore[call-arg]
+            counts[newsletter_id][status] = counts[newsletter_id].get(status, 0) + n
+            by_variant[newsletter_id].append((status, variant, n))
+    rows = []
+    for *shown, tags in found:
+        nid = shown[0]
+        per_variant = service.variant_counts(nid, list(tags), by_variant[nid]) if tags else []
+        # A row of the SELECT above holds every field but counts (mypy cannot count a row).
+        rows.append(Row(*shown, counts[nid], per_variant))  # type: ignore[call-arg]
+    return rows, has_next

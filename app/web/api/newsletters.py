@@ -135,6 +135,7 @@ _SUMMARY = {
     "respect_quiet_hours": False,
     "completed_at": "2026-11-28T09:01:02+00:00",
     "counts": {"pending": 0, "sending": 0, "sent": 1, "failed": 0, "suppressed": 0, "cancelled": 0, "total": 1},
+    "variant_locales": ["pt-BR"],
 }
 _ENGAGED = {"total": 2, "human": 1, "machine": 1, "unique_human": 1}
 _STATUS = {
@@ -168,7 +169,7 @@ routes = [
         "/v1/newsletters",
         newsletters_collection,
         get=Operation(
-            "List newsletters, newest first, with status and row counts (keyset pages)",
+            "List newsletters, newest first, with status, row counts and their variants' locales (keyset pages)",
             {200: ("one page", NewsletterPage)},
             errors=(422,),
             query=service.NewsletterListQuery,
