@@ -475,6 +475,10 @@ def run_point(args, n: int, quota_mechanism: Quota, subscribers: int = 0) -> dic
     }
 
 
+def _num(value: float) -> str:
+    return "–" if value != value else f"{value:,.0f}"  # NaN: no calibration point
+
+
 def main() -> int:
     args = parse_args()
     hosts = [int(h) for h in args.hosts.split(",") if h.strip()]
@@ -510,7 +514,7 @@ def main() -> int:
         print(
             f"  {n:>2} hosts: {row['window_rate']:6.0f} digests/s from the first run due to the last sent "
             f"({row['rate']:.0f}/s from the tick, planning included); model {row['predicted']:.0f} ({row['bound']}), "
-            f"{row['predicted_here']:.0f} with this sitting's CPU per digest; "
+            f"{_num(row['predicted_here'])} with this sitting's CPU per digest; "
             f"{row['sent']} digests; worker {row['worker_ms']:.2f} ms/digest "
             f"({row['worker_ms_with_startup']:.2f} with start-up), Postgres {row['postgres_ms']:.2f} ms/digest "
             f"= {row['postgres_cores']:.2f} cores; throttled {row['throttled']:.0%} of periods; "
@@ -541,7 +545,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['hosts']} x {r['quota']:g} | {r['predicted']:,.0f} ({r['bound']}) | {r['predicted_here']:,.0f} | "
+            f"| {r['hosts']} x {r['quota']:g} | {r['predicted']:,.0f} ({r['bound']}) | {_num(r['predicted_here'])} | "
             f"{r['window_rate']:,.0f} ({r['rate']:,.0f}) | {r['window_rate'] / r['predicted']:.2f} | "
             f"{r['worker_ms']:.2f} | {r['postgres_ms']:.2f} | "
             f"{r['postgres_cores']:.2f} | {r['throttled']:.0%} | {r['busy_connections']:.1f} | "
