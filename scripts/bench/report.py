@@ -122,6 +122,13 @@ def steps() -> list[Step]:
         Step("webhook", bench("webhook.py")),
         Step("admin-dashboard", bench("admin_dashboard.py"), ["--per-day", "5000", "--days", "7"]),
         Step("hold-release", bench("hold_release.py"), ["--subscribers", "5000"], timeout=3600),
+        # docs/scaling.md's model past one host: N worker processes under a CPU quota each, one Postgres
+        Step(
+            "scaling-sim",
+            bench("scaling_sim.py"),
+            ["--hosts", "1,2,4", "--seconds", "2", "--calibrate", "1000"],
+            timeout=1800,
+        ),
     ]
     for p in SCALING_PROCESSES:
         out.append(
