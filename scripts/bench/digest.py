@@ -133,9 +133,15 @@ def load_data(n: int, events: int, now: datetime) -> None:
     shared.seed_digest_data(n, events, now, args.seen_percent, args.posts)
 
 
-def start(cmd: list[str]) -> subprocess.Popen:
+WORKER_LOG = Path("/tmp/notify-bench-digest-worker.log")
+
+
+def start(cmd: list[str], log: Path | None = None) -> subprocess.Popen:
+    """`log`: the process writes there, not to a pipe read only at its end (a worker logging errors
+    at every message would fill the pipe and block, and the phase would stall instead of failing)."""
+    out = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115 - the process writes to it
     return subprocess.Popen(
-        cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        cmd, env=ENV, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
 
 
@@ -180,7 +186,8 @@ def start_workers(module: str, queue: str, broker_client) -> subprocess.Popen:
             str(args.threads),
             "--queues",
             queue,
-        ]
+        ],
+        log=WORKER_LOG,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # ready when every process registered a Redis heartbeat
@@ -188,9 +195,11 @@ def start_workers(module: str, queue: str, broker_client) -> subprocess.Popen:
             time.sleep(1.0)
             return proc
         if proc.poll() is not None:
-            raise SystemExit("workers exited:\n" + stop(proc))
+            stop(proc)
+            raise SystemExit("workers exited:\n" + WORKER_LOG.read_text()[-5000:])
         time.sleep(0.2)
-    raise SystemExit("workers did not start:\n" + stop(proc))
+    stop(proc)
+    raise SystemExit("workers did not start:\n" + WORKER_LOG.read_text()[-5000:])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -267,7 +276,8 @@ def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: 
         stop(workers)
         received = int((stop(sink).strip().split() or ["0"])[-1] or 0)
     if not ok:
-        print(f"  {label}: TIMEOUT after {args.timeout}s: {counts()}")
+        print(f"  {label}: TIMEOUT after {args.timeout}s: {counts()}; the workers' log ends:")
+        print(WORKER_LOG.read_text()[-3000:])
     return elapsed, counts(), received, {**cpu, "peak_rss_mb": peak_rss}
 
 

@@ -122,6 +122,13 @@ def steps() -> list[Step]:
         Step("webhook", bench("webhook.py")),
         Step("admin-dashboard", bench("admin_dashboard.py"), ["--per-day", "5000", "--days", "7"]),
         Step("hold-release", bench("hold_release.py"), ["--subscribers", "5000"], timeout=3600),
+        # issue 40: what quiet hours and the mail budget add to the digest and newsletter benchmarks
+        Step(
+            "quiet-budget",
+            bench("quiet_budget.py"),
+            ["--rounds", "1", "--subscribers", "1000", "--recipients", "2000"],
+            timeout=3600,
+        ),
         # docs/scaling.md's model past one host: N worker processes under a CPU quota each, one Postgres
         Step(
             "scaling-sim",
