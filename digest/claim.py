@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from app.platform import config, metrics
 from app.platform.providers.base import OutgoingMail
@@ -37,6 +37,7 @@ class ClaimedRun:
     quiet_hours: str | None = None  # the subscriber's window ("22:00-07:00"; None: DEFAULT_QUIET_HOURS)
     held: bool = False  # it waited for the end of those quiet hours: "while you were away"
     max_mails_per_day: int | None = None  # the subscriber's budget (None: DEFAULT_MAX_MAILS_PER_DAY; 0: none)
+    counted_on: date | None = None  # the local day the claim counted this mail on (app/subscribers/budget.py)
     digest: digest_group.Digest | None = None
     mail: OutgoingMail | None = None
     cover: Cover | None = None  # what recording it handles (digest/marks.py); None: its events one by one
@@ -129,11 +130,11 @@ FOLDED = "mail budget spent: folded into the next digest"
 def _spend_budget(cur, ready: list[ClaimedRun], now: datetime):
     """Count each mail against its subscriber's day (app/subscribers/budget.py). Returns (runs that
     go, send-now runs over budget)."""
-    refused = budget.spend(
-        cur,
-        [budget.Spend(r.subscriber_id, r.timezone, r.max_mails_per_day, must=not r.may_wait) for r in ready],
-        now,
-    )
+    wanted = [budget.Spend(r.subscriber_id, r.timezone, r.max_mails_per_day, must=not r.may_wait) for r in ready]
+    refused = budget.spend(cur, wanted, now)
+    counted = budget.counted_days(wanted, refused, now)
+    for run in ready:
+        run.counted_on = counted.get(run.subscriber_id)
     if not refused:
         return ready, []
     return [r for r in ready if r.subscriber_id not in refused], [r for r in ready if r.subscriber_id in refused]

@@ -43,6 +43,7 @@ from typing import cast
 from app.platform import config, db, holds, mail_stop, metrics
 from app.platform.providers import get_provider
 from app.platform.providers.base import OutgoingMail, PermanentError, Progress, Provider, ProviderError, SendResult
+from app.subscribers import budget
 from digest import runs as digest_runs
 from digest.build import Batch, build_slice, load_batch
 from digest.claim import ClaimedRun, claim
@@ -65,6 +66,7 @@ class Outcome:
     skipped: list = field(default_factory=list)  # (run_id, reason)
     handled: list = field(default_factory=list)  # (run_id, event_ids) of skipped runs: own activity only
     covers: dict = field(default_factory=dict)  # run_id: (subscriber_id, Cover) of runs that move the mark
+    budget: dict = field(default_factory=dict)  # run_id: (subscriber_id, local day) of runs the budget counted
     retry: list = field(default_factory=list)  # (run_id, error[, provider it is pinned to])
     released: list = field(default_factory=list)  # run_id: not started, all mail was stopped
     failed: list = field(default_factory=list)  # (run_id, error)
@@ -75,7 +77,7 @@ class Outcome:
 
     def unwritten(self) -> Outcome:
         """What is not recorded yet, as an Outcome of its own (record() writes one)."""
-        part = Outcome(covers=self.covers)
+        part = Outcome(covers=self.covers, budget=self.budget)
         for name in _RECORDED:
             setattr(part, name, getattr(self, name)[self.written.get(name, 0) :])
         return part
@@ -212,6 +214,9 @@ def record(cur, outcome: Outcome, settings=None) -> None:
     if failed:
         log.warning("%d digest run(s) failed for good after %d attempts", failed, settings.digest_max_attempts)
     digest_runs.fail(cur, outcome.failed)
+    if outcome.budget:  # a counted mail that did not go is given back (app/subscribers/budget.py)
+        gone = {item[0] for item in (*outcome.skipped, *outcome.retry, *outcome.failed)} | set(outcome.released)
+        budget.refund(cur, [outcome.budget[run_id] for run_id in gone if run_id in outcome.budget])
 
 
 def process(run_ids: list[int] | None = None, limit: int | None = None, provider: Provider | None = None) -> dict:
@@ -231,6 +236,7 @@ def process(run_ids: list[int] | None = None, limit: int | None = None, provider
         timeout = settings.digest_processing_timeout_seconds
         with holds.hold("digest runs", [r.id for r in claimed], digest_runs.renew, timeout):
             recorder = Recorder(conn, settings)
+            recorder.outcome.budget = {r.id: (r.subscriber_id, r.counted_on) for r in claimed if r.counted_on}
             _build_and_send(recorder, claimed, provider, settings)
             recorder.write_all()
         outcome = recorder.outcome

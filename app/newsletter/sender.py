@@ -219,17 +219,15 @@ def send_batch(
                 kick.mark_alive(newsletter_id, ttl=kick.ALIVE_TTL_SECONDS + wait)
                 kick.continue_chain(newsletter_id, delay_ms=int(wait * 1000))
             return stats
-        claimed, last = db.thread_connection.call(waits.claim, newsletter_id, batch_size, after, respect_quiet_hours)
-        if not last and after:
+        batch = db.thread_connection.call(waits.claim, newsletter_id, batch_size, after, respect_quiet_hours)
+        if not batch.last and after:
             after = 0
-            claimed, last = db.thread_connection.call(
-                waits.claim, newsletter_id, batch_size, after, respect_quiet_hours
-            )
-        if not last:
+            batch = db.thread_connection.call(waits.claim, newsletter_id, batch_size, after, respect_quiet_hours)
+        if not batch.last:
             break
-        after = last  # rows that must wait (quiet hours, the budget) are behind the cursor too
-        stats.claimed += len(claimed)
-        retry_after = _send_claimed(chain, claimed) if claimed else None
+        after = batch.last  # rows that must wait (quiet hours, the budget) are behind the cursor too
+        stats.claimed += len(batch.rows)
+        retry_after = _send_claimed(chain, batch.rows, batch.counted) if batch.rows else None
         if retry_after is not None:  # throttled: everyone waits; this chain comes back after the reset
             stats.outcome, stats.retry_in = f"throttled for {retry_after:.1f}s", retry_after
             if reenqueue:
@@ -253,18 +251,18 @@ def send_batch(
     return stats
 
 
-def _send_claimed(chain: _Chain, claimed: list[Claimed]) -> float | None:
+def _send_claimed(chain: _Chain, claimed: list[Claimed], counted: dict | None = None) -> float | None:
     """Render, send and record one claimed batch, recording as it goes and stopping between two
     mails when the newsletter may not go on. Returns seconds to back off if throttled. The claim is
     held (renewed) until every outcome is written."""
     sending = [row.id for row in claimed if row.status == "sending"]
     with holds.hold("newsletter rows", sending, newsletter_rows.renew, chain.settings.reclaim_after_seconds):
-        return _send_held(chain, claimed)
+        return _send_held(chain, claimed, counted or {})
 
 
-def _send_held(chain: _Chain, claimed: list[Claimed]) -> float | None:
+def _send_held(chain: _Chain, claimed: list[Claimed], counted: dict) -> float | None:
     newsletter_id, stats = chain.renderer.newsletter_id, chain.stats
-    outcomes = _Outcomes(newsletter_id, chain.settings, stats)
+    outcomes = _Outcomes(newsletter_id, chain.settings, stats, counted)
     mails, mail_rows = [], []
     for row in claimed:
         if row.status == "suppressed":
@@ -324,8 +322,9 @@ class _Outcomes:
     """One claimed batch's outcomes, written as they come (Progress calls flush() on the chain's
     thread). Each row is recorded once: what a flush wrote is skipped at the end."""
 
-    def __init__(self, newsletter_id: int, settings: Settings, stats: SendStats):
+    def __init__(self, newsletter_id: int, settings: Settings, stats: SendStats, counted: dict | None = None):
         self.newsletter_id, self.settings, self.stats = newsletter_id, settings, stats
+        self.counted = counted or {}  # row id: (subscriber, day) the budget counted (app/newsletter/waits.py)
         self.rows: list[tuple[int, int]] = []  # (row id, attempts) by position in the batch
         self.recorded: set[int] = set()  # positions taken
         self.marks: list[Mark] = []  # not written yet
@@ -359,12 +358,12 @@ class _Outcomes:
         meanwhile (app/platform/holds.py), so nobody else sends them."""
         if self.marks:
             marks = self.marks
-            self._write(newsletter_rows.mark, marks, f"recording {len(marks)} outcomes", until_written)
+            self._write(waits.mark, marks, f"recording {len(marks)} outcomes", until_written)
             self.marks = []
             metrics.newsletter_marks(marks)  # committed: sent / retry / failed
         if self.released:
             released = self.released
-            self._write(newsletter_rows.release, released, f"releasing {len(released)} rows not sent", until_written)
+            self._write(waits.release, released, f"releasing {len(released)} rows not sent", until_written)
             self.released = []
             self.stats.released += len(released)
             log.info(
@@ -375,7 +374,7 @@ class _Outcomes:
 
     def _write(self, statement, items: list, what: str, until_written: bool) -> None:
         def work():
-            return db.thread_connection.call(statement, items)
+            return db.thread_connection.call(statement, items, self.counted)
 
         if until_written:
             db.until_written(work, None, f"newsletter {self.newsletter_id}: {what}")

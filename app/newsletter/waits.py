@@ -6,7 +6,8 @@ inside its recipient's window goes back to `pending` until the window ends; a ro
 day is spent goes back until their next local day begins (never dropped). Both keep the row's
 not_before, as a local_time send's rows do (app/newsletter/rows.py DEFER), and the claim's attempt
 is refunded. The budget is counted here for every row that goes (app/subscribers/budget.py: exact
-under concurrency, two chains or two newsletters at once included). Nothing is asked of Postgres
+under concurrency, two chains or two newsletters at once included), and given back with the
+outcome of a row that did not go (`mark`, `release`). Nothing is asked of Postgres
 for a batch whose recipients have no budget, and quiet hours cost nothing for a send that does not
 respect them.
 """
@@ -14,24 +15,31 @@ respect them.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 
 from app.newsletter import rows as newsletter_rows
-from app.newsletter.rows import Claimed
+from app.newsletter.rows import Claimed, Mark
 from app.platform import config, db, metrics
 from app.subscribers import budget, quiet_hours
 
 log = logging.getLogger("app.newsletter.waits")
 
 
-def claim(
-    cur: db.Cursor, newsletter_id: int, limit: int, after: int, respect_quiet_hours: bool
-) -> tuple[list[Claimed], int]:
-    """Claim a batch (rows.claim) and send back what must wait. Returns (rows to send or record as
-    suppressed, the largest row id the claim took: the send loop's cursor; 0 when it took none)."""
+@dataclass
+class Batch:
+    """What one claim hands the send loop."""
+
+    rows: list[Claimed]  # to send, or to record as suppressed
+    last: int  # the largest row id the claim took (the loop's cursor); 0: it took none
+    counted: dict[int, tuple[int, date]] = field(default_factory=dict)  # row id: (subscriber, day) budgeted
+
+
+def claim(cur: db.Cursor, newsletter_id: int, limit: int, after: int, respect_quiet_hours: bool) -> Batch:
+    """Claim a batch (rows.claim) and send back what must wait."""
     claimed = newsletter_rows.claim(cur, newsletter_id, limit, after)
     if not claimed:
-        return claimed, 0
+        return Batch(claimed, 0)
     last = max(row.id for row in claimed)
     settings = config.get()
     now = datetime.now(UTC)
@@ -49,15 +57,16 @@ def claim(
             held = {row.id for row, _ in quiet}
             going = [row for row in going if row.id not in held]
             metrics.MAIL_HELD.labels("quiet_hours").inc(len(quiet))
-    refused = budget.spend(
-        cur, [budget.Spend(row.subscriber_id, row.timezone, row.max_mails_per_day, must=False) for row in going], now
-    )
+    wanted = [budget.Spend(row.subscriber_id, row.timezone, row.max_mails_per_day, must=False) for row in going]
+    refused = budget.spend(cur, wanted, now)
+    days = budget.counted_days(wanted, refused, now)
+    counted = {row.id: (row.subscriber_id, days[row.subscriber_id]) for row in going if row.subscriber_id in days}
     if refused:
         over = [row for row in going if row.subscriber_id in refused]
         waits += [(row.id, budget.next_day(now, row.timezone)) for row in over]
         metrics.MAIL_HELD.labels("budget").inc(len(over))
     if not waits:
-        return claimed, last
+        return Batch(claimed, last, counted)
     newsletter_rows.defer(cur, waits)
     log.info(
         "newsletter %s: %d recipient(s) wait for the end of their quiet hours or for their next day's budget",
@@ -65,4 +74,17 @@ def claim(
         len(waits),
     )
     waiting = {row_id for row_id, _ in waits}
-    return [row for row in claimed if row.id not in waiting], last
+    return Batch([row for row in claimed if row.id not in waiting], last, counted)
+
+
+def mark(cur: db.Cursor, marks: list[Mark], counted: dict[int, tuple[int, date]]) -> None:
+    """The batch's outcomes (rows.mark), and a budgeted mail that did not go given back, in one
+    transaction: a row retried later is counted once."""
+    newsletter_rows.mark(cur, marks)
+    budget.refund(cur, [counted[m.id] for m in marks if m.status != "sent" and m.id in counted])
+
+
+def release(cur: db.Cursor, row_ids: list[int], counted: dict[int, tuple[int, date]]) -> None:
+    """Rows not started (rows.release), their budgeted mails given back."""
+    newsletter_rows.release(cur, row_ids)
+    budget.refund(cur, [counted[row_id] for row_id in row_ids if row_id in counted])

@@ -10,8 +10,10 @@ day); digests and critical mail always go and still count.
 is decided on the row as the last committed spender left it, so two workers spending for one
 subscriber never both take the last mail (INSERT … ON CONFLICT DO UPDATE waits for a conflicting
 transaction and applies its condition to the row that one committed). A mail is counted when it is claimed to be
-sent; one that then fails stays counted, so a day's mails never exceed the limit (they may fall
-short of it when sends fail).
+sent and given back (`refund`) when its outcome is recorded as anything but sent (nothing to send
+after all, a retry, a failure), in that same transaction: a retried mail counts once. Only a worker
+killed between the two leaves a mail counted that may not have gone, so a day's mails never exceed
+the limit.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ ON CONFLICT (subscriber_id) DO UPDATE SET
     cap = coalesce(EXCLUDED.cap, b.cap)
 WHERE b.day <> EXCLUDED.day OR EXCLUDED.cap IS NULL OR b.spent < EXCLUDED.cap
 RETURNING b.subscriber_id
+"""
+
+# A counted mail that did not go (nothing to send after all, a retry, a failure): given back on the
+# day it was counted, in the transaction that records its outcome, so a retried mail counts once.
+_REFUND = """
+UPDATE mail_budget b SET spent = b.spent - 1
+FROM unnest(%s::bigint[], %s::date[]) AS v(id, day)
+WHERE b.subscriber_id = v.id AND b.day = v.day AND b.spent > 0
 """
 
 _SPENT_TODAY = f"""
@@ -88,6 +98,22 @@ def spend(cur: db.Cursor, wanted: list[Spend], now: datetime) -> set[int]:
     cur.execute(_SPEND, params)
     taken = {row[0] for row in cur.fetchall()}
     return {w.subscriber_id for w in counted if not w.must and w.subscriber_id not in taken}
+
+
+def counted_days(wanted: list[Spend], refused: set[int], now: datetime) -> dict[int, date]:
+    """{subscriber_id: the local day their mail was counted on} of a spend() call's mails that were
+    counted (what refund() takes back when such a mail does not go)."""
+    return {
+        w.subscriber_id: today(now, w.timezone)
+        for w in wanted
+        if limit_of(w.limit) > 0 and w.subscriber_id not in refused
+    }
+
+
+def refund(cur: db.Cursor, counted: list[tuple[int, date]]) -> None:
+    """[(subscriber_id, day)]: mails counted on that day that did not go."""
+    if counted:
+        cur.execute(_REFUND, (pg_array([sid for sid, _ in counted]), [day for _, day in counted]))
 
 
 def spent_today(subscriber_id: int, now: datetime) -> tuple[int, int]:

@@ -246,8 +246,7 @@ def test_two_workers_sending_one_subscribers_mail_send_exactly_the_budget(client
 
     def claimer(nid: int) -> None:
         start.wait()
-        rows, _ = db.call(waits.claim, nid, 10, 0, False)
-        going.extend(r.id for r in rows)
+        going.extend(r.id for r in db.call(waits.claim, nid, 10, 0, False).rows)
 
     threads = [threading.Thread(target=claimer, args=(nid,)) for nid in newsletters]
     [t.start() for t in threads]
@@ -260,3 +259,33 @@ def test_two_workers_sending_one_subscribers_mail_send_exactly_the_budget(client
     )
     # the three that wait are due the next local day, their claim's attempt refunded
     assert statuses == [("pending", 3, True, 0), ("sending", 3, False, 3)]
+
+
+# -- only mail that goes stays counted ----------------------------------------------------------------
+def test_a_counted_mail_that_does_not_go_is_given_back_and_a_retry_counts_once(client, events_key, sink):
+    sid = factories.subscriber("d", max_mails_per_day=2)
+    digest_send.process([factories.digest_run(sid)])  # a digest with nothing in it: skipped, not counted
+    assert sink.messages() == [] and budget.spent_today(sid, datetime.now(UTC)) == (0, 2)
+    sink.reject_data["d@example.test"] = "451 4.3.0 try again later"
+    post(client, events_key, ev("d", entity="one", priority="high"))
+    send_now_pass()  # refused for now: a retry, given back
+    [(rid, status)] = db.query("SELECT id, status FROM digest_runs WHERE cadence = 'immediately'")
+    assert status == "pending" and budget.spent_today(sid, datetime.now(UTC)) == (0, 2)
+    del sink.reject_data["d@example.test"]
+    db.query("UPDATE digest_runs SET next_attempt_at = NULL WHERE id = %s", (rid,))
+    assert digest_send.process([rid])["sent"] == 1
+    assert budget.spent_today(sid, datetime.now(UTC)) == (1, 2)  # the mail that went, once
+
+
+def test_a_newsletter_mail_that_does_not_go_is_given_back(client, sink, settings):
+    from app.newsletter import outbox, sender, service
+
+    settings(newsletter_max_attempts=1)
+    sid = factories.subscriber("n", max_mails_per_day=1)
+    sink.reject_data["n@example.test"] = "554 5.7.1 refused"
+    nl = factories.newsletter()
+    service.request_send(nl, {"kind": "all"})
+    outbox.create_outbox(nl)
+    sender.send_batch(nl, reenqueue=False)
+    assert db.query("SELECT status FROM email_log") == [("failed",)]
+    assert budget.spent_today(sid, datetime.now(UTC)) == (0, 1)  # failed for good: not a mail of the day
