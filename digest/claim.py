@@ -130,7 +130,10 @@ FOLDED = "mail budget spent: folded into the next digest"
 def _spend_budget(cur, ready: list[ClaimedRun], now: datetime):
     """Count each mail against its subscriber's day (app/subscribers/budget.py). Returns (runs that
     go, send-now runs over budget)."""
-    wanted = [budget.Spend(r.subscriber_id, r.timezone, r.max_mails_per_day, must=not r.may_wait) for r in ready]
+    wanted = [
+        budget.Spend(r.subscriber_id, r.timezone, r.max_mails_per_day, must=not r.may_wait)
+        for r in budget.limited(ready, config.get().default_max_mails_per_day)
+    ]
     refused = budget.spend(cur, wanted, now)
     counted = budget.counted_days(wanted, refused, now)
     for run in ready:

@@ -57,7 +57,10 @@ def claim(cur: db.Cursor, newsletter_id: int, limit: int, after: int, respect_qu
             held = {row.id for row, _ in quiet}
             going = [row for row in going if row.id not in held]
             metrics.MAIL_HELD.labels("quiet_hours").inc(len(quiet))
-    wanted = [budget.Spend(row.subscriber_id, row.timezone, row.max_mails_per_day, must=False) for row in going]
+    wanted = [
+        budget.Spend(row.subscriber_id, row.timezone, row.max_mails_per_day, must=False)
+        for row in budget.limited(going, settings.default_max_mails_per_day)
+    ]
     refused = budget.spend(cur, wanted, now)
     days = budget.counted_days(wanted, refused, now)
     counted = {row.id: (row.subscriber_id, days[row.subscriber_id]) for row in going if row.subscriber_id in days}

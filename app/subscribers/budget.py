@@ -20,10 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
+from typing import TypeVar
 
 from app.platform import config, db, timezones
 from app.platform.db import pg_array
 from app.subscribers import quiet_hours
+
+T = TypeVar("T")
 
 # The limit in force for subscriber row `s` (0: none).
 LIMIT = "coalesce({s}.max_mails_per_day, %(default_limit)s::int)"
@@ -79,6 +82,15 @@ def limit_of(limit: int | None) -> int:
     return limit if limit is not None else max(0, config.get().default_max_mails_per_day)
 
 
+def limited(items: list[T], default_limit: int) -> list[T]:
+    """Of claimed rows or runs (each with a `max_mails_per_day`), those a limit applies to: all of
+    them (a stored 0 excepted) when DEFAULT_MAX_MAILS_PER_DAY is set, else those with a limit of
+    their own — so a deployment without budgets builds nothing per mail."""
+    if default_limit > 0:
+        return [item for item in items if item.max_mails_per_day != 0]  # type: ignore[attr-defined]
+    return [item for item in items if item.max_mails_per_day]  # type: ignore[attr-defined]
+
+
 def spend(cur: db.Cursor, wanted: list[Spend], now: datetime) -> set[int]:
     """Count one mail for each subscriber in `wanted` (each at most once), in the caller's
     transaction. Returns the subscribers whose mail was refused: their day's budget is spent and
@@ -90,9 +102,10 @@ def spend(cur: db.Cursor, wanted: list[Spend], now: datetime) -> set[int]:
     ids = [w.subscriber_id for w in counted]
     if len(set(ids)) != len(ids):
         raise ValueError("spend: one mail per subscriber per call")
+    days = _days(now, [w.timezone for w in counted])
     params = {
         "ids": pg_array(ids),
-        "days": [today(now, w.timezone) for w in counted],
+        "days": [days[w.timezone] for w in counted],
         "caps": [None if w.must else limit_of(w.limit) for w in counted],
     }
     cur.execute(_SPEND, params)
@@ -103,10 +116,9 @@ def spend(cur: db.Cursor, wanted: list[Spend], now: datetime) -> set[int]:
 def counted_days(wanted: list[Spend], refused: set[int], now: datetime) -> dict[int, date]:
     """{subscriber_id: the local day their mail was counted on} of a spend() call's mails that were
     counted (what refund() takes back when such a mail does not go)."""
+    days = _days(now, [w.timezone for w in wanted])
     return {
-        w.subscriber_id: today(now, w.timezone)
-        for w in wanted
-        if limit_of(w.limit) > 0 and w.subscriber_id not in refused
+        w.subscriber_id: days[w.timezone] for w in wanted if limit_of(w.limit) > 0 and w.subscriber_id not in refused
     }
 
 
@@ -128,6 +140,11 @@ def next_day(now: datetime, zone_name: str) -> datetime:
     the first valid minute after it)."""
     zone = timezones.load(zone_name)
     return quiet_hours.at_wall_clock(now.astimezone(zone).date() + timedelta(days=1), time(0, 0), zone)
+
+
+def _days(now: datetime, zones: list[str]) -> dict[str, date]:
+    """Each zone's local date at `now`, worked out once per zone (a batch's recipients share a few)."""
+    return {zone: today(now, zone) for zone in set(zones)}
 
 
 def today(now: datetime, zone_name: str) -> date:

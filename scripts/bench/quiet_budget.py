@@ -14,6 +14,11 @@ that alternate the checks off and on, so a noisy neighbour hits both alike:
 
 Prints the median rate of each side and the cost of the checks as the median over the rounds of
 on/off - 1 (each "on" beside the "off" just before it).
+
+    .venv/bin/python scripts/bench/quiet_budget.py --before 368ae5b
+
+compares instead what every deployment pays, the shipped defaults: this code against REV's (before
+the checks existed), each benchmark run from its own checkout (.var/bench/before-REV) and database.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ def parse_args():
     p.add_argument("--subscribers", type=int, default=3000, help="digest benchmark subscribers (20 events each)")
     p.add_argument("--recipients", type=int, default=20000, help="newsletter benchmark recipients")
     p.add_argument("--only", choices=("digest", "newsletter"), default=None)
+    p.add_argument(
+        "--before",
+        default=None,
+        metavar="REV",
+        help="instead: this code with the shipped defaults against REV's (a commit before the checks, e.g. 368ae5b), "
+        "each benchmark run from its own checkout and database",
+    )
     return p.parse_args()
 
 
@@ -69,11 +81,15 @@ def _run(argv: list[str], checks: bool, figure: str) -> float:
     return float(rates[0])
 
 
-def _compare(name: str, argv_off: list[str], argv_on: list[str], figure: str, rounds: int) -> None:
+def _compare(
+    name: str, argv_off: list[str], argv_on: list[str], figure: str, rounds: int, checks: bool = True, against=""
+) -> None:
+    """`checks`: the "on" side runs with the checks configured; False: both with the shipped defaults
+    (the --before comparison: "off" is REV's code, "on" this code)."""
     off, on, costs = [], [], []
     for i in range(rounds):
         off.append(_run(argv_off, False, figure))
-        on.append(_run(argv_on, True, figure))
+        on.append(_run(argv_on, checks, figure))
         costs.append(off[-1] / on[-1] - 1)
         line = f"off {off[-1]:,.0f} {figure}, on {on[-1]:,.0f} ({costs[-1]:+.1%} time)"
         print(f"  {name} round {i + 1}: {line}", flush=True)
@@ -82,19 +98,62 @@ def _compare(name: str, argv_off: list[str], argv_on: list[str], figure: str, ro
     print(f"{name}: {medians}; checks cost {cost:+.1%}")
     record(
         f"quiet hours and budget checks, {name}",
-        f"{figure} with the checks on (median of {rounds}, alternating)",
+        f"{figure} with the checks on (median of {rounds}, alternating)"
+        if checks
+        else f"{figure}, shipped defaults (median of {rounds}, alternating with {against})",
         statistics.median(on),
         figure,
         baseline=statistics.median(off),
-        baseline_label="the same benchmark with the checks off, alternating",
+        baseline_label="the same benchmark with the checks off, alternating" if checks else f"{against}'s code",
         target="<= 5 % slower",
         met=cost <= 0.05,
         cost_percent=round(cost * 100, 1),
     )
 
 
+def _checkout(rev: str) -> Path:
+    """A detached worktree of `rev` under .var/bench (made once)."""
+    path = ROOT / ".var" / "bench" / f"before-{rev}"
+    if not path.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT, check=True)
+    return path
+
+
+def _before(args) -> None:
+    """REV's code against this code, both with the shipped defaults, each from its own checkout
+    and database (REV's migrations are older)."""
+    old = _checkout(args.before) / "scripts" / "bench"
+    new = ROOT / "scripts" / "bench"
+    if args.only in (None, "digest"):
+        size = ["--subscribers", str(args.subscribers), "--delays", "0", "--no-baseline"]
+        _compare(
+            "digests",
+            [f"{old}/digest.py", *size, "--database-url", "postgresql://127.0.0.1/notify_bench_digest_before"],
+            [f"{new}/digest.py", *size],
+            "digests/s",
+            args.rounds,
+            checks=False,
+            against=args.before,
+        )
+    if args.only in (None, "newsletter"):
+        size = ["--recipients", str(args.recipients), "--providers", "sendgrid", "--delays-ms", "0"]
+        size += ["--skip-baseline", "--failover-trials", "0"]
+        _compare(
+            "newsletters",
+            [f"{old}/newsletter.py", *size, "--database-url", "postgresql://127.0.0.1/notify_bench_newsletter_before"],
+            [f"{new}/newsletter.py", *size],
+            "recipients/s",
+            args.rounds,
+            checks=False,
+            against=args.before,
+        )
+
+
 def main() -> None:
     args = parse_args()
+    if args.before:
+        _before(args)
+        return
     bench = str(ROOT / "scripts" / "bench")
     if args.only in (None, "digest"):
         digest = [f"{bench}/digest.py", "--subscribers", str(args.subscribers), "--delays", "0", "--no-baseline"]
