@@ -88,6 +88,9 @@ def parse_args():
         help="ours: a setting other than its default (scripts/bench/knobs.py sweeps them)",
     )
     p.add_argument("--label", default="", help="names this run in the report (BENCH_RESULTS)")
+    p.add_argument(
+        "--respect-quiet-hours", action="store_true", help="ours: send with respect_quiet_hours (quiet_budget.py)"
+    )
     args = p.parse_args()
     for item in args.set:
         if "=" not in item:
@@ -519,7 +522,8 @@ def run_ours(n: int) -> dict:
         workers0, web0, sink0, redis0 = group_cpu(worker.pid), cpu_seconds(web.pid), sink.cpu(), cpu_seconds(redis_pid)
         postgres.start()
         started = time.monotonic()
-        api(port, key, "POST", f"/v1/newsletters/{newsletter_id}/send", {"audience": "all"})
+        send = {"audience": "all", **({"respect_quiet_hours": True} if ARGS.respect_quiet_hours else {})}
+        api(port, key, "POST", f"/v1/newsletters/{newsletter_id}/send", send)
         deadline = started + ARGS.timeout
         reached = sink.wait_reached(deadline, progress_logger(started))
         status = None
