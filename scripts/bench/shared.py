@@ -25,16 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def procfile_command(name: str, env: dict) -> list[str]:
     """The Procfile's `name` command with its ${VAR:-default}s expanded from `env`, its program run by
-    this interpreter (`python -m dramatiq` / `-m uvicorn`), and a leading `nice -n N` kept: a
-    benchmark measures the processes as the Procfile starts them."""
+    this interpreter (`python -m dramatiq` / `-m uvicorn`): a benchmark measures the processes as the
+    Procfile starts them."""
     line = next(ln for ln in (ROOT / "Procfile").read_text().splitlines() if ln.startswith(f"{name}:"))
     command = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1)) or m.group(2), line.split(":", 1)[1])
     argv = shlex.split(command)
-    prefix: list[str] = []
-    if argv[0] == "nice":
-        prefix, argv = argv[:3], argv[3:]
     assert argv[0] in ("dramatiq", "uvicorn"), argv
-    return [*prefix, sys.executable, "-m", argv[0], *argv[1:]]
+    return [sys.executable, "-m", argv[0], *argv[1:]]
 
 
 def read_records(path) -> list[dict]:

@@ -5,9 +5,9 @@ worker memory plateaus (issue 26.5) and what the waves do to ingestion's latency
     .venv/bin/python scripts/bench/soak.py --minutes 5        # a short look
 
 The service as shipped — web and worker started from the Procfile's own lines (uvicorn, 2 processes;
-`dramatiq actors`, 2 processes x 8 threads, at WORKER_NICE; set WORKER_NICE=0 to measure without
-it), scheduler — against its own database (notify_bench_soak) and Redis db, mail over SMTP to
-scripts/bench/smtp_sink.py at 0 ms, tracking on. The load, all over the service's own HTTP API:
+`dramatiq actors`, 2 processes x 8 threads), scheduler — against its own database (notify_bench_soak)
+and Redis db, mail over SMTP to scripts/bench/smtp_sink.py at 0 ms, tracking on. The load, all over
+the service's own HTTP API:
 
   events      --events-per-second (1,000) to random subscribers, batches of 100 every 0.1 s; each
               request's latency is recorded (the ingest p50/p99 per interval)
@@ -144,7 +144,7 @@ class Service:
         )
         sink.stdout.readline()  # listening
         self.procs["sink"] = sink
-        # web and worker as the Procfile starts them (WORKER_NICE, WEB_CONCURRENCY, … from the environment)
+        # web and worker as the Procfile starts them (WEB_CONCURRENCY, WORKER_PROCESSES, … from the environment)
         procfile_env = {**self.env, "PORT": str(self.web_port)}
         self.start("web", procfile_command("web", procfile_env))
         self.start("worker", procfile_command("worker", procfile_env))
