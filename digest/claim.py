@@ -134,10 +134,10 @@ def _spend_budget(cur, ready: list[ClaimedRun], now: datetime):
         budget.Spend(r.subscriber_id, r.timezone, r.max_mails_per_day, must=not r.may_wait)
         for r in budget.limited(ready, config.get().default_max_mails_per_day)
     ]
-    refused = budget.spend(cur, wanted, now)
-    counted = budget.counted_days(wanted, refused, now)
+    spent = budget.spend(cur, wanted, now)
     for run in ready:
-        run.counted_on = counted.get(run.subscriber_id)
+        run.counted_on = spent.counted.get(run.subscriber_id)
+    refused = spent.refused
     if not refused:
         return ready, []
     return [r for r in ready if r.subscriber_id not in refused], [r for r in ready if r.subscriber_id in refused]

@@ -61,11 +61,10 @@ def claim(cur: db.Cursor, newsletter_id: int, limit: int, after: int, respect_qu
         budget.Spend(row.subscriber_id, row.timezone, row.max_mails_per_day, must=False)
         for row in budget.limited(going, settings.default_max_mails_per_day)
     ]
-    refused = budget.spend(cur, wanted, now)
-    days = budget.counted_days(wanted, refused, now)
-    counted = {row.id: (row.subscriber_id, days[row.subscriber_id]) for row in going if row.subscriber_id in days}
-    if refused:
-        over = [row for row in going if row.subscriber_id in refused]
+    spent = budget.spend(cur, wanted, now)
+    counted = {row.id: (row.subscriber_id, day) for row in going if (day := spent.counted.get(row.subscriber_id))}
+    if spent.refused:
+        over = [row for row in going if row.subscriber_id in spent.refused]
         waits += [(row.id, budget.next_day(now, row.timezone)) for row in over]
         metrics.MAIL_HELD.labels("budget").inc(len(over))
     if not waits:

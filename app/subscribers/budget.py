@@ -91,35 +91,34 @@ def limited(items: list[T], default_limit: int) -> list[T]:
     return [item for item in items if item.max_mails_per_day]  # type: ignore[attr-defined]
 
 
-def spend(cur: db.Cursor, wanted: list[Spend], now: datetime) -> set[int]:
+@dataclass(frozen=True)
+class Spent:
+    refused: set[int]  # subscribers whose mail could wait and must: their day's budget is spent
+    counted: dict[int, date]  # subscriber: the local day their mail was counted on (what refund() takes)
+
+
+def spend(cur: db.Cursor, wanted: list[Spend], now: datetime) -> Spent:
     """Count one mail for each subscriber in `wanted` (each at most once), in the caller's
-    transaction. Returns the subscribers whose mail was refused: their day's budget is spent and
-    the mail could wait. Subscribers without a limit are not counted and never refused; nothing is
-    asked of Postgres when none has one."""
-    counted = [w for w in wanted if limit_of(w.limit) > 0]
-    if not counted:
-        return set()
-    ids = [w.subscriber_id for w in counted]
+    transaction. Subscribers without a limit are not counted and never refused; nothing is asked of
+    Postgres when none has one."""
+    limited = [w for w in wanted if limit_of(w.limit) > 0]
+    if not limited:
+        return Spent(set(), {})
+    ids = [w.subscriber_id for w in limited]
     if len(set(ids)) != len(ids):
         raise ValueError("spend: one mail per subscriber per call")
-    days = _days(now, [w.timezone for w in counted])
+    days = {zone: today(now, zone) for zone in {w.timezone for w in limited}}  # once per zone
     params = {
         "ids": pg_array(ids),
-        "days": [days[w.timezone] for w in counted],
-        "caps": [None if w.must else limit_of(w.limit) for w in counted],
+        "days": [days[w.timezone] for w in limited],
+        "caps": [None if w.must else limit_of(w.limit) for w in limited],
     }
     cur.execute(_SPEND, params)
     taken = {row[0] for row in cur.fetchall()}
-    return {w.subscriber_id for w in counted if not w.must and w.subscriber_id not in taken}
-
-
-def counted_days(wanted: list[Spend], refused: set[int], now: datetime) -> dict[int, date]:
-    """{subscriber_id: the local day their mail was counted on} of a spend() call's mails that were
-    counted (what refund() takes back when such a mail does not go)."""
-    days = _days(now, [w.timezone for w in wanted])
-    return {
-        w.subscriber_id: days[w.timezone] for w in wanted if limit_of(w.limit) > 0 and w.subscriber_id not in refused
-    }
+    return Spent(
+        {w.subscriber_id for w in limited if w.subscriber_id not in taken},
+        {w.subscriber_id: days[w.timezone] for w in limited if w.subscriber_id in taken},
+    )
 
 
 def refund(cur: db.Cursor, counted: list[tuple[int, date]]) -> None:
@@ -140,11 +139,6 @@ def next_day(now: datetime, zone_name: str) -> datetime:
     the first valid minute after it)."""
     zone = timezones.load(zone_name)
     return quiet_hours.at_wall_clock(now.astimezone(zone).date() + timedelta(days=1), time(0, 0), zone)
-
-
-def _days(now: datetime, zones: list[str]) -> dict[str, date]:
-    """Each zone's local date at `now`, worked out once per zone (a batch's recipients share a few)."""
-    return {zone: today(now, zone) for zone in set(zones)}
 
 
 def today(now: datetime, zone_name: str) -> date:

@@ -213,7 +213,7 @@ def test_the_budget_is_exact_when_two_workers_spend_for_one_subscriber_at_once()
 
         def spender() -> None:
             start.wait()
-            refused = db.call(budget.spend, [budget.Spend(sid, "UTC", 5, must=False)], now)
+            refused = db.call(budget.spend, [budget.Spend(sid, "UTC", 5, must=False)], now).refused
             granted.append(sid not in refused)
 
         threads = [threading.Thread(target=spender) for _ in range(8)]

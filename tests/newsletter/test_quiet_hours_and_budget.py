@@ -79,7 +79,7 @@ def test_a_recipient_over_budget_waits_for_their_next_local_day(fake, provider):
     factories.subscriber("free")
     with db.raw_cursor() as cur:
         assert (
-            budget.spend(cur, [budget.Spend(sid, "Australia/Sydney", 1, must=True)], datetime.now(UTC)) == set()
+            budget.spend(cur, [budget.Spend(sid, "Australia/Sydney", 1, must=True)], datetime.now(UTC)).refused == set()
         )  # a digest went today
     nl = factories.newsletter()
     _start(nl, respect=False)
