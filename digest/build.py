@@ -142,7 +142,7 @@ def build_slice(
     ready = []
     for (run, (subject, _, ctx)), (html, clicks) in zip(rendered, tracked):
         try:
-            run.mail = outgoing_mail(run, subject, html, render_text(ctx, clicks))
+            run.mail = outgoing_mail(run, subject, html, render_text(ctx, clicks), ctx["unsubscribe_url"])
             ready.append(run)
         except digest_render.TemplateError:
             raise
@@ -193,7 +193,8 @@ def render_text(ctx: dict, clicks: dict[str, str]) -> str:
     return digest_render.templates().render_text(ctx)
 
 
-def outgoing_mail(run: ClaimedRun, subject: str, html: str, text: str) -> OutgoingMail:
+def outgoing_mail(run: ClaimedRun, subject: str, html: str, text: str, unsubscribe: str | None = None) -> OutgoingMail:
+    """`unsubscribe`: the run's unsubscribe URL when the caller has it already (the context's)."""
     return OutgoingMail(
         to=run.email,
         to_name=run.name,
@@ -201,7 +202,7 @@ def outgoing_mail(run: ClaimedRun, subject: str, html: str, text: str) -> Outgoi
         html=html,
         text=text,
         idempotency_key=f"digest-run-{run.id}",
-        headers=mail.unsubscribe_headers(unsubscribe_url(run.subscriber_id, run.token_version)),
+        headers=mail.unsubscribe_headers(unsubscribe or unsubscribe_url(run.subscriber_id, run.token_version)),
         provider=run.provider,
         custom_args={
             "mail_kind": "digest",

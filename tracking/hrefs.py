@@ -52,8 +52,17 @@ def find(document: str) -> list[Href]:
     return found
 
 
+# The usual tag, `<a href="…"` with no entity in the value: its first attribute, read at once.
+_LEADING_HREF = re.compile(r"""\s+href\s*=\s*("[^"&]*")""")
+
+
 def _first_href(tag: re.Match[str]) -> Href | None:
     attrs = tag.group(1)
+    offset = tag.start(1)
+    leading = _LEADING_HREF.match(attrs)
+    if leading is not None:
+        start, end = leading.span(1)
+        return Href(offset + start, offset + end, attrs[start + 1 : end - 1].strip())
     if "href" not in attrs and "href" not in attrs.lower():
         return None
     pos = 0
@@ -65,7 +74,6 @@ def _first_href(tag: re.Match[str]) -> Href | None:
                 return None
             start, end = attribute.span(2)
             raw = value[1:-1] if value[:1] in ("'", '"') else value
-            offset = tag.start(1)
             return Href(offset + start, offset + end, html_lib.unescape(raw).strip())
     return None
 

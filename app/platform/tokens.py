@@ -16,7 +16,6 @@ mail) and shorter: `scripts/bench/tokens.py` measures both against itsdangerous 
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 from dataclasses import dataclass
 
@@ -46,7 +45,8 @@ def _unb64(text: str) -> bytes:
 
 
 def _mac(secret: str, purpose: str, payload: bytes) -> bytes:
-    return hmac.new(secret.encode(), purpose.encode() + b"\x00" + payload, hashlib.sha256).digest()[:16]
+    # hmac.digest: the one-shot C path, the same MAC as hmac.new(...).digest() in a third of the time
+    return hmac.digest(secret.encode(), purpose.encode() + b"\x00" + payload, "sha256")[:16]
 
 
 def make(purpose: str, subscriber_id: int, token_version: int = 1, scope: str | None = None) -> str:

@@ -11,7 +11,10 @@ Per delay:
   baseline  one task per subscriber (`dramatiq scripts.bench.digest_naive`), premailer and the
             email package per mail, a new SMTP connection per mail. Same worker processes/threads.
 Figure = digests/s from the first tick until every run is `sent` (time to plan included).
-Target: ours >= 10x the naive baseline, and >= 1,500 digests/s at 50 ms on 2 quiet cores.
+CPU per digest = the workers', their Postgres backends' and the sink's CPU from the workers being
+ready until every run is sent, over the digests sent; each worker process's start-up (imports,
+1.8-2.1 s) is printed apart, not counted (until 2026-11-28 it was: ~0.27 ms a digest at 15,000).
+Target: ours >= 20x the naive baseline, >= 3,000 digests/s at 0 ms and 2,800 at 50 ms (issue 42).
 --no-baseline measures ours only (a sweep over --processes needs no baseline per point).
 
 Everything on 127.0.0.1; its own database (notify_bench_digest) and Redis db; bounded by --timeout.
@@ -266,11 +269,15 @@ def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: 
     phase_start = datetime.now(UTC)
     sink = start_sink(delay_ms)
     workers = start_workers(module, queue, rclient)
+    # What the processes spent starting (imports, connections: 1.8-2.1 s a worker process) is not a
+    # digest's: counted apart, so CPU per digest is the steady state's whatever the run's size.
+    at_start = phase_cpu(workers, sink, phase_start)
     try:
         started = time.monotonic()
         ok, extra = drive(now, started)
         elapsed = time.monotonic() - started
-        cpu = {**phase_cpu(workers, sink, phase_start), **extra}
+        cpu = {k: v - at_start[k] for k, v in phase_cpu(workers, sink, phase_start).items()}
+        cpu.update(extra, startup_workers=at_start["workers"])
         peak_rss = shared.peak_rss_mb(workers.pid)[0]  # the largest worker process's VmHWM
     finally:
         stop(workers)
@@ -309,8 +316,8 @@ def drive_baseline(now: datetime, started: float) -> tuple[bool, dict]:
     return wait_all_done(started + args.timeout), {}
 
 
-TARGET_SPEEDUP = 10.0  # ours against the naive baseline, at every delay
-TARGET_AT_50MS = 1500.0  # digests/s at a 50 ms relay on 2 quiet cores
+TARGET_SPEEDUP = 20.0  # ours against the naive baseline, at every delay (issue 42; 10 before it)
+TARGET_RATE = {0: 3000.0, 50: 2800.0}  # digests/s by relay delay on 2 quiet cores (issue 42; 1,500 at 50 ms before)
 
 
 def cpu_per_digest_ms(cpu: dict, n: int) -> dict:
@@ -341,9 +348,9 @@ def record_delay(delay: float, ours: dict, base: dict | None) -> None:
         goals.append(f">= {TARGET_SPEEDUP:g}x naive")
         met = met and base["sent"] == base["n"] and ours["rate"] >= TARGET_SPEEDUP * base["rate"]
         details.update(baseline_subscribers=base["n"], baseline_sent=base["sent"])
-    if delay == 50:
-        goals.append(f">= {TARGET_AT_50MS:,.0f}/s at 50 ms on 2 quiet cores")
-        met = met and ours["rate"] >= TARGET_AT_50MS
+    if delay in TARGET_RATE:
+        goals.append(f">= {TARGET_RATE[delay]:,.0f}/s at {delay:g} ms on 2 quiet cores")
+        met = met and ours["rate"] >= TARGET_RATE[delay]
     naive = "naive (task + SMTP connection per mail)" if base else ""
     shared.record(
         bench,
@@ -397,6 +404,7 @@ def main() -> int:
             f"postgres {per.get('postgres', 0) * 1000:.0f} us, sink {per.get('sink', 0) * 1000:.0f} us"
             + (f"; planning tick {plan:.2f} s" if plan is not None else "")
             + f"; worker peak RSS {cpu['peak_rss_mb']:.0f} MB"
+            + f"; worker start-up {cpu['startup_workers']:.1f} s CPU (not counted)"
         )
 
     for delay in delays:
