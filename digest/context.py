@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 from app.platform import config, greeting, i18n, timezones
@@ -41,7 +40,6 @@ def clip(text: str, limit: int = MAX_TITLE) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-@lru_cache(maxsize=1024)
 def entity_title(group: Group, t: i18n.Translator | None = None) -> str:
     """The entity's title, or its kind and id ("Post p9") when the events gave none."""
     if group.title:

@@ -243,6 +243,8 @@ class Translator:
         # every use, as the metric says.
         self._texts: dict[str, str] = {}
         self._forms: dict[tuple[str, str, int | float], str] = {}
+        # A plural message whose only value is its count ("6 min ago", "20 updates"), kept filled in.
+        self._filled: dict[tuple[str, str, int | float], str] = {}
         # The catalogs before the source language (its words are the messages: no catalog needed).
         self._chain = [c for c in (catalog(t) for t in chain(tag) if t != SOURCE) if c is not None]
         self._counted = bool(self._chain) and self._chain[0].tag == tag
@@ -299,7 +301,15 @@ class Translator:
     def ngettext(self, singular: str, plural: str, count: int, **values: object) -> str:
         """The form of `count` (CLDR) of a plural message; `{count}` is the count in the locale's
         digits and separators."""
-        return self.translate_plural(singular, plural, count).format(count=self.number(count), **values)
+        if values:
+            return self.translate_plural(singular, plural, count).format(count=self.number(count), **values)
+        key = (singular, plural, count)
+        text = self._filled.get(key)
+        if text is None:
+            text = self.translate_plural(singular, plural, count).format(count=self.number(count))
+            if not self._fallback(singular) and len(self._filled) < MAX_KEPT_MESSAGES:
+                self._filled[key] = text
+        return text
 
     def number(self, value: int | float) -> str:
         """`value` with the locale's digits and separators (counts repeat: kept once formatted)."""
