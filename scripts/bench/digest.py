@@ -79,6 +79,17 @@ def parse_args():
     )
     p.add_argument("--no-baseline", action="store_true", help="skip the naive baseline phases (ours only)")
     p.add_argument(
+        "--sample",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="ours: py-spy samples the worker processes for SECONDS mid-wave and prints where their CPU went "
+        "(scripts/bench/sampling.py); use enough subscribers that the wave outlasts it",
+    )
+    p.add_argument(
+        "--sample-after", type=float, default=3.0, help="seconds after the first tick before --sample begins"
+    )
+    p.add_argument(
         "--label",
         default="digest pipeline",
         help="names this run in the report (BENCH_RESULTS); tracking and the relay delay are appended",
@@ -121,7 +132,7 @@ os.environ.update(ENV)
 import redis  # noqa: E402
 
 from app.platform import config, db, migrate  # noqa: E402
-from scripts.bench import shared  # noqa: E402
+from scripts.bench import sampling, shared  # noqa: E402
 
 config.reload()
 BIN = Path(sys.executable).parent
@@ -214,9 +225,8 @@ def _cpu_seconds(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def phase_cpu(workers: subprocess.Popen, sink: subprocess.Popen, since: datetime) -> dict:
-    """CPU seconds used by this phase: worker processes, their Postgres backends, the sink.
-    Other load on the machine slows the wall clock figure; this one it barely moves."""
+def worker_pids(workers: subprocess.Popen) -> list[int]:
+    """The worker processes dramatiq forked (its process group, the parent left out)."""
     group = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -225,6 +235,13 @@ def phase_cpu(workers: subprocess.Popen, sink: subprocess.Popen, since: datetime
                     group.append(int(name))
             except OSError:
                 pass
+    return group
+
+
+def phase_cpu(workers: subprocess.Popen, sink: subprocess.Popen, since: datetime) -> dict:
+    """CPU seconds used by this phase: worker processes, their Postgres backends, the sink.
+    Other load on the machine slows the wall clock figure; this one it barely moves."""
+    group = worker_pids(workers)
     backends = [
         r[0]
         for r in db.query(
@@ -272,6 +289,9 @@ def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: 
     # What the processes spent starting (imports, connections: 1.8-2.1 s a worker process) is not a
     # digest's: counted apart, so CPU per digest is the steady state's whatever the run's size.
     at_start = phase_cpu(workers, sink, phase_start)
+    sampler = None
+    if args.sample and label == "ours":
+        sampler = sampling.Sampler(worker_pids(workers), args.sample, args.sample_after).start()
     try:
         started = time.monotonic()
         ok, extra = drive(now, started)
@@ -282,6 +302,8 @@ def run_phase(label: str, n: int, delay_ms: float, rclient, module: str, queue: 
     finally:
         stop(workers)
         received = int((stop(sink).strip().split() or ["0"])[-1] or 0)
+    if sampler is not None:
+        print(sampler.report())
     if not ok:
         print(f"  {label}: TIMEOUT after {args.timeout}s: {counts()}; the workers' log ends:")
         print(WORKER_LOG.read_text()[-3000:])

@@ -2,7 +2,8 @@
 render, rewrite links, build MIME, SMTP, record) under cProfile in one process, and the Postgres
 server's CPU for the same batches, measured from /proc.
 
-    .venv/bin/python scripts/bench/profile_digest.py [--subscribers 3000] [--tracking/--no-tracking] [--stages]
+    .venv/bin/python scripts/bench/profile_digest.py [--subscribers 3000] [--tracking/--no-tracking]
+                                                     [--stages | --statements]
 
 Prints CPU per digest (worker vs Postgres), the worker's time by area, and the top functions by
 own time. The SMTP sink is scripts/bench/smtp_sink.py at 0 ms on a spare port. cProfile slows
@@ -11,6 +12,8 @@ end-to-end figure is scripts/bench/digest.py's). --stages leaves cProfile out an
 CPU time inside each step of the path instead (build.render_mail, rewrite_many_with_clicks, the
 provider, ...): unslowed, but one process in a loop, so the figures are above a worker's. Its own
 database (notify_bench_profile). The collector is tuned as a worker's (gc.freeze, threshold 50,000).
+--statements: the Postgres backend's CPU per kind of statement (schedstat before and after each).
+The profile of the workers as they run, eight threads and all: scripts/bench/digest.py --sample.
 
 What it showed (2,000 subscribers x 20 events, tracking on): the biggest item was one email_links
 round trip per digest (SAVEPOINT, INSERT … RETURNING, RELEASE: 3 of the ~3.1 statements per
@@ -68,6 +71,11 @@ p.add_argument(
     "--stages",
     action="store_true",
     help="no cProfile: CPU per stage (thread CPU time around each step of the worker's path), unslowed",
+)
+p.add_argument(
+    "--statements",
+    action="store_true",
+    help="no cProfile: the Postgres backend's CPU per kind of statement (its /proc schedstat before and after each)",
 )
 args = p.parse_args()
 
@@ -161,7 +169,52 @@ def timed_stages() -> dict[str, float]:
     return totals
 
 
+class StatementCPU:
+    """The backend's CPU time (/proc/<pid>/schedstat, nanoseconds) of each statement a connection
+    runs, summed by the statement's first words: psycopg2.connect hands out connections whose
+    cursors measure it (Postgres on this machine; ptrace-free, but the server's /proc must be readable)."""
+
+    def __init__(self) -> None:
+        self.by_statement: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        measure = self
+
+        class Cursor(psycopg2.extensions.cursor):
+            def execute(self, query, vars=None):
+                pid = self.connection.get_backend_pid()
+                before, started = measure.cpu_ns(pid), time.perf_counter()
+                try:
+                    return super().execute(query, vars)
+                finally:
+                    text = query if isinstance(query, str) else query.decode()
+                    kept = measure.by_statement[" ".join(text.split())[:100]]
+                    kept[0] += 1
+                    kept[1] += measure.cpu_ns(pid) - before
+                    kept[2] += time.perf_counter() - started
+
+        connect = psycopg2.connect
+
+        def connecting(*a, **kw):
+            kw.setdefault("cursor_factory", Cursor)
+            return connect(*a, **kw)
+
+        psycopg2.connect = connecting
+
+    @staticmethod
+    def cpu_ns(pid: int) -> int:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+
+    def report(self, n: int, batches: int) -> None:
+        total = sum(v[1] for v in self.by_statement.values())
+        print(f"  Postgres backend CPU of the worker thread's statements: {total / 1e3 / n:.0f} us/digest")
+        for text, (count, ns, wall) in sorted(self.by_statement.items(), key=lambda kv: -kv[1][1]):
+            if ns / 1e3 / n >= 0.5:
+                per, runs = ns / 1e3 / n, count / batches
+                print(f"    {per:6.1f} us/digest  {runs:4.1f}/batch  wall {wall * 1e6 / n:6.1f} us  {text}")
+
+
 def main() -> None:
+    statements = StatementCPU() if args.statements else None
     migrate.migrate(args.database_url)
     db.init(args.database_url)
     now = datetime.now(UTC)
@@ -183,9 +236,11 @@ def main() -> None:
     pg = shared.PostgresCPU(conn, config.get().database_url.rsplit("/", 1)[-1])
     profiler = cProfile.Profile()
     stages = timed_stages() if args.stages else None
+    if statements is not None:
+        statements.by_statement.clear()  # the warm-up's are not counted
     pg.start()
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    if not stages:
+    if not stages and statements is None:
         profiler.enable()
     for k in range(100, len(ids), 100):
         digest_send.process(run_ids=ids[k : k + 100], provider=provider)
@@ -197,6 +252,12 @@ def main() -> None:
     providers.close_all()
     sink.terminate()
 
+    if statements is not None:
+        print(f"profile_digest --statements: {n} digests, {args.events} events each")
+        per = 1e6 / n
+        print(f"  wall {wall:.1f} s; worker CPU {cpu * per:.0f} us/digest; Postgres CPU {pg_cpu * per:.0f} us/digest")
+        statements.report(n, len(range(100, len(ids), 100)))
+        return
     if stages is not None:
         tracking = "on" if args.tracking else "off"
         print(f"profile_digest --stages: {n} digests, {args.events} events each, tracking {tracking}")
