@@ -28,7 +28,7 @@ import logging
 from dataclasses import dataclass
 
 from app.platform import db
-from app.platform.db import pg_array
+from app.platform.db import pg_array, pg_text_array
 
 log = logging.getLogger("digest.marks")
 
@@ -92,7 +92,7 @@ def advance(cur, covers: list[tuple[int, Cover]]) -> None:
         latest[sid] = cover.through  # one load statement per batch: a subscriber's covers are equal
     if latest:
         sids = sorted(latest)  # rows locked in one order: two batches cannot deadlock
-        cur.execute(_ADVANCE_SQL, (sids, [latest[s] for s in sids]))
+        cur.execute(_ADVANCE_SQL, (pg_array(sids), pg_text_array([latest[s] for s in sids])))
 
 
 # The events a run handled: marked one by one, or in its cover (the run row's snapshots).

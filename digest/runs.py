@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
-from app.platform.db import pg_array
+from app.platform.db import pg_array, pg_text_array
 from app.platform.mail_stop import NOT_ENGAGED
 from app.subscribers import mailable
 from app.subscribers.streams import DIGESTS
@@ -251,19 +251,19 @@ RETURNING r.id, r.cadence, r.attempts, s.id, s.user_id, s.email, s.name, s.diges
 )
 # The checker decided these are due; a stale duplicate message must still not cut a retry's
 # backoff short.
-_BY_IDS = "r.id = ANY (%(ids)s) AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
+_BY_IDS = "r.id = ANY (%(ids)s::bigint[]) AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
 _ANY_DUE = "r.scheduled_for <= now() AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= now())"
 
 OTHERS_PROCESSING = """
 SELECT subscriber_id FROM digest_runs
-WHERE status = 'processing' AND subscriber_id = ANY (%s) AND NOT (id = ANY (%s))
+WHERE status = 'processing' AND subscriber_id = ANY (%s::bigint[]) AND NOT (id = ANY (%s::bigint[]))
 """
 
 
 def claim(cur, run_ids: list[int] | None, limit: int) -> list[tuple]:
     """pending → processing for the given (or any due) runs; their rows joined with the subscriber."""
     condition = _BY_IDS if run_ids is not None else _ANY_DUE
-    cur.execute(CLAIM.format(condition=condition), {"ids": list(run_ids or []), "limit": limit})
+    cur.execute(CLAIM.format(condition=condition), {"ids": pg_array(run_ids or []), "limit": limit})
     return cur.fetchall()
 
 
@@ -286,7 +286,7 @@ def subscribers_busy_elsewhere(cur, subscriber_ids: list[int], run_ids: list[int
     """Subscribers with another run processing (two runs would read the same unsent events).
     Checked once per batch: as a NOT EXISTS inside the claim, Postgres rescanned every processing
     run once per candidate."""
-    cur.execute(OTHERS_PROCESSING, (subscriber_ids, run_ids))
+    cur.execute(OTHERS_PROCESSING, (pg_array(subscriber_ids), pg_array(run_ids)))
     return {row[0] for row in cur.fetchall()}
 
 
@@ -428,7 +428,14 @@ def mark_sent(cur, sent: list[tuple], covers: dict[int, tuple[int, Cover]] | Non
     through = [covers[r][1].through if r in covers else None for r, _, _ in sent]
     cur.execute(
         MARK_SENT,
-        ([r for r, _, _ in sent], [len(ids) for _, ids, _ in sent], [m for _, _, m in sent], after, through, providers),
+        (
+            pg_array([r for r, _, _ in sent]),
+            pg_array([len(ids) for _, ids, _ in sent]),
+            pg_text_array([m for _, _, m in sent]),
+            pg_text_array(after),
+            pg_text_array(through),
+            pg_text_array(providers),
+        ),
     )
     lateness = [float(row[0]) for row in cur.fetchall()]
     if len(lateness) < len(sent) and covered:  # some were final already: keep the mark and the run agreeing

@@ -74,11 +74,17 @@ def ensure_links_many(mail_kind: str, urls_by_mail: dict[int, list[str]]) -> dic
         # inside one (digest build) they are a savepoint of it, and that transaction commits
         # before the mail is handed to the provider: a sent mail's links are always committed.
         with db.transaction(conn) as cur:
-            cur.execute(INSERT_LINKS, (mail_kind, [m for m, _ in wanted], [u for _, u in wanted]))
+            # Both arrays as one literal each: a fifth of the statement's cost is parsing ARRAY[...] otherwise.
+            cur.execute(
+                INSERT_LINKS, (mail_kind, db.pg_array([m for m, _ in wanted]), db.pg_text_array([u for _, u in wanted]))
+            )
             found = {(m, u): i for m, u, i in cur.fetchall()}
             missing = [key for key in wanted if key not in found]
             if missing:  # created earlier (another recipient's batch, another worker)
-                cur.execute(EXISTING_LINKS, ([m for m, _ in missing], [u for _, u in missing], mail_kind))
+                cur.execute(
+                    EXISTING_LINKS,
+                    (db.pg_array([m for m, _ in missing]), db.pg_text_array([u for _, u in missing]), mail_kind),
+                )
                 found.update({(m, u): i for m, u, i in cur.fetchall()})
         return found
 
