@@ -457,8 +457,8 @@ def pg_array(values) -> str:
 def pg_text_array(values) -> str:
     """The same for a ::text[] parameter (or any type read from text, ::pg_snapshot[]); None is NULL.
     Every element is double-quoted with its backslashes and double quotes escaped, so any string
-    arrives as it was (tests/platform/test_db_arrays.py). 300 URLs as one literal cost Postgres a
-    fifth less than psycopg2's ARRAY['…', …] (scripts/bench/profile_digest.py --statements)."""
+    arrives as it was (tests/platform/test_db_arrays.py). The link rows' statement with 300 URLs so
+    cost Postgres 2.9 ms against 3.5 with psycopg2's ARRAY['…', …] (the statement alone in a loop)."""
     return "{" + ",".join("NULL" if v is None else '"' + _array_quoted(v) + '"' for v in values) + "}"
 
 
