@@ -53,14 +53,11 @@ def _varint(n: int) -> bytes:
     if n < 0:
         raise ValueError("ids are never negative")
     out = bytearray()
-    while True:
-        byte = n & 0x7F
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
         n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(n)
+    return bytes(out)
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -100,16 +97,20 @@ def _unb64(text: str) -> bytes | None:
         return None
 
 
-_key_bytes: dict[str, bytes] = {}
+# HMAC-SHA256 keyed and fed the domain once per (key, domain); each code copies it and adds its
+# payload: the same MAC as hmac.digest(key, domain + payload), ~1 us cheaper (no key schedule).
+_keyed: dict[tuple[str, bytes], hmac.HMAC] = {}
 
 
 def _mac(key: str, domain: bytes, payload: bytes) -> bytes:
-    raw = _key_bytes.get(key)
-    if raw is None:
-        if len(_key_bytes) > 16:  # keys only change on rotation; never grow without bound
-            _key_bytes.clear()
-        raw = _key_bytes[key] = key.encode()
-    return hmac.digest(raw, domain + payload, "sha256")[:_MAC_LEN]
+    base = _keyed.get((key, domain))
+    if base is None:
+        if len(_keyed) > 16:  # keys only change on rotation; never grow without bound
+            _keyed.clear()
+        base = _keyed[(key, domain)] = hmac.new(key.encode(), domain, "sha256")
+    mac = base.copy()
+    mac.update(payload)
+    return mac.digest()[:_MAC_LEN]
 
 
 def _sign(domain: bytes, payload: bytes) -> str:

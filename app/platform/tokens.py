@@ -44,9 +44,20 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+# HMAC-SHA256 keyed and fed the purpose once per (secret, purpose); each token copies it and adds its
+# payload (the same MAC as over purpose + NUL + payload, without the key schedule every time).
+_keyed: dict[tuple[str, str], hmac.HMAC] = {}
+
+
 def _mac(secret: str, purpose: str, payload: bytes) -> bytes:
-    # hmac.digest: the one-shot C path, the same MAC as hmac.new(...).digest() in a third of the time
-    return hmac.digest(secret.encode(), purpose.encode() + b"\x00" + payload, "sha256")[:16]
+    base = _keyed.get((secret, purpose))
+    if base is None:
+        if len(_keyed) > 16:  # keys change only on rotation; never grow without bound
+            _keyed.clear()
+        base = _keyed[(secret, purpose)] = hmac.new(secret.encode(), purpose.encode() + b"\x00", "sha256")
+    mac = base.copy()
+    mac.update(payload)
+    return mac.digest()[:16]
 
 
 def make(purpose: str, subscriber_id: int, token_version: int = 1, scope: str | None = None) -> str:
