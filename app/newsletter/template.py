@@ -259,11 +259,27 @@ class Compiled:
         )
         self._subject = mustache.Template(self.subject_tokens)
         self._html = mustache.Template(self.html_tokens)
+        # What the send loop mails: written in ASCII as it renders (numeric references for other
+        # characters) when that is the same document (mail.renders_as_ascii), so the part goes 7bit
+        # instead of quoted-printable; render(context, mail_html) renders it.
+        self.html_ascii = mail.renders_as_ascii(self.html_tokens)
+        self.mail_html = mustache.Template(self.html_tokens, ascii=True) if self.html_ascii else self._html
         self._text = mustache.Template(self.text_tokens)
 
-    def render(self, context: dict) -> Rendered:
+    def render(self, context: dict, html: mustache.Template | None = None, extra: dict | None = None) -> Rendered:
         """`context`: the recipient's variables and `locale`, the language of the words the service
-        adds (greeting, footer) and of the mail's lang/dir (None: DEFAULT_LOCALE)."""
+        adds (greeting, footer) and of the mail's lang/dir (None: DEFAULT_LOCALE). `html`: another
+        form of the HTML template (app/newsletter/tracked.py's, with link slots), `extra` its values."""
+        context = self.full_context(context)
+        return Rendered(
+            # One line whatever the variables hold (a user_id may hold a control character).
+            subject=mail.one_line(self._subject.render(context)),
+            html=self._html.render(context) if html is None else html.render({**context, **(extra or {})}),
+            text=self._text.render(context),
+        )
+
+    def full_context(self, context: dict) -> dict:
+        """The recipient's variables with the words and values the service adds (render() uses it)."""
         if DISPLAY_NAME not in context:
             name = context.get("name")
             t = i18n.translator(context.get("locale"))
@@ -275,12 +291,7 @@ class Compiled:
                 "dir": t.direction,
                 **footer_words(t, context.get("unsubscribe_url", ""), context.get("preferences_url", "")),
             }
-        return Rendered(
-            # One line whatever the variables hold (a user_id may hold a control character).
-            subject=mail.one_line(self._subject.render(context)),
-            html=self._html.render(context),
-            text=self._text.render(context),
-        )
+        return context
 
 
 _cache: dict[tuple, Compiled] = {}

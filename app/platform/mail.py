@@ -19,6 +19,7 @@ import hashlib
 import logging
 import re
 import secrets
+import time
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
@@ -76,10 +77,16 @@ def sender_domain(from_addr: str | None = None) -> str:
     return settings.dkim_domain or (addr.rsplit("@", 1)[1] if "@" in addr else "localhost")
 
 
+_SAFE_KEY = re.compile(r"[A-Za-z0-9._-]{1,120}")  # a key message_id() keeps as it is (ours all are)
+
+
 def message_id(idempotency_key: str, domain: str | None = None) -> str:
     """<digest-run-42.1a2b3c4d@example.com>: stable for a key; the short hash keeps a key with odd
     characters from producing an invalid id and makes ids of different installations distinct."""
-    safe = "".join(c if c.isalnum() or c in "-._" else "-" for c in idempotency_key)[:120]
+    if _SAFE_KEY.fullmatch(idempotency_key):
+        safe = idempotency_key  # what the character walk below gives for it, without walking
+    else:
+        safe = "".join(c if c.isalnum() or c in "-._" else "-" for c in idempotency_key)[:120]
     digest = hashlib.sha256(f"{config.get().secret_key}:{idempotency_key}".encode()).hexdigest()[:12]
     return f"<{safe}.{digest}@{domain or sender_domain()}>"
 
@@ -161,6 +168,34 @@ def _header(name: str, value: str) -> bytes:
 _WORD_OVERHEAD = len("=?utf-8?b??=")
 
 
+@functools.lru_cache(maxsize=256)
+def _constant_header(name: str, value: str) -> bytes:
+    """_header of a value many mails share (the sender, List-Unsubscribe-Post): encoded once."""
+    return _header(name, value)
+
+
+# Header values of build()'s caller that differ per mail: not worth keeping in _constant_header.
+_PER_MAIL_HEADERS = {"list-unsubscribe"}
+
+
+def _date_header(now: datetime | None) -> bytes:
+    """The Date header; for the current time (now=None) encoded once a second: its text has no
+    finer resolution."""
+    global _date_cached
+    if now is not None:
+        return _header("Date", format_datetime(now))
+    second = int(time.time())
+    cached = _date_cached
+    if cached[0] == second:
+        return cached[1]
+    value = _header("Date", format_datetime(datetime.fromtimestamp(second, UTC)))
+    _date_cached = (second, value)
+    return value
+
+
+_date_cached: tuple[int, bytes] = (-1, b"")
+
+
 def _text_header(name: str, value: str) -> bytes:
     """An unstructured header (the subject) without the email package, whose parser is slow once a
     subject is long or not ASCII (digest subjects name people and titles) and
@@ -239,10 +274,10 @@ def _part(subtype: str, body: str) -> bytes:
     goes as it is (7bit); anything else as quoted-printable. binascii's quoted-printable is C but
     walks every byte (and "=" in every attribute of a digest's HTML becomes "=3D"); the ASCII check
     and the split cost far less. mail.ascii_html makes a rendered HTML part ASCII."""
-    text = body.replace("\r\n", "\n").replace("\r", "\n")
+    text = body.replace("\r\n", "\n").replace("\r", "\n") if "\r" in body else body
     if text.isascii() and "\0" not in text:
         data = text.encode("ascii")
-        if max(map(len, data.split(b"\n"))) <= MAX_7BIT_LINE:
+        if len(data) <= MAX_7BIT_LINE or max(map(len, data.split(b"\n"))) <= MAX_7BIT_LINE:
             return _PART_HEADERS[subtype, "7bit"] + data.replace(b"\n", b"\r\n")
     return _PART_HEADERS[subtype, "quoted-printable"] + _qp(text)
 
@@ -323,18 +358,18 @@ def build(mail: OutgoingMail, now: datetime | None = None, dkim_headers: tuple[b
     # wrote a 7bit part; they also keep the header under 78 columns
     boundary = "=_" + secrets.token_hex(12)
     parts = [
-        _header("From", from_addr),
+        _constant_header("From", from_addr),
         _header("To", _address(one_line(mail.to_name), to_addr))
         if to_addr.isascii()
         else _utf8_header("To", _address(one_line(mail.to_name), to_addr)),
         _text_header("Subject", mail.subject),
-        _header("Date", format_datetime(now or datetime.now(UTC))),
+        _date_header(now),
         _header("Message-ID", message_id(mail.idempotency_key, sender_domain(from_addr))),
     ]
     for name, value in mail.headers.items():
         if not _NAME_RE.fullmatch(name) or name.lower() in _RESERVED:
             raise MailBuildError(f"invalid or reserved header name {name!r}")
-        parts.append(_header(name, value))
+        parts.append(_header(name, value) if name.lower() in _PER_MAIL_HEADERS else _constant_header(name, value))
     parts.append(_MIME_VERSION)
     parts.append(_header("Content-Type", f'multipart/alternative; boundary="{boundary}"') + b"\r\n")
     for subtype, body in (("plain", mail.text or ""), ("html", mail.html)):

@@ -13,8 +13,9 @@ thread (app/platform/providers/smtp_async.py: ~70 us less CPU per mail than a th
 throughput (app/platform/providers/smtp_sizing.py); SMTP_ASYNC=0 uses smtplib with a thread per connection,
 as many as the measured latency calls for up to SMTP_POOL_SIZE (one, inline, for a fast local
 relay). Both use PIPELINING (RFC 2920) when the server offers it: two round trips per mail instead
-of four, and both stop below a connection limit the relay enforces (a 421 at the greeting, a
-refused connect) and keep below it: the lane it refused waits for one of the pool's connections.
+of four (the asyncio pool: one, the next mail's envelope going out with this one's data), and both
+stop below a connection limit the relay enforces (a 421 at the greeting, a refused connect) and
+keep below it: the lane it refused waits for one of the pool's connections.
 
 Error mapping: a 5xx reply is permanent for that mail (SendResult.permanent); 4xx replies,
 timeouts and dropped connections are transient (the caller retries with the same idempotency key).
@@ -400,7 +401,9 @@ class SMTPProvider(Provider):
         return self._executor
 
     def prepare(self, m: OutgoingMail) -> tuple[OutgoingMail, bytes]:
-        m = dataclasses.replace(m, to=mail.check_address(m.to))  # the envelope's form (IDNA domain)
+        to = mail.check_address(m.to)  # the envelope's form (IDNA domain)
+        if to != m.to:
+            m = dataclasses.replace(m, to=to)
         return m, mail.build(m)
 
     def deliver(
