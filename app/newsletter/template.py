@@ -145,10 +145,21 @@ FOOTER_PREFERENCES_LINE = "notify_footer_preferences_line"
 
 def footer_words(t: i18n.Translator, unsubscribe_url: str, preferences_url: str) -> dict[str, str]:
     """The footer's words in the reader's language (the values its tokens name)."""
+    return {**footer_constant_words(t), **footer_lines(t, unsubscribe_url, preferences_url)}
+
+
+def footer_constant_words(t: i18n.Translator) -> dict[str, str]:
+    """The footer's words that are the same for every reader of a language."""
     return {
         FOOTER_REASON: t.gettext("You get this newsletter because you have an account with newsletters turned on."),
         FOOTER_UNSUBSCRIBE: t.gettext("Unsubscribe"),
         FOOTER_PREFERENCES: t.gettext("Email preferences"),
+    }
+
+
+def footer_lines(t: i18n.Translator, unsubscribe_url: str, preferences_url: str) -> dict[str, str]:
+    """The text footer's lines with the reader's own links."""
+    return {
         FOOTER_UNSUBSCRIBE_LINE: t.gettext("Unsubscribe: {url}", url=unsubscribe_url),
         FOOTER_PREFERENCES_LINE: t.gettext("Email preferences: {url}", url=preferences_url),
     }
@@ -257,6 +268,7 @@ class Compiled:
         self.text_tokens = _name_fallback(
             with_footer(_unescaped(tokenize(text if text else text_from_html(html))), postal_address, html=False)
         )
+        self._locale_words: dict[tuple, tuple[i18n.Translator, dict[str, str]]] = {}
         self._subject = mustache.Template(self.subject_tokens)
         self._html = mustache.Template(self.html_tokens)
         # What the send loop mails: written in ASCII as it renders (numeric references for other
@@ -282,16 +294,27 @@ class Compiled:
         """The recipient's variables with the words and values the service adds (render() uses it)."""
         if DISPLAY_NAME not in context:
             name = context.get("name")
-            t = i18n.translator(context.get("locale"))
+            t, words = self._words(context.get("locale"))
             context = {
                 **context,
                 DISPLAY_NAME: name or self.name_fallback,
                 "greeting": greeting.greeting(name, self.name_fallback, t),
-                "lang": t.language,
-                "dir": t.direction,
-                **footer_words(t, context.get("unsubscribe_url", ""), context.get("preferences_url", "")),
+                **words,
+                **footer_lines(t, context.get("unsubscribe_url", ""), context.get("preferences_url", "")),
             }
         return context
+
+    def _words(self, locale: str | None) -> tuple[i18n.Translator, dict[str, str]]:
+        """A locale's translator and the words every reader in it gets alike (lang, dir, the
+        footer's), looked up once per locale and DEFAULT_LOCALE."""
+        key = (locale, config.get().default_locale)
+        found = self._locale_words.get(key)
+        if found is None:
+            t = i18n.translator(locale)
+            found = (t, {"lang": t.language, "dir": t.direction, **footer_constant_words(t)})
+            if len(self._locale_words) < 256:
+                self._locale_words[key] = found
+        return found
 
 
 _cache: dict[tuple, Compiled] = {}

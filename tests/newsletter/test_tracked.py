@@ -6,6 +6,9 @@ the recipient gets no plan."""
 
 from __future__ import annotations
 
+import email
+import email.policy
+import html as html_lib
 import itertools
 
 import pytest
@@ -14,7 +17,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from app.newsletter import template, tracked
-from app.platform import config
+from app.platform import config, mail
+from app.platform.providers.base import OutgoingMail
 from scripts.bench import shared
 from tracking import links
 
@@ -140,3 +144,31 @@ def test_a_plan_writes_what_link_rewriting_writes(pieces, name, email, sub):
     expected, got = _both(compiled, context, sub)
     if got is not None:
         assert got == expected
+
+
+_NAMES = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=20)
+
+
+@hypothesis_settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=_NAMES, subject=_NAMES, body=_NAMES)
+def test_the_mailed_html_is_the_rendered_document_in_ascii_and_parses_back_the_same(name, subject, body):
+    """Compiled.mail_html (what the send loop mails): the rendered document with other characters
+    as numeric references (mail.ascii_html of it), sent 7bit; the email package reads back a part
+    that a browser reads as the quoted-printable one of the document as written."""
+    html = f"<p>{{{{name}}}} · {body.replace('{', '(')}</p><p>é</p>"
+    compiled = template.Compiled(f"{subject.replace('{', '(')} {{{{name}}}}", html, "t")
+    assert compiled.html_ascii
+    context = {**_context(name, 5), "email": "ana@example.test"}
+    as_written = compiled.render(dict(context)).html
+    mailed = compiled.render(dict(context), compiled.mail_html).html
+    assert mailed.isascii() and mailed == mail.ascii_html(as_written)
+    built = [
+        email.message_from_bytes(
+            mail.build(OutgoingMail(to="ana@example.test", subject="s", html=doc, text="t", idempotency_key="k")),
+            policy=email.policy.default,
+        )
+        for doc in (as_written, mailed)
+    ]
+    old, new = (m.get_body(("html",)) for m in built)
+    assert new["Content-Transfer-Encoding"] == "7bit"
+    assert html_lib.unescape(new.get_content()) == html_lib.unescape(old.get_content())
