@@ -351,33 +351,49 @@ def build(mail: OutgoingMail, now: datetime | None = None, dkim_headers: tuple[b
     Written by hand rather than through email.message.EmailMessage: that costs more per mail than
     rendering the whole digest, and the digest pipeline sends a thousand and more mails a second.
     tests/platform/test_mail.py parses the result with the email package to prove it equivalent."""
-    from_addr = sender(mail.from_addr)
-    parse_mailbox(from_addr)  # exactly one valid mailbox, or this mail fails
+    settings = config.get()
+    from_header, domain = _sender_of(mail.from_addr, settings.mail_from, settings.dkim_domain)
     to_addr = check_address(mail.to)
     # "=_" can never occur in quoted-printable text, and 96 random bits cannot be guessed by whoever
     # wrote a 7bit part; they also keep the header under 78 columns
-    boundary = "=_" + secrets.token_hex(12)
+    boundary = b"=_" + secrets.token_hex(12).encode("ascii")
     parts = [
-        _constant_header("From", from_addr),
+        from_header,
         _header("To", _address(one_line(mail.to_name), to_addr))
         if to_addr.isascii()
         else _utf8_header("To", _address(one_line(mail.to_name), to_addr)),
         _text_header("Subject", mail.subject),
         _date_header(now),
-        _header("Message-ID", message_id(mail.idempotency_key, sender_domain(from_addr))),
+        _header("Message-ID", message_id(mail.idempotency_key, domain)),
     ]
     for name, value in mail.headers.items():
-        if not _NAME_RE.fullmatch(name) or name.lower() in _RESERVED:
-            raise MailBuildError(f"invalid or reserved header name {name!r}")
-        parts.append(_header(name, value) if name.lower() in _PER_MAIL_HEADERS else _constant_header(name, value))
+        per_mail = _header_name(name)
+        parts.append(_header(name, value) if per_mail else _constant_header(name, value))
     parts.append(_MIME_VERSION)
-    parts.append(_header("Content-Type", f'multipart/alternative; boundary="{boundary}"') + b"\r\n")
-    for subtype, body in (("plain", mail.text or ""), ("html", mail.html)):
-        parts.append(f"--{boundary}\r\n".encode())
-        parts.append(_part(subtype, body))
-        parts.append(b"\r\n")
-    parts.append(f"--{boundary}--\r\n".encode())
+    # What _header writes for this value (plain ASCII, 72 columns), without checking it each time.
+    parts.append(b'Content-Type: multipart/alternative; boundary="' + boundary + b'"\r\n\r\n')
+    delimiter = b"--" + boundary + b"\r\n"
+    parts += (delimiter, _part("plain", mail.text or ""), b"\r\n", delimiter, _part("html", mail.html), b"\r\n")
+    parts.append(b"--" + boundary + b"--\r\n")
     return dkim_sign(b"".join(parts), dkim_headers)
+
+
+@functools.lru_cache(maxsize=64)
+def _sender_of(from_addr: str | None, mail_from: str, dkim_domain: str) -> tuple[bytes, str]:
+    """(the From header, the Message-ID's domain) of a mail's from_addr under these settings;
+    MailBuildError unless it is exactly one valid mailbox."""
+    value = sender(from_addr)
+    parse_mailbox(value)  # exactly one valid mailbox, or this mail fails
+    return _header("From", value), sender_domain(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _header_name(name: str) -> bool:
+    """Whether a caller's header of this name differs per mail (not encoded once); MailBuildError
+    for a name that is invalid or one build() sets itself."""
+    if not _NAME_RE.fullmatch(name) or name.lower() in _RESERVED:
+        raise MailBuildError(f"invalid or reserved header name {name!r}")
+    return name.lower() in _PER_MAIL_HEADERS
 
 
 _MIME_VERSION = _header("MIME-Version", "1.0")
