@@ -129,6 +129,10 @@ def timed_stages() -> dict[str, float]:
     wrap(sender.Renderer, "render", "per-recipient glue (Renderer.render)")
     wrap(sender.template.Compiled, "render", "Mustache render (Compiled.render)")
     wrap(links, "rewrite_many_with_clicks", "tracked links + pixel (rewrite)")
+    from app.newsletter import tracked  # a plan's click and pixel codes (app/newsletter/tracked.py)
+
+    wrap(tracked.Tracker, "values", "tracked links + pixel (planned: the codes)")
+    wrap(sender.template.Compiled, "full_context", "context (words, greeting)")
     wrap(sender.tokens, "unsubscribe_url", "tokens (unsubscribe/preferences)")
     wrap(sender.tokens, "preferences_url", "tokens (unsubscribe/preferences)")
     wrap(smtp.SMTPProvider, "prepare", "MIME (provider.prepare / mail.build)")
