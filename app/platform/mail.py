@@ -351,6 +351,13 @@ def build(mail: OutgoingMail, now: datetime | None = None, dkim_headers: tuple[b
     Written by hand rather than through email.message.EmailMessage: that costs more per mail than
     rendering the whole digest, and the digest pipeline sends a thousand and more mails a second.
     tests/platform/test_mail.py parses the result with the email package to prove it equivalent."""
+    return build_with_id(mail, now, dkim_headers)[0]
+
+
+def build_with_id(
+    mail: OutgoingMail, now: datetime | None = None, dkim_headers: tuple[bytes, ...] = DKIM_HEADERS
+) -> tuple[bytes, str]:
+    """build(), and the mail's Message-ID without angle brackets (message_id_of, not computed again)."""
     settings = config.get()
     from_header, domain = _sender_of(mail.from_addr, settings.mail_from, settings.dkim_domain)
     to_addr = check_address(mail.to)
@@ -364,7 +371,7 @@ def build(mail: OutgoingMail, now: datetime | None = None, dkim_headers: tuple[b
         else _utf8_header("To", _address(one_line(mail.to_name), to_addr)),
         _text_header("Subject", mail.subject),
         _date_header(now),
-        _header("Message-ID", message_id(mail.idempotency_key, domain)),
+        _header("Message-ID", bracketed := message_id(mail.idempotency_key, domain)),
     ]
     for name, value in mail.headers.items():
         per_mail = _header_name(name)
@@ -375,7 +382,7 @@ def build(mail: OutgoingMail, now: datetime | None = None, dkim_headers: tuple[b
     delimiter = b"--" + boundary + b"\r\n"
     parts += (delimiter, _part("plain", mail.text or ""), b"\r\n", delimiter, _part("html", mail.html), b"\r\n")
     parts.append(b"--" + boundary + b"--\r\n")
-    return dkim_sign(b"".join(parts), dkim_headers)
+    return dkim_sign(b"".join(parts), dkim_headers), bracketed[1:-1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -446,6 +453,7 @@ __all__ = [
     "MailBuildError",
     "ascii_html",
     "build",
+    "build_with_id",
     "check_address",
     "envelope_from",
     "message_id",

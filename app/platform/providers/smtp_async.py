@@ -521,7 +521,7 @@ class AsyncSender:
         most = min(self.pool_max, ceiling or self.pool_max) if self.sizer.may_grow() else self.sizer.limit()
         return max(1, min(count, most))
 
-    async def _send_lane(self, items, deadline: float, progress: Progress) -> list:
+    async def _send_lane(self, items, deadline: float, progress: Progress, ids: list[str] | None = None) -> list:
         out = Reported(progress)
         conn = await self._pool.acquire()
         try:
@@ -548,7 +548,8 @@ class AsyncSender:
                         async with asyncio.timeout(self.timeout):
                             await self._transaction(conn, sender, m.to, raw, then)
                         self._pool.delivered(time.perf_counter() - began)
-                        out.append((index, SendResult(ok=True, message_id=mail.message_id_of(m))))
+                        message_id = ids[index] if ids is not None else mail.message_id_of(m)
+                        out.append((index, SendResult(ok=True, message_id=message_id)))
                         break
                     except ReplyError as exc:
                         out.append((index, SendResult(ok=False, error=str(exc), permanent=500 <= exc.code < 600)))
@@ -581,19 +582,20 @@ class AsyncSender:
             self._pool.release(conn)
         return out
 
-    async def _send_all(self, ready, deadline: float, progress: Progress) -> list:
+    async def _send_all(self, ready, deadline: float, progress: Progress, ids: list[str] | None = None) -> list:
         lanes = self.lanes_for(len(ready))
         chunks = [ready[k::lanes] for k in range(lanes)]
-        done = await asyncio.gather(*(self._send_lane(c, deadline, progress) for c in chunks))
+        done = await asyncio.gather(*(self._send_lane(c, deadline, progress, ids) for c in chunks))
         return [pair for chunk in done for pair in chunk]
 
-    def send(self, ready, deadline: float, progress: Progress) -> list:
-        """[(index, SendResult)] for [(index, mail, raw bytes)], from any thread. No mail is started
+    def send(self, ready, deadline: float, progress: Progress, ids: list[str] | None = None) -> list:
+        """[(index, SendResult)] for [(index, mail, raw bytes)], from any thread (`ids`: each mail's
+        Message-ID by index, as build_with_id gave it; None: computed again). No mail is started
         after `deadline` (time.monotonic()) or once `progress` asks to stop: those come back as
         transient failures or STOPPED. The calling thread polls `progress` while it waits."""
         if not self._thread.is_alive():
             raise TransientError("SMTP event loop thread is not running")
-        future = asyncio.run_coroutine_threadsafe(self._send_all(ready, deadline, progress), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._send_all(ready, deadline, progress, ids), self._loop)
         future.add_done_callback(lambda _: progress.wake())
         # Every step inside has its own timeout and no mail starts after `deadline`; this outer bound
         # only guards against a wedged loop (a lane may first wait for one that other batches hold).
