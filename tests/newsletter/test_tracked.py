@@ -116,6 +116,7 @@ _PIECES = [
     '<a href="mailto:a@x.test">m</a>',
     '<a href="{{unsubscribe_url}}">u</a>',
     '<a href="{{preferences_url}}" title="{{name}}">p</a>',
+    '<a href="{{user_id}}">me</a>',
     "<p>Hello {{name}}, {{greeting}}</p>",
     "<p>é · {{email}}</p>",
     '<!-- <a href="https://x.test/hidden">h</a> -->',
@@ -136,11 +137,15 @@ _PIECES = [
     name=st.text(max_size=12),
     email=st.text(max_size=12),
     sub=st.integers(min_value=1, max_value=10**9),
+    user_id=st.one_of(
+        st.sampled_from(["u1", "https://x.test/me", " HTTP://X.test/é ", "javascript:x", "http://localhost:8000/u/T"]),
+        st.text(max_size=12),
+    ),
 )
-def test_a_plan_writes_what_link_rewriting_writes(pieces, name, email, sub):
+def test_a_plan_writes_what_link_rewriting_writes(pieces, name, email, sub, user_id):
     html = "".join(pieces)
     compiled = template.Compiled("s", html, "t")
-    context = {**_context(name, sub), "email": email}
+    context = {**_context(name, sub), "email": email, "user_id": user_id}
     expected, got = _both(compiled, context, sub)
     if got is not None:
         assert got == expected
