@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from app.newsletter import growth, kick, ratelimit, template, variants, waits
+from app.newsletter import growth, kick, ratelimit, template, tracked, variants, waits
 from app.newsletter import rows as newsletter_rows
 from app.newsletter.ratelimit import AdaptiveRateLimiter
 from app.newsletter.rows import Claimed, Mark
@@ -100,6 +100,9 @@ class Renderer:
     tracking: bool  # TRACKING (a recipient may still have opted out)
     variants: dict | None = None  # {tag: {"subject", "html", "text"}} as stored
     by_variant: dict[str, Compiled] = field(default_factory=dict)  # compiled so far, for this call
+    # each compiled template's tracked links planned once (None: rewritten per mail); app/newsletter/tracked.py
+    plans: dict[int, tracked.Plan | None] = field(default_factory=dict)
+    tracker: tracked.Tracker | None = None
 
     @classmethod
     def load(
@@ -128,26 +131,46 @@ class Renderer:
             self.by_variant[variant] = found
         return found
 
+    def _plan(self, compiled: Compiled) -> tracked.Plan | None:
+        key = id(compiled)
+        if key not in self.plans:
+            self.plans[key] = tracked.plan(compiled.html_tokens, self.rewriter, compiled.html_ascii)
+            if self.tracker is None:
+                self.tracker = tracked.Tracker(self.rewriter, "newsletter", self.newsletter_id)
+        return self.plans[key]
+
     def render(self, row: Claimed) -> OutgoingMail:
         # The newsletter stream's link: a one-click unsubscribe stops newsletters, not digests.
         sub_id, token_version = row.subscriber_id, row.token_version
         unsubscribe_url = tokens.unsubscribe_url(sub_id, token_version, streams.NEWSLETTER_MAIL_SCOPE)
         variant = row.variant if row.variant in (self.variants or {}) else None
-        rendered = self.compiled_variant(variant).render(
-            {
-                "name": row.name or "",
-                "email": row.email,
-                "user_id": row.user_id,
-                "unsubscribe_url": unsubscribe_url,
-                "preferences_url": tokens.preferences_url(sub_id, token_version),
-                "locale": variants.render_locale(variant, row.locale),
-            }
-        )
+        compiled = self.compiled_variant(variant)
+        context = {
+            "name": row.name or "",
+            "email": row.email,
+            "user_id": row.user_id,
+            "unsubscribe_url": unsubscribe_url,
+            "preferences_url": tokens.preferences_url(sub_id, token_version),
+            "locale": variants.render_locale(variant, row.locale),
+        }
+        track = self.tracking and not row.tracking_opt_out
+        plan = self._plan(compiled) if track else None
+        if plan is not None and plan.dynamic:
+            context = compiled.full_context(context)
+            if not plan.applies(context, self.rewriter):
+                plan = None
+        if plan is not None:
+            assert self.tracker is not None
+            rendered = compiled.render(context, plan.template, self.tracker.values(plan, sub_id))
+            html = rendered.html
+        else:
+            rendered = compiled.render(context, compiled.mail_html)
+            html = self.rewriter.rewrite(rendered.html, sub_id, enabled=track)
         return OutgoingMail(
             to=row.email,
             to_name=row.name or "",
             subject=rendered.subject,
-            html=self.rewriter.rewrite(rendered.html, sub_id, enabled=self.tracking and not row.tracking_opt_out),
+            html=html,
             text=rendered.text,
             idempotency_key=f"newsletter-{self.newsletter_id}-row-{row.id}",
             from_addr=self.from_addr,

@@ -145,10 +145,21 @@ FOOTER_PREFERENCES_LINE = "notify_footer_preferences_line"
 
 def footer_words(t: i18n.Translator, unsubscribe_url: str, preferences_url: str) -> dict[str, str]:
     """The footer's words in the reader's language (the values its tokens name)."""
+    return {**footer_constant_words(t), **footer_lines(t, unsubscribe_url, preferences_url)}
+
+
+def footer_constant_words(t: i18n.Translator) -> dict[str, str]:
+    """The footer's words that are the same for every reader of a language."""
     return {
         FOOTER_REASON: t.gettext("You get this newsletter because you have an account with newsletters turned on."),
         FOOTER_UNSUBSCRIBE: t.gettext("Unsubscribe"),
         FOOTER_PREFERENCES: t.gettext("Email preferences"),
+    }
+
+
+def footer_lines(t: i18n.Translator, unsubscribe_url: str, preferences_url: str) -> dict[str, str]:
+    """The text footer's lines with the reader's own links."""
+    return {
         FOOTER_UNSUBSCRIBE_LINE: t.gettext("Unsubscribe: {url}", url=unsubscribe_url),
         FOOTER_PREFERENCES_LINE: t.gettext("Email preferences: {url}", url=preferences_url),
     }
@@ -257,30 +268,53 @@ class Compiled:
         self.text_tokens = _name_fallback(
             with_footer(_unescaped(tokenize(text if text else text_from_html(html))), postal_address, html=False)
         )
+        self._locale_words: dict[tuple, tuple[i18n.Translator, dict[str, str]]] = {}
         self._subject = mustache.Template(self.subject_tokens)
         self._html = mustache.Template(self.html_tokens)
+        # What the send loop mails: written in ASCII as it renders (numeric references for other
+        # characters) when that is the same document (mail.renders_as_ascii), so the part goes 7bit
+        # instead of quoted-printable; render(context, mail_html) renders it.
+        self.html_ascii = mail.renders_as_ascii(self.html_tokens)
+        self.mail_html = mustache.Template(self.html_tokens, ascii=True) if self.html_ascii else self._html
         self._text = mustache.Template(self.text_tokens)
 
-    def render(self, context: dict) -> Rendered:
+    def render(self, context: dict, html: mustache.Template | None = None, extra: dict | None = None) -> Rendered:
         """`context`: the recipient's variables and `locale`, the language of the words the service
-        adds (greeting, footer) and of the mail's lang/dir (None: DEFAULT_LOCALE)."""
+        adds (greeting, footer) and of the mail's lang/dir (None: DEFAULT_LOCALE). `html`: another
+        form of the HTML template (app/newsletter/tracked.py's, with link slots), `extra` its values."""
+        context = self.full_context(context)
+        return Rendered(
+            # One line whatever the variables hold (a user_id may hold a control character).
+            subject=mail.one_line(self._subject.render(context)),
+            html=self._html.render(context) if html is None else html.render({**context, **(extra or {})}),
+            text=self._text.render(context),
+        )
+
+    def full_context(self, context: dict) -> dict:
+        """The recipient's variables with the words and values the service adds (render() uses it)."""
         if DISPLAY_NAME not in context:
             name = context.get("name")
-            t = i18n.translator(context.get("locale"))
+            t, words = self._words(context.get("locale"))
             context = {
                 **context,
                 DISPLAY_NAME: name or self.name_fallback,
                 "greeting": greeting.greeting(name, self.name_fallback, t),
-                "lang": t.language,
-                "dir": t.direction,
-                **footer_words(t, context.get("unsubscribe_url", ""), context.get("preferences_url", "")),
+                **words,
+                **footer_lines(t, context.get("unsubscribe_url", ""), context.get("preferences_url", "")),
             }
-        return Rendered(
-            # One line whatever the variables hold (a user_id may hold a control character).
-            subject=mail.one_line(self._subject.render(context)),
-            html=self._html.render(context),
-            text=self._text.render(context),
-        )
+        return context
+
+    def _words(self, locale: str | None) -> tuple[i18n.Translator, dict[str, str]]:
+        """A locale's translator and the words every reader in it gets alike (lang, dir, the
+        footer's), looked up once per locale and DEFAULT_LOCALE."""
+        key = (locale, config.get().default_locale)
+        found = self._locale_words.get(key)
+        if found is None:
+            t = i18n.translator(locale)
+            found = (t, {"lang": t.language, "dir": t.direction, **footer_constant_words(t)})
+            if len(self._locale_words) < 256:
+                self._locale_words[key] = found
+        return found
 
 
 _cache: dict[tuple, Compiled] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import email
 import email.policy
+from datetime import UTC, datetime
 
 import dkim
 import pytest
@@ -112,6 +113,22 @@ def test_dkim_signature_verifies_and_covers_list_unsubscribe(dkim_key):
     assert {"from", "subject", "message-id", "list-unsubscribe", "list-unsubscribe-post"} <= set(signed)
     tampered = raw.replace(b"https://x.test/u/TOKEN", b"https://evil.test/u/TOKEN")
     assert not dkim.verify(tampered, dnsfunc=dnsfunc)
+
+
+def test_dkim_signs_with_openssl_the_bytes_dkimpy_would(dkim_key, monkeypatch):
+    """RSASSA-PKCS1-v1_5 is deterministic: the signature made through OpenSSL (mail._openssl_rsa) is
+    byte for byte dkimpy's own, for the same message at the same second; and it verifies."""
+    _, dnsfunc = dkim_key
+    signed = mail.build(_mail(), now=datetime(2026, 11, 28, 12, 0, tzinfo=UTC))
+    unsigned = signed[signed.index(b"\r\nFrom:") + 2 :]  # without the signature build() put first
+    with monkeypatch.context() as m:
+        m.setattr(dkim.time, "time", lambda: 1_790_000_000.0)
+        fast = mail.dkim_sign(unsigned)
+        assert hasattr(dkim.RSASSA_PKCS1_v1_5_sign, "original")
+        m.setattr(dkim, "RSASSA_PKCS1_v1_5_sign", dkim.RSASSA_PKCS1_v1_5_sign.original)
+        slow = mail.dkim_sign(unsigned)
+    assert fast == slow and fast.startswith(b"DKIM-Signature:")
+    assert dkim.verify(fast, dnsfunc=dnsfunc)
 
 
 def test_dkim_key_can_be_a_file_path(dkim_key, settings, tmp_path):

@@ -155,6 +155,29 @@ def test_bad_recipient_fails_alone_in_its_batch(sink, use_async):
     p.close()
 
 
+def test_a_lane_sends_its_next_envelope_with_the_data_and_refusals_keep_it_in_step(sink, use_async, settings):
+    """With PIPELINING the async lane writes mail k+1's envelope with mail k's data: a mail refused
+    at its data or its recipient, in the middle of one connection's run, fails alone, and every
+    other mail is delivered once, to its own recipient, on that one connection."""
+    settings(smtp_pool_size=1, smtp_pool_max=1)
+    p = SMTPProvider(sink.url, use_async=use_async)
+    mails = _mails(10)
+    sink.reject_data["user3@example.test"] = "554 5.7.1 refused"
+    sink.reject_rcpt.add("user6@example.test")
+    results = p.send_batch(mails)
+    assert [r.ok for r in results] == [i not in (3, 6) for i in range(10)]
+    assert results[3].permanent and "554" in results[3].error
+    assert results[6].permanent and "550" in results[6].error
+    delivered = [rcpts for _, rcpts in sink.envelopes]
+    assert delivered == [[f"user{i}@example.test"] for i in range(10) if i not in (3, 6)]
+    for raw, i in zip(sink.raw, [i for i in range(10) if i not in (3, 6)], strict=True):
+        assert email.message_from_bytes(raw, policy=email.policy.default)["Subject"] == f"s{i}"
+    assert len(sink.sessions) == 1
+    assert all(r.ok for r in p.send_batch(_mails(3, prefix="again")))  # the connection came back clean
+    assert len(sink.sessions) == 1
+    p.close()
+
+
 def test_dot_stuffing_keeps_lines_that_start_with_a_dot(sink, use_async):
     p = SMTPProvider(sink.url, pool_size=1, use_async=use_async)
     m = _mails(1)[0]

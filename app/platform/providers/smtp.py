@@ -13,8 +13,9 @@ thread (app/platform/providers/smtp_async.py: ~70 us less CPU per mail than a th
 throughput (app/platform/providers/smtp_sizing.py); SMTP_ASYNC=0 uses smtplib with a thread per connection,
 as many as the measured latency calls for up to SMTP_POOL_SIZE (one, inline, for a fast local
 relay). Both use PIPELINING (RFC 2920) when the server offers it: two round trips per mail instead
-of four, and both stop below a connection limit the relay enforces (a 421 at the greeting, a
-refused connect) and keep below it: the lane it refused waits for one of the pool's connections.
+of four (the asyncio pool: one, the next mail's envelope going out with this one's data), and both
+stop below a connection limit the relay enforces (a 421 at the greeting, a refused connect) and
+keep below it: the lane it refused waits for one of the pool's connections.
 
 Error mapping: a 5xx reply is permanent for that mail (SendResult.permanent); 4xx replies,
 timeouts and dropped connections are transient (the caller retries with the same idempotency key).
@@ -399,21 +400,26 @@ class SMTPProvider(Provider):
                     self._executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="smtp")
         return self._executor
 
-    def prepare(self, m: OutgoingMail) -> tuple[OutgoingMail, bytes]:
-        m = dataclasses.replace(m, to=mail.check_address(m.to))  # the envelope's form (IDNA domain)
-        return m, mail.build(m)
+    def prepare(self, m: OutgoingMail) -> tuple[OutgoingMail, bytes, str]:
+        """(the mail with its envelope address, its wire bytes, its Message-ID)."""
+        to = mail.check_address(m.to)  # the envelope's form (IDNA domain)
+        if to != m.to:
+            m = dataclasses.replace(m, to=to)
+        raw, message_id = mail.build_with_id(m)
+        return m, raw, message_id
 
     def deliver(
-        self, prepared: list[tuple[OutgoingMail, tuple[OutgoingMail, bytes]]], progress: Progress
+        self, prepared: list[tuple[OutgoingMail, tuple[OutgoingMail, bytes, str]]], progress: Progress
     ) -> list[SendResult]:
-        ready = [(i, m, raw) for i, (_, (m, raw)) in enumerate(prepared)]
+        ready = [(i, m, raw) for i, (_, (m, raw, _)) in enumerate(prepared)]
+        ids = [message_id for _, (_, _, message_id) in prepared]
         results: list[SendResult | None] = [None] * len(ready)
         # Bounds a batch's send phase (plus one mail's SMTP timeout in flight), so a batch never
         # outlives DIGEST_PROCESSING_TIMEOUT_SECONDS / RECLAIM_AFTER_SECONDS, however slow the relay.
         deadline = time.monotonic() + BATCH_TIMEOUTS * self.timeout
         if self.use_async:
             # All connections on one event loop: lanes are cheap; how many, the measured throughput decides.
-            done = [self._async_sender().send(ready, deadline, progress)]
+            done = [self._async_sender().send(ready, deadline, progress, ids)]
         else:
             # Each lane is one connection sending its share of the batch in sequence.
             lanes = self.lanes_for(len(ready))
