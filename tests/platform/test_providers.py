@@ -6,6 +6,7 @@ import datetime as dt
 import email
 import email.policy
 import ssl
+import time
 
 import pytest
 from aiosmtpd.smtp import AuthResult
@@ -176,6 +177,41 @@ def test_a_lane_sends_its_next_envelope_with_the_data_and_refusals_keep_it_in_st
     assert all(r.ok for r in p.send_batch(_mails(3, prefix="again")))  # the connection came back clean
     assert len(sink.sessions) == 1
     p.close()
+
+
+def test_a_stop_holds_back_the_mail_whose_envelope_went_out_with_the_last_data(settings):
+    """The next mail's envelope and DATA travel with this mail's data; a stop that comes before this
+    mail is answered still holds the next one back: the lane closes the connection (what aborts a
+    transaction after DATA) instead of sending its content. Nothing is handed over once stopped."""
+    import threading
+
+    from app.platform.providers.base import Progress
+
+    settings(smtp_pool_size=1, smtp_pool_max=1)
+    sink = SmtpSink(pipelining=True).start()
+    sink.hold_after = 0  # the first mail is taken and left unanswered until release()
+    stop = threading.Event()
+    progress = Progress(lambda new: stop.is_set(), every=1, interval=0.01)
+    p = SMTPProvider(sink.url, use_async=True)
+
+    def stop_while_the_first_waits():
+        deadline = time.monotonic() + 10
+        while not sink.raw and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop.set()
+        time.sleep(0.3)  # the batch's thread polls its progress meanwhile: the stop is requested
+        sink.release()
+
+    helper = threading.Thread(target=stop_while_the_first_waits)
+    helper.start()
+    try:
+        results = p.send_batch(_mails(3), progress)
+    finally:
+        helper.join()
+        p.close()
+        sink.stop()
+    assert results[0].ok and all(r.stopped for r in results[1:]), results
+    assert [rcpts for _, rcpts in sink.envelopes] == [["user0@example.test"]]
 
 
 def test_dot_stuffing_keeps_lines_that_start_with_a_dot(sink, use_async):

@@ -526,13 +526,14 @@ class AsyncSender:
         conn = await self._pool.acquire()
         try:
             for pos, (index, m, raw) in enumerate(items):
-                # A mail whose envelope went out with the previous one's data has started: the
-                # stop and the deadline were checked then.
-                if conn is None or conn.broken or not conn.envelope_sent:
-                    rest = not_started(items[pos:], deadline, progress)
-                    if rest is not None:
-                        out.extend(rest)
-                        break
+                # Checked before every mail, one whose envelope and DATA went out with the previous
+                # one's data included: a stop (or the deadline) that came meanwhile still holds it
+                # back. The `finally` below closes such a connection, which is what aborts a
+                # transaction after DATA: nothing more is handed over once the stop is seen.
+                rest = not_started(items[pos:], deadline, progress)
+                if rest is not None:
+                    out.extend(rest)
+                    break
                 sender = mail.envelope_from(m.from_addr)
                 for attempt in (1, 2):
                     try:
