@@ -488,14 +488,17 @@ def _openssl_rsa(dkim_module) -> None:
     sign a SHA-256 digest with OpenSSL, anything else as before, and its key parser to parse each
     key once (canonicalization, the hashes and the header stay dkimpy's).
     tests/platform/test_mail.py compares both signatures."""
-    parse = dkim_module.parse_pem_private_key
+    parse = getattr(dkim_module, "parse_pem_private_key", None)
+    original = getattr(dkim_module, "RSASSA_PKCS1_v1_5_sign", None)
+    if parse is None or original is None:  # another dkimpy than the one this was written against
+        log.warning("dkimpy has no parse_pem_private_key / RSASSA_PKCS1_v1_5_sign: DKIM is signed by dkimpy alone")
+        return
     once = functools.lru_cache(maxsize=4)(parse)
 
     def parse_once(data):
         return dict(once(bytes(data)))  # each mail its own copy of the parsed numbers
 
     dkim_module.parse_pem_private_key = parse_once
-    original = dkim_module.RSASSA_PKCS1_v1_5_sign
 
     def sign(digest, private_key):
         key = _openssl_key(private_key) if isinstance(private_key, dict) else None

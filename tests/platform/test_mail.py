@@ -115,6 +115,17 @@ def test_dkim_signature_verifies_and_covers_list_unsubscribe(dkim_key):
     assert not dkim.verify(tampered, dnsfunc=dnsfunc)
 
 
+def test_a_dkimpy_without_the_wrapped_names_is_left_to_sign_alone(caplog):
+    """Another dkimpy (its primitive renamed) is not patched, and signing stays dkimpy's own."""
+    import types
+
+    other = types.SimpleNamespace(sign=lambda *a, **kw: b"")
+    with caplog.at_level("WARNING", logger="app.platform.mail"):
+        mail._openssl_rsa.__wrapped__(other)
+    assert vars(other) == {"sign": other.sign}
+    assert "dkimpy alone" in caplog.text
+
+
 def test_dkim_signs_with_openssl_the_bytes_dkimpy_would(dkim_key, monkeypatch):
     """RSASSA-PKCS1-v1_5 is deterministic: the signature made through OpenSSL (mail._openssl_rsa) is
     byte for byte dkimpy's own, for the same message at the same second; and it verifies."""
