@@ -106,7 +106,8 @@ class LinkRewriter:
         base = config.get().base_url
         self._untracked_prefixes = (f"{base}/u/", f"{base}/preferences/", f"{base}/v/", f"{base}/c/", f"{base}/o/")
 
-    def _trackable(self, url: str) -> bool:
+    def trackable(self, url: str) -> bool:
+        """Whether a link to `url` is rewritten: http(s), not too long, not one of our own links."""
         lower = url[:8].lower()
         if not (lower.startswith("http://") or lower.startswith("https://")):
             return False
@@ -118,7 +119,7 @@ class LinkRewriter:
         return rewrite_many(self.mail_kind, [(self, html, subscriber_id, enabled)])[0]
 
     def _scan(self, html: str) -> list[hrefs.Href]:
-        return [href for href in hrefs.find(html) if self._trackable(href.url)]
+        return [href for href in hrefs.find(html) if self.trackable(href.url)]
 
     def _apply(self, html: str, found: list[hrefs.Href], subscriber_id: int | None) -> tuple[str, dict[str, str]]:
         clicks: dict[str, str] = {}

@@ -63,7 +63,7 @@ class Plan:
                 return False
             if self.ascii and not value.isascii():
                 value = html_lib.unescape(_as_ascii(html_lib.escape(value)))
-            if rewriter._trackable(value.strip()):
+            if rewriter.trackable(value.strip()):
                 return False
         return True
 
@@ -131,7 +131,7 @@ def plan(tokens: list, rewriter: links.LinkRewriter, ascii: bool) -> Plan | None
                 return None
             dynamic.append(key)
             continue
-        if not rewriter._trackable(h.url):
+        if not rewriter.trackable(h.url):
             continue
         if tokens[i][0] != "literal" or h.end > starts[i] + len(tokens[i][1]):
             return None
