@@ -99,6 +99,7 @@ from app.platform import config, db, migrate, providers  # noqa: E402
 from digest import plan as digest_plan  # noqa: E402
 from digest import send as digest_send  # noqa: E402
 from scripts.bench import shared  # noqa: E402
+from scripts.bench import stages as stages_mod  # noqa: E402
 
 config.reload()
 
@@ -115,46 +116,15 @@ AREAS = [
 ]
 
 
-def area_of(filename: str, name: str) -> str:
-    where = f"{filename} {name}"
-    for area, needles in AREAS:
-        if any(n in where for n in needles):
-            return area
-    return "other"
-
-
 def timed_stages() -> dict[str, float]:
     """Wrap each step of the worker's path so the thread's CPU time inside it is summed per stage
     (a stage called inside another is subtracted from it)."""
-    import threading
-
     from digest import build as digest_build
     from digest import details, seen
     from digest import load as digest_load
 
-    totals: dict[str, float] = defaultdict(float)
-    local = threading.local()
-
-    def wrap(owner, attr: str, stage: str) -> None:
-        real = getattr(owner, attr)
-
-        def timed(*a, **kw):
-            stack = getattr(local, "stack", None)
-            if stack is None:
-                stack = local.stack = []
-            stack.append(0.0)
-            started = time.thread_time()
-            try:
-                return real(*a, **kw)
-            finally:
-                spent = time.thread_time() - started
-                inner = stack.pop()
-                totals[stage] += spent - inner
-                if stack:
-                    stack[-1] += spent
-
-        setattr(owner, attr, timed)
-
+    timer = stages_mod.StageTimer()
+    wrap = timer.wrap
     wrap(digest_send, "claim", "claim (digest/claim.py)")
     wrap(digest_load, "load", "load events (digest/load.py)")
     wrap(seen, "load", "seen state (digest/seen.py load)")
@@ -166,7 +136,7 @@ def timed_stages() -> dict[str, float]:
     wrap(digest_build, "outgoing_mail", "OutgoingMail (build.outgoing_mail)")
     wrap(digest_send, "send", "provider: MIME + SMTP (send.send)")
     wrap(digest_send, "record", "record outcomes (send.record)")
-    return totals
+    return timer.totals
 
 
 class StatementCPU:
@@ -270,11 +240,7 @@ def main() -> None:
         print(f"    {'(rest: the batch glue, other threads)':<40s} {rest:7.0f} us/digest")
         return
     stats = pstats.Stats(profiler)
-    by_area: dict[str, float] = defaultdict(float)
-    total = 0.0
-    for (filename, _, name), (_, _, tottime, _, _) in stats.stats.items():
-        by_area[area_of(filename, name)] += tottime
-        total += tottime
+    by_area, total = stages_mod.by_area(stats, AREAS)
     print(
         f"profile_digest: {n} digests ({sent} sent incl. warm-up), {args.events} events each, tracking "
         f"{'on' if args.tracking else 'off'}, under cProfile"

@@ -26,7 +26,6 @@ import pstats
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -71,6 +70,7 @@ import redis  # noqa: E402
 from app.newsletter import outbox, sender, service, waits  # noqa: E402
 from app.platform import config, db, mail, migrate, providers  # noqa: E402
 from scripts.bench import shared  # noqa: E402
+from scripts.bench import stages as stages_mod  # noqa: E402
 
 config.reload()
 
@@ -88,43 +88,14 @@ AREAS = [
 ]
 
 
-def area_of(filename: str, name: str) -> str:
-    where = f"{filename} {name}"
-    for area, needles in AREAS:
-        if any(n in where for n in needles):
-            return area
-    return "other"
-
-
 def timed_stages() -> dict[str, float]:
     """Wrap each step of the send loop so the thread's CPU time inside it is summed per stage."""
     from app.newsletter import kick, ratelimit
     from app.platform.providers import smtp
     from tracking import links
 
-    totals: dict[str, float] = defaultdict(float)
-    local = threading.local()
-
-    def wrap(owner, attr: str, stage: str) -> None:
-        real = getattr(owner, attr)
-
-        def timed(*a, **kw):
-            stack = getattr(local, "stack", None)
-            if stack is None:
-                stack = local.stack = []
-            stack.append(0.0)
-            started = time.thread_time()
-            try:
-                return real(*a, **kw)
-            finally:
-                spent = time.thread_time() - started
-                inner = stack.pop()
-                totals[stage] += spent - inner
-                if stack:
-                    stack[-1] += spent
-
-        setattr(owner, attr, timed)
-
+    timer = stages_mod.StageTimer()
+    wrap = timer.wrap
     wrap(waits, "claim", "claim (waits.claim)")
     wrap(sender.Renderer, "render", "per-recipient glue (Renderer.render)")
     wrap(sender.template.Compiled, "render", "Mustache render (Compiled.render)")
@@ -141,7 +112,7 @@ def timed_stages() -> dict[str, float]:
     wrap(sender._Outcomes, "flush", "flush + may_send (between mails)")
     wrap(kick, "mark_alive", "redis: alive mark")
     wrap(ratelimit.AdaptiveRateLimiter, "acquire", "redis: rate limiter")
-    return totals
+    return timer.totals
 
 
 def new_newsletter(n: int) -> int:
@@ -247,11 +218,7 @@ def main() -> None:
         )
     if stages is None:
         stats = pstats.Stats(profiler)
-        by_area: dict[str, float] = defaultdict(float)
-        total = 0.0
-        for (filename, _, name), (_, _, tottime, _, _) in stats.stats.items():
-            by_area[area_of(filename, name)] += tottime
-            total += tottime
+        by_area, total = stages_mod.by_area(stats, AREAS)
         per = 1e6 / (n * args.repeat)
         print("  send thread's time by area under cProfile (own time):")
         for area, seconds in sorted(by_area.items(), key=lambda kv: -kv[1]):
