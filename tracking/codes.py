@@ -23,7 +23,7 @@ import hmac
 import re
 from typing import NamedTuple
 
-from app.platform import config
+from app.platform import config, tokens
 
 CURRENT_VERSION = "1"
 MAX_CODE_LENGTH = 200
@@ -97,20 +97,8 @@ def _unb64(text: str) -> bytes | None:
         return None
 
 
-# HMAC-SHA256 keyed and fed the domain once per (key, domain); each code copies it and adds its
-# payload: the same MAC as hmac.digest(key, domain + payload), ~1 us cheaper (no key schedule).
-_keyed: dict[tuple[str, bytes], hmac.HMAC] = {}
-
-
 def _mac(key: str, domain: bytes, payload: bytes) -> bytes:
-    base = _keyed.get((key, domain))
-    if base is None:
-        if len(_keyed) > 16:  # keys only change on rotation; never grow without bound
-            _keyed.clear()
-        base = _keyed[(key, domain)] = hmac.new(key.encode(), domain, "sha256")
-    mac = base.copy()
-    mac.update(payload)
-    return mac.digest()[:_MAC_LEN]
+    return tokens.hmac_sha256(key, domain, payload)[:_MAC_LEN]
 
 
 def _sign(domain: bytes, payload: bytes) -> str:
