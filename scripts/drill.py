@@ -142,10 +142,16 @@ class Sink:
     drops: int = 0
     delay: float = 0.0  # seconds per message, like an ESP's round trip
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Past this many deliveries (0: never) a mail waits unanswered until `go` is set: a wave however
+    # fast cannot finish before a drill's fault has happened in the middle of it.
+    hold_after: int = 0
+    go: threading.Event = field(default_factory=threading.Event)
 
     async def handle_DATA(self, server, session, envelope):
         if self.delay:
             await asyncio.sleep(self.delay)
+        while self.hold_after and len(self.deliveries) >= self.hold_after and not self.go.is_set():
+            await asyncio.sleep(0.01)
         if time.monotonic() < self.tempfail_until:
             return "451 4.3.0 drill: try again later"
         with self.lock:
@@ -477,11 +483,17 @@ def start_load(system: System, scale: float) -> None:
 
 
 def once_past(system: System, share: float, fault) -> tuple:
-    """(a hook for run_until_settled that calls fault() once delivery passed `share`, done flag)."""
+    """(a hook for run_until_settled that calls fault() once delivery passed `share`, done flag).
+    The sink holds the mails after that point until a second into the fault: a small wave is
+    delivered in less than one poll, and would otherwise be over before the fault."""
     done = [False]
+    system.sink.go.clear()
+    system.sink.hold_after = int(share * len(system.expected())) + 1
 
     def hook():
         if not done[0] and progress(system) > share:
+            # the held mails are answered a second into the fault (well inside the workers' SMTP timeout)
+            threading.Timer(1.0, system.sink.go.set).start()
             fault()
             done[0] = True
 
